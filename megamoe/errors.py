@@ -1,0 +1,31 @@
+"""Errors raised for bad input.
+
+Every validation failure in megamoe raises :class:`InputError` (a ``ValueError``) whose
+message is one line: ``<field>: expected <what>, got <value>``.  The CLI turns it into a
+one-line message on stderr and exit code 2, with no traceback.
+"""
+
+from __future__ import annotations
+
+
+class InputError(ValueError):
+    """Bad input: names the field, what was expected and what came.
+
+    Attributes:
+        field: dotted name of the offending input (``"shape.hidden"``, ``"routing.file"``).
+        expected: human-readable description of what is accepted.
+        got: what was given (``repr`` of the value, or a short description).
+    """
+
+    def __init__(self, field: str, expected: str, got: object):
+        self.field = field
+        self.expected = expected
+        self.got = got
+        super().__init__(f"{field}: expected {expected}, got {got!r}" if not isinstance(got, str)
+                         else f"{field}: expected {expected}, got {got}")
+
+
+def require(cond: bool, field: str, expected: str, got: object) -> None:
+    """Raise :class:`InputError` unless ``cond`` holds."""
+    if not cond:
+        raise InputError(field, expected, got)
