@@ -1,0 +1,491 @@
+"""The plan: every integer scheduling decision of a Mega MoE call, in one place.
+
+``megamoe.plan`` is the single source of truth: the simulator (``sim``) consumes a
+:class:`Plan`, and the compiled kernel receives the same numbers as parameters.  Nothing
+here depends on timing.
+
+Reference design ``deepgemm-sm100`` (DeepGEMM ``fp8_fp4_mega_moe`` for SM100; sources are
+the files of github.com/deepseek-ai/DeepGEMM at the commits named):
+
+* block config from expected tokens per expert ``e = T * R * k / E`` —
+  ``csrc/jit_kernels/heuristics/mega_moe.hpp`` ``get_block_config_for_mega_moe`` (PR #316,
+  commit 891d57b; block_k 256 for the smallest block_m as on main, commit 54e2261);
+* experts per wave — ``get_num_experts_per_wave_for_mega_moe`` (main, 54e2261): the largest
+  count whose worst-case wave fits the pool/ring, the smallest count that keeps
+  ``2 * SMs`` L1 blocks busy (imbalance factor 2), then a tail-ratio sweep up to twice that;
+* pipeline stages from the SMEM budget — ``get_pipeline_config_for_mega_moe`` (54e2261);
+* bytes per pull: hidden bytes halved until <= 4096 (54e2261);
+* pool capacity ``align(R*T_max*min(k, E_local) + E_local*(192-1), 384)`` —
+  ``deep_gemm/include/deep_gemm/layout/mega_moe.cuh`` ``get_num_max_pool_tokens`` (891d57b);
+* per-SM block order — ``deep_gemm/include/deep_gemm/scheduler/mega_moe.cuh``
+  ``MegaMoEScheduler`` (7f2a703 = PR #304, unchanged in 891d57b): one global list per rank,
+  wave by wave, all L1 blocks of the wave (expert, m block, n block; n fastest) then all L2
+  blocks; SM ``s`` takes list entries ``s, s + S, s + 2S, ...`` (S = SMs); with S and the N
+  block counts even, SMs ``2c`` and ``2c + 1`` (a 2-CTA cluster) always get the same
+  (expert, m block) and adjacent n blocks;
+* pull order inside an expert: round-robin min-remaining ("min-peeling") over source ranks —
+  the dispatch loop of ``sm100_fp8_fp4_mega_moe.cuh`` (891d57b).
+
+Our SM90 kernel's design (``megamoe-sm90``) lives in :mod:`megamoe.design_sm90` and is
+selected with ``design="megamoe-sm90"``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .errors import InputError, require
+
+# Layout constants (DeepGEMM layout/mega_moe.cuh, 891d57b)
+CANDIDATE_BLOCK_M = (8, 16, 32, 64, 96, 128, 192)
+MAX_CANDIDATE_BLOCK_M = 192
+LCM_CANDIDATE_BLOCK_M = 384
+IMBALANCE_FACTOR = 2
+PULL_THRESHOLD_BYTES = 4096
+SM100_SMEM_CAPACITY = 232448  # SM100ArchSpec::smem_capacity (bytes per block)
+GRAN_K = 32  # UE8M0 scale granularity along K (recipe (1, 1, 32))
+
+L1 = 1
+L2 = 2
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def align(a: int, b: int) -> int:
+    return ceil_div(a, b) * b
+
+
+@dataclass(frozen=True)
+class BlockConfig:
+    """GEMM tiling of one design point.
+
+    Attributes:
+        block_m: tokens per block (rows of the pool block).
+        block_n: output columns per block (weights rows), 128 in the reference.
+        block_k: K per pipeline stage (elements; FP8/FP4 unpacked to 8 bit in SMEM).
+        store_block_m: rows per epilogue TMA store.
+        cluster_size: CTAs per cluster (2: 2-CTA UMMA with A multicast).
+        num_epilogue_threads: 128 or 256 (1 or 2 epilogue warpgroups).
+    """
+
+    block_m: int
+    block_n: int
+    block_k: int
+    store_block_m: int
+    cluster_size: int
+    num_epilogue_threads: int
+
+
+# (upper bound of expected tokens per expert, block_m, store_block_m, block_k, epilogue WGs)
+_SM100_BLOCK_TABLE = (
+    (8.5, 16, 8, 256, 2),
+    (16.5, 32, 16, 128, 2),
+    (32.5, 64, 32, 128, 1),
+    (64.5, 96, 16, 128, 2),
+    (96.5, 128, 32, 128, 2),
+    (math.inf, 192, 32, 128, 2),
+)
+
+
+def expected_tokens_per_expert(num_tokens: int, num_ranks: int, top_k: int, num_experts: int) -> float:
+    """``T * R * k / E`` in float32 as the reference computes it."""
+    return float(np.float32(num_tokens) * np.float32(num_ranks) * np.float32(top_k) / np.float32(num_experts))
+
+
+def sm100_block_config(num_tokens: int, num_ranks: int, top_k: int, num_experts: int,
+                       block_m: int | None = None) -> BlockConfig:
+    """Block config of the reference design (``get_block_config_for_mega_moe``).
+
+    ``block_m`` overrides the choice; the other fields then follow its table row.
+
+    Raises:
+        InputError: ``block_m`` not in the table (16, 32, 64, 96, 128, 192).
+    """
+    if block_m is not None:
+        rows = [r for r in _SM100_BLOCK_TABLE if r[1] == block_m]
+        require(bool(rows), "block_m", "one of 16, 32, 64, 96, 128, 192", block_m)
+        row = rows[0]
+    else:
+        e = expected_tokens_per_expert(num_tokens, num_ranks, top_k, num_experts)
+        row = next(r for r in _SM100_BLOCK_TABLE if e <= r[0])
+    _, bm, sbm, bk, wgs = row
+    return BlockConfig(block_m=bm, block_n=128, block_k=bk, store_block_m=sbm, cluster_size=2,
+                       num_epilogue_threads=128 * wgs)
+
+
+def pool_capacity_tokens(num_ranks: int, max_tokens_per_rank: int, top_k: int,
+                         experts_per_rank: int) -> int:
+    """``align(R*T_max*min(k, E_local) + E_local*(192-1), 384)`` (``get_num_max_pool_tokens``)."""
+    return align(num_ranks * max_tokens_per_rank * min(top_k, experts_per_rank)
+                 + experts_per_rank * (MAX_CANDIDATE_BLOCK_M - 1), LCM_CANDIDATE_BLOCK_M)
+
+
+def wave_pool_tokens(num_ranks: int, top_k: int, max_tokens_per_rank: int,
+                     experts_per_wave: int, block_m: int) -> int:
+    """Worst-case pool tokens one wave can need (``get_num_wave_pool_tokens``, main)."""
+    from_all = max_tokens_per_rank * num_ranks
+    if experts_per_wave == 1:
+        return from_all
+    return min(from_all * experts_per_wave,
+               align(from_all * top_k + experts_per_wave * (block_m - 1), block_m))
+
+
+def sm100_experts_per_wave(experts_per_rank: int, num_tokens: int, top_k: int, intermediate: int,
+                           block_m: int, block_n: int, num_sms: int, pool_tokens: int,
+                           max_tokens_per_rank: int, num_ranks: int) -> int:
+    """Experts per wave of the reference design (``get_num_experts_per_wave_for_mega_moe``).
+
+    Raises:
+        InputError: the pool cannot hold even one expert's worst-case wave.
+    """
+    max_epw = experts_per_rank
+    while max_epw > 0 and wave_pool_tokens(num_ranks, top_k, max_tokens_per_rank, max_epw,
+                                           block_m) > pool_tokens:
+        max_epw -= 1
+    require(max_epw > 0, "pool_tokens",
+            f">= {wave_pool_tokens(num_ranks, top_k, max_tokens_per_rank, 1, block_m)} (one expert's worst-case wave)",
+            pool_tokens)
+    expected = float(np.float32(num_tokens * top_k) / np.float32(experts_per_rank))
+    m_blocks = max(ceil_div(int(math.ceil(expected)), block_m), 1)
+    l1_blocks_per_expert = m_blocks * ((2 * intermediate) // block_n)
+    min_fill = ceil_div(IMBALANCE_FACTOR * num_sms, l1_blocks_per_expert)
+    if expected < 1:
+        min_fill = experts_per_rank
+    if min_fill >= max_epw:
+        return max_epw
+    if l1_blocks_per_expert >= num_sms:
+        return min_fill
+    best, best_ratio = min_fill, -1.0
+    for epw in range(min_fill, min(max_epw, 2 * min_fill) + 1):
+        rem = experts_per_rank % epw
+        ratio = 1.0 if rem == 0 else float(np.float32(rem) / np.float32(epw))
+        if ratio > best_ratio:
+            best, best_ratio = epw, ratio
+    return best
+
+
+def bytes_per_pull(hidden: int, elem_bytes: int = 1) -> int:
+    """Hidden bytes halved until <= 4096 (``kPullThreshold``)."""
+    n = hidden * elem_bytes
+    while n > PULL_THRESHOLD_BYTES:
+        n //= 2
+    return n
+
+
+def sm100_pipeline(smem_capacity: int, num_experts: int, hidden: int, cfg: BlockConfig,
+                   pull_bytes: int, num_dispatch_warps: int = 4) -> tuple[int, int]:
+    """(num_stages, smem_bytes) from the SMEM budget (``get_pipeline_config_for_mega_moe``).
+
+    Raises:
+        InputError: fewer than 2 stages fit.
+    """
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    epi_warps = cfg.num_epilogue_threads // 32
+    expert_count = align(num_experts * 4, 1024)
+    send_buffers = align(pull_bytes * num_dispatch_warps, 1024)
+    wgs = epi_warps // 4
+    cd = align(max(wgs * cfg.store_block_m * (bn // 2) * 2, wgs * cfg.store_block_m * bn * 2), 1024)
+    barriers = (num_dispatch_warps + 2 * 2 + epi_warps * 2) * 8
+    amax = cfg.store_block_m * epi_warps * 4
+    fixed = expert_count + send_buffers + cd + amax + barriers + 4
+    sf_m, sf_n = align(bm, 128), align(bn, 128)
+    per_stage = (bm // 2) * bk + bn * bk + sf_m * (bk // GRAN_K) + sf_n * (bk // GRAN_K) + 16
+    stages = (smem_capacity - fixed) // per_stage
+    require(stages >= 2, "smem_capacity", f">= {fixed + 2 * per_stage} bytes for 2 pipeline stages",
+            smem_capacity)
+    return stages, fixed + stages * per_stage
+
+
+def pull_order(counts: list[int] | np.ndarray) -> np.ndarray:
+    """Round-robin min-remaining pull order for one expert.
+
+    Args:
+        counts: tokens each source rank sends to this expert, ``[R]``.
+
+    Returns:
+        int64 ``[sum(counts), 2]``: row i is ``(source rank, index within that rank's list)``
+        of the i-th token placed in the expert's pool.  Each round takes the minimum
+        remaining count ``L`` over still-active ranks and emits ``L * active`` slots,
+        interleaving the active ranks slot by slot (seed 004's 5/3/9/2 example).
+    """
+    remaining = np.asarray(counts, dtype=np.int64).copy()
+    out = np.empty((int(remaining.sum()), 2), dtype=np.int64)
+    pos, offset = 0, 0
+    while True:
+        active = np.nonzero(remaining > 0)[0]
+        if active.size == 0:
+            break
+        length = int(remaining[active].min())
+        n = length * active.size
+        out[pos:pos + n, 0] = np.tile(active, length)
+        out[pos:pos + n, 1] = offset + np.repeat(np.arange(length), active.size)
+        pos += n
+        offset += length
+        remaining[active] -= length
+    return out
+
+
+@dataclass
+class RankPlan:
+    """Decisions of one EP rank.
+
+    Attributes:
+        rank: EP rank index.
+        num_tokens: tokens of this rank ``T_r``.
+        config: block tiling (chosen from this rank's ``T_r`` as the reference does).
+        experts_per_wave: local experts per wave.
+        num_stages: SMEM pipeline stages; ``smem_bytes`` the SMEM they use.
+        recv_counts: int64 ``[E_local, R]``, tokens source rank ``j`` sends to local expert ``e``.
+        src_items: per local expert, per source rank, int64 ``[n, 2]`` of ``(token, slot)`` on the
+            source rank in ascending order (the source index table; the reference fills it in
+            atomic-arrival order, the plan fixes ascending order).
+    """
+
+    rank: int
+    num_tokens: int
+    config: BlockConfig
+    experts_per_wave: int
+    num_stages: int
+    smem_bytes: int
+    recv_counts: np.ndarray
+    src_items: list[list[np.ndarray]] = field(repr=False)
+    num_sms: int = 0
+    l1_n_blocks: int = 0
+    l2_n_blocks: int = 0
+    _blocks: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def tokens_per_expert(self) -> np.ndarray:
+        """int64 ``[E_local]``: routed items each local expert receives."""
+        return self.recv_counts.sum(axis=1)
+
+    @property
+    def m_blocks_per_expert(self) -> np.ndarray:
+        """int64 ``[E_local]``: ``ceil(tokens / block_m)``."""
+        return -(-self.tokens_per_expert // self.config.block_m)
+
+    @property
+    def pool_block_offset(self) -> np.ndarray:
+        """int64 ``[E_local + 1]``: first pool block of each expert (block_m-padded), and total."""
+        return np.concatenate([[0], np.cumsum(self.m_blocks_per_expert)])
+
+    @property
+    def num_waves(self) -> int:
+        return ceil_div(len(self.recv_counts), self.experts_per_wave)
+
+    def blocks(self) -> np.ndarray:
+        """The rank's global block list (``MegaMoEScheduler`` order).
+
+        Returns:
+            int32 ``[N, 5]`` rows ``(phase, local expert, m block, n block, wave)``, phase 1 = L1,
+            2 = L2.  SM ``s`` executes rows ``s, s + S, s + 2S, ...`` (see :meth:`sm_blocks`).
+        """
+        if self._blocks is not None:
+            return self._blocks
+        mb = self.m_blocks_per_expert
+        parts = []
+        e_local = len(mb)
+        for w in range(self.num_waves):
+            experts = range(w * self.experts_per_wave, min((w + 1) * self.experts_per_wave, e_local))
+            for phase, nb in ((L1, self.l1_n_blocks), (L2, self.l2_n_blocks)):
+                for e in experts:
+                    m = int(mb[e])
+                    if m == 0:
+                        continue
+                    rows = np.empty((m * nb, 5), dtype=np.int32)
+                    rows[:, 0] = phase
+                    rows[:, 1] = e
+                    rows[:, 2] = np.repeat(np.arange(m), nb)
+                    rows[:, 3] = np.tile(np.arange(nb), m)
+                    rows[:, 4] = w
+                    parts.append(rows)
+        self._blocks = np.concatenate(parts) if parts else np.zeros((0, 5), dtype=np.int32)
+        return self._blocks
+
+    def sm_blocks(self, sm: int) -> np.ndarray:
+        """Rows of :meth:`blocks` executed by SM ``sm``, in order."""
+        require(0 <= sm < self.num_sms, "sm", f"in [0, {self.num_sms})", sm)
+        return self.blocks()[sm::self.num_sms]
+
+    def pull_order(self, expert: int) -> np.ndarray:
+        """Round-robin min-remaining order of local expert ``expert`` (see :func:`pull_order`)."""
+        return pull_order(self.recv_counts[expert])
+
+    def pool_sources(self, expert: int) -> np.ndarray:
+        """int64 ``[n, 3]``: ``(source rank, token, slot)`` of each pool row of ``expert``, in
+        pool order (the TokenSrcMetadata the L2 epilogue uses to write back)."""
+        order = self.pull_order(expert)
+        out = np.empty((len(order), 3), dtype=np.int64)
+        out[:, 0] = order[:, 0]
+        for j in np.unique(order[:, 0]) if len(order) else []:
+            sel = order[:, 0] == j
+            out[sel, 1:] = self.src_items[expert][j][order[sel, 1]]
+        return out
+
+
+@dataclass
+class Plan:
+    """All decisions of one Mega MoE call over ``R`` ranks.
+
+    Attributes:
+        design: design name (``deepgemm-sm100`` or ``megamoe-sm90``).
+        num_experts, top_k, hidden, intermediate: the shape.
+        num_ranks: EP size; ``experts_per_rank = num_experts // num_ranks``.
+        max_tokens_per_rank: buffer size ``T_max``.
+        num_sms: SMs the kernel runs on (hardware SMs minus reserved ones).
+        pool_tokens: pool (ring) capacity in tokens.
+        bytes_per_pull: bytes per dispatch pull chunk.
+        l2_wait: ``"k_block"`` (an L2 K block waits for its gate and up L1 N blocks, PR #304)
+            or ``"pool_block"`` (waits for the whole pool block's L1 output, PR #316).
+        ranks: per-rank decisions.
+    """
+
+    design: str
+    num_experts: int
+    top_k: int
+    hidden: int
+    intermediate: int
+    num_ranks: int
+    max_tokens_per_rank: int
+    num_sms: int
+    pool_tokens: int
+    bytes_per_pull: int
+    l2_wait: str
+    ranks: list[RankPlan]
+
+    @property
+    def experts_per_rank(self) -> int:
+        return self.num_experts // self.num_ranks
+
+    def num_recv_tokens(self) -> np.ndarray:
+        """int64 ``[R]``: routed items each rank receives (``num_recv_tokens`` of the test)."""
+        return np.array([int(r.recv_counts.sum()) for r in self.ranks], dtype=np.int64)
+
+    def to_dict(self) -> dict:
+        """Every plan number as plain JSON types (per-rank arrays summarised)."""
+        out = {k: getattr(self, k) for k in ("design", "num_experts", "top_k", "hidden",
+                                             "intermediate", "num_ranks", "max_tokens_per_rank",
+                                             "num_sms", "pool_tokens", "bytes_per_pull", "l2_wait")}
+        out["experts_per_rank"] = self.experts_per_rank
+        out["ranks"] = [{
+            "rank": r.rank, "num_tokens": r.num_tokens, **asdict(r.config),
+            "experts_per_wave": r.experts_per_wave, "num_waves": r.num_waves,
+            "num_stages": r.num_stages, "smem_bytes": r.smem_bytes,
+            "l1_n_blocks": r.l1_n_blocks, "l2_n_blocks": r.l2_n_blocks,
+            "num_recv_tokens": int(r.recv_counts.sum()),
+            "tokens_per_expert": r.tokens_per_expert.tolist(),
+            "pool_block_offset": r.pool_block_offset.tolist(),
+            "num_blocks": int(len(r.blocks())),
+        } for r in self.ranks]
+        return out
+
+
+def route_to_ranks(topk_idx: list[np.ndarray], num_experts: int, num_ranks: int
+                   ) -> tuple[np.ndarray, list[list[list[np.ndarray]]]]:
+    """Group routed items by (destination rank, local expert, source rank).
+
+    Returns:
+        ``counts`` int64 ``[R_dst, E_local, R_src]`` and ``items[dst][e][src]`` int64
+        ``[n, 2]`` of ``(token, slot)`` in ascending order.
+    """
+    e_local = num_experts // num_ranks
+    counts = np.zeros((num_ranks, e_local, num_ranks), dtype=np.int64)
+    items = [[[None] * num_ranks for _ in range(e_local)] for _ in range(num_ranks)]
+    for src, ids in enumerate(topk_idx):
+        flat = ids.reshape(-1)
+        valid = np.nonzero(flat >= 0)[0]
+        experts = flat[valid]
+        order = np.argsort(experts, kind="stable")  # ascending (token, slot) inside each expert
+        valid, experts = valid[order], experts[order]
+        bounds = np.searchsorted(experts, np.arange(num_experts + 1))
+        k = ids.shape[1] if ids.ndim == 2 else 1
+        for g in range(num_experts):
+            sel = valid[bounds[g]:bounds[g + 1]]
+            dst, e = divmod(g, e_local)
+            counts[dst, e, src] = len(sel)
+            items[dst][e][src] = np.stack([sel // k, sel % k], axis=1) if len(sel) else np.zeros((0, 2), np.int64)
+    return counts, items
+
+
+def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, num_ranks: int,
+               tokens_per_rank: list[int], max_tokens_per_rank: int, topk_idx: list[np.ndarray],
+               num_sms: int, smem_capacity: int = SM100_SMEM_CAPACITY,
+               design: str = "deepgemm-sm100", experts_per_wave: int | None = None,
+               block_m: int | None = None, pool_tokens: int | None = None,
+               num_stages: int | None = None, l2_wait: str = "k_block") -> Plan:
+    """Make every scheduling decision for one call.
+
+    Args:
+        num_experts, top_k, hidden, intermediate: MoE shape.
+        num_ranks: EP size R (divides ``num_experts``).
+        tokens_per_rank: ``T_r`` per rank (each <= ``max_tokens_per_rank``).
+        max_tokens_per_rank: ``T_max``.
+        topk_idx: per rank int ``[T_r, k]`` expert ids, ``-1`` masked.
+        num_sms: SMs available to the kernel (even for the 2-CTA reference design).
+        smem_capacity: SMEM bytes per block of the target GPU.
+        design: ``deepgemm-sm100`` or ``megamoe-sm90``.
+        experts_per_wave, block_m, pool_tokens, num_stages: overrides of the heuristics.
+        l2_wait: ``k_block`` or ``pool_block`` (see :class:`Plan`).
+
+    Raises:
+        InputError: any inconsistent input (named field, expected, got).
+    """
+    require(num_ranks >= 1 and num_experts % num_ranks == 0, "ranks",
+            f"a divisor of num_experts ({num_experts})", num_ranks)
+    require(len(tokens_per_rank) == num_ranks and len(topk_idx) == num_ranks, "tokens_per_rank",
+            f"{num_ranks} entries (one per rank)", len(tokens_per_rank))
+    require(l2_wait in ("k_block", "pool_block"), "l2_wait", "k_block or pool_block", l2_wait)
+    require(num_sms >= 2, "num_sms", ">= 2", num_sms)
+    e_local = num_experts // num_ranks
+    if design == "megamoe-sm90":
+        from . import design_sm90  # our kernel's design, beside the reference
+
+        return design_sm90.build_plan(
+            num_experts=num_experts, top_k=top_k, hidden=hidden, intermediate=intermediate,
+            num_ranks=num_ranks, tokens_per_rank=tokens_per_rank,
+            max_tokens_per_rank=max_tokens_per_rank, topk_idx=topk_idx, num_sms=num_sms,
+            experts_per_wave=experts_per_wave, block_m=block_m, l2_wait=l2_wait)
+    require(design == "deepgemm-sm100", "design", "deepgemm-sm100 or megamoe-sm90", design)
+    require(num_sms % 2 == 0, "num_sms", "an even number (2-CTA clusters)", num_sms)
+    require((2 * intermediate) % 256 == 0 and hidden % 256 == 0, "shape",
+            "2*intermediate and hidden multiples of 256 (even N block counts for 2-CTA pairs)",
+            f"hidden {hidden}, intermediate {intermediate}")
+    cap = pool_tokens if pool_tokens is not None else pool_capacity_tokens(
+        num_ranks, max_tokens_per_rank, top_k, e_local)
+    require(cap > 0, "pool_tokens", "> 0", cap)
+    pull = bytes_per_pull(hidden)
+    counts, items = route_to_ranks(topk_idx, num_experts, num_ranks)
+    ranks = []
+    for r in range(num_ranks):
+        cfg = sm100_block_config(tokens_per_rank[r], num_ranks, top_k, num_experts, block_m)
+        require(intermediate % cfg.block_k == 0 and hidden % cfg.block_k == 0, "shape",
+                f"hidden and intermediate multiples of block_k {cfg.block_k}",
+                f"hidden {hidden}, intermediate {intermediate}")
+        epw = sm100_experts_per_wave(e_local, tokens_per_rank[r], top_k, intermediate,
+                                     cfg.block_m, cfg.block_n, num_sms, cap,
+                                     max_tokens_per_rank, num_ranks)
+        if experts_per_wave is not None:
+            require(1 <= experts_per_wave <= e_local, "experts_per_wave",
+                    f"in [1, {e_local}] (local experts)", experts_per_wave)
+            epw = experts_per_wave
+        stages, smem = sm100_pipeline(smem_capacity, num_experts, hidden, cfg, pull)
+        if num_stages is not None:
+            require(2 <= num_stages <= stages, "num_stages", f"in [2, {stages}] (SMEM budget)", num_stages)
+            stages = num_stages
+        rp = RankPlan(rank=r, num_tokens=tokens_per_rank[r], config=cfg, experts_per_wave=epw,
+                      num_stages=stages, smem_bytes=smem, recv_counts=counts[r], src_items=items[r],
+                      num_sms=num_sms, l1_n_blocks=2 * intermediate // cfg.block_n,
+                      l2_n_blocks=hidden // cfg.block_n)
+        used = int(rp.pool_block_offset[-1]) * cfg.block_m
+        if pool_tokens is None:
+            assert used <= cap, (used, cap)  # guaranteed by the capacity formula
+        ranks.append(rp)
+    return Plan(design=design, num_experts=num_experts, top_k=top_k, hidden=hidden,
+                intermediate=intermediate, num_ranks=num_ranks,
+                max_tokens_per_rank=max_tokens_per_rank, num_sms=num_sms, pool_tokens=cap,
+                bytes_per_pull=pull, l2_wait=l2_wait, ranks=ranks)

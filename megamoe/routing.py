@@ -1,0 +1,251 @@
+"""Top-k routing generators and loaders: ``topk_idx [T, k]`` (int64) per EP rank.
+
+Every generator is seeded and deterministic: rank ``r`` draws from
+``numpy.random.default_rng([seed, r])``, so ranks are independent and the same seed
+always gives the same ids.  Slot value ``-1`` means "masked" (the slot routes nowhere).
+
+Kinds (``RoutingSpec.parse`` accepts the CLI spelling in brackets):
+
+* ``uniform`` [``uniform``] — each token picks ``k`` distinct experts uniformly at random, in
+  random slot order.  This is the distribution of ``torch.topk(torch.randn(T, E), k)`` used
+  by DeepGEMM's ``tests/test_mega_moe.py`` (iid continuous scores make every k-subset and
+  every slot order equally likely); it is sampled directly instead of via scores.
+* ``masked`` [``masked:RATIO``] — ``uniform``, then each slot independently becomes ``-1`` with
+  probability ``RATIO`` (as ``topk_idx.masked_fill_(rand < masked_ratio, -1)`` in DeepGEMM's test).
+* ``zipf`` [``zipf:S``] — expert popularity ``p_e ∝ 1 / (rank_e + 1) ** S`` over a seeded random
+  permutation of the experts (popular experts are spread over EP ranks); each token draws
+  ``k`` distinct experts by successive sampling without replacement (Plackett-Luce).
+* ``hot`` [``hot:FRACTION[:N]``] — experts ``0 .. N-1`` (default ``N = 4``, so all on EP rank 0)
+  are drawn with total per-draw probability ``FRACTION``; the rest share ``1 - FRACTION``.
+  Draws are without replacement inside a token, so the realised share of slots going to
+  hot experts is at most ``min(FRACTION, N / k)``-ish; :func:`routing_summary` reports it.
+* ``file`` [``file:PATH``] — ``.npy``, ``.npz`` (first array) or ``.pt`` integer array
+  ``[T, k]`` per rank: ``PATH`` may contain ``{rank}`` (one file per rank), or hold one
+  ``[R, T, k]`` array, or (for one rank) a ``[T, k]`` array.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import InputError, require
+
+KINDS = ("uniform", "masked", "zipf", "hot", "file")
+
+
+@dataclass(frozen=True)
+class RoutingSpec:
+    """How to produce ``topk_idx`` for every rank.
+
+    Attributes:
+        kind: one of ``uniform, masked, zipf, hot, file``.
+        masked_ratio: fraction of slots set to -1 (``masked``), in [0, 1].
+        zipf_exponent: Zipf exponent ``S >= 0`` (``zipf``).
+        hot_fraction: per-draw probability of a hot expert, in [0, 1] (``hot``).
+        hot_experts: number of hot experts ``N`` (``hot``).
+        path: file path, may contain ``{rank}`` (``file``).
+    """
+
+    kind: str = "uniform"
+    masked_ratio: float = 0.0
+    zipf_exponent: float = 1.0
+    hot_fraction: float = 0.5
+    hot_experts: int = 4
+    path: str = ""
+
+    def __post_init__(self) -> None:
+        require(self.kind in KINDS, "routing", f"one of {', '.join(KINDS)}", self.kind)
+        require(0.0 <= self.masked_ratio <= 1.0, "routing.masked_ratio", "a ratio in [0, 1]",
+                self.masked_ratio)
+        require(self.zipf_exponent >= 0.0, "routing.zipf_exponent", ">= 0", self.zipf_exponent)
+        require(0.0 <= self.hot_fraction <= 1.0, "routing.hot_fraction", "a fraction in [0, 1]",
+                self.hot_fraction)
+        require(self.hot_experts >= 1, "routing.hot_experts", ">= 1", self.hot_experts)
+        if self.kind == "file":
+            require(bool(self.path), "routing.file", "a path", self.path)
+
+    @classmethod
+    def parse(cls, text: str) -> "RoutingSpec":
+        """Parse the CLI spelling (``uniform``, ``masked:0.2``, ``zipf:1.2``, ``hot:0.5:4``,
+        ``file:PATH``).
+
+        Raises:
+            InputError: unknown kind or a parameter that is not a number.
+        """
+        kind, _, rest = text.partition(":")
+        if kind == "file":
+            return cls(kind="file", path=rest)
+        args = [a for a in rest.split(":") if a] if rest else []
+
+        def num(i: int, name: str, conv=float):
+            try:
+                return conv(args[i])
+            except ValueError:
+                raise InputError(f"routing.{name}", "a number", args[i]) from None
+
+        if kind == "uniform" and not args:
+            return cls()
+        if kind == "masked" and len(args) <= 1:
+            return cls(kind="masked", masked_ratio=num(0, "masked_ratio") if args else 0.5)
+        if kind == "zipf" and len(args) <= 1:
+            return cls(kind="zipf", zipf_exponent=num(0, "zipf_exponent") if args else 1.0)
+        if kind == "hot" and len(args) <= 2:
+            return cls(kind="hot", hot_fraction=num(0, "hot_fraction") if args else 0.5,
+                       hot_experts=num(1, "hot_experts", int) if len(args) > 1 else 4)
+        raise InputError("routing", "uniform | masked:RATIO | zipf:S | hot:FRACTION[:N] | file:PATH",
+                         text)
+
+    def describe(self) -> str:
+        """The CLI spelling of this spec."""
+        return {
+            "uniform": "uniform",
+            "masked": f"masked:{self.masked_ratio:g}",
+            "zipf": f"zipf:{self.zipf_exponent:g}",
+            "hot": f"hot:{self.hot_fraction:g}:{self.hot_experts}",
+            "file": f"file:{self.path}",
+        }[self.kind]
+
+
+def _sample_without_replacement(rng: np.random.Generator, num_tokens: int, num_experts: int,
+                                top_k: int, probs: np.ndarray | None) -> np.ndarray:
+    """Successive sampling of ``top_k`` distinct experts per token (slot j drawn from ``probs``
+    conditioned on differing from slots < j).  Returns int64 ``[num_tokens, top_k]``."""
+    out = np.empty((num_tokens, top_k), dtype=np.int64)
+    cdf = None if probs is None else np.cumsum(probs)
+
+    def draw(n: int) -> np.ndarray:
+        if cdf is None:
+            return rng.integers(0, num_experts, size=n, dtype=np.int64)
+        return np.minimum(np.searchsorted(cdf, rng.random(n) * cdf[-1], side="right"),
+                          num_experts - 1).astype(np.int64)
+
+    for j in range(top_k):
+        col = draw(num_tokens)
+        for _ in range(10_000):
+            clash = (out[:, :j] == col[:, None]).any(axis=1) if j else np.zeros(num_tokens, bool)
+            n = int(clash.sum())
+            if n == 0:
+                break
+            col[clash] = draw(n)
+        else:  # pathological skew: finish the clashing rows exactly by renormalising
+            rows = np.nonzero((out[:, :j] == col[:, None]).any(axis=1))[0]
+            for t in rows:
+                p = np.ones(num_experts) if probs is None else probs.copy()
+                p[out[t, :j]] = 0.0
+                col[t] = rng.choice(num_experts, p=p / p.sum())
+        out[:, j] = col
+    return out
+
+
+def _load_array(path: str) -> np.ndarray:
+    if not os.path.exists(path):
+        raise InputError("routing.file", "an existing .npy/.npz/.pt file", path)
+    try:
+        if path.endswith(".pt"):
+            import torch  # optional dependency, only for .pt files
+
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+            arr = obj.numpy() if hasattr(obj, "numpy") else np.asarray(obj)
+        elif path.endswith(".npz"):
+            with np.load(path) as z:
+                arr = z[z.files[0]]
+        else:
+            arr = np.load(path, allow_pickle=False)
+    except InputError:
+        raise
+    except Exception as exc:  # unreadable file: report it in one line
+        raise InputError("routing.file", "a readable .npy/.npz/.pt integer array",
+                         f"{path} ({type(exc).__name__})") from None
+    return np.asarray(arr)
+
+
+def _check_ids(arr: np.ndarray, field: str, num_experts: int, top_k: int) -> np.ndarray:
+    require(np.issubdtype(arr.dtype, np.integer), field, "an integer array", f"dtype {arr.dtype}")
+    require(arr.ndim == 2 and arr.shape[1] == top_k, field, f"shape [T, {top_k}]",
+            f"shape {list(arr.shape)}")
+    if arr.size:
+        lo, hi = int(arr.min()), int(arr.max())
+        require(lo >= -1 and hi < num_experts, field, f"ids in [-1, {num_experts})",
+                f"ids in [{lo}, {hi}]")
+    return arr.astype(np.int64, copy=False)
+
+
+def load_routing_file(path: str, num_ranks: int, num_experts: int, top_k: int) -> list[np.ndarray]:
+    """Load ``topk_idx`` for every rank from ``path`` (see module docstring).
+
+    Raises:
+        InputError: missing file, wrong dtype or shape, ids outside ``[-1, num_experts)``.
+    """
+    if "{rank}" in path:
+        return [_check_ids(_load_array(path.format(rank=r)), "routing.file", num_experts, top_k)
+                for r in range(num_ranks)]
+    arr = _load_array(path)
+    if arr.ndim == 3:
+        require(arr.shape[0] == num_ranks, "routing.file", f"[{num_ranks}, T, {top_k}] (one [T, k] per rank)",
+                f"shape {list(arr.shape)}")
+        return [_check_ids(a, "routing.file", num_experts, top_k) for a in arr]
+    require(num_ranks == 1, "routing.file",
+            f"a [R={num_ranks}, T, {top_k}] array or a path with {{rank}}", f"shape {list(arr.shape)}")
+    return [_check_ids(arr, "routing.file", num_experts, top_k)]
+
+
+def generate(spec: RoutingSpec, num_ranks: int, tokens_per_rank: list[int], num_experts: int,
+             top_k: int, seed: int) -> list[np.ndarray]:
+    """Produce ``topk_idx`` (int64 ``[T_r, k]``, ``-1`` = masked) for every rank.
+
+    Args:
+        spec: routing kind and parameters.
+        num_ranks: EP size R.
+        tokens_per_rank: ``T_r`` for each rank (ignored for ``file``, whose arrays decide).
+        num_experts: experts over all ranks.
+        top_k: slots per token.
+        seed: base seed; rank r uses ``default_rng([seed, r])``.
+
+    Raises:
+        InputError: see :func:`load_routing_file`; ``hot_experts`` > experts.
+    """
+    if spec.kind == "file":
+        return load_routing_file(spec.path, num_ranks, num_experts, top_k)
+    probs = None
+    if spec.kind == "zipf":
+        perm = np.random.default_rng([seed, 1_000_003]).permutation(num_experts)
+        w = 1.0 / (np.arange(num_experts) + 1.0) ** spec.zipf_exponent
+        probs = np.empty(num_experts)
+        probs[perm] = w
+        probs /= probs.sum()
+    elif spec.kind == "hot":
+        n = spec.hot_experts
+        require(n < num_experts, "routing.hot_experts", f"< num_experts ({num_experts})", n)
+        probs = np.full(num_experts, (1.0 - spec.hot_fraction) / (num_experts - n))
+        probs[:n] = spec.hot_fraction / n
+        if probs.sum() <= 0:
+            probs = None
+    out = []
+    for r in range(num_ranks):
+        rng = np.random.default_rng([seed, r])
+        ids = _sample_without_replacement(rng, tokens_per_rank[r], num_experts, top_k, probs)
+        if spec.kind == "masked" and ids.size:
+            ids[rng.random(ids.shape) < spec.masked_ratio] = -1
+        out.append(ids)
+    return out
+
+
+def routing_summary(topk_idx: list[np.ndarray], num_experts: int, num_ranks: int) -> dict:
+    """Counts that describe a routing: valid slots, per-expert load min/mean/max, share of
+    slots landing on EP rank 0 .. R-1 (returned as a list)."""
+    counts = np.zeros(num_experts, dtype=np.int64)
+    for ids in topk_idx:
+        v = ids[ids >= 0]
+        counts += np.bincount(v, minlength=num_experts)
+    total = int(counts.sum())
+    per_rank = counts.reshape(num_ranks, -1).sum(axis=1)
+    return {
+        "valid_slots": total,
+        "expert_load_min": int(counts.min()) if num_experts else 0,
+        "expert_load_mean": float(counts.mean()) if num_experts else 0.0,
+        "expert_load_max": int(counts.max()) if num_experts else 0,
+        "rank_share": [float(x) / total if total else 0.0 for x in per_rank],
+    }

@@ -1,0 +1,133 @@
+"""A scenario: every input of one simulated (or executed) Mega MoE call.
+
+``Scenario`` → :func:`Scenario.routing_ids` (``topk_idx`` per rank) → :func:`Scenario.plan`
+(:class:`megamoe.plan.Plan`).  The default scenario is the main job's: DeepSeek-V4-Pro, EP8,
+B200, 8192 tokens per rank, uniform routing, seed 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import require
+from .plan import Plan, build_plan
+from .routing import RoutingSpec, generate
+from .shapes import MoEShape, get_shape
+
+DEFAULT_MAX_TOKENS = 8192  # DeepGEMM tests/test_mega_moe.py default num_max_tokens_per_rank
+
+
+@dataclass
+class Scenario:
+    """Inputs of one call.
+
+    Attributes:
+        shape: preset name, ``E,k,H,I`` string or :class:`MoEShape`.
+        num_ranks: EP size R (divides the expert count).
+        tokens_per_rank: ``T`` for every rank, or a list with one ``T_r`` per rank.
+        max_tokens_per_rank: ``T_max`` (buffer size); default ``max(8192, max T_r)``.
+        routing: :class:`RoutingSpec` or its CLI spelling.
+        seed: routing seed.
+        hardware: preset name (``b200``, ``h200``, ``h20``) or TOML path.
+        design: ``deepgemm-sm100`` (reference) or ``megamoe-sm90`` (this project's kernel).
+        experts_per_wave, block_m, pool_tokens, num_stages: plan overrides (None = heuristic).
+        l2_wait: ``k_block`` (PR #304) or ``pool_block`` (PR #316).
+        reserved_sms: SMs taken away from the kernel (e.g. for a shared expert).
+        topk_idx: explicit ids per rank (Python API; overrides ``routing``).
+
+    Raises:
+        InputError: bad field (one-line message naming it).
+    """
+
+    shape: str | MoEShape = "deepseek-v4-pro"
+    num_ranks: int = 8
+    tokens_per_rank: int | list[int] = 8192
+    max_tokens_per_rank: int | None = None
+    routing: str | RoutingSpec = "uniform"
+    seed: int = 0
+    hardware: str = "b200"
+    design: str = "deepgemm-sm100"
+    experts_per_wave: int | None = None
+    block_m: int | None = None
+    pool_tokens: int | None = None
+    num_stages: int | None = None
+    l2_wait: str = "k_block"
+    reserved_sms: int = 0
+    topk_idx: list[np.ndarray] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.shape = get_shape(self.shape)
+        if isinstance(self.routing, str):
+            self.routing = RoutingSpec.parse(self.routing)
+        require(isinstance(self.num_ranks, int) and self.num_ranks >= 1, "ranks", "an integer >= 1",
+                self.num_ranks)
+        require(self.shape.num_experts % self.num_ranks == 0, "ranks",
+                f"a divisor of the expert count {self.shape.num_experts}", self.num_ranks)
+        if self.topk_idx is not None:
+            self.tokens_per_rank = [int(len(t)) for t in self.topk_idx]
+        elif self.routing.kind == "file":
+            self._ids = generate(self.routing, self.num_ranks, [], self.shape.num_experts,
+                                 self.shape.top_k, self.seed)
+            self.tokens_per_rank = [int(len(t)) for t in self._ids]
+        toks = self.tokens_list()
+        require(len(toks) == self.num_ranks, "tokens", f"{self.num_ranks} values (one per rank)",
+                len(toks))
+        for t in toks:
+            require(isinstance(t, (int, np.integer)) and t >= 0, "tokens", "integers >= 0", t)
+        if self.max_tokens_per_rank is None:
+            self.max_tokens_per_rank = max([DEFAULT_MAX_TOKENS, *toks])
+        require(self.max_tokens_per_rank >= 1, "max_tokens", ">= 1", self.max_tokens_per_rank)
+        require(max(toks) <= self.max_tokens_per_rank, "tokens",
+                f"<= max_tokens ({self.max_tokens_per_rank})", max(toks))
+        require(self.reserved_sms >= 0, "reserved_sms", ">= 0", self.reserved_sms)
+        for name in ("experts_per_wave", "block_m", "pool_tokens", "num_stages"):
+            v = getattr(self, name)
+            require(v is None or (isinstance(v, int) and v >= 1), name, "a positive integer", v)
+
+    def tokens_list(self) -> list[int]:
+        """``T_r`` for every rank."""
+        t = self.tokens_per_rank
+        return [int(x) for x in t] if isinstance(t, (list, tuple, np.ndarray)) else [int(t)] * self.num_ranks
+
+    def routing_ids(self) -> list[np.ndarray]:
+        """``topk_idx`` per rank (int64 ``[T_r, k]``, ``-1`` masked), cached."""
+        if self.topk_idx is not None:
+            return self.topk_idx
+        if not hasattr(self, "_ids"):
+            self._ids = generate(self.routing, self.num_ranks, self.tokens_list(),
+                                 self.shape.num_experts, self.shape.top_k, self.seed)
+        return self._ids
+
+    def plan(self, num_sms: int, smem_capacity: int) -> Plan:
+        """Build the plan for a GPU with ``num_sms`` SMs (before reserving ``reserved_sms``).
+
+        Raises:
+            InputError: overrides the design cannot take, or too many reserved SMs.
+        """
+        usable = num_sms - self.reserved_sms
+        require(usable >= 2, "reserved_sms", f"<= {num_sms - 2} (at least 2 SMs must remain)",
+                self.reserved_sms)
+        s = self.shape
+        return build_plan(num_experts=s.num_experts, top_k=s.top_k, hidden=s.hidden,
+                          intermediate=s.intermediate, num_ranks=self.num_ranks,
+                          tokens_per_rank=self.tokens_list(),
+                          max_tokens_per_rank=self.max_tokens_per_rank,
+                          topk_idx=self.routing_ids(), num_sms=usable, smem_capacity=smem_capacity,
+                          design=self.design, experts_per_wave=self.experts_per_wave,
+                          block_m=self.block_m, pool_tokens=self.pool_tokens,
+                          num_stages=self.num_stages, l2_wait=self.l2_wait)
+
+    def to_dict(self) -> dict:
+        """Every input as plain JSON types."""
+        s = self.shape
+        return {
+            "shape": s.name, "num_experts": s.num_experts, "top_k": s.top_k, "hidden": s.hidden,
+            "intermediate": s.intermediate, "num_ranks": self.num_ranks,
+            "tokens_per_rank": self.tokens_list(), "max_tokens_per_rank": self.max_tokens_per_rank,
+            "routing": self.routing.describe(), "seed": self.seed, "hardware": self.hardware,
+            "design": self.design, "experts_per_wave": self.experts_per_wave,
+            "block_m": self.block_m, "pool_tokens": self.pool_tokens, "num_stages": self.num_stages,
+            "l2_wait": self.l2_wait, "reserved_sms": self.reserved_sms,
+        }

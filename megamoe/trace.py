@@ -1,0 +1,140 @@
+"""The one trace schema shared by the simulator and the kernel.
+
+One record per interval with the columns of :data:`COLUMNS`: ``rank, sm, role, kind, expert,
+m_block, n_block, wave, t_start_ns, t_end_ns, bytes, tokens``.  ``role`` and ``kind`` are
+stored as small integer codes into :data:`ROLES` / :data:`KINDS`.  ``sm = -1`` marks an
+interval that is the same on every SM of the rank (the simulator's dispatch phases, the
+combine).  ``expert``/``m_block``/``n_block``/``wave`` are ``-1`` where they do not apply.
+
+Exports: Chrome trace-event JSON (opens in Perfetto: ``pid`` = rank, ``tid`` = SM x role,
+``ph: "X"``, ``ts``/``dur`` in microseconds, metadata events naming processes and threads)
+and NPZ (columnar, for analysis; :func:`Trace.load` reads it back).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+ROLES = ("dispatch", "tma_a", "tma_b", "mma", "epilogue", "producer", "consumer")
+KINDS = ("count", "index_exchange", "grid_sync", "nvl_barrier", "pull", "l1_load", "l1_mma",
+         "l1_epilogue", "l2_load", "l2_mma", "l2_epilogue", "combine", "idle_wait")
+COLUMNS = ("rank", "sm", "role", "kind", "expert", "m_block", "n_block", "wave",
+           "t_start_ns", "t_end_ns", "bytes", "tokens")
+_DTYPES = {"t_start_ns": np.float64, "t_end_ns": np.float64, "bytes": np.int64}
+ROLE = {n: i for i, n in enumerate(ROLES)}
+KIND = {n: i for i, n in enumerate(KINDS)}
+
+
+@dataclass
+class Trace:
+    """Columnar trace: one numpy array per column of :data:`COLUMNS` (equal lengths)."""
+
+    cols: dict
+
+    @classmethod
+    def from_rows(cls, rows: list[tuple] | np.ndarray) -> "Trace":
+        """Build from rows ordered as :data:`COLUMNS` (role/kind as codes or names)."""
+        if len(rows) == 0:
+            return cls({c: np.zeros(0, dtype=_DTYPES.get(c, np.int32)) for c in COLUMNS})
+        if not isinstance(rows, np.ndarray):
+            rows = [(r[0], r[1], ROLE.get(r[2], r[2]), KIND.get(r[3], r[3]), *r[4:]) for r in rows]
+        arr = np.asarray(rows, dtype=np.float64)
+        return cls({c: arr[:, i].astype(_DTYPES.get(c, np.int32)) for i, c in enumerate(COLUMNS)})
+
+    @classmethod
+    def concat(cls, traces: list["Trace"]) -> "Trace":
+        return cls({c: np.concatenate([t.cols[c] for t in traces]) for c in COLUMNS})
+
+    def __len__(self) -> int:
+        return len(self.cols["rank"])
+
+    def __getitem__(self, col: str) -> np.ndarray:
+        return self.cols[col]
+
+    def select(self, mask: np.ndarray) -> "Trace":
+        return Trace({c: v[mask] for c, v in self.cols.items()})
+
+    def where(self, **eq) -> "Trace":
+        """Rows whose columns equal the given values (role/kind may be names)."""
+        m = np.ones(len(self), dtype=bool)
+        for k, v in eq.items():
+            if k == "role" and isinstance(v, str):
+                v = ROLE[v]
+            if k == "kind" and isinstance(v, str):
+                v = KIND[v]
+            m &= self.cols[k] == v
+        return self.select(m)
+
+    @property
+    def makespan_ns(self) -> float:
+        return float(self.cols["t_end_ns"].max() - min(0.0, self.cols["t_start_ns"].min())) if len(self) else 0.0
+
+    # -- files -----------------------------------------------------------------
+    def save_npz(self, path: str) -> None:
+        np.savez_compressed(path, **self.cols)
+
+    @classmethod
+    def load(cls, path: str) -> "Trace":
+        """Load an NPZ written by :meth:`save_npz` (or a kernel trace decoded to NPZ)."""
+        with np.load(path) as z:
+            missing = [c for c in COLUMNS if c not in z.files]
+            if missing:
+                from .errors import InputError
+
+                raise InputError("trace", f"columns {', '.join(COLUMNS)}", f"missing {', '.join(missing)}")
+            return cls({c: z[c] for c in COLUMNS})
+
+    def to_chrome(self, max_sms: int | None = 8, sms: list[int] | None = None) -> dict:
+        """Chrome trace-event JSON (a dict).
+
+        Args:
+            max_sms: keep SMs ``0 .. max_sms-1`` of every rank (plus ``sm = -1`` rows) so a
+                full scenario stays small enough to open; ``None`` keeps all.
+            sms: explicit SM list (overrides ``max_sms``).
+        """
+        sm = self.cols["sm"]
+        if sms is not None:
+            keep = np.isin(sm, np.asarray(sms)) | (sm < 0)
+        elif max_sms is not None:
+            keep = sm < max_sms
+        else:
+            keep = np.ones(len(self), dtype=bool)
+        t = self.select(keep)
+        events = []
+        seen_pid, seen_tid = set(), set()
+        c = t.cols
+        for i in range(len(t)):
+            rank, s, role = int(c["rank"][i]), int(c["sm"][i]), int(c["role"][i])
+            tid = (s + 1) * 16 + role
+            if rank not in seen_pid:
+                seen_pid.add(rank)
+                events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
+                               "args": {"name": f"rank {rank}"}})
+            if (rank, tid) not in seen_tid:
+                seen_tid.add((rank, tid))
+                label = f"{'all SMs' if s < 0 else f'SM {s}'} {ROLES[role]}"
+                events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid,
+                               "args": {"name": label}})
+                events.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": tid,
+                               "args": {"sort_index": tid}})
+            args = {k: int(c[k][i]) for k in ("expert", "m_block", "n_block", "wave", "bytes", "tokens")
+                    if int(c[k][i]) >= 0}
+            events.append({"ph": "X", "name": KINDS[int(c["kind"][i])], "pid": rank, "tid": tid,
+                           "ts": float(c["t_start_ns"][i]) / 1e3,
+                           "dur": float(c["t_end_ns"][i] - c["t_start_ns"][i]) / 1e3,
+                           "cat": ROLES[role], "args": args})
+        return {"traceEvents": events, "displayTimeUnit": "ns"}
+
+    def save_chrome(self, path: str, **kw) -> None:
+        """Write :meth:`to_chrome` as JSON (gzip if the path ends in ``.gz``)."""
+        data = json.dumps(self.to_chrome(**kw))
+        if path.endswith(".gz"):
+            with gzip.open(path, "wt") as f:
+                f.write(data)
+        else:
+            with open(path, "w") as f:
+                f.write(data)

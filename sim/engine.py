@@ -1,0 +1,463 @@
+"""SimPy processes of one Mega MoE call: every rank, every 2-CTA cluster, every warp role.
+
+Granularity (DESIGN.md: block granularity, never per cycle):
+
+* **Dispatch** (one process per rank, standing for the dispatch warps of all its SMs): count,
+  per-expert send counts (global atomics, serialised per address across SMs), source-index
+  exchange, grid sync, expert counts to the owners, NVLink barrier (a true cross-rank
+  barrier: every rank waits for the last), then pulls.  All ``4 * SMs`` dispatch warps walk
+  the rank's pool tokens (experts in order, each in the plan's round-robin min-remaining
+  order) with stride ``4 * SMs``; one event per *round* of ``4 * SMs`` concurrent pulls, each
+  pull moving ``hidden`` FP8 bytes + scales in ``bytes_per_pull`` chunks over the source
+  GPU's NVLink egress and this GPU's ingress (local tokens over HBM).  A pool block's
+  arrival count completes when the round holding its last token ends (chain 1).
+* **GEMM** (one process per 2-CTA cluster, i.e. SMs ``2c`` and ``2c+1``, which the scheduler
+  keeps on the same (expert, m block) with adjacent n blocks): the plan's block sequence.
+  For each block the TMA-A/TMA-B loaders wait for the dependency (arrival count for L1,
+  arrival-mask bits for L2), the K loop is one pipelined interval at ``max(tensor-core time,
+  SM load time)`` per K block, with the ``num_stages`` ring letting the next block's loads
+  start while the previous K loop runs; first-touch bytes of weights and activations are
+  charged to HBM (later touches hit L2).  The MMA of block ``i`` needs TMEM stage ``i % 2``,
+  freed when the epilogue of block ``i - 2`` ends (chains 2 and 4).  The L1 epilogue
+  (SwiGLU, amax, UE8M0, FP8) sets the arrival-mask bits of its n-block pair; an L2 K block
+  needs the gate and up halves of its L1 pair (chain 3, ``l2_wait = "k_block"``) or the
+  whole pool block (``"pool_block"``).  The L2 epilogue writes BF16 rows to each token's
+  source rank over NVLink (chain 5 starts here).
+* **Combine**: the final NVLink barrier waits for every cluster's last write on every rank,
+  then each rank reduces its valid slots (HBM bound).
+
+Shared resources: HBM per GPU, NVLink egress and ingress per GPU (one direction each), as
+:class:`BandwidthCalendar`; the tensor-core rate and TMA load rate are per SM.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import simpy
+
+from megamoe.plan import L1, L2, Plan
+from megamoe.scenario import Scenario
+from megamoe.trace import KIND, ROLE, Trace
+
+from .hardware import Hardware, load_hardware
+
+BUCKET_NS = 250.0
+DISPATCH_WARPS_PER_SM = 4
+SF_BYTES_PER_TOKEN_PER_HIDDEN = 1 / 32  # one UE8M0 byte per 32 elements
+
+
+class BandwidthCalendar:
+    """A bandwidth resource as a calendar of fixed time buckets.
+
+    Each bucket of ``BUCKET_NS`` holds ``rate * BUCKET_NS`` bytes.  :meth:`reserve` places a
+    transfer's bytes into the earliest free capacity at or after its request time and returns
+    when the last byte moves.  Capacity is conserved whatever order reservations come in, so
+    concurrent transfers share the bandwidth instead of queueing behind a single holder.
+    """
+
+    __slots__ = ("rate", "cap", "used", "total_bytes", "busy_until")
+
+    def __init__(self, bytes_per_ns: float):
+        self.rate = bytes_per_ns
+        self.cap = bytes_per_ns * BUCKET_NS
+        self.used: list[float] = []
+        self.total_bytes = 0.0
+
+    def reserve(self, t: float, nbytes: float) -> float:
+        """Place ``nbytes`` from time ``t`` (ns); returns the finish time (ns)."""
+        if nbytes <= 0:
+            return t
+        self.total_bytes += nbytes
+        b = int(t // BUCKET_NS)
+        used = self.used
+        if b >= len(used):
+            used.extend([0.0] * (b - len(used) + 64))
+        rate, cap = self.rate, self.cap
+        # first bucket: only the part after t is available
+        start = max(t, b * BUCKET_NS + used[b] / rate)
+        avail = max(0.0, (b + 1) * BUCKET_NS - start) * rate
+        take = min(avail, nbytes)
+        used[b] += take
+        nbytes -= take
+        finish = start + take / rate
+        while nbytes > 1e-9:
+            b += 1
+            if b >= len(used):
+                used.extend([0.0] * 256)
+            free = cap - used[b]
+            if free <= 1e-9:
+                continue
+            take = min(free, nbytes)
+            finish = b * BUCKET_NS + (used[b] + take) / rate
+            used[b] += take
+            nbytes -= take
+        return finish
+
+
+@dataclass
+class SimResult:
+    """Output of :func:`simulate`.
+
+    Attributes:
+        scenario: the inputs.
+        hardware: the hardware model used.
+        plan: every scheduling decision.
+        trace: all intervals (:class:`megamoe.trace.Trace`).
+        rank_end_ns: ``[R]`` kernel end per rank (after combine).
+        t_reduction_ns: ``[R]`` combine reduction time per rank.
+        hbm_bytes_sim, nvlink_bytes_sim: ``[R]`` bytes the simulation moved (HBM; NVLink egress).
+        num_events: SimPy events processed.
+        summary: the metrics (see :mod:`sim.metrics`).
+    """
+
+    scenario: Scenario
+    hardware: Hardware
+    plan: Plan
+    trace: Trace
+    rank_end_ns: np.ndarray
+    t_reduction_ns: np.ndarray
+    hbm_bytes_sim: np.ndarray
+    nvlink_bytes_sim: np.ndarray
+    num_events: int = 0
+    summary: dict = field(default_factory=dict)
+
+
+class _Engine:
+    def __init__(self, plan: Plan, hw: Hardware):
+        self.plan, self.hw = plan, hw
+        self.env = simpy.Environment()
+        R = plan.num_ranks
+        self.hbm = [BandwidthCalendar(hw.hbm_bytes_per_ns) for _ in range(R)]
+        self.egress = [BandwidthCalendar(hw.nvlink_bytes_per_ns) for _ in range(R)]
+        self.ingress = [BandwidthCalendar(hw.nvlink_bytes_per_ns) for _ in range(R)]
+        self.rows: list[tuple] = []      # rank-level intervals (COLUMNS order, codes)
+        self.blocks: list[tuple] = []    # per cluster block records, expanded later
+        self.n_events = 0
+        # per rank state
+        self.arrival = []        # pool block -> arrival time (nan until known)
+        self.arrival_ev = []     # pool block -> Event (lazily)
+        self.l1_done = []        # pool block -> array of L1 pair epilogue ends
+        self.l1_left = []        # pool block -> pairs still to finish
+        self.l1_ev = []
+        self.src_frac = []       # pool block -> tokens per source rank
+        self.touched_w = []      # (phase, expert, n pair) seen
+        self.touched_a = []      # (phase, pool block) seen
+        self.counts_ready = [None] * R
+        self.last_write = np.zeros(R)
+        self.cluster_end = np.zeros(R)
+        for rp in plan.ranks:
+            nb = int(rp.pool_block_offset[-1])
+            self.arrival.append(np.full(nb, np.nan))
+            self.arrival_ev.append({})
+            pairs = rp.l1_n_blocks // 2
+            self.l1_done.append(np.full((nb, pairs), np.nan))
+            self.l1_left.append(np.full(nb, pairs, dtype=np.int64))
+            self.l1_ev.append({})
+            self.touched_w.append(set())
+            self.touched_a.append(set())
+            frac = np.zeros((nb, R), dtype=np.int64)
+            bm = rp.config.block_m
+            for e in range(len(rp.recv_counts)):
+                if rp.tokens_per_expert[e] == 0:
+                    continue
+                order = rp.pull_order(e)[:, 0]
+                base = int(rp.pool_block_offset[e])
+                for m in range(int(rp.m_blocks_per_expert[e])):
+                    frac[base + m] = np.bincount(order[m * bm:(m + 1) * bm], minlength=R)
+            self.src_frac.append(frac)
+        self.pre_pull_arrivals = 0
+        self.pre_pull_times = np.zeros(R)
+        self.pre_pull_done = self.env.event()
+
+    # -- dispatch ---------------------------------------------------------------
+    def dispatch(self, r: int):
+        env, hw, plan = self.env, self.hw, self.plan
+        rp = plan.ranks[r]
+        T, k, H = rp.num_tokens, plan.top_k, plan.hidden
+        S = plan.num_sms
+        t = hw.launch_ns
+        items = self.valid_slots[r]
+        steps = (
+            ("count", 500.0 + T * k * 8 / hw.hbm_bytes_per_ns, 0),
+            ("index_exchange", S * hw.atomic_same_address_ns, 0),  # per-expert send counts
+            ("index_exchange", hw.nvlink_latency_ns + items * 4 / hw.nvlink_bytes_per_ns, items * 4),
+            ("grid_sync", hw.grid_sync_ns, 0),
+            ("index_exchange", hw.nvlink_latency_ns, plan.num_experts * 8),  # counts to owners
+        )
+        for kind, dur, nbytes in steps:
+            self.rows.append((r, -1, ROLE["dispatch"], KIND[kind], -1, -1, -1, -1, t, t + dur, nbytes, 0))
+            t += dur
+        yield env.timeout(t)
+        # NVLink barrier before pulling: every rank must arrive
+        self.pre_pull_times[r] = env.now
+        self.pre_pull_arrivals += 1
+        if self.pre_pull_arrivals == plan.num_ranks:
+            done = self.pre_pull_times.max() + hw.nvl_barrier_ns
+            ev = self.pre_pull_done
+            self.env.timeout(done - env.now).callbacks.append(lambda _e: ev.succeed(done))
+        start_wait = env.now
+        done = yield self.pre_pull_done
+        self.rows.append((r, -1, ROLE["dispatch"], KIND["nvl_barrier"], -1, -1, -1, -1, start_wait, done, 0, 0))
+        self.counts_ready[r] = done
+        # pulls, one event per round of 4*S concurrent warps
+        G = S * DISPATCH_WARPS_PER_SM
+        bm = rp.config.block_m
+        src = np.concatenate([rp.pull_order(e)[:, 0] for e in range(len(rp.recv_counts))]
+                             or [np.zeros(0, np.int64)])
+        n = len(src)
+        if n == 0:
+            return
+        # last global token index of every pool block
+        last = []
+        tok_off = np.concatenate([[0], np.cumsum(rp.tokens_per_expert)])
+        for e in range(len(rp.recv_counts)):
+            ne = int(rp.tokens_per_expert[e])
+            for m in range(int(rp.m_blocks_per_expert[e])):
+                last.append(int(tok_off[e]) + min((m + 1) * bm, ne) - 1)
+        last = np.asarray(last, dtype=np.int64)
+        pb_round = last // G
+        per_token = H * (1 + SF_BYTES_PER_TOKEN_PER_HIDDEN) + 4  # FP8 row, scales, top-k weight
+        chunks = math.ceil(H / plan.bytes_per_pull)
+        warp_rate = hw.sm_load_bytes_per_ns / DISPATCH_WARPS_PER_SM
+        lat = hw.pull_latency_ns + chunks * plan.bytes_per_pull / warp_rate
+        n_rounds = (n + G - 1) // G
+        R = plan.num_ranks
+        for q in range(n_rounds):
+            t0 = env.now
+            cnt = np.bincount(src[q * G:(q + 1) * G], minlength=R)
+            finish = t0 + lat
+            for j in np.nonzero(cnt)[0]:
+                b = float(cnt[j]) * per_token
+                if j == r:
+                    finish = max(finish, self.hbm[r].reserve(t0, 2 * b))
+                else:
+                    f1 = self.egress[j].reserve(t0, b)
+                    f2 = self.ingress[r].reserve(t0, b)
+                    f3 = self.hbm[r].reserve(t0, b)  # write into the local pool
+                    finish = max(finish, f1, f2, f3)
+            yield env.timeout(finish - t0)
+            self.n_events += 1
+            ntok = int(cnt.sum())
+            self.rows.append((r, -1, ROLE["dispatch"], KIND["pull"], -1, -1, -1, -1, t0, finish,
+                              int(ntok * per_token), ntok))
+            for pb in np.nonzero(pb_round == q)[0]:
+                self.arrival[r][pb] = finish
+                ev = self.arrival_ev[r].pop(int(pb), None)
+                if ev is not None:
+                    ev.succeed(finish)
+
+    # -- GEMM clusters -----------------------------------------------------------
+    def cluster(self, r: int, c: int):
+        env, hw, plan = self.env, self.hw, self.plan
+        rp = plan.ranks[r]
+        cfg = rp.config
+        bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+        S = plan.num_sms
+        rows = rp.blocks()[2 * c::S]
+        t_ready = self.counts_ready[r]
+        if t_ready is None:
+            t_ready = yield self.pre_pull_done
+        if len(rows) == 0:
+            self.cluster_end[r] = max(self.cluster_end[r], t_ready)
+            return
+        H, I = plan.hidden, plan.intermediate
+        tc = hw.tc_flops_per_ns_per_sm
+        ld = hw.sm_load_bytes_per_ns
+        lat = hw.tma_latency_ns
+        stages = rp.num_stages
+        t_mma_k = 2.0 * bm * bn * bk / tc
+        t_load_k = ((bm // 2) * bk + bn * bk / 2 + (bm + bn) * bk / 32) / ld
+        t_k = max(t_mma_k, t_load_k)
+        epi_threads = cfg.num_epilogue_threads
+        t_epi = {L1: hw.l1_epilogue_thread_ns_per_elem * bm * bn / epi_threads,
+                 L2: hw.l2_epilogue_thread_ns_per_elem * bm * bn / epi_threads}
+        K = {L1: H // bk, L2: I // bk}
+        ratio = bk // bn  # L1 n-block pairs per L2 K block
+        pbo = rp.pool_block_offset
+        tpe = rp.tokens_per_expert
+        prev_mma_end = t_ready
+        prev_k_prefetch = 0.0
+        prev_epi_end = t_ready
+        epi_hist = [t_ready, t_ready]
+        hbm, egress, ingress = self.hbm[r], self.egress, self.ingress
+        tw, ta = self.touched_w[r], self.touched_a[r]
+        l1_done, l1_left, l1_ev = self.l1_done[r], self.l1_left[r], self.l1_ev[r]
+        arrival, arrival_ev = self.arrival[r], self.arrival_ev[r]
+        frac = self.src_frac[r]
+        wait_l2 = plan.l2_wait
+        R = plan.num_ranks
+        blocks = self.blocks
+        for i in range(len(rows)):
+            phase, e, m, n, w = (int(x) for x in rows[i])
+            pb = int(pbo[e]) + m
+            valid_m = min(bm, int(tpe[e]) - m * bm)
+            kb = K[phase]
+            ready_vec = None
+            if phase == L1:
+                dep = arrival[pb]
+                if dep != dep:  # nan: not yet arrived
+                    ev = arrival_ev.get(pb)
+                    if ev is None:
+                        ev = arrival_ev[pb] = env.event()
+                    dep = yield ev
+                    self.n_events += 1
+            else:
+                if l1_left[pb] > 0:
+                    ev = l1_ev.get(pb)
+                    if ev is None:
+                        ev = l1_ev[pb] = env.event()
+                    yield ev
+                    self.n_events += 1
+                vec = l1_done[pb]
+                if wait_l2 == "pool_block" or kb == 1:
+                    dep = float(vec.max())
+                else:
+                    ready_vec = vec.reshape(kb, ratio).max(axis=1) if ratio > 1 else vec
+                    dep = float(ready_vec[0])
+            # the loaders may start once the dependency holds and a ring stage is free
+            free = prev_mma_end - prev_k_prefetch
+            load_start = max(dep, free)
+            mma_start = max(load_start + lat, prev_mma_end, epi_hist[-2])
+            if load_start > env.now:
+                yield env.timeout(load_start - env.now)
+                self.n_events += 1
+            ktot = kb * bk
+            first = 0.0
+            key_w = (phase, e, n)
+            if key_w not in tw:
+                tw.add(key_w)
+                first += 2 * bn * ktot / 2  # FP4 weights of both CTAs' n blocks
+            key_a = (phase, pb)
+            if key_a not in ta:
+                ta.add(key_a)
+                first += valid_m * ktot * (1 + 1 / 32)  # FP8 activations + scales
+            mma_end = mma_start + kb * t_k
+            if first:
+                mma_end = max(mma_end, hbm.reserve(load_start, first) + t_k)
+            if ready_vec is not None:
+                mma_end = max(mma_end, float(np.max(ready_vec + lat + (kb - np.arange(kb)) * t_k)))
+            epi_start = max(mma_end, prev_epi_end)
+            epi_end = epi_start + t_epi[phase]
+            if phase == L1:
+                out = valid_m * bn * (1 + 1 / 32)  # 2 CTAs x bn/2 FP8 outputs + scales
+                epi_end = max(epi_end, hbm.reserve(epi_start, out))
+                vec = l1_done[pb]
+                vec[n // 2] = epi_end
+                l1_left[pb] -= 1
+                if l1_left[pb] == 0:
+                    ev = l1_ev.pop(pb, None)
+                    if ev is not None:
+                        ev.succeed()
+            else:
+                row_bytes = 2 * bn * 2  # BF16, both CTAs
+                fin = epi_end
+                fr = frac[pb]
+                for j in range(R):
+                    if fr[j] == 0:
+                        continue
+                    b = float(fr[j]) * row_bytes
+                    if j == r:
+                        fin = max(fin, hbm.reserve(epi_start, b))
+                    else:
+                        fin = max(fin, egress[r].reserve(epi_start, b), ingress[j].reserve(epi_start, b))
+                # the epilogue's stores must drain before its TMEM stage is reused
+                epi_end = max(epi_end, fin - hw.nvlink_latency_ns)
+                if fin > self.last_write[r]:
+                    self.last_write[r] = fin
+            blocks.append((r, c, phase, e, m, n, w, load_start, mma_start, mma_end, epi_start,
+                           epi_end, dep, valid_m, first, free))
+            prev_mma_end = mma_end
+            prev_k_prefetch = min(stages, kb) * t_k
+            prev_epi_end = epi_end
+            epi_hist.append(epi_end)
+        self.cluster_end[r] = max(self.cluster_end[r], prev_epi_end)
+
+    # -- run -----------------------------------------------------------------------
+    def run(self, topk_idx: list[np.ndarray]):
+        plan, hw = self.plan, self.hw
+        self.valid_slots = [int((ids >= 0).sum()) for ids in topk_idx]
+        for r in range(plan.num_ranks):
+            self.env.process(self.dispatch(r))
+            for c in range(plan.num_sms // 2):
+                self.env.process(self.cluster(r, c))
+        self.env.run()
+        R = plan.num_ranks
+        # final NVLink barrier (chain 5): every rank's last write has landed
+        arrive = np.maximum(self.cluster_end, self.last_write) + hw.grid_sync_ns
+        for r in range(R):
+            self.rows.append((r, -1, ROLE["epilogue"], KIND["grid_sync"], -1, -1, -1, -1,
+                              float(max(self.cluster_end[r], self.last_write[r])), float(arrive[r]), 0, 0))
+        barrier = float(arrive.max()) + hw.nvl_barrier_ns
+        t_red = np.zeros(R)
+        end = np.zeros(R)
+        for r in range(R):
+            self.rows.append((r, -1, ROLE["epilogue"], KIND["nvl_barrier"], -1, -1, -1, -1,
+                              float(arrive[r]), barrier, 0, 0))
+            T = plan.ranks[r].num_tokens
+            nbytes = (self.valid_slots[r] + T) * plan.hidden * 2
+            t_red[r] = (hw.tma_latency_ns + nbytes / hw.hbm_bytes_per_ns) if T else 0.0
+            self.hbm[r].total_bytes += nbytes
+            end[r] = barrier + t_red[r]
+            self.rows.append((r, -1, ROLE["epilogue"], KIND["combine"], -1, -1, -1, -1,
+                              barrier, end[r], nbytes, T))
+        return end, t_red
+
+    def trace(self) -> Trace:
+        parts = [Trace.from_rows(np.asarray(self.rows, dtype=np.float64))] if self.rows else []
+        if self.blocks:
+            b = np.asarray(self.blocks, dtype=np.float64)
+            r, c, ph, e, m, n, w = (b[:, i] for i in range(7))
+            ls, ms, me, es, ee, dep, vm, first, free = (b[:, i] for i in range(7, 16))
+            l1 = ph == L1
+            load_kind = np.where(l1, KIND["l1_load"], KIND["l2_load"])
+            mma_kind = np.where(l1, KIND["l1_mma"], KIND["l2_mma"])
+            epi_kind = np.where(l1, KIND["l1_epilogue"], KIND["l2_epilogue"])
+            recs = []
+            for half in (0, 1):
+                sm = 2 * c + half
+                nn = n + half
+                for role, kind, t0, t1 in ((ROLE["tma_a"], load_kind, ls, me),
+                                           (ROLE["tma_b"], load_kind, ls, me),
+                                           (ROLE["mma"], mma_kind, ms, me),
+                                           (ROLE["epilogue"], epi_kind, es, ee)):
+                    recs.append(np.stack([r, sm, np.full_like(r, role), kind, e, m, nn, w, t0, t1,
+                                          first / 2, vm], axis=1))
+                # the loader sat idle on a dependency (chains 1 and 3) from `free` to `dep`
+                waited = dep > free + 1e-6
+                if waited.any():
+                    recs.append(np.stack([r, sm, np.full_like(r, ROLE["tma_a"]),
+                                          np.full_like(r, KIND["idle_wait"]), e, m, nn, w,
+                                          free, dep, np.zeros_like(r), vm], axis=1)[waited])
+            parts.append(Trace.from_rows(np.concatenate(recs)))
+        return Trace.concat(parts) if parts else Trace.from_rows([])
+
+
+def simulate(scenario: Scenario, hardware: Hardware | None = None) -> SimResult:
+    """Simulate one call.
+
+    Args:
+        scenario: the inputs (shape, ranks, tokens, routing, hardware name, design, overrides).
+        hardware: a :class:`Hardware` to use instead of ``scenario.hardware``.
+
+    Returns:
+        :class:`SimResult` with the trace and ``summary`` (see :func:`sim.metrics.summarize`).
+
+    Raises:
+        InputError: invalid scenario or hardware (one line naming the field).
+    """
+    from .metrics import summarize
+
+    hw = hardware if hardware is not None else load_hardware(scenario.hardware)
+    plan = scenario.plan(hw.num_sms, hw.smem_per_block_bytes)
+    eng = _Engine(plan, hw)
+    end, t_red = eng.run(scenario.routing_ids())
+    res = SimResult(scenario=scenario, hardware=hw, plan=plan, trace=eng.trace(), rank_end_ns=end,
+                    t_reduction_ns=t_red,
+                    hbm_bytes_sim=np.array([h.total_bytes for h in eng.hbm]),
+                    nvlink_bytes_sim=np.array([g.total_bytes for g in eng.egress]),
+                    num_events=eng.n_events)
+    res.summary = summarize(res)
+    return res

@@ -1,0 +1,150 @@
+"""Hardware models loaded from TOML files, each figure with its source.
+
+A hardware file has a ``name``, a ``[figures]`` table and a ``[sources]`` table with one
+entry (a string naming where the number comes from) for every figure.  Presets live in
+``sim/hardware/*.toml`` (``b200``, ``h200``, ``h20``); ``load_hardware`` takes a preset
+name or a path.
+
+Figures (units in the key names):
+
+* ``num_sms``, ``clock_ghz``, ``smem_per_block_bytes``, ``l2_cache_bytes``
+* ``fp8_dense_tflops`` — peak dense FP8 tensor-core rate of the GPU; ``mma_efficiency`` —
+  fraction of it a block-scaled FP8xFP4 K loop sustains.
+* ``hbm_gbs`` — HBM bandwidth (GB/s, bytes read + written); ``hbm_efficiency``.
+* ``sm_load_gbs`` — most one SM's TMA engine moves per second.
+* ``nvlink_gbs_per_direction`` — NVLink bandwidth of one GPU in one direction (all links);
+  ``nvlink_efficiency``; ``nvlink_latency_ns`` — one remote access round trip.
+* ``launch_ns``, ``grid_sync_ns``, ``nvl_barrier_ns``, ``atomic_same_address_ns``,
+  ``tma_latency_ns``, ``pull_latency_ns``
+* ``l1_epilogue_thread_ns_per_elem``, ``l2_epilogue_thread_ns_per_elem`` — epilogue cost per
+  accumulator element per epilogue thread.
+* ``legacy_launch_ns`` — per-kernel launch gap of the unfused path.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from megamoe.errors import InputError, require
+
+PRESET_DIR = Path(__file__).parent / "hardware"
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One GPU model (see module docstring for units).  All figures are positive."""
+
+    name: str
+    num_sms: int
+    clock_ghz: float
+    smem_per_block_bytes: int
+    l2_cache_bytes: int
+    fp8_dense_tflops: float
+    mma_efficiency: float
+    hbm_gbs: float
+    hbm_efficiency: float
+    sm_load_gbs: float
+    nvlink_gbs_per_direction: float
+    nvlink_efficiency: float
+    nvlink_latency_ns: float
+    launch_ns: float
+    grid_sync_ns: float
+    nvl_barrier_ns: float
+    atomic_same_address_ns: float
+    tma_latency_ns: float
+    pull_latency_ns: float
+    l1_epilogue_thread_ns_per_elem: float
+    l2_epilogue_thread_ns_per_elem: float
+    legacy_launch_ns: float
+    sources: dict
+    path: str = ""
+
+    # derived rates -------------------------------------------------------------
+    @property
+    def tc_flops_per_ns_per_sm(self) -> float:
+        """Sustained tensor-core FLOP per ns of one SM."""
+        return self.fp8_dense_tflops * 1e3 * self.mma_efficiency / self.num_sms
+
+    @property
+    def hbm_bytes_per_ns(self) -> float:
+        return self.hbm_gbs * self.hbm_efficiency
+
+    @property
+    def nvlink_bytes_per_ns(self) -> float:
+        return self.nvlink_gbs_per_direction * self.nvlink_efficiency
+
+    @property
+    def sm_load_bytes_per_ns(self) -> float:
+        return self.sm_load_gbs
+
+    def scaled(self, **factors: float) -> "Hardware":
+        """A copy with figures multiplied (``hbm_gbs=0.5`` halves HBM bandwidth)."""
+        vals = {f.name: getattr(self, f.name) for f in fields(self)}
+        for k, v in factors.items():
+            require(k in vals and isinstance(vals[k], (int, float)) and k != "num_sms", "hardware scale",
+                    "a numeric figure name", k)
+            require(v > 0, f"hardware.{k} scale", "> 0", v)
+            vals[k] = type(vals[k])(vals[k] * v)
+        return Hardware(**vals)
+
+
+_FIGURES = [f.name for f in fields(Hardware) if f.name not in ("name", "sources", "path")]
+_INTS = {"num_sms", "smem_per_block_bytes", "l2_cache_bytes"}
+_FRACTIONS = {"mma_efficiency", "hbm_efficiency", "nvlink_efficiency"}
+
+
+def parse_hardware(data: dict, path: str = "<dict>") -> Hardware:
+    """Validate a parsed hardware TOML document.
+
+    Raises:
+        InputError: missing or non-numeric figure, a figure <= 0 (e.g. a negative bandwidth),
+            an efficiency above 1, or a figure without a source.
+    """
+    require(isinstance(data.get("name"), str), "hardware.name", "a string", data.get("name"))
+    figs = data.get("figures")
+    require(isinstance(figs, dict), "hardware.figures", "a [figures] table", type(figs).__name__)
+    srcs = data.get("sources", {})
+    vals = {}
+    for k in _FIGURES:
+        require(k in figs, f"hardware.figures.{k}", "a number", "missing")
+        v = figs[k]
+        require(isinstance(v, (int, float)) and not isinstance(v, bool), f"hardware.figures.{k}",
+                "a number", v)
+        require(v > 0, f"hardware.figures.{k}", "a positive number", v)
+        if k in _INTS:
+            require(float(v).is_integer(), f"hardware.figures.{k}", "an integer", v)
+            v = int(v)
+        if k in _FRACTIONS:
+            require(v <= 1.0, f"hardware.figures.{k}", "a fraction in (0, 1]", v)
+        require(isinstance(srcs.get(k), str) and srcs[k].strip() != "", f"hardware.sources.{k}",
+                "a source string", srcs.get(k, "missing"))
+        vals[k] = float(v) if k not in _INTS else v
+    unknown = sorted(set(figs) - set(_FIGURES))
+    require(not unknown, "hardware.figures", f"only {', '.join(_FIGURES)}", ", ".join(unknown))
+    return Hardware(name=data["name"], sources=dict(srcs), path=path, **vals)
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.toml"))
+
+
+def load_hardware(spec: str) -> Hardware:
+    """Load a preset (``b200``, ``h200``, ``h20``; case-insensitive) or a TOML path.
+
+    Raises:
+        InputError: unknown preset, unreadable file, or an invalid figure.
+    """
+    p = PRESET_DIR / f"{spec.lower()}.toml"
+    if not p.exists():
+        p = Path(spec)
+        require(spec.endswith(".toml") or os.sep in spec, "hardware",
+                f"a preset ({', '.join(preset_names())}) or a .toml path", spec)
+        require(p.exists(), "hardware", "an existing .toml file", spec)
+    try:
+        data = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError("hardware", "valid TOML", f"{p}: {exc}") from None
+    return parse_hardware(data, str(p))
