@@ -58,43 +58,61 @@ class BandwidthCalendar:
     concurrent transfers share the bandwidth instead of queueing behind a single holder.
     """
 
-    __slots__ = ("rate", "cap", "used", "total_bytes", "busy_until")
+    __slots__ = ("rate", "cap", "used", "total_bytes", "full_until")
 
     def __init__(self, bytes_per_ns: float):
         self.rate = bytes_per_ns
         self.cap = bytes_per_ns * BUCKET_NS
-        self.used: list[float] = []
+        self.used: list[float] = [0.0] * 4096
         self.total_bytes = 0.0
+        self.full_until = 0  # every bucket before this index is full
 
     def reserve(self, t: float, nbytes: float) -> float:
         """Place ``nbytes`` from time ``t`` (ns); returns the finish time (ns)."""
         if nbytes <= 0:
             return t
         self.total_bytes += nbytes
-        b = int(t // BUCKET_NS)
-        used = self.used
-        if b >= len(used):
-            used.extend([0.0] * (b - len(used) + 64))
-        rate, cap = self.rate, self.cap
+        rate, cap, used = self.rate, self.cap, self.used
+        b = int(t / BUCKET_NS)
+        if b < self.full_until:
+            b = self.full_until
+            t = b * BUCKET_NS
+        if b + 2 >= len(used):
+            used.extend([0.0] * (b + 4096 - len(used)))
         # first bucket: only the part after t is available
-        start = max(t, b * BUCKET_NS + used[b] / rate)
-        avail = max(0.0, (b + 1) * BUCKET_NS - start) * rate
-        take = min(avail, nbytes)
-        used[b] += take
-        nbytes -= take
-        finish = start + take / rate
-        while nbytes > 1e-9:
+        start = b * BUCKET_NS + used[b] / rate
+        if start < t:
+            start = t
+        avail = ((b + 1) * BUCKET_NS - start) * rate
+        if avail >= nbytes:  # fast path: fits in the first bucket
+            used[b] += nbytes
+            if b == self.full_until and used[b] >= cap * 0.999:
+                self._advance()
+            return start + nbytes / rate
+        if avail > 0:
+            used[b] += avail
+            nbytes -= avail
+        b0 = b
+        while True:
             b += 1
             if b >= len(used):
-                used.extend([0.0] * 256)
+                used.extend([0.0] * 4096)
             free = cap - used[b]
             if free <= 1e-9:
                 continue
-            take = min(free, nbytes)
-            finish = b * BUCKET_NS + (used[b] + take) / rate
-            used[b] += take
-            nbytes -= take
-        return finish
+            if free >= nbytes:
+                used[b] += nbytes
+                if b0 <= self.full_until:
+                    self._advance()
+                return b * BUCKET_NS + used[b] / rate
+            used[b] = cap
+            nbytes -= free
+
+    def _advance(self) -> None:
+        used, lim, fu = self.used, self.cap * 0.999, self.full_until
+        while fu < len(used) and used[fu] >= lim:
+            fu += 1
+        self.full_until = fu
 
 
 @dataclass
@@ -142,7 +160,7 @@ class _Engine:
         self.l1_done = []        # pool block -> array of L1 pair epilogue ends
         self.l1_left = []        # pool block -> pairs still to finish
         self.l1_ev = []
-        self.src_frac = []       # pool block -> tokens per source rank
+        self.dst_lists = []      # pool block -> [(source rank, tokens)] (write-back targets)
         self.touched_w = []      # (phase, expert, n pair) seen
         self.touched_a = []      # (phase, pool block) seen
         self.counts_ready = [None] * R
@@ -150,11 +168,11 @@ class _Engine:
         self.cluster_end = np.zeros(R)
         for rp in plan.ranks:
             nb = int(rp.pool_block_offset[-1])
-            self.arrival.append(np.full(nb, np.nan))
+            self.arrival.append([None] * nb)
             self.arrival_ev.append({})
             pairs = rp.l1_n_blocks // 2
-            self.l1_done.append(np.full((nb, pairs), np.nan))
-            self.l1_left.append(np.full(nb, pairs, dtype=np.int64))
+            self.l1_done.append([[0.0] * pairs for _ in range(nb)])
+            self.l1_left.append([pairs] * nb)
             self.l1_ev.append({})
             self.touched_w.append(set())
             self.touched_a.append(set())
@@ -167,7 +185,7 @@ class _Engine:
                 base = int(rp.pool_block_offset[e])
                 for m in range(int(rp.m_blocks_per_expert[e])):
                     frac[base + m] = np.bincount(order[m * bm:(m + 1) * bm], minlength=R)
-            self.src_frac.append(frac)
+            self.dst_lists.append([[(j, int(x)) for j, x in enumerate(row) if x] for row in frac])
         self.pre_pull_arrivals = 0
         self.pre_pull_times = np.zeros(R)
         self.pre_pull_done = self.env.event()
@@ -239,11 +257,10 @@ class _Engine:
                     f3 = self.hbm[r].reserve(t0, b)  # write into the local pool
                     finish = max(finish, f1, f2, f3)
             yield env.timeout(finish - t0)
-            self.n_events += 1
             ntok = int(cnt.sum())
             self.rows.append((r, -1, ROLE["dispatch"], KIND["pull"], -1, -1, -1, -1, t0, finish,
                               int(ntok * per_token), ntok))
-            for pb in np.nonzero(pb_round == q)[0]:
+            for pb in np.nonzero(pb_round == q)[0].tolist():
                 self.arrival[r][pb] = finish
                 ev = self.arrival_ev[r].pop(int(pb), None)
                 if ev is not None:
@@ -256,123 +273,136 @@ class _Engine:
         cfg = rp.config
         bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
         S = plan.num_sms
-        rows = rp.blocks()[2 * c::S]
+        rows = rp.blocks()[2 * c::S].tolist()
         t_ready = self.counts_ready[r]
         if t_ready is None:
             t_ready = yield self.pre_pull_done
-        if len(rows) == 0:
+        if not rows:
             self.cluster_end[r] = max(self.cluster_end[r], t_ready)
             return
         H, I = plan.hidden, plan.intermediate
-        tc = hw.tc_flops_per_ns_per_sm
-        ld = hw.sm_load_bytes_per_ns
         lat = hw.tma_latency_ns
         stages = rp.num_stages
-        t_mma_k = 2.0 * bm * bn * bk / tc
-        t_load_k = ((bm // 2) * bk + bn * bk / 2 + (bm + bn) * bk / 32) / ld
-        t_k = max(t_mma_k, t_load_k)
+        t_mma_k = 2.0 * bm * bn * bk / hw.tc_flops_per_ns_per_sm
+        # global bytes one SM moves per K block: half of A (the other half arrives by
+        # multicast from the peer CTA), its B tile in FP4, and the scales
+        stage_bytes = (bm // 2) * bk + bn * bk / 2 + (bm + bn) * bk / 32
+        # TMA rate of one SM: its engine limit, or Little's law on the stage ring
+        load_rate = min(hw.sm_load_bytes_per_ns, stages * stage_bytes / lat)
+        t_k = max(t_mma_k, stage_bytes / load_rate) + hw.block_overhead_ns / max(1, H // bk)
         epi_threads = cfg.num_epilogue_threads
-        t_epi = {L1: hw.l1_epilogue_thread_ns_per_elem * bm * bn / epi_threads,
-                 L2: hw.l2_epilogue_thread_ns_per_elem * bm * bn / epi_threads}
-        K = {L1: H // bk, L2: I // bk}
+        t_epi = (0.0, hw.l1_epilogue_thread_ns_per_elem * bm * bn / epi_threads + hw.block_overhead_ns,
+                 hw.l2_epilogue_thread_ns_per_elem * bm * bn / epi_threads + hw.block_overhead_ns)
+        K = (0, H // bk, I // bk)
         ratio = bk // bn  # L1 n-block pairs per L2 K block
-        pbo = rp.pool_block_offset
-        tpe = rp.tokens_per_expert
+        pbo = rp.pool_block_offset.tolist()
+        tpe = rp.tokens_per_expert.tolist()
         prev_mma_end = t_ready
-        prev_k_prefetch = 0.0
+        prev_prefetch = 0.0
         prev_epi_end = t_ready
-        epi_hist = [t_ready, t_ready]
-        hbm, egress, ingress = self.hbm[r], self.egress, self.ingress
+        epi_m2 = epi_m1 = t_ready  # epilogue ends of the two previous blocks (TMEM stages)
+        hbm, egress, ingress = self.hbm[r], self.egress[r], self.ingress
         tw, ta = self.touched_w[r], self.touched_a[r]
         l1_done, l1_left, l1_ev = self.l1_done[r], self.l1_left[r], self.l1_ev[r]
         arrival, arrival_ev = self.arrival[r], self.arrival_ev[r]
-        frac = self.src_frac[r]
-        wait_l2 = plan.l2_wait
-        R = plan.num_ranks
+        dsts = self.dst_lists[r]
+        per_k_wait = plan.l2_wait == "k_block"
+        row_bytes = 2 * bn * 2  # BF16 output row of both CTAs
+        wb_slack = hw.nvlink_latency_ns
         blocks = self.blocks
-        for i in range(len(rows)):
-            phase, e, m, n, w = (int(x) for x in rows[i])
-            pb = int(pbo[e]) + m
-            valid_m = min(bm, int(tpe[e]) - m * bm)
+        last_write = self.last_write[r]
+        for phase, e, m, n, w in rows:
+            pb = pbo[e] + m
+            valid_m = min(bm, tpe[e] - m * bm)
             kb = K[phase]
             ready_vec = None
             if phase == L1:
                 dep = arrival[pb]
-                if dep != dep:  # nan: not yet arrived
+                if dep is None:
                     ev = arrival_ev.get(pb)
                     if ev is None:
                         ev = arrival_ev[pb] = env.event()
                     dep = yield ev
-                    self.n_events += 1
             else:
                 if l1_left[pb] > 0:
                     ev = l1_ev.get(pb)
                     if ev is None:
                         ev = l1_ev[pb] = env.event()
                     yield ev
-                    self.n_events += 1
                 vec = l1_done[pb]
-                if wait_l2 == "pool_block" or kb == 1:
-                    dep = float(vec.max())
+                if per_k_wait and kb > 1:
+                    if ratio > 1:
+                        vec = [max(vec[i * ratio:(i + 1) * ratio]) for i in range(kb)]
+                    ready_vec = vec
+                    dep = vec[0]
                 else:
-                    ready_vec = vec.reshape(kb, ratio).max(axis=1) if ratio > 1 else vec
-                    dep = float(ready_vec[0])
+                    dep = max(vec)
             # the loaders may start once the dependency holds and a ring stage is free
-            free = prev_mma_end - prev_k_prefetch
-            load_start = max(dep, free)
-            mma_start = max(load_start + lat, prev_mma_end, epi_hist[-2])
+            free = prev_mma_end - prev_prefetch
+            load_start = dep if dep > free else free
+            mma_start = max(load_start + lat, prev_mma_end, epi_m2)
             if load_start > env.now:
                 yield env.timeout(load_start - env.now)
-                self.n_events += 1
             ktot = kb * bk
             first = 0.0
-            key_w = (phase, e, n)
-            if key_w not in tw:
-                tw.add(key_w)
-                first += 2 * bn * ktot / 2  # FP4 weights of both CTAs' n blocks
-            key_a = (phase, pb)
-            if key_a not in ta:
-                ta.add(key_a)
-                first += valid_m * ktot * (1 + 1 / 32)  # FP8 activations + scales
+            key = (phase, e, n)
+            if key not in tw:
+                tw.add(key)
+                first += bn * ktot  # FP4 weights of both CTAs' n blocks
+            key = (phase, pb)
+            if key not in ta:
+                ta.add(key)
+                first += valid_m * ktot * 1.03125  # FP8 activations + UE8M0 scales
             mma_end = mma_start + kb * t_k
             if first:
-                mma_end = max(mma_end, hbm.reserve(load_start, first) + t_k)
+                f = hbm.reserve(load_start, first) + t_k
+                if f > mma_end:
+                    mma_end = f
             if ready_vec is not None:
-                mma_end = max(mma_end, float(np.max(ready_vec + lat + (kb - np.arange(kb)) * t_k)))
-            epi_start = max(mma_end, prev_epi_end)
+                for i in range(1, kb):
+                    f = ready_vec[i] + lat + (kb - i) * t_k
+                    if f > mma_end:
+                        mma_end = f
+            epi_start = mma_end if mma_end > prev_epi_end else prev_epi_end
             epi_end = epi_start + t_epi[phase]
             if phase == L1:
-                out = valid_m * bn * (1 + 1 / 32)  # 2 CTAs x bn/2 FP8 outputs + scales
-                epi_end = max(epi_end, hbm.reserve(epi_start, out))
-                vec = l1_done[pb]
-                vec[n // 2] = epi_end
+                f = hbm.reserve(epi_start, valid_m * bn * 1.03125)  # FP8 outputs + scales
+                if f > epi_end:
+                    epi_end = f
+                l1_done[pb][n >> 1] = epi_end
                 l1_left[pb] -= 1
                 if l1_left[pb] == 0:
                     ev = l1_ev.pop(pb, None)
                     if ev is not None:
                         ev.succeed()
             else:
-                row_bytes = 2 * bn * 2  # BF16, both CTAs
                 fin = epi_end
-                fr = frac[pb]
-                for j in range(R):
-                    if fr[j] == 0:
-                        continue
-                    b = float(fr[j]) * row_bytes
+                remote = 0
+                for j, cnt in dsts[pb]:
+                    nb = cnt * row_bytes
                     if j == r:
-                        fin = max(fin, hbm.reserve(epi_start, b))
+                        f = hbm.reserve(epi_start, nb)
                     else:
-                        fin = max(fin, egress[r].reserve(epi_start, b), ingress[j].reserve(epi_start, b))
-                # the epilogue's stores must drain before its TMEM stage is reused
-                epi_end = max(epi_end, fin - hw.nvlink_latency_ns)
-                if fin > self.last_write[r]:
-                    self.last_write[r] = fin
+                        remote += nb
+                        f = ingress[j].reserve(epi_start, nb)
+                    if f > fin:
+                        fin = f
+                if remote:
+                    f = egress.reserve(epi_start, remote)
+                    if f > fin:
+                        fin = f
+                # the stores must drain (but for the last hop) before the TMEM stage is reused
+                if fin - wb_slack > epi_end:
+                    epi_end = fin - wb_slack
+                if fin > last_write:
+                    last_write = fin
             blocks.append((r, c, phase, e, m, n, w, load_start, mma_start, mma_end, epi_start,
                            epi_end, dep, valid_m, first, free))
             prev_mma_end = mma_end
-            prev_k_prefetch = min(stages, kb) * t_k
+            prev_prefetch = min(stages, kb) * t_k
             prev_epi_end = epi_end
-            epi_hist.append(epi_end)
+            epi_m2, epi_m1 = epi_m1, epi_end
+        self.last_write[r] = max(self.last_write[r], last_write)
         self.cluster_end[r] = max(self.cluster_end[r], prev_epi_end)
 
     # -- run -----------------------------------------------------------------------
@@ -384,6 +414,8 @@ class _Engine:
             for c in range(plan.num_sms // 2):
                 self.env.process(self.cluster(r, c))
         self.env.run()
+        eid = getattr(self.env, "_eid", None)  # SimPy's scheduled-event counter
+        self.n_events = next(eid) if eid is not None else 0
         R = plan.num_ranks
         # final NVLink barrier (chain 5): every rank's last write has landed
         arrive = np.maximum(self.cluster_end, self.last_write) + hw.grid_sync_ns
@@ -400,9 +432,17 @@ class _Engine:
             nbytes = (self.valid_slots[r] + T) * plan.hidden * 2
             t_red[r] = (hw.tma_latency_ns + nbytes / hw.hbm_bytes_per_ns) if T else 0.0
             self.hbm[r].total_bytes += nbytes
-            end[r] = barrier + t_red[r]
             self.rows.append((r, -1, ROLE["epilogue"], KIND["combine"], -1, -1, -1, -1,
-                              barrier, end[r], nbytes, T))
+                              barrier, barrier + t_red[r], nbytes, T))
+        # meanwhile the dispatch warps clean the workspace and pass the last NVLink barrier
+        cleaned = barrier + hw.grid_sync_ns
+        last = cleaned + hw.nvl_barrier_ns
+        for r in range(R):
+            self.rows.append((r, -1, ROLE["dispatch"], KIND["grid_sync"], -1, -1, -1, -1,
+                              barrier, cleaned, 0, 0))
+            self.rows.append((r, -1, ROLE["dispatch"], KIND["nvl_barrier"], -1, -1, -1, -1,
+                              cleaned, last, 0, 0))
+            end[r] = max(barrier + t_red[r], last)
         return end, t_red
 
     def trace(self) -> Trace:

@@ -18,6 +18,8 @@ Figures (units in the key names):
   ``tma_latency_ns``, ``pull_latency_ns``
 * ``l1_epilogue_thread_ns_per_elem``, ``l2_epilogue_thread_ns_per_elem`` — epilogue cost per
   accumulator element per epilogue thread.
+* ``block_overhead_ns`` — fixed cost of one block hand-off (scheduler step, barrier phase
+  flips, TMEM full/empty, arrival-mask release), spread over the K loop and the epilogue.
 * ``legacy_launch_ns`` — per-kernel launch gap of the unfused path.
 """
 
@@ -58,6 +60,7 @@ class Hardware:
     pull_latency_ns: float
     l1_epilogue_thread_ns_per_elem: float
     l2_epilogue_thread_ns_per_elem: float
+    block_overhead_ns: float
     legacy_launch_ns: float
     sources: dict
     path: str = ""

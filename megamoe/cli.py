@@ -1,0 +1,197 @@
+"""The ``megamoe`` command line.
+
+``megamoe simulate`` (the main job) predicts one Mega MoE call; ``megamoe validate``
+compares the simulator with DeepGEMM PR #316's published rows.  Bad input prints one line
+``megamoe: error: <field>: expected ..., got ...`` on stderr and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .errors import InputError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (exit code 2, no usage dump)."""
+
+    def error(self, message: str):  # noqa: D401
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return v
+
+
+def _tokens(text: str) -> int | list[int]:
+    parts = text.split(",")
+    vals = [_positive_int(p) for p in parts]
+    return vals[0] if len(vals) == 1 else vals
+
+
+def add_scenario_args(p: argparse.ArgumentParser) -> None:
+    """Scenario and plan options shared by simulate / sweep / run."""
+    g = p.add_argument_group("scenario")
+    g.add_argument("--shape", default="deepseek-v4-pro",
+                   help="preset (deepseek-v4-pro, deepseek-v4-flash) or E,k,H,I")
+    g.add_argument("--ranks", type=_positive_int, default=8, help="EP size (default 8)")
+    g.add_argument("--tokens", type=_tokens, default=8192,
+                   help="tokens per rank, or a comma list with one value per rank (default 8192)")
+    g.add_argument("--max-tokens", type=_positive_int, default=None,
+                   help="num_max_tokens_per_rank (default max(8192, tokens))")
+    g.add_argument("--routing", default="uniform",
+                   help="uniform | masked:RATIO | zipf:S | hot:FRACTION[:N] | file:PATH")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--hardware", default="b200", help="b200 | h200 | h20 | path to a TOML file")
+    g.add_argument("--design", default="deepgemm-sm100", help="deepgemm-sm100 | megamoe-sm90")
+    g.add_argument("--reserved-sms", type=_positive_int, default=0,
+                   help="SMs taken away from the kernel")
+    g = p.add_argument_group("plan overrides")
+    g.add_argument("--experts-per-wave", type=_positive_int, default=None)
+    g.add_argument("--block-m", type=_positive_int, default=None)
+    g.add_argument("--pool-tokens", type=_positive_int, default=None, help="pool (ring) capacity in tokens")
+    g.add_argument("--num-stages", type=_positive_int, default=None)
+    g.add_argument("--l2-wait", default="k_block", help="k_block (PR #304) | pool_block (PR #316)")
+
+
+def scenario_from_args(a: argparse.Namespace):
+    from .scenario import Scenario
+
+    return Scenario(shape=a.shape, num_ranks=a.ranks, tokens_per_rank=a.tokens,
+                    max_tokens_per_rank=a.max_tokens, routing=a.routing, seed=a.seed,
+                    hardware=a.hardware, design=a.design, experts_per_wave=a.experts_per_wave,
+                    block_m=a.block_m, pool_tokens=a.pool_tokens, num_stages=a.num_stages,
+                    l2_wait=a.l2_wait, reserved_sms=a.reserved_sms)
+
+
+def _print_summary(res) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    s, sc, plan = res.summary, res.scenario, res.plan
+    rp = plan.ranks[0]
+    con = Console()
+    shape = sc.shape
+    con.print(f"[bold]{shape.name}[/] (E={shape.num_experts}, k={shape.top_k}, H={shape.hidden}, "
+              f"I={shape.intermediate})  EP{sc.num_ranks}  tokens/rank={sc.tokens_per_rank}  "
+              f"routing={sc.routing.describe()}  seed={sc.seed}  hardware={res.hardware.name}  "
+              f"design={plan.design}")
+    con.print(f"plan (rank 0): block_m={rp.config.block_m} block_n={rp.config.block_n} "
+              f"block_k={rp.config.block_k} experts/wave={rp.experts_per_wave} waves={rp.num_waves} "
+              f"stages={rp.num_stages} SMs={plan.num_sms} pool={plan.pool_tokens} tokens "
+              f"pull={plan.bytes_per_pull} B  blocks={len(rp.blocks())}")
+    t = Table(title="predicted Mega MoE call (mean over ranks)")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    t.add_row("time (us)", f"{s['time_us']:.1f}")
+    t.add_row("TFLOPS", f"{s['tflops']:.0f}")
+    t.add_row("HBM GB/s", f"{s['hbm_gbs']:.0f}")
+    t.add_row("NVLink GB/s", f"{s['nvlink_gbs']:.0f}")
+    t.add_row("reduction tail (us)", f"{s['t_reduction_us']:.1f}")
+    t.add_row("overlap efficiency", f"{s['overlap_efficiency']:.2f}")
+    for role, v in s["busy_fraction"].items():
+        t.add_row(f"busy: {role}", f"{v:.2f}")
+    t.add_row("speedup vs legacy", f"{s['speedup_vs_legacy']:.2f}x")
+    con.print(t)
+
+
+def cmd_simulate(a: argparse.Namespace) -> int:
+    from sim.engine import simulate
+
+    res = simulate(scenario_from_args(a))
+    _print_summary(res)
+    if a.json:
+        out = {k: v for k, v in res.summary.items()}
+        out["plan"] = res.plan.to_dict()
+        out["scenario"] = res.scenario.to_dict()
+        out["hardware"] = {"name": res.hardware.name, "path": res.hardware.path}
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1)
+        print(f"wrote {a.json}")
+    if a.trace:
+        res.trace.save_chrome(a.trace, max_sms=a.trace_sms)
+        print(f"wrote {a.trace} (Chrome trace; SMs 0..{a.trace_sms - 1} of every rank)")
+    if a.trace_npz:
+        res.trace.save_npz(a.trace_npz)
+        print(f"wrote {a.trace_npz}")
+    if a.plot:
+        from sim.plots import plot_timeline
+
+        plot_timeline(res, a.plot)
+        print(f"wrote {a.plot}")
+    return 0
+
+
+def cmd_validate(a: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from sim.validate import validate, verdict
+
+    rows = validate(a.hardware, seed=a.seed)
+    t = Table(title="simulator vs DeepGEMM PR #316 (V4-Flash, 8 x B200, EP8)")
+    for c in ("tokens/rank", "time us pred", "pub", "err", "TFLOPS pred", "pub", "HBM GB/s pred",
+              "pub", "NVL GB/s pred", "pub", "speedup pred", "pub"):
+        t.add_column(c, justify="right")
+    for r in rows:
+        t.add_row(str(r["tokens_per_rank"]), f"{r['time_us_pred']:.1f}", f"{r['time_us_pub']:.1f}",
+                  f"{100 * r['time_us_err']:+.1f}%", f"{r['tflops_pred']:.0f}", f"{r['tflops_pub']:.0f}",
+                  f"{r['hbm_gbs_pred']:.0f}", f"{r['hbm_gbs_pub']:.0f}", f"{r['nvlink_gbs_pred']:.0f}",
+                  f"{r['nvlink_gbs_pub']:.0f}", f"{r['speedup_vs_legacy_pred']:.2f}",
+                  f"{r['speedup_vs_legacy_pub']:.2f}")
+    Console().print(t)
+    v = verdict(rows)
+    print(f"time error: max {100 * v['max_abs_time_error']:.1f}%, median "
+          f"{100 * v['median_abs_time_error']:.1f}% (targets 15% / 8%): {'PASS' if v['pass'] else 'FAIL'}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"rows": rows, **v}, f, indent=1)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="megamoe", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", parser_class=_Parser)
+    s = sub.add_parser("simulate", help="predict one Mega MoE call (the main job)")
+    add_scenario_args(s)
+    s.add_argument("--json", help="write the summary, plan and scenario as JSON")
+    s.add_argument("--trace", help="write a Chrome trace JSON (opens in Perfetto; .gz ok)")
+    s.add_argument("--trace-sms", type=_positive_int, default=8, help="SMs per rank kept in --trace")
+    s.add_argument("--trace-npz", help="write the full trace as columnar NPZ")
+    s.add_argument("--plot", help="write a timeline PNG")
+    s.set_defaults(func=cmd_simulate)
+    v = sub.add_parser("validate", help="simulator vs DeepGEMM PR #316 published rows")
+    v.add_argument("--hardware", default="b200")
+    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--json")
+    v.set_defaults(func=cmd_validate)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    if not argv:
+        parser.print_help()
+        return 0
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return args.func(args)
+    except InputError as exc:
+        print(f"megamoe: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""This project's SM90 (H100/H200) kernel design: the numbers the kernel in ``csrc/`` uses.
+
+``megamoe.plan`` imports these functions beside the SM100 reference design (DeepGEMM);
+the kernel receives every number as a launch parameter (``csrc/megamoe/params.h``) and never
+re-derives it. Shared-memory formulas mirror ``csrc/megamoe/kernel_sm90.cu`` exactly
+(a GPU-free test compares them with the compiled library's ``megamoe_sm90_smem_bytes``).
+
+Design, in one paragraph: one persistent CTA per SM (the pipeline ring needs more than half
+of the 227 KB of shared memory, so two CTAs would halve the stages; one CTA also keeps the
+dispatch warps and the grid sync simple), 384 threads in three warp-specialized roles —
+dispatch (warps 0-3), producer (warps 4-7: cp.async of activation tiles and packed E2M1
+weight tiles, E2M1 -> E4M3 decode into shared memory) and consumer (warps 8-15: FP8
+``mma.sync.m16n8k32`` with per-32-K UE8M0 promotion in FP32, then the epilogues). Block
+tile ``block_m x 128 x 128``; the block order is DeepGEMM's MegaMoEScheduler rule.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, asdict
+
+#: Output columns per block (both GEMMs). L1 blocks cover 64 gate + 64 up rows.
+BLOCK_N = 128
+#: K depth of one pipeline stage.
+BLOCK_K = 128
+#: Threads per CTA and warps per role.
+THREADS = 384
+DISPATCH_WARPS = 4
+PRODUCER_WARPS = 4
+CONSUMER_WARPS = 8
+#: One CTA per SM (see module docstring).
+CTAS_PER_SM = 1
+#: Supported block_m values (template instances of the kernel).
+BLOCK_MS = (16, 32, 64, 128)
+#: Largest dynamic shared memory one block may opt into on SM90 (227 KB).
+SMEM_LIMIT_SM90 = 232448
+#: Most stages the kernel accepts.
+MAX_STAGES = 16
+#: Numerics the SM90 kernel implements: UE8M0 scales applied per 32-K group on an FP32
+#: partial sum, for both operands (``Numerics.sm90(fold_k=None)``: ``w_fold_k=None``,
+#: ``x_fold_k=None``).
+W_FOLD_K = None
+X_FOLD_K = None
+
+
+def _align(x: int, a: int) -> int:
+    return (x + a - 1) // a * a
+
+
+def block_m_for(expected_tokens_per_expert: float) -> int:
+    """Smallest supported block_m that holds the expected tokens of one expert (max 128).
+
+    ``expected = tokens * ranks * topk / experts``. The m16n8k32 MMA makes 16 the floor;
+    128 is the largest tile whose accumulators fit the consumers' registers.
+    """
+    for bm in BLOCK_MS:
+        if expected_tokens_per_expert <= bm:
+            return bm
+    return BLOCK_MS[-1]
+
+
+def consumer_warps_n(block_m: int) -> int:
+    """Consumer warps along N (8 consumer warps = warps_m x warps_n)."""
+    return 4 if block_m >= 64 else 8
+
+
+def stage_bytes(block_m: int) -> int:
+    """Shared memory of one pipeline stage: A tile, A scales, packed B, B scales, decoded B."""
+    return block_m * BLOCK_K + _align(block_m * 4, 128) + 8192 + 512 + 16384
+
+
+def fixed_bytes(block_m: int, num_experts: int) -> int:
+    """Barriers (1 KB), dispatch scratch (3 ints per expert + 64 B), epilogue amax scratch."""
+    return 1024 + _align(num_experts * 12 + 64, 128) + _align(consumer_warps_n(block_m) * block_m * 4, 128)
+
+
+def smem_bytes(block_m: int, num_stages: int, num_experts: int) -> int:
+    """Dynamic shared memory of the kernel (same formula as ``smem_bytes`` in C++)."""
+    return fixed_bytes(block_m, num_experts) + num_stages * stage_bytes(block_m)
+
+
+def num_stages_for(block_m: int, num_experts: int, smem_limit: int = SMEM_LIMIT_SM90) -> int:
+    """As many stages as fit the shared-memory budget (at most MAX_STAGES)."""
+    s = (smem_limit - fixed_bytes(block_m, num_experts)) // stage_bytes(block_m)
+    return int(min(MAX_STAGES, s))
+
+
+def pool_rows_for(num_tokens: int, topk: int, num_experts: int, block_m: int, ranks: int = 1) -> int:
+    """Pool capacity in rows: every routed item plus the worst-case padding per expert."""
+    local_experts = num_experts // ranks
+    rows = ranks * num_tokens * min(topk, local_experts) + local_experts * (block_m - 1)
+    return max(block_m, _align(rows, block_m))
+
+
+def experts_per_wave_for(num_experts: int, expected_tokens_per_expert: float, block_m: int, inter: int,
+                         num_sms: int) -> int:
+    """Default wave width when no plan gives one: the smallest divisor of E whose L1 blocks
+    (experts x m blocks x 2I/128) keep every SM busy twice over (imbalance factor 2)."""
+    m_blocks = max(1, math.ceil(expected_tokens_per_expert / block_m))
+    n_blocks = 2 * inter // BLOCK_N
+    for w in range(1, num_experts + 1):
+        if num_experts % w == 0 and w * m_blocks * n_blocks >= 2 * num_sms:
+            return w
+    return num_experts
+
+
+@dataclass(frozen=True)
+class SM90Design:
+    """Every number the SM90 kernel takes from the plan."""
+    block_m: int
+    block_n: int
+    block_k: int
+    num_stages: int
+    experts_per_wave: int
+    num_sms: int
+    pool_rows: int
+    smem_bytes: int
+    threads: int = THREADS
+    ctas_per_sm: int = CTAS_PER_SM
+    dispatch_warps: int = DISPATCH_WARPS
+    producer_warps: int = PRODUCER_WARPS
+    consumer_warps: int = CONSUMER_WARPS
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def design_for(num_tokens: int, hidden: int, inter: int, num_experts: int, topk: int, num_sms: int = 132,
+               ranks: int = 1, block_m: int | None = None, experts_per_wave: int | None = None,
+               num_stages: int | None = None) -> SM90Design:
+    """The SM90 design for a scenario; any argument given overrides the rule."""
+    expected = num_tokens * ranks * topk / num_experts
+    bm = block_m or block_m_for(expected)
+    if bm not in BLOCK_MS:
+        raise ValueError(f"block_m: expected one of {BLOCK_MS}, got {bm}")
+    st = num_stages or num_stages_for(bm, num_experts)
+    epw = experts_per_wave or experts_per_wave_for(num_experts, expected, bm, inter, num_sms)
+    return SM90Design(block_m=bm, block_n=BLOCK_N, block_k=BLOCK_K, num_stages=st, experts_per_wave=epw,
+                      num_sms=num_sms, pool_rows=pool_rows_for(num_tokens, topk, num_experts, bm, ranks),
+                      smem_bytes=smem_bytes(bm, st, num_experts))

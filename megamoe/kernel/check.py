@@ -1,0 +1,170 @@
+"""Inputs and an independent reference for the SM90 kernel (torch, float64 GEMMs).
+
+``reference_sm90`` implements the numerics the kernel really runs (``design_sm90.W_FOLD_K =
+X_FOLD_K = None``): UE8M0 scales per 32-K group, FP32-level accumulation (float64 here),
+gate/up rounded to BF16 then clamped, SiLU in FP32, times the top-k weight, per-32 amax ->
+UE8M0 (``ceil(log2(amax / 448))``) -> E4M3 (RNE, saturating), L2 in float64 rounded to BF16
+per (token, slot), combine in FP32 over the valid slots in slot order, BF16 out. It is the
+check used until/beside ``megamoe.reference.moe_reference_quantized``.
+"""
+
+from __future__ import annotations
+
+import math
+
+E2M1_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
+
+def _torch():
+    import torch
+    return torch
+
+
+def ue8m0_exponent(amax):
+    """ceil(log2(amax / 448)) from the FP32 bits, as the kernel computes it (int32 tensor)."""
+    torch = _torch()
+    scaled = (amax.to(torch.float32) * torch.tensor(1.0 / 448.0, dtype=torch.float32, device=amax.device))
+    bits = scaled.view(torch.int32)
+    return (bits >> 23) - 127 + ((bits & 0x7FFFFF) != 0).to(torch.int32)
+
+
+def quantize_e4m3_per32(v):
+    """FP32 [..., K] -> (E4M3 bytes uint8 [..., K], UE8M0 bytes uint8 [..., K/32])."""
+    torch = _torch()
+    shp = v.shape
+    g = v.to(torch.float32).reshape(*shp[:-1], shp[-1] // 32, 32)
+    l = ue8m0_exponent(g.abs().amax(-1))
+    inv = torch.ldexp(torch.ones_like(g[..., 0]), (-l).to(torch.float32)) if False else torch.pow(2.0, (-l).to(torch.float32))
+    q = (g * inv[..., None]).clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8).reshape(shp)
+    return q, (l + 127).clamp(0, 255).to(torch.uint8)
+
+
+def dequant_e4m3(q, sf, dtype=None):
+    torch = _torch()
+    dtype = dtype or torch.float64
+    shp = q.shape
+    v = q.view(torch.float8_e4m3fn).to(dtype).reshape(*shp[:-1], shp[-1] // 32, 32)
+    s = torch.pow(2.0, sf.to(dtype) - 127)
+    return (v * s[..., None]).reshape(shp)
+
+
+def dequant_e2m1(packed, sf, dtype=None):
+    torch = _torch()
+    dtype = dtype or torch.float64
+    lut = torch.tensor(E2M1_VALUES, dtype=dtype, device=packed.device)
+    lo = lut[(packed & 0xF).long()]
+    hi = lut[(packed >> 4).long()]
+    v = torch.stack([lo, hi], -1).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
+    shp = v.shape
+    s = torch.pow(2.0, sf.to(dtype) - 127)
+    return (v.reshape(*shp[:-1], shp[-1] // 32, 32) * s[..., None]).reshape(shp)
+
+
+def make_weights(E, H, I, device, seed=0, sf_lo=119, sf_hi=121):
+    """Random MXFP4 weights: uniform random nibbles, UE8M0 scales in [sf_lo, sf_hi]."""
+    torch = _torch()
+    g = torch.Generator(device=device).manual_seed(seed)
+    w1 = torch.randint(0, 256, (E, 2 * I, H // 2), dtype=torch.uint8, device=device, generator=g)
+    w2 = torch.randint(0, 256, (E, H, I // 2), dtype=torch.uint8, device=device, generator=g)
+    w1_sf = torch.randint(sf_lo, sf_hi + 1, (E, 2 * I, H // 32), dtype=torch.uint8, device=device, generator=g)
+    w2_sf = torch.randint(sf_lo, sf_hi + 1, (E, H, I // 32), dtype=torch.uint8, device=device, generator=g)
+    return w1, w1_sf, w2, w2_sf
+
+
+def make_inputs(T, E, K, H, device, seed=1, routing="uniform", mask_frac=0.0):
+    """x (E4M3 bytes + UE8M0 scales), topk_idx int32 [T, K] (distinct experts, -1 masked), weights."""
+    torch = _torch()
+    g = torch.Generator(device=device).manual_seed(seed)
+    xf = torch.randn(T, H, device=device, generator=g) * 2.0
+    x, x_sf = quantize_e4m3_per32(xf)
+    if routing == "uniform":
+        scores = torch.rand(T, E, device=device, generator=g)
+    elif routing == "zipf":
+        ranks = torch.arange(1, E + 1, device=device, dtype=torch.float32)
+        p = (1.0 / ranks) / (1.0 / ranks).sum()
+        scores = torch.log(p)[None, :] - torch.log(-torch.log(torch.rand(T, E, device=device, generator=g)))
+    elif routing == "one_expert":
+        scores = torch.rand(T, E, device=device, generator=g)
+        scores[:, 3] = 10.0
+    else:
+        raise ValueError(routing)
+    idx = scores.topk(K, dim=-1).indices.to(torch.int32) if T > 0 else torch.zeros(0, K, dtype=torch.int32, device=device)
+    w = torch.rand(T, K, device=device, generator=g) + 0.1
+    if mask_frac > 0 and T > 0:
+        m = torch.rand(T, K, device=device, generator=g) < mask_frac
+        idx = torch.where(m, torch.full_like(idx, -1), idx)
+    return x, x_sf, idx, w
+
+
+def reference_sm90(x, x_sf, topk_idx, topk_w, w1, w1_sf, w2, w2_sf, clamp=None, return_l2_input=False):
+    """BF16 [T, H] output of the kernel's numerics (see module docstring)."""
+    torch = _torch()
+    T, H = x.shape
+    K = topk_idx.shape[1]
+    I = w2.shape[2] * 2
+    dev = x.device
+    xd = dequant_e4m3(x, x_sf)
+    cb = torch.zeros(K, T, H, dtype=torch.bfloat16, device=dev)
+    l2_in = {}
+    flat = topk_idx.reshape(-1).long()
+    cl = math.inf if clamp is None else float(torch.tensor(clamp).to(torch.bfloat16).float())
+    for e in torch.unique(flat[flat >= 0]).tolist():
+        items = (flat == e).nonzero().squeeze(1)
+        t, k = items // K, items % K
+        W1 = dequant_e2m1(w1[e], w1_sf[e])
+        h = xd[t] @ W1.T
+        gate = h[:, :I].to(torch.float32).to(torch.bfloat16).to(torch.float32)
+        up = h[:, I:].to(torch.float32).to(torch.bfloat16).to(torch.float32)
+        if math.isfinite(cl):
+            gate = gate.clamp(max=cl)
+            up = up.clamp(-cl, cl)
+        silu = gate / (1.0 + torch.exp(-gate))
+        v = (silu * up) * topk_w[t, k].to(torch.float32)[:, None]
+        q, qsf = quantize_e4m3_per32(v)
+        W2 = dequant_e2m1(w2[e], w2_sf[e])
+        o = dequant_e4m3(q, qsf) @ W2.T
+        cb[k, t] = o.to(torch.float32).to(torch.bfloat16)
+        if return_l2_input:
+            l2_in[e] = (t, k, q, qsf)
+    valid = (topk_idx >= 0).T[:, :, None]
+    y = torch.zeros(T, H, dtype=torch.float32, device=dev)
+    for kk in range(K):
+        y = y + torch.where(valid[kk], cb[kk].to(torch.float32), torch.zeros((), device=dev))
+    y = y.to(torch.bfloat16)
+    return (y, l2_in) if return_l2_input else y
+
+
+def reference_exact(x, x_sf, topk_idx, topk_w, w1, w1_sf, w2, w2_sf, clamp=None):
+    """Exact math on the dequantized inputs (no intermediate quantization), float64."""
+    torch = _torch()
+    T, H = x.shape
+    K = topk_idx.shape[1]
+    I = w2.shape[2] * 2
+    xd = dequant_e4m3(x, x_sf)
+    y = torch.zeros(T, H, dtype=torch.float64, device=x.device)
+    flat = topk_idx.reshape(-1).long()
+    for e in torch.unique(flat[flat >= 0]).tolist():
+        items = (flat == e).nonzero().squeeze(1)
+        t, k = items // K, items % K
+        h = xd[t] @ dequant_e2m1(w1[e], w1_sf[e]).T
+        gate, up = h[:, :I], h[:, I:]
+        if clamp is not None:
+            gate = gate.clamp(max=clamp)
+            up = up.clamp(-clamp, clamp)
+        v = gate * torch.sigmoid(gate) * up * topk_w[t, k].to(torch.float64)[:, None]
+        y.index_add_(0, t, v @ dequant_e2m1(w2[e], w2_sf[e]).T)
+    return y
+
+
+def compare(out, ref) -> dict:
+    """rel L2 error, fraction of elements off by > 1% (relative to max(|ref|, 0.1 rms)), NaN count."""
+    torch = _torch()
+    a = out.to(torch.float64)
+    b = ref.to(torch.float64)
+    if b.numel() == 0:
+        return dict(rel_l2=0.0, frac_off_1pct=0.0, nan=0)
+    rms = b.pow(2).mean().sqrt().clamp_min(1e-30)
+    rel = ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+    tol = 0.01 * torch.maximum(b.abs(), 0.1 * rms)
+    off = ((a - b).abs() > tol).double().mean().item()
+    return dict(rel_l2=rel, frac_off_1pct=off, nan=int(torch.isnan(a).sum().item()))

@@ -1,0 +1,241 @@
+"""Load the compiled library, own the buffers, launch, check errors, return the trace."""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import design_sm90
+from ..errors import require
+from .build import build
+from .trace import decode_trace
+
+_LIB = None
+
+
+class KernelError(RuntimeError):
+    """The kernel reported an error (a timed-out wait, overflow) or could not launch."""
+
+
+ERROR_NAMES = {
+    1: "timeout waiting for a pool block's arrival count (dispatch -> L1)",
+    2: "timeout waiting for a pool block's arrival-mask bits (L1 epilogue -> L2)",
+    3: "timeout waiting for every CTA's expert counts (count barrier)",
+    4: "timeout in the grid sync before combine",
+    5: "timeout in a shared-memory pipeline barrier (producer <-> consumer)",
+    6: "pool capacity too small for the routed items",
+    7: "topk_idx holds an expert outside [-1, num_experts)",
+}
+ROLE_NAMES = ("dispatch", "producer", "consumer")
+
+
+class Params(ctypes.Structure):
+    """ctypes mirror of ``megamoe::Params`` (csrc/megamoe/params.h); every field 8 bytes."""
+    _fields_ = [(n, ctypes.c_int64) for n in (
+        "num_tokens", "hidden", "inter", "num_experts", "topk", "block_m", "num_stages", "experts_per_wave",
+        "num_sms", "pool_rows", "timeout_ns", "trace_cap", "fault_inject")] + [("clamp", ctypes.c_double)] + [
+        (n, ctypes.c_void_p) for n in (
+            "x", "x_sf", "topk_idx", "topk_w", "w1", "w1_sf", "w2", "w2_sf", "l1_pool", "l1_pool_sf", "l2_pool",
+            "l2_pool_sf", "pool_token", "pool_slot", "pool_weight", "expert_count", "arrival", "mask",
+            "grid_sync", "error", "item_pos", "combine_buf", "y", "trace", "trace_count")]
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+        return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+    except Exception:
+        return False
+
+
+def load_library(arch: str = "sm_90a"):
+    global _LIB
+    if _LIB is None:
+        res = build(arch)
+        try:
+            lib = ctypes.CDLL(str(res.path))
+        except OSError:  # built elsewhere against other system libraries: rebuild here
+            res = build(arch, force=True)
+            lib = ctypes.CDLL(str(res.path))
+        lib.megamoe_sm90_launch.argtypes = [ctypes.POINTER(Params), ctypes.c_void_p]
+        lib.megamoe_sm90_launch.restype = ctypes.c_int
+        lib.megamoe_sm90_smem_bytes.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        lib.megamoe_sm90_smem_bytes.restype = ctypes.c_longlong
+        lib.megamoe_sm90_error_string.argtypes = [ctypes.c_int]
+        lib.megamoe_sm90_error_string.restype = ctypes.c_char_p
+        lib.megamoe_sm90_abi_size.restype = ctypes.c_int
+        if lib.megamoe_sm90_abi_size() != ctypes.sizeof(Params):
+            raise KernelError(f"ABI mismatch: C++ Params is {lib.megamoe_sm90_abi_size()} B, "
+                              f"ctypes mirror {ctypes.sizeof(Params)} B")
+        _LIB = lib
+    return _LIB
+
+
+@dataclass
+class Weights:
+    """Kernel weight layout. The SM90 path reads the MXFP4 checkpoint layout directly:
+    w1 [E, 2I, H/2] packed E2M1 (gate rows 0..I-1, up rows I..2I-1; element 2i in the low
+    nibble), w1_sf [E, 2I, H/32] UE8M0, w2 [E, H, I/2], w2_sf [E, H, I/32]. The gate/up
+    interleave of the SM100 layout is done by address arithmetic in the producer."""
+    w1: "object"
+    w1_sf: "object"
+    w2: "object"
+    w2_sf: "object"
+
+
+def prepare_weights(w1, w1_sf, w2, w2_sf) -> Weights:
+    """Validate MXFP4 checkpoint tensors (uint8 on one CUDA device) and make them contiguous."""
+    import torch
+    E, n1, hh = w1.shape
+    require(w1.dtype == torch.uint8 and w2.dtype == torch.uint8, "weights.dtype", "uint8 (packed E2M1)",
+            str(w1.dtype))
+    require(n1 % 2 == 0, "weights.w1", "[E, 2I, H/2]", tuple(w1.shape))
+    I, H = n1 // 2, hh * 2
+    require(tuple(w1_sf.shape) == (E, 2 * I, H // 32), "weights.w1_sf", f"[{E}, {2 * I}, {H // 32}]",
+            tuple(w1_sf.shape))
+    require(tuple(w2.shape) == (E, H, I // 2), "weights.w2", f"[{E}, {H}, {I // 2}]", tuple(w2.shape))
+    require(tuple(w2_sf.shape) == (E, H, I // 32), "weights.w2_sf", f"[{E}, {H}, {I // 32}]", tuple(w2_sf.shape))
+    return Weights(*(t.contiguous().view(torch.uint8) for t in (w1, w1_sf, w2, w2_sf)))
+
+
+class MegaMoEKernel:
+    """One EP=1 mega-kernel instance: weights, plan numbers and workspace for up to
+    ``max_tokens`` tokens. ``k(x, x_sf, topk_idx, topk_w)`` returns BF16 ``[T, H]``."""
+
+    def __init__(self, num_experts: int, topk: int, hidden: int, inter: int, max_tokens: int, weights: Weights,
+                 clamp: float | None = None, num_sms: int | None = None, block_m: int | None = None,
+                 num_stages: int | None = None, experts_per_wave: int | None = None, timeout_s: float = 10.0,
+                 trace_cap: int | None = None, device=None):
+        import torch
+        self.torch = torch
+        self.lib = load_library()
+        self.device = torch.device(device or "cuda")
+        props = torch.cuda.get_device_properties(self.device)
+        require(props.major >= 9, "device", "compute capability >= 9.0 (sm_90a)", f"{props.major}.{props.minor}")
+        self.E, self.K, self.H, self.I = num_experts, topk, hidden, inter
+        require(hidden % 128 == 0 and inter % 128 == 0, "shape", "hidden and inter multiples of 128", (hidden, inter))
+        require(2 * inter // 128 <= 64, "shape.inter", "<= 4096 (64 L1 N blocks per mask word)", inter)
+        require(num_experts <= 256, "shape.num_experts", "<= 256 for EP=1 (scheduler lane cache)", num_experts)
+        self.max_tokens = max_tokens
+        self.weights = weights
+        self.clamp = math.inf if clamp is None else float(clamp)
+        self.num_sms = num_sms or props.multi_processor_count
+        self.fixed = dict(block_m=block_m, num_stages=num_stages, experts_per_wave=experts_per_wave)
+        self.timeout_ns = int(timeout_s * 1e9)
+        self.fault_inject = 0
+        self._ws = {}
+        self._ws_key = None
+        self.trace_cap_override = trace_cap
+        self.last_design = None
+
+    # -- workspace
+    def _workspace(self, design):
+        torch = self.torch
+        key = (design.block_m, design.pool_rows)
+        if self._ws_key == key:
+            return self._ws
+        d = self.device
+        T, H, I, E, K = self.max_tokens, self.H, self.I, self.E, self.K
+        R = design.pool_rows
+        nblk = R // design.block_m
+        u8 = dict(dtype=torch.uint8, device=d)
+        ws = dict(
+            l1_pool=torch.empty(R, H, **u8), l1_pool_sf=torch.empty(H // 128, R, 4, **u8),
+            l2_pool=torch.empty(R, I, **u8), l2_pool_sf=torch.empty(I // 128, R, 4, **u8),
+            pool_token=torch.full((R,), -1, dtype=torch.int32, device=d),
+            pool_slot=torch.full((R,), -1, dtype=torch.int32, device=d),
+            pool_weight=torch.zeros(R, dtype=torch.float32, device=d),
+            expert_count=torch.zeros(E, dtype=torch.int64, device=d),
+            arrival=torch.zeros(nblk, dtype=torch.int32, device=d),
+            mask=torch.zeros(nblk, dtype=torch.int64, device=d),
+            grid_sync=torch.zeros(1, dtype=torch.int32, device=d),
+            error=torch.zeros(8, dtype=torch.int32, device=d),
+            item_pos=torch.empty(max(T * K, 1), dtype=torch.int32, device=d),
+            combine_buf=torch.empty(K, T, H, dtype=torch.bfloat16, device=d),
+        )
+        self._ws, self._ws_key = ws, key
+        return ws
+
+    def _reset_workspace(self):
+        for k in ("expert_count", "arrival", "mask", "error"):
+            if k in self._ws:
+                self._ws[k].zero_()
+
+    def design(self, num_tokens: int):
+        return design_sm90.design_for(self.max_tokens if num_tokens == 0 else num_tokens, self.H, self.I, self.E,
+                                      self.K, num_sms=self.num_sms, **self.fixed)
+
+    def __call__(self, x, x_sf, topk_idx, topk_w, trace: bool = False, design=None, out=None):
+        torch = self.torch
+        T = x.shape[0]
+        require(x.dim() == 2 and x.shape[1] == self.H, "x", f"[T, {self.H}] float8_e4m3fn", tuple(x.shape))
+        require(T <= self.max_tokens, "x", f"at most max_tokens={self.max_tokens} rows", T)
+        require(x.dtype in (torch.float8_e4m3fn, torch.uint8), "x.dtype", "float8_e4m3fn", str(x.dtype))
+        require(tuple(x_sf.shape) == (T, self.H // 32) and x_sf.dtype in (torch.uint8, torch.float8_e8m0fnu),
+                "x_sf", f"uint8 [{T}, {self.H // 32}] (UE8M0)", (tuple(x_sf.shape), str(x_sf.dtype)))
+        require(tuple(topk_idx.shape) == (T, self.K), "topk_idx", f"[{T}, {self.K}]", tuple(topk_idx.shape))
+        require(tuple(topk_w.shape) == (T, self.K), "topk_weights", f"[{T}, {self.K}]", tuple(topk_w.shape))
+        for name, t in (("x", x), ("x_sf", x_sf), ("topk_idx", topk_idx), ("topk_weights", topk_w)):
+            require(t.device == self.device or t.device.type == "cuda", name, "a CUDA tensor", str(t.device))
+        x = x.contiguous().view(torch.uint8)
+        x_sf = x_sf.contiguous().view(torch.uint8)
+        topk_idx = topk_idx.to(torch.int32).contiguous()
+        topk_w = topk_w.to(torch.float32).contiguous()
+        design = design or self.design(T)
+        self.last_design = design
+        ws = self._workspace(design)
+        y = out if out is not None else torch.empty(T, self.H, dtype=torch.bfloat16, device=self.device)
+        cap = 0
+        if trace:
+            blocks = 0  # generous bound: records per CTA
+            cap = self.trace_cap_override or int(8 + 4 * math.ceil(
+                (design.pool_rows // design.block_m) * (2 * self.I // 128 + self.H // 128) / self.num_sms) + 64)
+            tr = torch.zeros(self.num_sms, cap, 6, dtype=torch.int64, device=self.device)
+            trc = torch.zeros(self.num_sms, dtype=torch.int32, device=self.device)
+        w = self.weights
+        p = Params(num_tokens=T, hidden=self.H, inter=self.I, num_experts=self.E, topk=self.K,
+                   block_m=design.block_m, num_stages=design.num_stages, experts_per_wave=design.experts_per_wave,
+                   num_sms=design.num_sms, pool_rows=design.pool_rows, timeout_ns=self.timeout_ns, trace_cap=cap,
+                   fault_inject=self.fault_inject, clamp=self.clamp,
+                   x=x.data_ptr(), x_sf=x_sf.data_ptr(), topk_idx=topk_idx.data_ptr(), topk_w=topk_w.data_ptr(),
+                   w1=w.w1.data_ptr(), w1_sf=w.w1_sf.data_ptr(), w2=w.w2.data_ptr(), w2_sf=w.w2_sf.data_ptr(),
+                   **{k: ws[k].data_ptr() for k in ("l1_pool", "l1_pool_sf", "l2_pool", "l2_pool_sf", "pool_token",
+                                                    "pool_slot", "pool_weight", "expert_count", "arrival", "mask",
+                                                    "grid_sync", "error", "item_pos", "combine_buf")},
+                   y=y.data_ptr(), trace=tr.data_ptr() if trace else 0, trace_count=trc.data_ptr() if trace else 0)
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        rc = self.lib.megamoe_sm90_launch(ctypes.byref(p), ctypes.c_void_p(stream))
+        if rc != 0:
+            raise KernelError(f"launch failed: {self.lib.megamoe_sm90_error_string(rc).decode()} (code {rc})")
+        self._pending_check = True
+        if trace:
+            torch.cuda.synchronize(self.device)
+            self.check()
+            recs = decode_trace(tr.cpu().numpy().view(np.uint64), trc.cpu().numpy(), cap)
+            self.last_trace_dropped = int(np.maximum(trc.cpu().numpy() - cap, 0).sum())
+            return y, recs
+        return y
+
+    def check(self):
+        """Synchronize and raise :class:`KernelError` if the last launch reported an error."""
+        self.torch.cuda.synchronize(self.device)
+        err = self._ws["error"].cpu().numpy().astype(np.uint32)
+        if err[0] != 0:
+            self._reset_workspace()
+            code = int(err[0])
+            role = ROLE_NAMES[err[2]] if err[2] < 3 else str(err[2])
+            ex = lambda v: -1 if v == 0xFFFFFFFF else int(v)
+            raise KernelError(f"megamoe kernel error {code}: {ERROR_NAMES.get(code, 'unknown')} "
+                              f"[cta {err[1]}, role {role}, expert {ex(err[3])}, m_block {ex(err[4])}, "
+                              f"n_block {ex(err[5])}, k {ex(err[6])}, observed {err[7]}] after "
+                              f"{self.timeout_ns / 1e9:g} s timeout")
+
+    def pool_contents(self):
+        """(l1_pool rows, l1 scales [rows, H/32], token, slot) of the last call, for tests."""
+        ws = self._ws
+        R = self._ws_key[1]
+        sf = ws["l1_pool_sf"].permute(1, 0, 2).reshape(R, self.H // 32)
+        return ws["l1_pool"], sf, ws["pool_token"], ws["pool_slot"]

@@ -1,0 +1,78 @@
+"""Decode the kernel's in-kernel trace into the shared trace schema.
+
+Each CTA writes 48-byte records (``trace_record`` in ``csrc/megamoe/common.cuh``): u32 sm,
+u32 role<<16|kind, i32 expert, m_block, n_block, wave, tokens, cta, u64 t_start_ns,
+u64 t_end_ns. Times come from ``%globaltimer`` (a device-wide nanosecond clock shared by all
+SMs, so no per-SM alignment is needed; its update granularity is measured by the benchmark
+and reported in benchmarks/NOTES_kernel.md). Decoded times are relative to the earliest
+record of the launch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+TRACE_ROLES = ("dispatch", "producer", "consumer")
+TRACE_KINDS = ("count", "index_exchange", "grid_sync", "nvl_barrier", "pull", "l1_load", "l1_mma",
+               "l1_epilogue", "l2_load", "l2_mma", "l2_epilogue", "combine", "idle_wait")
+
+RECORD_DTYPE = np.dtype([("sm", "<u4"), ("role_kind", "<u4"), ("expert", "<i4"), ("m_block", "<i4"),
+                         ("n_block", "<i4"), ("wave", "<i4"), ("tokens", "<i4"), ("cta", "<i4"),
+                         ("t_start_ns", "<u8"), ("t_end_ns", "<u8")])
+
+
+def decode_trace(raw: np.ndarray, counts: np.ndarray, trace_cap: int, rank: int = 0) -> list[dict]:
+    """``raw``: uint64 array [num_ctas, trace_cap, 6]; ``counts``: records per CTA.
+
+    Returns records of the shared schema (rank, sm, role, kind, expert, m_block, n_block,
+    wave, t_start_ns, t_end_ns, tokens, cta), sorted by start time. A CTA that wrote more
+    than ``trace_cap`` records keeps the first ``trace_cap`` (``dropped`` is reported by
+    :meth:`MegaMoEKernel.last_trace_dropped`).
+    """
+    raw = np.ascontiguousarray(raw, dtype=np.uint64)
+    recs = raw.view(RECORD_DTYPE).reshape(raw.shape[0], trace_cap)
+    out = []
+    for c in range(raw.shape[0]):
+        n = int(min(counts[c], trace_cap))
+        for r in recs[c, :n]:
+            role = int(r["role_kind"]) >> 16
+            kind = int(r["role_kind"]) & 0xFFFF
+            out.append(dict(rank=rank, sm=int(r["sm"]), role=TRACE_ROLES[role], kind=TRACE_KINDS[kind],
+                            expert=int(r["expert"]), m_block=int(r["m_block"]), n_block=int(r["n_block"]),
+                            wave=int(r["wave"]), t_start_ns=int(r["t_start_ns"]), t_end_ns=int(r["t_end_ns"]),
+                            tokens=int(r["tokens"]), cta=int(r["cta"])))
+    if out:
+        t0 = min(r["t_start_ns"] for r in out)
+        for r in out:
+            r["t_start_ns"] -= t0
+            r["t_end_ns"] -= t0
+    out.sort(key=lambda r: (r["t_start_ns"], r["cta"]))
+    return out
+
+
+def block_order(records: list[dict]) -> dict[int, list[tuple]]:
+    """Per CTA, the (phase, expert, m_block, n_block) sequence its consumers executed."""
+    seq: dict[int, list[tuple]] = {}
+    for r in sorted(records, key=lambda r: (r["cta"], r["t_start_ns"])):
+        if r["role"] == "consumer" and r["kind"] in ("l1_mma", "l2_mma"):
+            seq.setdefault(r["cta"], []).append((1 if r["kind"] == "l1_mma" else 2, r["expert"], r["m_block"],
+                                                 r["n_block"]))
+    return seq
+
+
+def to_chrome(records: list[dict]) -> dict:
+    """Chrome trace event JSON (pid = rank, tid = sm * 3 + role), microseconds."""
+    ev = []
+    seen = set()
+    for r in records:
+        tid = r["sm"] * 3 + TRACE_ROLES.index(r["role"])
+        if (r["rank"], tid) not in seen:
+            seen.add((r["rank"], tid))
+            ev.append({"ph": "M", "name": "thread_name", "pid": r["rank"], "tid": tid,
+                       "args": {"name": f"SM{r['sm']} {r['role']}"}})
+        ev.append({"ph": "X", "name": r["kind"], "pid": r["rank"], "tid": tid, "ts": r["t_start_ns"] / 1e3,
+                   "dur": max(r["t_end_ns"] - r["t_start_ns"], 0) / 1e3,
+                   "args": {k: r[k] for k in ("expert", "m_block", "n_block", "wave", "tokens")}})
+    for rank in sorted({r["rank"] for r in records}):
+        ev.append({"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank}"}})
+    return {"traceEvents": ev, "displayTimeUnit": "ns"}

@@ -1,0 +1,290 @@
+"""Weight and scale-factor layouts: MXFP4 checkpoint <-> what the kernels read.
+
+Checkpoint layout (the input of every transform, what :func:`megamoe.reference.
+quantize_weights` produces):
+
+* L1 weights ``[E, 2I, H/2]`` ``uint8`` packed E2M1 (low nibble first), rows ``[0, I)`` are
+  the gate projection and rows ``[I, 2I)`` the up projection; K (= H) is the last dim.
+* L1 scales ``[E, 2I, H/32]`` ``uint8`` UE8M0, K-major (contiguous along K).
+* L2 weights ``[E, H, I/2]`` ``uint8``, L2 scales ``[E, H, I/32]`` ``uint8``.
+
+SM100 kernel layout (DeepGEMM ``fp8_fp4_mega_moe``; sources at commit 891d57b):
+
+1. Scales are packed four per int32 along K and stored **MN-major** with a TMA-aligned MN
+   stride: logical shape ``[E, MN, K/128]`` int32, strides ``(MN_al * K/128, 1, MN_al)``
+   with ``MN_al`` = MN rounded up to 4 int32s (16 bytes) -- ``transform_sf_into_required_
+   layout(sf, n, k, (1, 32), num_groups)`` in ``tests/test_mega_moe.py`` ->
+   ``get_mn_major_tma_aligned_packed_ue8m0_tensor`` (``csrc/apis/layout.hpp``,
+   ``check_sf_layout`` in ``csrc/utils/layout.hpp``).
+2. L1 only: gate and up rows are **interleaved at 8-row granularity**, ``[gate 0..7, up 0..7,
+   gate 8..15, up 8..15, ...]``, for the weights and the scales alike, so that every
+   128-row N block holds 64 gate rows and the 64 matching up rows and the epilogue can pair
+   them in registers (``_interleave_l1_weights`` in ``deep_gemm/mega/__init__.py``; the
+   epilogue comment "Unified L1 epilogue: SwiGLU in-place using granularity 8 interleaved
+   weights" in ``impls/sm100_fp8_fp4_mega_moe.cuh``).
+3. Scales (L1 and L2) are **transposed for UTCCP** inside every 128 MN rows: viewing the 128
+   rows as ``[4, 32]`` and storing them as ``[32, 4]``, so stored row ``4*i + j`` holds
+   logical row ``32*j + i`` (``_transpose_sf_for_utccp`` in ``deep_gemm/mega/__init__.py``;
+   ``tcgen05.cp`` copies the 32x128-bit scale tile into TMEM in that order).
+4. Packed FP4 weights keep their ``[E, N, K/2]`` K-major bytes; DeepGEMM types them
+   ``int8`` (``torch.int8`` in ``tests/test_mega_moe.py``): ``t.view(torch.int8)``.
+
+SM90 layout (this project's Hopper kernel, see :func:`transform_weights_for_sm90`): Hopper
+has no FP4 or block-scaled MMA and ``wgmma`` needs FP8 operands K-major in shared memory, so
+the kernel loads the packed E2M1 bytes (K-major, unchanged) and their UE8M0 bytes, and
+decodes them into E4M3 in shared memory.  The only reordering it needs is the same 8-row
+gate/up interleave, so its epilogue pairs gate/up exactly like SM100's.  Scales stay
+``uint8`` bytes, K-major ``[E, N, K/32]`` (one contiguous row of scale bytes per weight
+row, which a producer warp reads alongside the row's weights); no UTCCP transpose (no
+TMEM).
+
+Every transform has an inverse and round-trips bit-exactly; all raise
+:class:`megamoe.errors.InputError` naming the tensor on a bad shape or dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from megamoe.errors import InputError
+from megamoe.formats import BLOCK_K, _check_tensor, pack_ue8m0, unpack_ue8m0
+
+__all__ = [
+    "GATE_UP_GRANULARITY", "UTCCP_ROWS",
+    "interleave_gate_up", "deinterleave_gate_up",
+    "utccp_transpose_sf", "utccp_untranspose_sf",
+    "to_mn_major", "to_k_major", "is_mn_major",
+    "transform_weights_for_mega_moe", "untransform_weights_for_mega_moe",
+    "transform_weights_for_sm90", "untransform_weights_for_sm90",
+    "check_mxfp4_weights",
+]
+
+#: Gate/up interleave granularity in rows (``_interleave_l1_weights(gran=8)``).
+GATE_UP_GRANULARITY = 8
+#: Rows per UTCCP scale tile (``[4, 32] -> [32, 4]``).
+UTCCP_ROWS = 128
+
+_BYTE_DTYPES = (torch.uint8, torch.int8)
+
+
+def interleave_gate_up(t: torch.Tensor, gran: int = GATE_UP_GRANULARITY,
+                       name: str = "t") -> torch.Tensor:
+    """``[E, 2I, ...]`` with gate rows then up rows -> rows interleaved every ``gran``.
+
+    Output row order: gate ``0..gran-1``, up ``0..gran-1``, gate ``gran..2gran-1``, ...
+    Works for weights (``[E, 2I, H/2]`` bytes) and scales (``uint8 [E, 2I, H/32]`` or
+    ``int32 [E, 2I, H/128]``); the output keeps ``t``'s strides (``empty_like``), so an
+    MN-major scale tensor stays MN-major.
+
+    Raises:
+        InputError: fewer than 2 dims or ``2I`` not a multiple of ``2*gran``.
+    """
+    _check_tensor(t, name, min_ndim=2, contiguous=False)
+    g, n, *rest = t.shape
+    if n % (2 * gran) != 0:
+        raise InputError(name, f"dim 1 (2*intermediate) a multiple of {2 * gran}",
+                         f"shape {tuple(t.shape)}")
+    half = n // 2
+    gate = t[:, :half].reshape(g, half // gran, gran, *rest)
+    up = t[:, half:].reshape(g, half // gran, gran, *rest)
+    return torch.empty_like(t).copy_(torch.stack([gate, up], dim=2).reshape(t.shape))
+
+
+def deinterleave_gate_up(t: torch.Tensor, gran: int = GATE_UP_GRANULARITY,
+                         name: str = "t") -> torch.Tensor:
+    """Inverse of :func:`interleave_gate_up`: back to ``[gate rows | up rows]``."""
+    _check_tensor(t, name, min_ndim=2, contiguous=False)
+    g, n, *rest = t.shape
+    if n % (2 * gran) != 0:
+        raise InputError(name, f"dim 1 (2*intermediate) a multiple of {2 * gran}",
+                         f"shape {tuple(t.shape)}")
+    v = t.reshape(g, n // (2 * gran), 2, gran, *rest)
+    out = torch.cat([v[:, :, 0].reshape(g, n // 2, *rest), v[:, :, 1].reshape(g, n // 2, *rest)],
+                    dim=1)
+    return torch.empty_like(t).copy_(out)
+
+
+def _check_sf_rows(sf: torch.Tensor, name: str) -> None:
+    _check_tensor(sf, name, dtypes=(torch.int32,), ndim=3, contiguous=False)
+    if sf.shape[1] % UTCCP_ROWS != 0:
+        raise InputError(name, f"dim 1 (MN) a multiple of {UTCCP_ROWS}", f"shape {tuple(sf.shape)}")
+
+
+def utccp_transpose_sf(sf: torch.Tensor, name: str = "sf") -> torch.Tensor:
+    """UTCCP transpose of packed scales: inside each 128 rows ``[4, 32] -> [32, 4]``.
+
+    Args:
+        sf: ``int32 [E, MN, K/128]`` (any strides), MN a multiple of 128.
+    Returns:
+        same shape and strides; output row ``128*b + 4*i + j`` = input row ``128*b + 32*j + i``.
+    Raises:
+        InputError: dtype, rank, or MN not a multiple of 128.
+    """
+    _check_sf_rows(sf, name)
+    g, mn, pk = sf.shape
+    out = sf.reshape(g, mn // UTCCP_ROWS, 4, 32, pk).transpose(2, 3).reshape(g, mn, pk)
+    return torch.empty_like(sf).copy_(out)
+
+
+def utccp_untranspose_sf(sf: torch.Tensor, name: str = "sf") -> torch.Tensor:
+    """Inverse of :func:`utccp_transpose_sf` (``[32, 4] -> [4, 32]`` in each 128 rows)."""
+    _check_sf_rows(sf, name)
+    g, mn, pk = sf.shape
+    out = sf.reshape(g, mn // UTCCP_ROWS, 32, 4, pk).transpose(2, 3).reshape(g, mn, pk)
+    return torch.empty_like(sf).copy_(out)
+
+
+def to_mn_major(sf: torch.Tensor, name: str = "sf") -> torch.Tensor:
+    """Same values, MN-major TMA-aligned storage: strides ``(K' * MN_al, 1, MN_al)``.
+
+    Args:
+        sf: ``[E, MN, K']`` or ``[MN, K']`` tensor (any dtype, any strides).
+    Returns:
+        a tensor equal to ``sf`` whose MN dim has stride 1 and whose K' stride is MN rounded
+        up to a multiple of 16 bytes (as DeepGEMM's ``check_sf_layout`` requires).
+    """
+    _check_tensor(sf, name, contiguous=False)
+    if sf.dim() not in (2, 3):
+        raise InputError(name, "2 or 3 dimensions", f"shape {tuple(sf.shape)}")
+    squeeze = sf.dim() == 2
+    s = sf.unsqueeze(0) if squeeze else sf
+    g, mn, k = s.shape
+    per = max(1, 16 // s.element_size())
+    mn_al = (mn + per - 1) // per * per
+    buf = torch.zeros((g, k, mn_al), dtype=s.dtype, device=s.device)
+    buf[:, :, :mn].copy_(s.transpose(1, 2))
+    out = buf[:, :, :mn].transpose(1, 2)
+    return out[0] if squeeze else out
+
+
+def is_mn_major(sf: torch.Tensor) -> bool:
+    """Whether ``sf``'s MN dim (``-2``) has stride 1 (or size 1)."""
+    return sf.dim() >= 2 and (sf.stride(-2) == 1 or sf.shape[-2] == 1)
+
+
+def to_k_major(sf: torch.Tensor, name: str = "sf") -> torch.Tensor:
+    """Inverse of :func:`to_mn_major`: the same values, contiguous (K-major)."""
+    _check_tensor(sf, name, contiguous=False)
+    return sf.contiguous()
+
+
+def check_mxfp4_weights(w: torch.Tensor, sf: torch.Tensor, name: str,
+                        rows: int | None = None, k: int | None = None) -> tuple[int, int, int]:
+    """Validate one MXFP4 checkpoint pair; return ``(E, N, K)``.
+
+    Args:
+        w: packed E2M1 ``uint8``/``int8`` ``[E, N, K/2]``, contiguous.
+        sf: UE8M0 ``uint8 [E, N, K/32]`` (or packed ``int32 [E, N, K/128]``).
+        name: prefix for error messages (``"l1_weights"`` -> ``"l1_weights"`` and
+            ``"l1_weights_sf"``).
+        rows, k: expected N and K when known.
+    Raises:
+        InputError: wrong dtype, rank, shapes, K not a multiple of 32, non-contiguous.
+    """
+    _check_tensor(w, name, dtypes=_BYTE_DTYPES, ndim=3)
+    _check_tensor(sf, name + "_sf", dtypes=(torch.uint8, torch.int32), ndim=3, contiguous=False)
+    e, n, kh = w.shape
+    kk = kh * 2
+    if rows is not None and n != rows:
+        raise InputError(name, f"shape (E, {rows}, K/2)", f"shape {tuple(w.shape)}")
+    if k is not None and kk != k:
+        raise InputError(name, f"shape (E, N, {k // 2})", f"shape {tuple(w.shape)}")
+    if kk % BLOCK_K != 0:
+        raise InputError(name, f"K = 2 * shape[2] a multiple of {BLOCK_K}", f"shape {tuple(w.shape)}")
+    per = BLOCK_K * (4 if sf.dtype == torch.int32 else 1)
+    want = (e, n, -(-kk // per))
+    if tuple(sf.shape) != want:
+        raise InputError(name + "_sf", f"shape {want}", f"shape {tuple(sf.shape)}")
+    return e, n, kk
+
+
+def transform_weights_for_mega_moe(
+    l1_weights: tuple[torch.Tensor, torch.Tensor],
+    l2_weights: tuple[torch.Tensor, torch.Tensor],
+) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """MXFP4 checkpoint -> SM100 kernel layout (DeepGEMM ``transform_weights_for_mega_moe``
+    after ``transform_sf_into_required_layout``).
+
+    Args:
+        l1_weights: ``(w1 [E, 2I, H/2] uint8|int8, sf1 [E, 2I, H/32] uint8)``.
+        l2_weights: ``(w2 [E, H, I/2] uint8|int8, sf2 [E, H, I/32] uint8)``.
+    Returns:
+        ``((w1', sf1'), (w2, sf2'))``: ``w1'`` gate/up interleaved every 8 rows (same
+        dtype); ``sf1'`` ``int32 [E, 2I, H/128]`` packed, interleaved, UTCCP-transposed,
+        MN-major; ``w2`` unchanged (a contiguous copy); ``sf2'`` ``int32 [E, H, I/128]``
+        packed, UTCCP-transposed, MN-major.
+    Raises:
+        InputError: shapes/dtypes (2I and H must be multiples of 128; K multiples of 128).
+    """
+    (w1, sf1), (w2, sf2) = l1_weights, l2_weights
+    e, n1, h = check_mxfp4_weights(w1, sf1, "l1_weights")
+    _, _, inter = check_mxfp4_weights(w2, sf2, "l2_weights")
+    if n1 != 2 * inter:
+        raise InputError("l1_weights", f"dim 1 == 2 * intermediate = {2 * inter}", f"shape {tuple(w1.shape)}")
+    check_mxfp4_weights(w2, sf2, "l2_weights", rows=h)
+    if w2.shape[0] != e:
+        raise InputError("l2_weights", f"{e} experts like l1_weights", f"shape {tuple(w2.shape)}")
+    for nm, t, kk in (("l1_weights_sf", sf1, h), ("l2_weights_sf", sf2, inter)):
+        if t.dtype != torch.uint8:
+            raise InputError(nm, "uint8 UE8M0 bytes (checkpoint layout)", str(t.dtype))
+        if kk % 128 != 0 or t.shape[1] % UTCCP_ROWS != 0:
+            raise InputError(nm, "K and MN multiples of 128", f"shape {tuple(t.shape)}")
+    w1t = interleave_gate_up(w1.contiguous(), name="l1_weights")
+    sf1t = to_mn_major(pack_ue8m0(sf1.contiguous()), "l1_weights_sf")
+    sf1t = utccp_transpose_sf(interleave_gate_up(sf1t, name="l1_weights_sf"), "l1_weights_sf")
+    sf2t = utccp_transpose_sf(to_mn_major(pack_ue8m0(sf2.contiguous()), "l2_weights_sf"),
+                              "l2_weights_sf")
+    return (w1t, sf1t), (w2.contiguous().clone(), sf2t)
+
+
+def untransform_weights_for_mega_moe(
+    l1_weights: tuple[torch.Tensor, torch.Tensor],
+    l2_weights: tuple[torch.Tensor, torch.Tensor],
+) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """Inverse of :func:`transform_weights_for_mega_moe`: back to the MXFP4 checkpoint
+    layout (``uint8`` scale bytes, K-major, gate rows then up rows; weights keep dtype)."""
+    (w1, sf1), (w2, sf2) = l1_weights, l2_weights
+    _check_tensor(w1, "l1_weights", dtypes=_BYTE_DTYPES, ndim=3, contiguous=False)
+    _check_tensor(w2, "l2_weights", dtypes=_BYTE_DTYPES, ndim=3, contiguous=False)
+    sf1u = deinterleave_gate_up(utccp_untranspose_sf(sf1, "l1_weights_sf"), name="l1_weights_sf")
+    sf2u = utccp_untranspose_sf(sf2, "l2_weights_sf")
+    return ((deinterleave_gate_up(w1.contiguous(), name="l1_weights"),
+             unpack_ue8m0(sf1u.contiguous())),
+            (w2.contiguous().clone(), unpack_ue8m0(sf2u.contiguous())))
+
+
+def transform_weights_for_sm90(
+    l1_weights: tuple[torch.Tensor, torch.Tensor],
+    l2_weights: tuple[torch.Tensor, torch.Tensor],
+) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """MXFP4 checkpoint -> this project's SM90 kernel layout (see the module docstring).
+
+    Args:
+        l1_weights: ``(w1 [E, 2I, H/2] uint8|int8, sf1 [E, 2I, H/32] uint8)``.
+        l2_weights: ``(w2 [E, H, I/2], sf2 [E, H, I/32] uint8)``.
+    Returns:
+        ``((w1', sf1'), (w2, sf2))``: L1 weights and scale bytes gate/up-interleaved every
+        8 rows, all contiguous K-major; L2 unchanged (contiguous copies).
+    Raises:
+        InputError: shapes/dtypes.
+    """
+    (w1, sf1), (w2, sf2) = l1_weights, l2_weights
+    check_mxfp4_weights(w1, sf1, "l1_weights")
+    check_mxfp4_weights(w2, sf2, "l2_weights")
+    for nm, t in (("l1_weights_sf", sf1), ("l2_weights_sf", sf2)):
+        if t.dtype != torch.uint8:
+            raise InputError(nm, "uint8 UE8M0 bytes (checkpoint layout)", str(t.dtype))
+    return ((interleave_gate_up(w1.contiguous(), name="l1_weights"),
+             interleave_gate_up(sf1.contiguous(), name="l1_weights_sf")),
+            (w2.contiguous().clone(), sf2.contiguous().clone()))
+
+
+def untransform_weights_for_sm90(
+    l1_weights: tuple[torch.Tensor, torch.Tensor],
+    l2_weights: tuple[torch.Tensor, torch.Tensor],
+) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """Inverse of :func:`transform_weights_for_sm90`."""
+    (w1, sf1), (w2, sf2) = l1_weights, l2_weights
+    return ((deinterleave_gate_up(w1.contiguous(), name="l1_weights"),
+             deinterleave_gate_up(sf1.contiguous(), name="l1_weights_sf")),
+            (w2.contiguous().clone(), sf2.contiguous().clone()))
