@@ -60,7 +60,7 @@ __all__ = [
     "BLOCK_K", "E4M3_MAX", "E2M1_MAX", "UE8M0_BIAS", "E2M1_VALUES",
     "HAS_TORCH_FP4",
     "cast_to_e4m3", "decode_e4m3",
-    "e2m1_table", "decode_e2m1", "encode_e2m1", "pack_e2m1", "unpack_e2m1",
+    "e2m1_table", "decode_e2m1", "e2m1_to_e4m3", "encode_e2m1", "pack_e2m1", "unpack_e2m1",
     "decode_ue8m0", "ue8m0_ceil", "pack_ue8m0", "unpack_ue8m0",
     "quantize_e4m3_blocks", "dequantize_e4m3_blocks",
     "quantize_e2m1_blocks", "dequantize_e2m1_blocks",
@@ -212,6 +212,31 @@ def encode_e2m1(x: torch.Tensor, rounding: str = "deepgemm") -> torch.Tensor:
     idx = torch.where(torch.isnan(ax), torch.full_like(idx, 7), idx)
     neg = (x < 0) & (idx != 0)
     return (idx | (neg.long() << 3)).to(torch.uint8)
+
+
+def e2m1_to_e4m3(packed: torch.Tensor) -> torch.Tensor:
+    """Re-encode packed E2M1 as E4M3 (exact: every E2M1 value is an E4M3 value).
+
+    This is what a Hopper kernel does in shared memory before ``wgmma``.  A nibble
+    ``s e1 e0 m`` becomes the E4M3 byte ``s | (e + 6) << 3 | m << 2`` for ``e > 0`` and
+    ``0x30 * m`` (0.5 or 0) for ``e == 0``; torch then decodes the E4M3 bytes.  Faster than
+    the table lookup of :func:`decode_e2m1` on large weights.
+
+    Args:
+        packed: ``uint8``/``int8 [..., K/2]`` packed E2M1 (low nibble first).
+    Returns:
+        ``float8_e4m3fn [..., K]``.
+    """
+    _check_tensor(packed, "packed", dtypes=(torch.uint8, torch.int8), min_ndim=1,
+                  contiguous=False)
+    c = unpack_e2m1(packed)
+    e = (c >> 1) & 3
+    m = c & 1
+    sign = (c & 8) << 4
+    normal = ((e + 6) << 3) | (m << 2)
+    mag = torch.where(e == 0, m * 0x30, normal)
+    # -0 (code 8) stays 0x80, i.e. E4M3 -0.0
+    return (sign | mag).view(torch.float8_e4m3fn)
 
 
 def pack_e2m1(codes: torch.Tensor) -> torch.Tensor:

@@ -389,15 +389,16 @@ _E2M1_PAIR_TABLES: dict = {}
 
 
 def _decode_e2m1_rows(packed: torch.Tensor) -> torch.Tensor:
-    """Packed E2M1 ``[N, K/2]`` -> float64 ``[N, K]`` values (unscaled), via a 256-entry
-    byte table (low nibble = even element)."""
-    key = packed.device
-    tab = _E2M1_PAIR_TABLES.get(key)
+    """Packed E2M1 ``[N, K/2]`` -> float64 ``[N, K]`` values (unscaled), exactly.
+
+    One lookup per byte in a 256 x 2 table built from :data:`megamoe.formats.E2M1_VALUES`
+    (low nibble = even element); torch has no ``float4_e2m1fn_x2`` conversion kernels."""
+    tab = _E2M1_PAIR_TABLES.get(packed.device)
     if tab is None:
         v = torch.tensor(E2M1_VALUES, dtype=torch.float64)
         b = torch.arange(256)
         tab = torch.stack([v[b & 15], v[b >> 4]], dim=1).to(packed.device)
-        _E2M1_PAIR_TABLES[key] = tab
+        _E2M1_PAIR_TABLES[packed.device] = tab
     p = packed.view(torch.uint8) if packed.dtype == torch.int8 else packed
     return torch.nn.functional.embedding(p.long(), tab).reshape(p.shape[0], p.shape[1] * 2)
 
