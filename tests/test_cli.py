@@ -1,0 +1,87 @@
+"""`megamoe` CLI: the main job runs, outputs are written, bad input -> one line, exit 2."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from megamoe.cli import main
+
+
+def run(*args):
+    p = subprocess.run([sys.executable, "-m", "megamoe.cli", *args], capture_output=True, text=True,
+                       timeout=300)
+    return p.returncode, p.stdout, p.stderr
+
+
+def test_simulate_writes_json_trace_plot(tmp_path):
+    j, tr, png = tmp_path / "s.json", tmp_path / "t.json", tmp_path / "t.png"
+    rc = main(["simulate", "--shape", "deepseek-v4-flash", "--tokens", "64", "--ranks", "4",
+               "--json", str(j), "--trace", str(tr), "--plot", str(png)])
+    assert rc == 0
+    d = json.loads(j.read_text())
+    for key in ("time_us", "tflops", "hbm_gbs", "nvlink_gbs", "t_reduction_us", "overlap_efficiency",
+                "speedup_vs_legacy", "plan", "scenario"):
+        assert key in d
+    assert d["scenario"]["tokens_per_rank"] == [64] * 4 and d["plan"]["num_ranks"] == 4
+    assert d["plan"]["ranks"][0]["block_m"] == 16  # e = 64*4*6/256 = 6 -> block_m 16
+    t = json.loads(tr.read_text())["traceEvents"]
+    x = [e for e in t if e["ph"] == "X"]
+    assert x and all(e["dur"] >= 0 for e in x) and {"pid", "tid", "ts", "name"} <= set(x[0])
+    assert any(e["ph"] == "M" and e["name"] == "thread_name" for e in t)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_default_simulate_reports_the_table():
+    rc, out, err = run("simulate")
+    assert rc == 0, err
+    assert "deepseek-v4-pro" in out and "EP8" in out and "speedup vs legacy" in out
+
+
+@pytest.mark.parametrize("args,field", [
+    (["--shape", "deepseek-v9"], "shape"),
+    (["--shape", "4,6,256,256"], "shape.top_k"),
+    (["--ranks", "5"], "ranks"),
+    (["--tokens", "9000", "--max-tokens", "8192"], "tokens"),
+    (["--shape", "8,2,200,256"], "shape.hidden"),
+    (["--shape", "8,2,256,100"], "shape.intermediate"),
+    (["--routing", "bogus"], "routing"),
+    (["--hardware", "a100"], "hardware"),
+    (["--experts-per-wave", "0"], "experts_per_wave"),
+    (["--block-m", "48"], "block_m"),
+    (["--tokens", "abc"], "tokens"),
+])
+def test_bad_input_one_line_exit_2(args, field):
+    rc, out, err = run("simulate", *args)
+    assert rc == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and field in lines[0] and "Traceback" not in err, err
+
+
+def test_bad_routing_file_and_hardware_file(tmp_path):
+    bad = tmp_path / "ids.npy"
+    np.save(bad, np.full((4, 6), 999))
+    rc, _, err = run("simulate", "--ranks", "1", "--shape", "deepseek-v4-flash", "--routing", f"file:{bad}")
+    assert rc == 2 and "routing.file" in err and "ids in [-1, 256)" in err
+    np.save(bad, np.zeros((4, 5), dtype=np.int64))
+    rc, _, err = run("simulate", "--ranks", "1", "--shape", "deepseek-v4-flash", "--routing", f"file:{bad}")
+    assert rc == 2 and "shape [T, 6]" in err
+    hw = tmp_path / "hw.toml"
+    from sim.hardware import PRESET_DIR
+    hw.write_text((PRESET_DIR / "b200.toml").read_text().replace("hbm_gbs = 8000.0", "hbm_gbs = -8000.0"))
+    rc, _, err = run("simulate", "--hardware", str(hw), "--tokens", "1")
+    assert rc == 2 and "hardware.figures.hbm_gbs" in err and len(err.strip().splitlines()) == 1
+
+
+def test_file_routing_runs(tmp_path):
+    ids = np.array([[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, -1]])
+    np.save(tmp_path / "r{}.npy".format(0), ids)
+    np.save(tmp_path / "r{}.npy".format(1), ids[:1])
+    j = tmp_path / "o.json"
+    rc = main(["simulate", "--shape", "deepseek-v4-flash", "--ranks", "2", "--routing",
+               f"file:{tmp_path}/r{{rank}}.npy", "--json", str(j)])
+    assert rc == 0
+    d = json.loads(j.read_text())
+    assert d["scenario"]["tokens_per_rank"] == [2, 1] and sum(d["num_recv_tokens"]) == 17

@@ -1,0 +1,84 @@
+"""Routing generators: seeded, deterministic, distinct experts per token, file loading."""
+
+import numpy as np
+import pytest
+
+from megamoe.errors import InputError
+from megamoe.routing import RoutingSpec, generate, load_routing_file, routing_summary
+
+
+@pytest.mark.parametrize("text", ["uniform", "masked:0.3", "zipf:1.2", "hot:0.6:4"])
+def test_generators_are_deterministic_and_distinct(text):
+    spec = RoutingSpec.parse(text)
+    a = generate(spec, 3, [200, 0, 57], 64, 6, seed=11)
+    b = generate(spec, 3, [200, 0, 57], 64, 6, seed=11)
+    c = generate(spec, 3, [200, 0, 57], 64, 6, seed=12)
+    assert [x.shape for x in a] == [(200, 6), (0, 6), (57, 6)]
+    assert all((x == y).all() for x, y in zip(a, b))
+    assert any((x != y).any() for x, y in zip(a, c))
+    for ids in a:
+        assert ids.dtype == np.int64 and ids.min(initial=0) >= -1 and ids.max(initial=0) < 64
+        for row in ids:
+            v = row[row >= 0]
+            assert len(set(v.tolist())) == len(v)
+
+
+def test_uniform_is_close_to_uniform():
+    ids = generate(RoutingSpec(), 1, [20000], 32, 4, 0)[0]
+    counts = np.bincount(ids.reshape(-1), minlength=32)
+    expected = 20000 * 4 / 32
+    assert np.abs(counts - expected).max() < 5 * np.sqrt(expected)
+
+
+def test_masked_ratio():
+    ids = generate(RoutingSpec(kind="masked", masked_ratio=0.25), 1, [10000], 16, 4, 0)[0]
+    frac = (ids < 0).mean()
+    assert abs(frac - 0.25) < 0.02
+
+
+def test_hot_sends_traffic_to_rank_zero():
+    ids = generate(RoutingSpec(kind="hot", hot_fraction=0.9, hot_experts=8), 4, [2000] * 4, 64, 2, 0)
+    s = routing_summary(ids, 64, 4)
+    assert s["rank_share"][0] > 0.7
+
+
+def test_zipf_skews():
+    ids = generate(RoutingSpec(kind="zipf", zipf_exponent=1.5), 1, [5000], 64, 2, 0)
+    s = routing_summary(ids, 64, 1)
+    assert s["expert_load_max"] > 5 * s["expert_load_mean"]
+
+
+def test_parse_errors():
+    with pytest.raises(InputError, match="^routing"):
+        RoutingSpec.parse("gaussian")
+    with pytest.raises(InputError, match="routing.masked_ratio"):
+        RoutingSpec.parse("masked:abc")
+    with pytest.raises(InputError, match="routing.masked_ratio"):
+        RoutingSpec.parse("masked:1.5")
+
+
+def test_file_routing(tmp_path):
+    good = np.array([[0, 1], [2, -1], [3, 0]], dtype=np.int32)
+    np.save(tmp_path / "r0.npy", good)
+    np.save(tmp_path / "r1.npy", good[:1])
+    got = load_routing_file(str(tmp_path / "r{rank}.npy"), 2, 4, 2)
+    assert [g.tolist() for g in got] == [good.tolist(), good[:1].tolist()]
+    np.save(tmp_path / "all.npy", np.stack([good, good]))
+    assert len(load_routing_file(str(tmp_path / "all.npy"), 2, 4, 2)) == 2
+    np.save(tmp_path / "bad_range.npy", np.array([[0, 4]]))
+    with pytest.raises(InputError, match=r"routing.file: expected ids in \[-1, 4\)"):
+        load_routing_file(str(tmp_path / "bad_range.npy"), 1, 4, 2)
+    np.save(tmp_path / "bad_shape.npy", np.zeros((3, 3), dtype=np.int64))
+    with pytest.raises(InputError, match=r"shape \[T, 2\]"):
+        load_routing_file(str(tmp_path / "bad_shape.npy"), 1, 4, 2)
+    np.save(tmp_path / "bad_dtype.npy", np.zeros((3, 2), dtype=np.float32))
+    with pytest.raises(InputError, match="integer array"):
+        load_routing_file(str(tmp_path / "bad_dtype.npy"), 1, 4, 2)
+    with pytest.raises(InputError, match="existing"):
+        load_routing_file(str(tmp_path / "missing.npy"), 1, 4, 2)
+
+
+def test_pt_file(tmp_path):
+    torch = pytest.importorskip("torch")
+    torch.save(torch.tensor([[1, 0]]), tmp_path / "x.pt")
+    assert load_routing_file(str(tmp_path / "x.pt"), 1, 4, 2)[0].tolist() == [[1, 0]]

@@ -1,0 +1,169 @@
+"""The simulator: hand-checked timings, dependency order, conservation, determinism."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from megamoe.scenario import Scenario
+from megamoe.trace import KIND, ROLE
+from sim import simulate
+from sim.engine import BandwidthCalendar
+from sim.hardware import load_hardware
+from sim.validate import validate, verdict
+
+
+def test_calendar_shares_bandwidth_and_conserves_bytes():
+    cal = BandwidthCalendar(2.0)  # 2 bytes/ns, 250 ns buckets = 500 bytes each
+    assert cal.reserve(0.0, 100.0) == pytest.approx(50.0)
+    # a second transfer at t=0 queues behind the first 100 bytes in bucket 0
+    assert cal.reserve(0.0, 100.0) == pytest.approx(100.0)
+    # 1000 bytes from t=0: 300 left in bucket 0, 500 in bucket 1, 200 in bucket 2
+    assert cal.reserve(0.0, 1000.0) == pytest.approx(500.0 + 200.0 / 2.0)
+    # a request in the past of a full bucket lands after it
+    assert cal.reserve(10.0, 100.0) == pytest.approx(600.0 + 50.0)
+    assert cal.total_bytes == pytest.approx(1300.0)
+
+
+def _tiny(**kw):
+    base = dict(shape="8,2,256,256", num_ranks=2, tokens_per_rank=4, max_tokens_per_rank=16,
+                hardware="b200")
+    base.update(kw)
+    return Scenario(**base)
+
+
+def test_dispatch_preamble_is_the_sum_of_its_steps():
+    sc = _tiny()
+    res = simulate(sc)
+    hw = res.hardware
+    S = hw.num_sms
+    valid = [int((i >= 0).sum()) for i in sc.routing_ids()]
+    T, k = 4, 2
+    for r in range(2):
+        rows = res.trace.where(rank=r, role="dispatch")
+        pre = (hw.launch_ns + 500.0 + T * k * 8 / hw.hbm_bytes_per_ns + S * hw.atomic_same_address_ns
+               + hw.nvlink_latency_ns + valid[r] * 4 / hw.nvlink_bytes_per_ns + hw.grid_sync_ns
+               + hw.nvlink_latency_ns)
+        nvl = rows.where(kind="nvl_barrier")
+        assert nvl["t_start_ns"][0] == pytest.approx(pre)
+    # the barrier ends nvl_barrier_ns after the last rank arrives
+    starts = [res.trace.where(rank=r, role="dispatch", kind="nvl_barrier")["t_start_ns"][0] for r in range(2)]
+    ends = [res.trace.where(rank=r, role="dispatch", kind="nvl_barrier")["t_end_ns"][0] for r in range(2)]
+    assert ends[0] == ends[1] == pytest.approx(max(starts) + hw.nvl_barrier_ns)
+
+
+def test_k_loop_and_combine_durations():
+    sc = _tiny()
+    res = simulate(sc)
+    hw, rp = res.hardware, res.plan.ranks[0]
+    bm, bn, bk = rp.config.block_m, rp.config.block_n, rp.config.block_k
+    t_mma = 2.0 * bm * bn * bk / hw.tc_flops_per_ns_per_sm
+    stage = (bm // 2) * bk + bn * bk / 2 + (bm + bn) * bk / 32
+    rate = min(hw.sm_load_bytes_per_ns, rp.num_stages * stage / hw.tma_latency_ns)
+    t_k = max(t_mma, stage / rate) + hw.block_overhead_ns / (256 // bk)
+    mma = res.trace.where(rank=0, role="mma", kind="l1_mma")
+    d = mma["t_end_ns"] - mma["t_start_ns"]
+    # without HBM or dependency stalls a K loop lasts exactly K * t_k
+    assert np.isclose(d, (256 // bk) * t_k).any()
+    assert (d >= (256 // bk) * t_k - 1e-6).all()
+    comb = res.trace.where(rank=0, kind="combine")
+    valid = int((sc.routing_ids()[0] >= 0).sum())
+    want = hw.tma_latency_ns + (valid + 4) * 256 * 2 / hw.hbm_bytes_per_ns
+    assert float(comb["t_end_ns"][0] - comb["t_start_ns"][0]) == pytest.approx(want)
+
+
+@pytest.mark.parametrize("l2_wait", ["k_block", "pool_block"])
+def test_no_interval_starts_before_its_dependencies(l2_wait):
+    sc = Scenario(shape="deepseek-v4-flash", num_ranks=4, tokens_per_rank=96, routing="zipf:1.0",
+                  l2_wait=l2_wait)
+    res = simulate(sc)
+    tr, plan = res.trace, res.plan
+    hw = res.hardware
+    for r, rp in enumerate(plan.ranks):
+        t = tr.where(rank=r)
+        pulls = t.where(kind="pull")
+        barrier = t.where(role="dispatch", kind="nvl_barrier")["t_end_ns"].min()
+        assert (pulls["t_start_ns"] >= barrier - 1e-6).all()
+        pull_end = pulls["t_end_ns"].max() if len(pulls) else barrier
+        pbo = rp.pool_block_offset
+        # chain 1: an L1 K loop starts after its pool block arrived (+ the first TMA latency)
+        l1 = t.where(role="mma", kind="l1_mma")
+        assert (l1["t_start_ns"] >= barrier + hw.tma_latency_ns - 1e-6).all()
+        # chain 2: L1 epilogue after the K loop of the same block
+        epi = t.where(role="epilogue", kind="l1_epilogue")
+        key = lambda x: list(zip(x["sm"], x["expert"], x["m_block"], x["n_block"]))
+        assert key(epi) == key(l1)
+        assert (epi["t_start_ns"] >= l1["t_end_ns"] - 1e-6).all()
+        # chain 3: an L2 K loop ends after every L1 epilogue of its pool block, and starts
+        # after the first (k_block) or the last (pool_block) of them
+        l1_end = {}
+        for e, m, n, te in zip(epi["expert"], epi["m_block"], epi["n_block"], epi["t_end_ns"]):
+            l1_end.setdefault((e, m), {})[n] = te
+        l2 = t.where(role="mma", kind="l2_mma")
+        for e, m, ts, te in zip(l2["expert"], l2["m_block"], l2["t_start_ns"], l2["t_end_ns"]):
+            ends = l1_end[(e, m)]
+            assert te >= max(ends.values()) - 1e-6
+            first = max(ends[0], ends[1])
+            need = first if l2_wait == "k_block" else max(ends.values())
+            assert ts >= need - 1e-6
+        # chain 4: L2 epilogue after its K loop; chain 5: combine after every write-back
+        e2 = t.where(role="epilogue", kind="l2_epilogue")
+        assert (e2["t_start_ns"] >= l2["t_end_ns"] - 1e-6).all()
+        comb = t.where(kind="combine")
+        assert comb["t_start_ns"][0] >= tr.where(kind="l2_epilogue")["t_end_ns"].max() - 1e-6
+        assert len(pbo) == len(rp.recv_counts) + 1 and pull_end <= comb["t_start_ns"][0]
+
+
+def test_every_routed_item_is_pulled_and_combined_once():
+    sc = Scenario(shape="64,4,512,256", num_ranks=4, tokens_per_rank=[40, 0, 17, 33],
+                  routing="masked:0.3", seed=3)
+    res = simulate(sc)
+    valid = [int((i >= 0).sum()) for i in sc.routing_ids()]
+    pulled = [int(res.trace.where(rank=r, kind="pull")["tokens"].sum()) for r in range(4)]
+    recv = res.plan.num_recv_tokens().tolist()
+    assert pulled == recv and sum(recv) == sum(valid)
+    # L2 epilogues carry the valid rows of each pool block: each routed item written back once
+    for r in range(4):
+        l2e = res.trace.where(rank=r, role="epilogue", kind="l2_epilogue")
+        first_half = l2e["sm"] % 2 == 0
+        rows_per_nblock = {}
+        for e, m, n, tok in zip(l2e["expert"][first_half], l2e["m_block"][first_half],
+                                l2e["n_block"][first_half], l2e["tokens"][first_half]):
+            rows_per_nblock.setdefault(n, 0)
+            rows_per_nblock[n] += tok
+        assert all(v == recv[r] for v in rows_per_nblock.values())
+    combined = [int(res.trace.where(rank=r, kind="combine")["tokens"][0]) for r in range(4)]
+    assert combined == [40, 0, 17, 33]
+
+
+def test_zero_work_is_a_valid_result():
+    for sc in (Scenario(shape="deepseek-v4-flash", tokens_per_rank=0),
+               Scenario(shape="deepseek-v4-flash", tokens_per_rank=64, routing="masked:1.0")):
+        res = simulate(sc)
+        s = res.summary
+        assert s["tflops"] == 0.0 and sum(s["num_recv_tokens"]) == 0
+        assert s["time_us"] > 0 and len(res.trace.where(kind="l1_mma")) == 0
+
+
+def test_same_seed_same_result():
+    a = simulate(Scenario(shape="deepseek-v4-flash", num_ranks=2, tokens_per_rank=64, seed=5))
+    b = simulate(Scenario(shape="deepseek-v4-flash", num_ranks=2, tokens_per_rank=64, seed=5))
+    c = simulate(Scenario(shape="deepseek-v4-flash", num_ranks=2, tokens_per_rank=64, seed=6))
+    assert a.summary["time_us"] == b.summary["time_us"]
+    assert all((a.trace[k] == b.trace[k]).all() for k in a.trace.cols)
+    assert a.summary["time_us"] != c.summary["time_us"]
+
+
+def test_slower_nvlink_never_speeds_up():
+    sc = Scenario(shape="deepseek-v4-flash", num_ranks=8, tokens_per_rank=256)
+    hw = load_hardware("b200")
+    fast = simulate(sc, hw).summary["time_us"]
+    slow = simulate(sc, dataclasses.replace(hw, nvlink_gbs_per_direction=90.0)).summary["time_us"]
+    assert slow > fast * 1.2
+
+
+def test_validation_against_published_rows():
+    """Issue 2 target: every PR #316 row within 15% on time, median within 8%."""
+    rows = validate("b200")
+    v = verdict(rows)
+    assert v["max_abs_time_error"] <= 0.15 and v["median_abs_time_error"] <= 0.08, rows
