@@ -189,8 +189,9 @@ def encode_e2m1(x: torch.Tensor, rounding: str = "deepgemm") -> torch.Tensor:
         rounding: ``"deepgemm"`` (default) reproduces DeepGEMM's
             ``_quantize_to_fp4_e2m1`` (``deep_gemm/utils/math.py``, commit 891d57b:
             ``torch.bucketize`` on the midpoints, so a magnitude exactly on a midpoint
-            rounds *down* to the smaller magnitude, e.g. 0.75 -> 0.5, 5.0 -> 4); ``"rne"``
-            rounds to nearest with ties to the even code (0.75 -> 1.0, 5.0 -> 6.0, 0.25 -> 0).
+            rounds *down* to the smaller magnitude, e.g. 0.75 -> 0.5, 1.75 -> 1.5); ``"rne"``
+            rounds to nearest with ties to the even code (0.25 -> 0, 0.75 -> 1.0,
+            1.75 -> 2.0, 2.5 -> 2.0, 3.5 -> 4.0, 5.0 -> 4.0).
     Returns:
         ``uint8`` codes 0..15 of ``x``'s shape.  A result of magnitude 0 gets code 0 (never
         -0); NaN encodes as code 7 (+6), as DeepGEMM's bucketize does (E2M1 has no NaN).

@@ -1,0 +1,117 @@
+"""megamoe.layouts: kernel weight / scale layouts, against explicit index formulas."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from megamoe import layouts as L
+from megamoe.errors import InputError
+from megamoe.formats import pack_ue8m0, unpack_ue8m0
+
+
+def _ckpt(e=2, inter=128, h=256, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    rnd = lambda *s: torch.randint(0, 256, s, generator=g, dtype=torch.int32).to(torch.uint8)
+    return (rnd(e, 2 * inter, h // 2), rnd(e, 2 * inter, h // 32)), \
+           (rnd(e, h, inter // 2), rnd(e, h, inter // 32))
+
+
+def interleaved_source_row(q: int, inter: int) -> int:
+    """Checkpoint row that lands at interleaved row q: blocks of 16 = 8 gate + 8 up."""
+    blk, r = divmod(q, 16)
+    return blk * 8 + r if r < 8 else inter + blk * 8 + (r - 8)
+
+
+def utccp_source_row(r: int) -> int:
+    """Logical row stored at row r after the [4, 32] -> [32, 4] transpose."""
+    base, w = divmod(r, 128)
+    i, j = divmod(w, 4)
+    return base * 128 + 32 * j + i
+
+
+def test_interleave_gate_up_row_order():
+    inter = 16
+    t = torch.arange(2 * inter).reshape(1, 2 * inter, 1).expand(1, 2 * inter, 3).contiguous()
+    out = L.interleave_gate_up(t)
+    assert out[0, :, 0].tolist() == [interleaved_source_row(q, inter) for q in range(2 * inter)]
+    assert out[0, :, 0].tolist()[:16] == list(range(8)) + list(range(16, 24))
+    assert torch.equal(L.deinterleave_gate_up(out), t)
+
+
+def test_utccp_transpose_row_order_and_inverse():
+    sf = torch.arange(2 * 256 * 3, dtype=torch.int32).reshape(2, 256, 3)
+    out = L.utccp_transpose_sf(sf)
+    for r in range(256):
+        assert torch.equal(out[:, r], sf[:, utccp_source_row(r)])
+    assert torch.equal(L.utccp_untranspose_sf(out), sf)
+    # strides are preserved (an MN-major input stays MN-major)
+    mn = L.to_mn_major(sf)
+    assert L.is_mn_major(L.utccp_transpose_sf(mn))
+
+
+def test_mn_major_and_k_major():
+    sf = torch.arange(2 * 130 * 3, dtype=torch.int32).reshape(2, 130, 3)
+    mn = L.to_mn_major(sf)
+    assert torch.equal(mn, sf)
+    assert mn.stride(1) == 1 and mn.stride(2) == 132 and mn.stride(0) == 132 * 3  # 16-byte aligned
+    k = L.to_k_major(mn)
+    assert k.is_contiguous() and torch.equal(k, sf)
+    assert L.to_mn_major(sf[0]).stride() == (1, 132)
+
+
+def test_transform_for_mega_moe_matches_index_formulas_and_inverts():
+    (w1, s1), (w2, s2) = _ckpt()
+    inter, h = 128, 256
+    (w1t, s1t), (w2t, s2t) = L.transform_weights_for_mega_moe((w1, s1), (w2, s2))
+    assert w1t.dtype == torch.uint8 and s1t.dtype == torch.int32
+    assert s1t.shape == (2, 2 * inter, h // 128) and s2t.shape == (2, h, inter // 128)
+    assert L.is_mn_major(s1t) and L.is_mn_major(s2t)
+    for q in range(2 * inter):
+        assert torch.equal(w1t[:, q], w1[:, interleaved_source_row(q, inter)])
+    s1b = unpack_ue8m0(s1t.contiguous())
+    for r in range(2 * inter):
+        src = interleaved_source_row(utccp_source_row(r), inter)
+        assert torch.equal(s1b[:, r], s1[:, src])
+    s2b = unpack_ue8m0(s2t.contiguous())
+    for r in range(h):
+        assert torch.equal(s2b[:, r], s2[:, utccp_source_row(r)])
+    assert torch.equal(w2t, w2)
+    (a, b), (c, d) = L.untransform_weights_for_mega_moe((w1t, s1t), (w2t, s2t))
+    for x, y in ((a, w1), (b, s1), (c, w2), (d, s2)):
+        assert torch.equal(x, y)
+    # int8-typed weights (DeepGEMM's dtype) go through unchanged in type
+    (w1i, _), _ = L.transform_weights_for_mega_moe((w1.view(torch.int8), s1), (w2, s2))
+    assert w1i.dtype == torch.int8 and torch.equal(w1i.view(torch.uint8), w1t)
+
+
+def test_sm90_transform_round_trip():
+    (w1, s1), (w2, s2) = _ckpt(seed=1)
+    (w1t, s1t), (w2t, s2t) = L.transform_weights_for_sm90((w1, s1), (w2, s2))
+    assert s1t.dtype == torch.uint8 and s1t.is_contiguous()
+    assert torch.equal(s1t, L.interleave_gate_up(s1)) and torch.equal(w1t, L.interleave_gate_up(w1))
+    (a, b), (c, d) = L.untransform_weights_for_sm90((w1t, s1t), (w2t, s2t))
+    for x, y in ((a, w1), (b, s1), (c, w2), (d, s2)):
+        assert torch.equal(x, y)
+
+
+def test_pack_then_interleave_commutes():
+    _, s = _ckpt()[0]
+    assert torch.equal(pack_ue8m0(L.interleave_gate_up(s)), L.interleave_gate_up(pack_ue8m0(s)))
+
+
+def test_bad_inputs_name_the_tensor():
+    (w1, s1), (w2, s2) = _ckpt()
+    with pytest.raises(InputError, match=r"^l1_weights_sf: expected shape"):
+        L.transform_weights_for_mega_moe((w1, s1[:, :, :4]), (w2, s2))
+    with pytest.raises(InputError, match=r"^l2_weights: expected dtype"):
+        L.transform_weights_for_mega_moe((w1, s1), (w2.float(), s2))
+    with pytest.raises(InputError, match=r"^l1_weights: expected a contiguous tensor"):
+        L.transform_weights_for_mega_moe((w1.transpose(1, 2), s1), (w2, s2))
+    with pytest.raises(InputError, match=r"^sf: expected dim 1 \(MN\) a multiple of 128"):
+        L.utccp_transpose_sf(torch.zeros(1, 96, 2, dtype=torch.int32))
+    with pytest.raises(InputError, match=r"^t: expected dim 1"):
+        L.interleave_gate_up(torch.zeros(1, 24, 2))
+    with pytest.raises(InputError, match=r"^l1_weights: expected K = 2 \* shape\[2\] a multiple of 32"):
+        L.check_mxfp4_weights(torch.zeros(1, 32, 24, dtype=torch.uint8),
+                              torch.zeros(1, 32, 1, dtype=torch.uint8), "l1_weights")
