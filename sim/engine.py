@@ -110,7 +110,8 @@ class BandwidthCalendar:
 
     def _advance(self) -> None:
         used, lim, fu = self.used, self.cap * 0.999, self.full_until
-        while fu < len(used) and used[fu] >= lim:
+        n = len(used)
+        while fu < n and used[fu] >= lim:
             fu += 1
         self.full_until = fu
 
@@ -174,8 +175,9 @@ class _Engine:
             self.l1_done.append([[0.0] * pairs for _ in range(nb)])
             self.l1_left.append([pairs] * nb)
             self.l1_ev.append({})
-            self.touched_w.append(set())
-            self.touched_a.append(set())
+            e_loc = len(rp.recv_counts)
+            self.touched_w.append([False] * (3 * e_loc * max(rp.l1_n_blocks, rp.l2_n_blocks)))
+            self.touched_a.append([False] * (3 * (nb + 1)))
             frac = np.zeros((nb, R), dtype=np.int64)
             bm = rp.config.block_m
             for e in range(len(rp.recv_counts)):
@@ -303,6 +305,8 @@ class _Engine:
         epi_m2 = epi_m1 = t_ready  # epilogue ends of the two previous blocks (TMEM stages)
         hbm, egress, ingress = self.hbm[r], self.egress[r], self.ingress
         tw, ta = self.touched_w[r], self.touched_a[r]
+        nbw = max(rp.l1_n_blocks, rp.l2_n_blocks)
+        nbp = pbo[-1] + 1
         l1_done, l1_left, l1_ev = self.l1_done[r], self.l1_left[r], self.l1_ev[r]
         arrival, arrival_ev = self.arrival[r], self.arrival_ev[r]
         dsts = self.dst_lists[r]
@@ -345,13 +349,13 @@ class _Engine:
                 yield env.timeout(load_start - env.now)
             ktot = kb * bk
             first = 0.0
-            key = (phase, e, n)
-            if key not in tw:
-                tw.add(key)
+            key = (phase * len(tpe) + e) * nbw + n
+            if not tw[key]:
+                tw[key] = True
                 first += bn * ktot  # FP4 weights of both CTAs' n blocks
-            key = (phase, pb)
-            if key not in ta:
-                ta.add(key)
+            key = phase * nbp + pb
+            if not ta[key]:
+                ta[key] = True
                 first += valid_m * ktot * 1.03125  # FP8 activations + UE8M0 scales
             mma_end = mma_start + kb * t_k
             if first:
@@ -449,29 +453,41 @@ class _Engine:
         parts = [Trace.from_rows(np.asarray(self.rows, dtype=np.float64))] if self.rows else []
         if self.blocks:
             b = np.asarray(self.blocks, dtype=np.float64)
-            r, c, ph, e, m, n, w = (b[:, i] for i in range(7))
-            ls, ms, me, es, ee, dep, vm, first, free = (b[:, i] for i in range(7, 16))
+            i32 = lambda x: x.astype(np.int32)
+            r, c, ph, e, m, n, w = (i32(b[:, i]) for i in range(7))
+            ls, ms, me, es, ee, dep = (b[:, i] for i in range(7, 13))
+            vm, first, free = i32(b[:, 13]), b[:, 14], b[:, 15]
             l1 = ph == L1
-            load_kind = np.where(l1, KIND["l1_load"], KIND["l2_load"])
-            mma_kind = np.where(l1, KIND["l1_mma"], KIND["l2_mma"])
-            epi_kind = np.where(l1, KIND["l1_epilogue"], KIND["l2_epilogue"])
-            recs = []
+            load_kind = np.where(l1, KIND["l1_load"], KIND["l2_load"]).astype(np.int32)
+            mma_kind = np.where(l1, KIND["l1_mma"], KIND["l2_mma"]).astype(np.int32)
+            epi_kind = np.where(l1, KIND["l1_epilogue"], KIND["l2_epilogue"]).astype(np.int32)
+            # the loader sat idle on a dependency (chains 1 and 3) from `free` until `dep`
+            waited = dep > free + 1e-6
+            nb = (first / 2).astype(np.int64)
+            cols = {k: [] for k in ("rank", "sm", "role", "kind", "expert", "m_block", "n_block",
+                                    "wave", "t_start_ns", "t_end_ns", "bytes", "tokens")}
             for half in (0, 1):
-                sm = 2 * c + half
-                nn = n + half
-                for role, kind, t0, t1 in ((ROLE["tma_a"], load_kind, ls, me),
-                                           (ROLE["tma_b"], load_kind, ls, me),
-                                           (ROLE["mma"], mma_kind, ms, me),
-                                           (ROLE["epilogue"], epi_kind, es, ee)):
-                    recs.append(np.stack([r, sm, np.full_like(r, role), kind, e, m, nn, w, t0, t1,
-                                          first / 2, vm], axis=1))
-                # the loader sat idle on a dependency (chains 1 and 3) from `free` to `dep`
-                waited = dep > free + 1e-6
-                if waited.any():
-                    recs.append(np.stack([r, sm, np.full_like(r, ROLE["tma_a"]),
-                                          np.full_like(r, KIND["idle_wait"]), e, m, nn, w,
-                                          free, dep, np.zeros_like(r), vm], axis=1)[waited])
-            parts.append(Trace.from_rows(np.concatenate(recs)))
+                sm, nn = 2 * c + half, n + half
+                for role, kind, t0, t1, sel in ((ROLE["tma_a"], load_kind, ls, me, None),
+                                                (ROLE["tma_b"], load_kind, ls, me, None),
+                                                (ROLE["mma"], mma_kind, ms, me, None),
+                                                (ROLE["epilogue"], epi_kind, es, ee, None),
+                                                (ROLE["tma_a"], None, free, dep, waited)):
+                    pick = (lambda x: x) if sel is None else (lambda x, s=sel: x[s])
+                    k = pick(kind) if kind is not None else np.full(int(sel.sum()), KIND["idle_wait"], np.int32)
+                    cols["rank"].append(pick(r))
+                    cols["sm"].append(pick(sm))
+                    cols["role"].append(np.full(len(k), role, np.int32))
+                    cols["kind"].append(k)
+                    cols["expert"].append(pick(e))
+                    cols["m_block"].append(pick(m))
+                    cols["n_block"].append(pick(nn))
+                    cols["wave"].append(pick(w))
+                    cols["t_start_ns"].append(pick(t0))
+                    cols["t_end_ns"].append(pick(t1))
+                    cols["bytes"].append(pick(nb) if sel is None else np.zeros(len(k), np.int64))
+                    cols["tokens"].append(pick(vm))
+            parts.append(Trace({k: np.concatenate(v) for k, v in cols.items()}))
         return Trace.concat(parts) if parts else Trace.from_rows([])
 
 
