@@ -60,6 +60,9 @@ def add_scenario_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pool-tokens", type=_positive_int, default=None, help="pool (ring) capacity in tokens")
     g.add_argument("--num-stages", type=_positive_int, default=None)
     g.add_argument("--l2-wait", default="k_block", help="k_block (PR #304) | pool_block (PR #316)")
+    g.add_argument("--policy", action="append", default=[],
+                   help="scheduler policy: built-in name (fixed-waves:N, adaptive-waves, block-m:N, "
+                        "rank-by-rank, interleaved, ...), module:Class or file.py:Class; repeatable")
 
 
 def scenario_from_args(a: argparse.Namespace):
@@ -69,7 +72,7 @@ def scenario_from_args(a: argparse.Namespace):
                     max_tokens_per_rank=a.max_tokens, routing=a.routing, seed=a.seed,
                     hardware=a.hardware, design=a.design, experts_per_wave=a.experts_per_wave,
                     block_m=a.block_m, pool_tokens=a.pool_tokens, num_stages=a.num_stages,
-                    l2_wait=a.l2_wait, reserved_sms=a.reserved_sms)
+                    l2_wait=a.l2_wait, reserved_sms=a.reserved_sms, policies=a.policy)
 
 
 def _print_summary(res) -> None:

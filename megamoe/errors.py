@@ -21,8 +21,13 @@ class InputError(ValueError):
         self.field = field
         self.expected = expected
         self.got = got
-        super().__init__(f"{field}: expected {expected}, got {got!r}" if not isinstance(got, str)
-                         else f"{field}: expected {expected}, got {got}")
+        self.message = (f"{field}: expected {expected}, got {got!r}" if not isinstance(got, str)
+                        else f"{field}: expected {expected}, got {got}")
+        # args keep the three parts so copies (pickling, SimPy re-raising) rebuild the error
+        super().__init__(field, expected, got)
+
+    def __str__(self) -> str:
+        return self.message
 
 
 def require(cond: bool, field: str, expected: str, got: object) -> None:

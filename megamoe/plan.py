@@ -257,7 +257,10 @@ class RankPlan:
     num_sms: int = 0
     l1_n_blocks: int = 0
     l2_n_blocks: int = 0
+    pull_policy: object = field(default=None, repr=False)
+    scheduler: object = field(default=None, repr=False)
     _blocks: np.ndarray | None = field(default=None, repr=False)
+    _orders: dict = field(default_factory=dict, repr=False)
 
     @property
     def tokens_per_expert(self) -> np.ndarray:
@@ -279,32 +282,21 @@ class RankPlan:
         return ceil_div(len(self.recv_counts), self.experts_per_wave)
 
     def blocks(self) -> np.ndarray:
-        """The rank's global block list (``MegaMoEScheduler`` order).
+        """The rank's global block list (``MegaMoEScheduler`` order unless a scheduler policy
+        replaces it).
 
         Returns:
             int32 ``[N, 5]`` rows ``(phase, local expert, m block, n block, wave)``, phase 1 = L1,
             2 = L2.  SM ``s`` executes rows ``s, s + S, s + 2S, ...`` (see :meth:`sm_blocks`).
         """
-        if self._blocks is not None:
-            return self._blocks
-        mb = self.m_blocks_per_expert
-        parts = []
-        e_local = len(mb)
-        for w in range(self.num_waves):
-            experts = range(w * self.experts_per_wave, min((w + 1) * self.experts_per_wave, e_local))
-            for phase, nb in ((L1, self.l1_n_blocks), (L2, self.l2_n_blocks)):
-                for e in experts:
-                    m = int(mb[e])
-                    if m == 0:
-                        continue
-                    rows = np.empty((m * nb, 5), dtype=np.int32)
-                    rows[:, 0] = phase
-                    rows[:, 1] = e
-                    rows[:, 2] = np.repeat(np.arange(m), nb)
-                    rows[:, 3] = np.tile(np.arange(nb), m)
-                    rows[:, 4] = w
-                    parts.append(rows)
-        self._blocks = np.concatenate(parts) if parts else np.zeros((0, 5), dtype=np.int32)
+        if self._blocks is None:
+            from .policies import ScheduleContext, WaveScheduler, call_block_list
+
+            ctx = ScheduleContext(self.m_blocks_per_expert, self.l1_n_blocks, self.l2_n_blocks,
+                                  self.experts_per_wave, self.num_sms)
+            ref = WaveScheduler().block_list(ctx)
+            self._blocks = ref if self.scheduler is None else call_block_list(
+                self.scheduler, ctx, ref, pairs=self.config.cluster_size == 2)
         return self._blocks
 
     def sm_blocks(self, sm: int) -> np.ndarray:
@@ -313,8 +305,16 @@ class RankPlan:
         return self.blocks()[sm::self.num_sms]
 
     def pull_order(self, expert: int) -> np.ndarray:
-        """Round-robin min-remaining order of local expert ``expert`` (see :func:`pull_order`)."""
-        return pull_order(self.recv_counts[expert])
+        """Pull order of local expert ``expert``: round-robin min-remaining (see
+        :func:`pull_order`) unless a pull-order policy replaces it."""
+        if expert not in self._orders:
+            if self.pull_policy is None:
+                self._orders[expert] = pull_order(self.recv_counts[expert])
+            else:
+                from .policies import call_pull_order
+
+                self._orders[expert] = call_pull_order(self.pull_policy, self.recv_counts[expert])
+        return self._orders[expert]
 
     def pool_sources(self, expert: int) -> np.ndarray:
         """int64 ``[n, 3]``: ``(source rank, token, slot)`` of each pool row of ``expert``, in
@@ -357,6 +357,7 @@ class Plan:
     bytes_per_pull: int
     l2_wait: str
     ranks: list[RankPlan]
+    policies: dict = field(default_factory=dict)
 
     @property
     def experts_per_rank(self) -> int:
@@ -370,7 +371,8 @@ class Plan:
         """Every plan number as plain JSON types (per-rank arrays summarised)."""
         out = {k: getattr(self, k) for k in ("design", "num_experts", "top_k", "hidden",
                                              "intermediate", "num_ranks", "max_tokens_per_rank",
-                                             "num_sms", "pool_tokens", "bytes_per_pull", "l2_wait")}
+                                             "num_sms", "pool_tokens", "bytes_per_pull", "l2_wait",
+                                             "policies")}
         out["experts_per_rank"] = self.experts_per_rank
         out["ranks"] = [{
             "rank": r.rank, "num_tokens": r.num_tokens, **asdict(r.config),
@@ -417,7 +419,7 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
                num_sms: int, smem_capacity: int = SM100_SMEM_CAPACITY,
                design: str = "deepgemm-sm100", experts_per_wave: int | None = None,
                block_m: int | None = None, pool_tokens: int | None = None,
-               num_stages: int | None = None, l2_wait: str = "k_block") -> Plan:
+               num_stages: int | None = None, l2_wait: str = "k_block", policies=None) -> Plan:
     """Make every scheduling decision for one call.
 
     Args:
@@ -431,6 +433,8 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
         design: ``deepgemm-sm100`` or ``megamoe-sm90``.
         experts_per_wave, block_m, pool_tokens, num_stages: overrides of the heuristics.
         l2_wait: ``k_block`` or ``pool_block`` (see :class:`Plan`).
+        policies: :class:`megamoe.policies.Policies` replacing reference heuristics (the
+            explicit overrides above still win).
 
     Raises:
         InputError: any inconsistent input (named field, expected, got).
@@ -449,7 +453,7 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
             num_experts=num_experts, top_k=top_k, hidden=hidden, intermediate=intermediate,
             num_ranks=num_ranks, tokens_per_rank=tokens_per_rank,
             max_tokens_per_rank=max_tokens_per_rank, topk_idx=topk_idx, num_sms=num_sms,
-            experts_per_wave=experts_per_wave, block_m=block_m, l2_wait=l2_wait)
+            experts_per_wave=experts_per_wave, block_m=block_m, l2_wait=l2_wait, policies=policies)
     require(design == "deepgemm-sm100", "design", "deepgemm-sm100 or megamoe-sm90", design)
     require(num_sms % 2 == 0, "num_sms", "an even number (2-CTA clusters)", num_sms)
     require((2 * intermediate) % 256 == 0 and hidden % 256 == 0, "shape",
@@ -460,15 +464,31 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
     require(cap > 0, "pool_tokens", "> 0", cap)
     pull = bytes_per_pull(hidden)
     counts, items = route_to_ranks(topk_idx, num_experts, num_ranks)
+    from .policies import BlockContext, Policies, WaveContext, call_block_config, call_wave
+
+    pol = policies or Policies()
     ranks = []
     for r in range(num_ranks):
-        cfg = sm100_block_config(tokens_per_rank[r], num_ranks, top_k, num_experts, block_m)
+        tpe = counts[r].sum(axis=1)
+        if pol.block_config is not None and block_m is None:
+            cfg = call_block_config(pol.block_config, BlockContext(
+                tokens_per_rank[r], num_ranks, top_k, num_experts, hidden, intermediate, tpe))
+        else:
+            cfg = sm100_block_config(tokens_per_rank[r], num_ranks, top_k, num_experts, block_m)
         require(intermediate % cfg.block_k == 0 and hidden % cfg.block_k == 0, "shape",
                 f"hidden and intermediate multiples of block_k {cfg.block_k}",
                 f"hidden {hidden}, intermediate {intermediate}")
         epw = sm100_experts_per_wave(e_local, tokens_per_rank[r], top_k, intermediate,
                                      cfg.block_m, cfg.block_n, num_sms, cap,
                                      max_tokens_per_rank, num_ranks)
+        if pol.wave is not None:
+            max_epw = e_local
+            while max_epw > 1 and wave_pool_tokens(num_ranks, top_k, max_tokens_per_rank, max_epw,
+                                                   cfg.block_m) > cap:
+                max_epw -= 1
+            epw = call_wave(pol.wave, WaveContext(
+                e_local, tokens_per_rank[r], top_k, hidden, intermediate, cfg.block_m, cfg.block_n,
+                num_sms, cap, max_tokens_per_rank, num_ranks, tpe, max_epw))
         if experts_per_wave is not None:
             require(1 <= experts_per_wave <= e_local, "experts_per_wave",
                     f"in [1, {e_local}] (local experts)", experts_per_wave)
@@ -480,7 +500,8 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
         rp = RankPlan(rank=r, num_tokens=tokens_per_rank[r], config=cfg, experts_per_wave=epw,
                       num_stages=stages, smem_bytes=smem, recv_counts=counts[r], src_items=items[r],
                       num_sms=num_sms, l1_n_blocks=2 * intermediate // cfg.block_n,
-                      l2_n_blocks=hidden // cfg.block_n)
+                      l2_n_blocks=hidden // cfg.block_n, pull_policy=pol.pull_order,
+                      scheduler=pol.scheduler)
         used = int(rp.pool_block_offset[-1]) * cfg.block_m
         if pool_tokens is None:
             assert used <= cap, (used, cap)  # guaranteed by the capacity formula
@@ -488,4 +509,4 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
     return Plan(design=design, num_experts=num_experts, top_k=top_k, hidden=hidden,
                 intermediate=intermediate, num_ranks=num_ranks,
                 max_tokens_per_rank=max_tokens_per_rank, num_sms=num_sms, pool_tokens=cap,
-                bytes_per_pull=pull, l2_wait=l2_wait, ranks=ranks)
+                bytes_per_pull=pull, l2_wait=l2_wait, ranks=ranks, policies=pol.names())

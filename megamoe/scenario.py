@@ -35,6 +35,8 @@ class Scenario:
         experts_per_wave, block_m, pool_tokens, num_stages: plan overrides (None = heuristic).
         l2_wait: ``k_block`` (PR #304) or ``pool_block`` (PR #316).
         reserved_sms: SMs taken away from the kernel (e.g. for a shared expert).
+        policies: policy specs or objects (:mod:`megamoe.policies`) replacing reference
+            heuristics: built-in names, ``module:Class``, ``file.py:Class``.
         topk_idx: explicit ids per rank (Python API; overrides ``routing``).
 
     Raises:
@@ -55,6 +57,7 @@ class Scenario:
     num_stages: int | None = None
     l2_wait: str = "k_block"
     reserved_sms: int = 0
+    policies: list = field(default_factory=list)
     topk_idx: list[np.ndarray] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -82,6 +85,9 @@ class Scenario:
         require(max(toks) <= self.max_tokens_per_rank, "tokens",
                 f"<= max_tokens ({self.max_tokens_per_rank})", max(toks))
         require(self.reserved_sms >= 0, "reserved_sms", ">= 0", self.reserved_sms)
+        from .policies import policies_from_specs
+
+        self._policies = policies_from_specs(self.policies)
         for name in ("experts_per_wave", "block_m", "pool_tokens", "num_stages"):
             v = getattr(self, name)
             require(v is None or (isinstance(v, int) and v >= 1), name, "a positive integer", v)
@@ -117,7 +123,8 @@ class Scenario:
                           topk_idx=self.routing_ids(), num_sms=usable, smem_capacity=smem_capacity,
                           design=self.design, experts_per_wave=self.experts_per_wave,
                           block_m=self.block_m, pool_tokens=self.pool_tokens,
-                          num_stages=self.num_stages, l2_wait=self.l2_wait)
+                          num_stages=self.num_stages, l2_wait=self.l2_wait,
+                          policies=self._policies)
 
     def to_dict(self) -> dict:
         """Every input as plain JSON types."""
@@ -130,4 +137,5 @@ class Scenario:
             "design": self.design, "experts_per_wave": self.experts_per_wave,
             "block_m": self.block_m, "pool_tokens": self.pool_tokens, "num_stages": self.num_stages,
             "l2_wait": self.l2_wait, "reserved_sms": self.reserved_sms,
+            "policies": self._policies.names(),
         }

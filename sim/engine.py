@@ -508,6 +508,8 @@ def simulate(scenario: Scenario, hardware: Hardware | None = None) -> SimResult:
 
     hw = hardware if hardware is not None else load_hardware(scenario.hardware)
     plan = scenario.plan(hw.num_sms, hw.smem_per_block_bytes)
+    for rp in plan.ranks:  # run (and check) scheduler policies before the simulation
+        rp.blocks()
     eng = _Engine(plan, hw)
     end, t_red = eng.run(scenario.routing_ids())
     res = SimResult(scenario=scenario, hardware=hw, plan=plan, trace=eng.trace(), rank_end_ns=end,

@@ -1,0 +1,88 @@
+"""Scheduler policies: built-ins pinned by hand, user files through --policy, bad policies."""
+
+import json
+
+import numpy as np
+import pytest
+
+from megamoe import plan as P
+from megamoe.cli import main
+from megamoe.errors import InputError
+from megamoe.policies import (AdaptiveWaves, InterleavedScheduler, RankByRankPull, ScheduleContext,
+                              WaveContext, policies_from_specs)
+from megamoe.scenario import Scenario
+from sim import simulate
+
+
+def test_rank_by_rank_order():
+    assert RankByRankPull().pull_order(np.array([2, 0, 3])).tolist() == [
+        [0, 0], [0, 1], [2, 0], [2, 1], [2, 2]]
+
+
+def test_interleaved_order_by_hand():
+    ctx = ScheduleContext(np.array([1, 2, 1]), l1_n_blocks=2, l2_n_blocks=2, experts_per_wave=3, num_sms=4)
+    rows = [tuple(r[:4]) for r in InterleavedScheduler().block_list(ctx).tolist()]
+    L1, L2 = 1, 2
+    assert rows == [(L1, 0, 0, 0), (L1, 0, 0, 1),
+                    (L1, 1, 0, 0), (L1, 1, 0, 1), (L1, 1, 1, 0), (L1, 1, 1, 1),
+                    (L2, 0, 0, 0), (L2, 0, 0, 1),
+                    (L1, 2, 0, 0), (L1, 2, 0, 1),
+                    (L2, 1, 0, 0), (L2, 1, 0, 1), (L2, 1, 1, 0), (L2, 1, 1, 1),
+                    (L2, 2, 0, 0), (L2, 2, 0, 1)]
+
+
+def test_adaptive_waves_uses_actual_counts():
+    # 4 experts with 1,1,6,6 m blocks (block_m 16), 2 L1 n blocks each, 8 SMs:
+    # epw=1 -> waves of 2,2,12,12 blocks (min 2 < 8); epw=2 -> 4, 24 (min 4); epw=3 -> one full
+    # wave of 1+1+6=8 blocks x2 = 16 >= 8 -> 3
+    tpe = np.array([16, 16, 96, 96])
+    ctx = WaveContext(4, 56, 1, 256, 128, 16, 128, 8, 10**6, 64, 1, tpe, 4)
+    assert AdaptiveWaves().experts_per_wave(ctx) == 3
+
+
+def test_policies_change_the_plan_and_the_simulation():
+    base = Scenario(shape="deepseek-v4-flash", num_ranks=8, tokens_per_rank=128)
+    other = Scenario(shape="deepseek-v4-flash", num_ranks=8, tokens_per_rank=128,
+                     policies=["fixed-waves:2", "rank-by-rank"])
+    pb, po = base.plan(148, P.SM100_SMEM_CAPACITY), other.plan(148, P.SM100_SMEM_CAPACITY)
+    assert pb.ranks[0].experts_per_wave != 2 and po.ranks[0].experts_per_wave == 2
+    assert po.ranks[0].pull_order(0).tolist() == RankByRankPull().pull_order(po.ranks[0].recv_counts[0]).tolist()
+    assert simulate(other).summary["time_us"] != simulate(base).summary["time_us"]
+
+
+def test_user_policy_file_through_cli(tmp_path):
+    f = tmp_path / "my_policy.py"
+    f.write_text(
+        "class TwoPerWave:\n"
+        "    name = 'two-per-wave'\n"
+        "    def experts_per_wave(self, ctx):\n"
+        "        return 2\n")
+    out = tmp_path / "o.json"
+    rc = main(["simulate", "--shape", "deepseek-v4-flash", "--tokens", "32", "--policy",
+               f"{f}:TwoPerWave", "--json", str(out)])
+    assert rc == 0
+    d = json.loads(out.read_text())
+    assert d["plan"]["policies"] == {"wave": "two-per-wave"}
+    assert all(r["experts_per_wave"] == 2 for r in d["plan"]["ranks"])
+
+
+@pytest.mark.parametrize("body,msg", [
+    ("    def experts_per_wave(self, ctx):\n        return 'two'\n", "Bad.experts_per_wave: expected an int"),
+    ("    def experts_per_wave(self, ctx):\n        return 10**6\n", "Bad.experts_per_wave: expected in [1, 32]"),
+    ("    def pull_order(self, counts):\n        import numpy as np\n        return np.zeros((1, 2), dtype=np.int64)\n",
+     "Bad.pull_order: expected shape"),
+    ("    def block_list(self, ctx):\n        import numpy as np\n        return np.zeros((0, 5), dtype=np.int32)\n",
+     "Bad.block_list: expected every (phase, expert, m, n) block exactly once"),
+    ("    pass\n", "policy Bad: expected a method"),
+])
+def test_bad_policies_name_policy_and_method(tmp_path, body, msg):
+    f = tmp_path / "bad.py"
+    f.write_text("class Bad:\n" + body)
+    with pytest.raises(InputError) as ei:
+        simulate(Scenario(shape="deepseek-v4-flash", tokens_per_rank=64, policies=[f"{f}:Bad"]))
+    assert msg in str(ei.value)
+
+
+def test_two_policies_of_one_kind_rejected():
+    with pytest.raises(InputError, match="one wave policy"):
+        policies_from_specs(["fixed-waves:2", "adaptive-waves"])
