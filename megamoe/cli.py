@@ -160,6 +160,32 @@ def cmd_validate(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(a: argparse.Namespace) -> int:
+    from sim.sweep import parse_values, sweep
+
+    axes = {}
+    for item in a.set:
+        axis, sep, vals = item.partition("=")
+        if not sep:
+            raise InputError("--set", "AXIS=VALUES (e.g. tokens=1,8,64 or experts_per_wave=1:8)", item)
+        axes[axis] = parse_values(axis, vals)
+    if not axes:
+        raise InputError("--set", "at least one AXIS=VALUES", "none")
+    base = scenario_from_args(a)  # validates the shared fields once
+    kw = {"shape": base.shape, "num_ranks": base.num_ranks, "tokens_per_rank": base.tokens_per_rank,
+          "max_tokens_per_rank": a.max_tokens, "routing": base.routing, "seed": base.seed,
+          "hardware": base.hardware, "design": base.design, "experts_per_wave": base.experts_per_wave,
+          "block_m": base.block_m, "pool_tokens": base.pool_tokens, "num_stages": base.num_stages,
+          "l2_wait": base.l2_wait, "reserved_sms": base.reserved_sms, "policies": list(a.policy)}
+    rows = sweep(axes, kw, a.out, jobs=a.jobs, resume=not a.no_resume, address=a.address)
+    bad = [r for r in rows if r["error"]]
+    print(f"{len(rows)} points ({len(bad)} invalid) -> {a.out}/results.csv, results.parquet, "
+          f"time_us_vs_<axis>.png")
+    if bad:
+        print(f"first invalid point: {bad[0]['error']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="megamoe", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", parser_class=_Parser)
@@ -171,6 +197,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--trace-npz", help="write the full trace as columnar NPZ")
     s.add_argument("--plot", help="write a timeline PNG")
     s.set_defaults(func=cmd_simulate)
+    w = sub.add_parser("sweep", help="simulate a grid of scenario / plan / hardware choices")
+    add_scenario_args(w)
+    w.add_argument("--set", action="append", default=[], metavar="AXIS=VALUES",
+                   help="swept axis: tokens, ranks, experts_per_wave, block_m, reserved_sms, routing, "
+                        "policy, nvlink_scale, hbm_scale, ... with a,b,c or start:stop[:step]; repeatable")
+    w.add_argument("--out", default="sweep-out", help="output folder (default sweep-out)")
+    w.add_argument("--jobs", type=_positive_int, default=None, help="local worker processes")
+    w.add_argument("--no-resume", action="store_true", help="ignore points.jsonl from an earlier run")
+    w.add_argument("--address", help="Dask (tcp://host:port) or Ray (ray://host:port) cluster address")
+    w.set_defaults(func=cmd_sweep)
     v = sub.add_parser("validate", help="simulator vs DeepGEMM PR #316 published rows")
     v.add_argument("--hardware", default="b200")
     v.add_argument("--seed", type=int, default=0)

@@ -1,0 +1,259 @@
+"""``megamoe sweep``: the simulator over a grid of scenario / plan / hardware choices.
+
+Axes are scenario fields (``tokens``, ``ranks``, ``shape``, ``routing``, ``seed``,
+``hardware``, ``design``, ``experts_per_wave``, ``block_m``, ``pool_tokens``, ``num_stages``,
+``l2_wait``, ``reserved_sms``, ``max_tokens``), ``policy`` (one policy spec per point; join
+several with ``+``), or hardware scale factors ``<figure>_scale`` (e.g. ``nvlink_gbs_per_direction_scale``,
+with the short forms ``nvlink_scale``, ``hbm_scale``, ``tc_scale``).  Values: ``a,b,c`` or an
+inclusive integer range ``start:stop[:step]``.  The grid is the Cartesian product.
+
+Runs in parallel over local cores (``concurrent.futures``) with a progress bar, appends
+every finished point to ``points.jsonl`` (so an interrupted sweep resumes where it stopped),
+and writes ``results.csv``, ``results.parquet`` and one PNG per swept axis (mean predicted
+time against the axis, other axes averaged).  ``address`` runs the points on a Dask
+(``tcp://...``) or Ray (``ray://...``) cluster instead (those packages are optional).
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import os
+from concurrent.futures import ProcessPoolExecutor, as_completed
+
+from megamoe.errors import InputError, require
+
+SCENARIO_AXES = {"tokens": "tokens_per_rank", "ranks": "num_ranks", "shape": "shape", "routing": "routing",
+                 "seed": "seed", "hardware": "hardware", "design": "design",
+                 "experts_per_wave": "experts_per_wave", "block_m": "block_m", "pool_tokens": "pool_tokens",
+                 "num_stages": "num_stages", "l2_wait": "l2_wait", "reserved_sms": "reserved_sms",
+                 "max_tokens": "max_tokens_per_rank"}
+SCALE_ALIASES = {"nvlink_scale": "nvlink_gbs_per_direction", "hbm_scale": "hbm_gbs",
+                 "tc_scale": "fp8_dense_tflops"}
+INT_AXES = {"tokens", "ranks", "seed", "experts_per_wave", "block_m", "pool_tokens", "num_stages",
+            "reserved_sms", "max_tokens"}
+RESULT_KEYS = ("time_us", "tflops", "hbm_gbs", "nvlink_gbs", "t_reduction_us", "overlap_efficiency",
+               "speedup_vs_legacy")
+
+
+def parse_values(axis: str, text: str) -> list:
+    """Values of one axis from ``a,b,c`` or ``start:stop[:step]`` (inclusive, integers).
+
+    Raises:
+        InputError: unknown axis, bad number, empty range.
+    """
+    known = axis in SCENARIO_AXES or axis == "policy" or axis in SCALE_ALIASES or axis.endswith("_scale")
+    require(known, "sweep axis", f"one of {', '.join([*SCENARIO_AXES, 'policy', *SCALE_ALIASES])} "
+            "or <hardware figure>_scale", axis)
+    numeric = axis in INT_AXES
+    if numeric and ":" in text and "," not in text:
+        parts = text.split(":")
+        try:
+            nums = [int(p) for p in parts]
+        except ValueError:
+            raise InputError(f"sweep.{axis}", "start:stop[:step] integers", text) from None
+        require(len(nums) in (2, 3) and (len(nums) == 2 or nums[2] > 0), f"sweep.{axis}",
+                "start:stop[:step] with step > 0", text)
+        vals = list(range(nums[0], nums[1] + 1, nums[2] if len(nums) == 3 else 1))
+        require(bool(vals), f"sweep.{axis}", "a non-empty range", text)
+        return vals
+    vals = [v for v in text.split(",") if v != ""]
+    require(bool(vals), f"sweep.{axis}", "at least one value", text)
+    if numeric:
+        try:
+            return [int(v) for v in vals]
+        except ValueError:
+            raise InputError(f"sweep.{axis}", "integers", text) from None
+    if axis.endswith("_scale") or axis in SCALE_ALIASES:
+        try:
+            out = [float(v) for v in vals]
+        except ValueError:
+            raise InputError(f"sweep.{axis}", "numbers", text) from None
+        require(all(v > 0 for v in out), f"sweep.{axis}", "factors > 0", text)
+        return out
+    return vals
+
+
+def grid(axes: dict[str, list]) -> list[dict]:
+    """Cartesian product of the axes, as a list of point dicts (first axis slowest)."""
+    names = list(axes)
+    return [dict(zip(names, combo)) for combo in itertools.product(*(axes[n] for n in names))]
+
+
+def point_key(point: dict) -> str:
+    return json.dumps(point, sort_keys=True)
+
+
+def run_point(point: dict, base: dict) -> dict:
+    """Simulate one point; never raises for bad combinations (the row carries ``error``)."""
+    from megamoe.scenario import Scenario
+
+    from .engine import simulate
+    from .hardware import load_hardware
+
+    kw = dict(base)
+    scales = {}
+    for axis, v in point.items():
+        if axis in SCENARIO_AXES:
+            kw[SCENARIO_AXES[axis]] = v
+        elif axis == "policy":
+            kw["policies"] = list(kw.get("policies", [])) + [p for p in str(v).split("+") if p]
+        else:
+            scales[SCALE_ALIASES.get(axis, axis[: -len("_scale")])] = v
+    row = {**point, **{k: None for k in RESULT_KEYS}, "experts_per_wave_r0": None, "block_m_r0": None,
+           "error": ""}
+    try:
+        sc = Scenario(**kw)
+        hw = load_hardware(sc.hardware)
+        if scales:
+            hw = hw.scaled(**scales)
+        res = simulate(sc, hw)
+        for k in RESULT_KEYS:
+            row[k] = res.summary[k]
+        row["experts_per_wave_r0"] = res.plan.ranks[0].experts_per_wave
+        row["block_m_r0"] = res.plan.ranks[0].config.block_m
+    except InputError as exc:
+        row["error"] = str(exc)
+    return row
+
+
+def _executor_map(points, base, jobs, address):
+    """Yield result rows as they finish (local processes, Dask or Ray)."""
+    if address:
+        if address.startswith("ray://") or address == "ray":
+            try:
+                import ray
+            except ImportError:
+                raise InputError("sweep.address", "the 'ray' package installed for a ray:// address",
+                                 address) from None
+            ray.init(address=None if address == "ray" else address, ignore_reinit_error=True)
+            remote = ray.remote(run_point)
+            refs = [remote.remote(p, base) for p in points]
+            while refs:
+                done, refs = ray.wait(refs, num_returns=1)
+                yield ray.get(done[0])
+            return
+        try:
+            from dask.distributed import Client, as_completed as dask_completed
+        except ImportError:
+            raise InputError("sweep.address", "the 'dask[distributed]' package installed for a Dask address",
+                             address) from None
+        client = Client(address)
+        try:
+            futures = client.map(run_point, points, base=base, pure=False)
+            for fut in dask_completed(futures):
+                yield fut.result()
+        finally:
+            client.close()
+        return
+    if jobs <= 1:
+        for p in points:
+            yield run_point(p, base)
+        return
+    with ProcessPoolExecutor(max_workers=jobs) as ex:
+        futs = [ex.submit(run_point, p, base) for p in points]
+        for f in as_completed(futs):
+            yield f.result()
+
+
+def sweep(axes: dict[str, list], base: dict, out_dir: str, jobs: int | None = None,
+          resume: bool = True, address: str | None = None, progress: bool = True) -> list[dict]:
+    """Run the grid; returns all rows (old ones from ``points.jsonl`` included when resuming).
+
+    Args:
+        axes: axis name -> values (see :func:`parse_values`).
+        base: :class:`megamoe.scenario.Scenario` keyword arguments shared by every point.
+        out_dir: folder for ``points.jsonl``, ``results.csv``, ``results.parquet``, PNGs.
+        jobs: local worker processes (default: CPU count).
+        resume: skip points already in ``points.jsonl``.
+        address: Dask scheduler (``tcp://host:port``) or Ray (``ray://host:port``) address.
+    """
+    os.makedirs(out_dir, exist_ok=True)
+    log = os.path.join(out_dir, "points.jsonl")
+    points = grid(axes)
+    done: dict[str, dict] = {}
+    if resume and os.path.exists(log):
+        with open(log) as f:
+            for line in f:
+                line = line.strip()
+                if line:
+                    row = json.loads(line)
+                    done[row.pop("_key")] = row
+    elif os.path.exists(log):
+        os.remove(log)
+    todo = [p for p in points if point_key(p) not in done]
+    jobs = jobs or os.cpu_count() or 1
+    rows_iter = _executor_map(todo, base, jobs, address)
+    if progress and todo:
+        from rich.progress import Progress
+
+        with Progress(transient=False) as bar, open(log, "a") as f:
+            task = bar.add_task(f"sweep ({len(done)} resumed)", total=len(todo))
+            for row in rows_iter:
+                done[point_key({k: row[k] for k in axes})] = row
+                f.write(json.dumps({"_key": point_key({k: row[k] for k in axes}), **row}) + "\n")
+                f.flush()
+                bar.advance(task)
+    else:
+        with open(log, "a") as f:
+            for row in rows_iter:
+                done[point_key({k: row[k] for k in axes})] = row
+                f.write(json.dumps({"_key": point_key({k: row[k] for k in axes}), **row}) + "\n")
+    rows = [done[point_key(p)] for p in points if point_key(p) in done]
+    write_outputs(rows, list(axes), out_dir)
+    return rows
+
+
+def write_outputs(rows: list[dict], axis_names: list[str], out_dir: str) -> None:
+    """``results.csv``, ``results.parquet`` (pandas + pyarrow) and ``time_us_vs_<axis>.png``."""
+    if not rows:
+        return
+    cols = list(rows[0])
+    with open(os.path.join(out_dir, "results.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        w.writerows(rows)
+    try:
+        import pandas as pd
+
+        df = pd.DataFrame(rows)
+        for c in axis_names:
+            if df[c].map(type).nunique() > 1:
+                df[c] = df[c].astype(str)
+        df.to_parquet(os.path.join(out_dir, "results.parquet"), index=False)
+    except ImportError:  # pragma: no cover - the analysis extra is missing
+        df = None
+    plot_axes(rows, axis_names, out_dir)
+
+
+def plot_axes(rows: list[dict], axis_names: list[str], out_dir: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if r["time_us"] is not None]
+    for axis in axis_names:
+        vals = []
+        for r in ok:
+            if r[axis] not in vals:
+                vals.append(r[axis])
+        means = [sum(r["time_us"] for r in ok if r[axis] == v) / max(1, sum(1 for r in ok if r[axis] == v))
+                 for v in vals]
+        fig, ax = plt.subplots(figsize=(6, 3.6))
+        numeric = all(isinstance(v, (int, float)) for v in vals)
+        xs = vals if numeric else list(range(len(vals)))
+        ax.plot(xs, means, marker="o")
+        if not numeric:
+            ax.set_xticks(xs)
+            ax.set_xticklabels([str(v) for v in vals], rotation=20, fontsize=8)
+        if numeric and len(vals) > 2 and min(vals) > 0 and max(vals) / min(vals) > 50:
+            ax.set_xscale("log")
+        ax.set_xlabel(axis)
+        ax.set_ylabel("predicted time (us)" + (" (mean over other axes)" if len(axis_names) > 1 else ""))
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, f"time_us_vs_{axis}.png"), dpi=100)
+        plt.close(fig)
+
