@@ -58,3 +58,23 @@ def test_cli_sweep_and_bad_set(tmp_path, capsys):
     assert len(rows) == 4
     assert main(["sweep", "--set", "tokens"]) == 2
     assert "--set: expected AXIS=VALUES" in capsys.readouterr().err
+
+
+def test_sweep_on_a_dask_cluster_address(tmp_path):
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                                  dashboard_address=None) as cluster:
+        rows = sweep({"tokens": [4, 32]}, BASE, str(tmp_path), address=cluster.scheduler_address,
+                     progress=False)
+    local = sweep({"tokens": [4, 32]}, BASE, str(tmp_path / "local"), jobs=1, progress=False)
+    assert [r["time_us"] for r in rows] == [r["time_us"] for r in local]
+
+
+def test_missing_cluster_package_is_a_clear_error(tmp_path):
+    try:
+        import ray  # noqa: F401
+        pytest.skip("ray is installed")
+    except ImportError:
+        pass
+    with pytest.raises(InputError, match="sweep.address: expected the 'ray' package"):
+        sweep({"tokens": [4]}, BASE, str(tmp_path), address="ray://127.0.0.1:1", progress=False)
