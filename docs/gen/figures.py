@@ -1,0 +1,735 @@
+"""Figures, tables and the interactive timeline of the documentation site, made from the code.
+
+Everything here is computed at build time from ``megamoe`` (plan, shapes, formats, layouts)
+and from the simulator (``sim``); nothing is a hand-drawn image.  The mkdocs hook
+(``docs/hooks/megamoe_docs.py``) calls :func:`generate` once per build and serves the
+results as generated files; ``python docs/gen/figures.py OUTDIR`` writes them to a folder
+for inspection.
+
+:func:`generate` returns ``(files, snippets)``: ``files`` maps a site path
+(``generated/...``) to bytes, ``snippets`` maps a marker name to Markdown that replaces
+``<!-- gen:NAME -->`` in the pages.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.patches import Patch, Rectangle  # noqa: E402
+
+from megamoe import plan as P  # noqa: E402
+from megamoe.scenario import Scenario  # noqa: E402
+from megamoe.trace import KIND, KINDS, ROLE  # noqa: E402
+
+DPI = 90
+RANK_COLORS = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7")
+
+# The small scenario every page figure uses (keeps the build fast: ~1 s of simulation).
+SMALL = dict(shape="deepseek-v4-flash", num_ranks=8, tokens_per_rank=512, hardware="b200", seed=0)
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _md_table(header: list[str], rows: list[list], align: str | None = None) -> str:
+    align = align or "l" + "r" * (len(header) - 1)
+    sep = ["---:" if a == "r" else ":---:" if a == "c" else "---" for a in align]
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(sep) + " |"]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+class Gen:
+    """Collects generated files and snippets; caches simulations."""
+
+    def __init__(self, log=print):
+        self.files: dict[str, bytes] = {}
+        self.snippets: dict[str, str] = {}
+        self.log = log
+        self._sims: dict[tuple, object] = {}
+        self.timings: dict[str, float] = {}
+
+    def sim(self, **kw):
+        from sim.engine import simulate
+
+        key = tuple(sorted(kw.items()))
+        if key not in self._sims:
+            self._sims[key] = simulate(Scenario(**kw))
+        return self._sims[key]
+
+    def small(self, **over):
+        return self.sim(**{**SMALL, **over})
+
+    def fig(self, name: str, fig) -> None:
+        self.files[f"generated/{name}.png"] = _png(fig)
+
+    # -- simulator figures ---------------------------------------------------------------
+    def timeline(self) -> None:
+        from sim.plots import plot_timeline
+
+        res = self.small()
+        path = Path(self._tmp) / "timeline.png"
+        plot_timeline(res, str(path))
+        self.files["generated/timeline_small.png"] = path.read_bytes()
+        s = res.summary
+        rp = res.plan.ranks[0]
+        self.snippets["small_summary"] = _md_table(
+            ["metric", "value"],
+            [["scenario", "DeepSeek-V4-Flash (E=256, k=6, H=4096, I=2048), EP8, 512 tokens/rank, uniform routing, B200"],
+             ["plan (rank 0)", f"block_m={rp.config.block_m}, block_n={rp.config.block_n}, block_k={rp.config.block_k}, "
+                               f"experts/wave={rp.experts_per_wave}, waves={rp.num_waves}, stages={rp.num_stages}, "
+                               f"SMs={res.plan.num_sms}, blocks={len(rp.blocks())}"],
+             ["predicted time", f"{s['time_us']:.1f} us"],
+             ["TFLOPS (per rank)", f"{s['tflops']:.0f}"],
+             ["HBM / NVLink", f"{s['hbm_gbs']:.0f} / {s['nvlink_gbs']:.0f} GB/s"],
+             ["reduction tail", f"{s['t_reduction_us']:.1f} us"],
+             ["overlap efficiency", f"{s['overlap_efficiency']:.2f}"],
+             ["speedup vs legacy 5-kernel path", f"{s['speedup_vs_legacy']:.2f}x"]], "ll")
+
+    def stage_gantt(self) -> None:
+        """Span of every trace kind on rank 0 (the nine stages as the simulator sees them)."""
+        res = self.small()
+        tr = res.trace.where(rank=0)
+        order = ["count", "index_exchange", "grid_sync", "nvl_barrier", "pull", "l1_load", "l1_mma",
+                 "l1_epilogue", "l2_load", "l2_mma", "l2_epilogue", "combine"]
+        from sim.plots import COLORS
+
+        fig, ax = plt.subplots(figsize=(10, 4.2))
+        rows = []
+        for i, k in enumerate(order):
+            sel = tr["kind"] == KIND[k]
+            if not sel.any():
+                continue
+            s, e = tr["t_start_ns"][sel] / 1e3, tr["t_end_ns"][sel] / 1e3
+            busy = float(np.sum(e - s))
+            ax.barh(i, e.max() - s.min(), left=s.min(), color=COLORS[k], edgecolor="#333", linewidth=0.5)
+            ax.text(e.max() + 1, i, f"{s.min():.1f}-{e.max():.1f} us", va="center", fontsize=7)
+            rows.append([k, f"{s.min():.1f}", f"{e.max():.1f}", f"{int(sel.sum())}", f"{busy:.0f}"])
+        ax.set_yticks(range(len(order)))
+        ax.set_yticklabels(order, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel("time (us), rank 0")
+        ax.set_title(f"First start to last end of each interval kind (V4-Flash EP8, 512 tokens/rank, B200): "
+                     f"{res.summary['time_us']:.1f} us", fontsize=9)
+        ax.set_xlim(0, res.summary["time_us"] * 1.18)
+        self.fig("stage_gantt", fig)
+        self.snippets["stage_table"] = _md_table(
+            ["trace kind", "first start (us)", "last end (us)", "intervals", "busy time summed over SMs (us)"], rows)
+
+    def plotly_timeline(self) -> None:
+        import plotly
+        import plotly.graph_objects as go
+        from sim.plots import COLORS
+
+        res = self.small()
+        tr = res.trace.where(rank=0)
+        sms = 4
+        lanes = [(-1, "dispatch")] + [(s, r) for s in range(sms) for r in ("tma_a", "mma", "epilogue")]
+        label = {ln: ("rank 0, all SMs" if ln[0] < 0 else f"SM{ln[0]} {ln[1]}") for ln in lanes}
+        lane_of = np.full(len(tr), -1)
+        for i, (sm, role) in enumerate(lanes):
+            sel = (tr["sm"] == -1) if sm < 0 else ((tr["sm"] == sm) & (tr["role"] == ROLE[role]))
+            lane_of[sel] = i
+        keep = lane_of >= 0
+        fig = go.Figure()
+        for k in np.unique(tr["kind"][keep]):
+            sel = keep & (tr["kind"] == k)
+            name = KINDS[k]
+            st, en = tr["t_start_ns"][sel] / 1e3, tr["t_end_ns"][sel] / 1e3
+            y = [label[lanes[i]] for i in lane_of[sel]]
+            hover = [f"{name}<br>expert {e} m {m} n {n} wave {w}<br>{a:.2f}-{b:.2f} us"
+                     for e, m, n, w, a, b in zip(tr["expert"][sel], tr["m_block"][sel], tr["n_block"][sel],
+                                                 tr["wave"][sel], st, en)]
+            fig.add_trace(go.Bar(x=np.round(en - st, 4), base=np.round(st, 4), y=y, orientation="h", name=name,
+                                 marker=dict(color=COLORS[name], line=dict(width=0.3, color="#555")),
+                                 hovertext=hover, hoverinfo="text"))
+        fig.update_layout(barmode="overlay", height=520, margin=dict(l=10, r=10, t=40, b=40),
+                          title=f"Simulated call, rank 0, SMs 0-{sms - 1} ({res.summary['time_us']:.1f} us). "
+                                "Drag to zoom, double-click to reset.",
+                          xaxis_title="time (us)", legend=dict(orientation="h", y=-0.15),
+                          yaxis=dict(categoryorder="array", categoryarray=[label[l] for l in lanes][::-1]))
+        self.files["generated/plotly.min.js"] = plotly.offline.get_plotlyjs().encode()
+        div = fig.to_html(full_html=False, include_plotlyjs=False, div_id="megamoe-timeline",
+                          config={"displaylogo": False, "responsive": True})
+        self.snippets["plotly_timeline"] = (
+            '<script src="{root}generated/plotly.min.js"></script>\n'
+            f'<div class="megamoe-plotly">\n{div}\n</div>\n')
+        self.snippets["plotly_records"] = str(int(keep.sum()))
+
+    def utilization_regions(self) -> None:
+        """Utilization curves of rank 0 with the three overlap regions shaded."""
+        from sim.plots import utilization
+
+        res = self.small()
+        u = utilization(res.trace, 0, res.plan.num_sms, bins=300)
+        tr = res.trace.where(rank=0)
+        fig, ax = plt.subplots(figsize=(10, 3.6))
+        ax.plot(u["t_us"], u["tensor"], color="#2ca02c", label="tensor cores (fraction of SMs in MMA)")
+        ax.plot(u["t_us"], u["pull"], color="#1f77b4", label="dispatch pulls in flight")
+        ax.plot(u["t_us"], u["l2_writeback"], color="#d62728", label="L2 epilogue write-back (fraction of SMs)")
+
+        def span(kind):
+            sel = tr["kind"] == KIND[kind]
+            return (float(tr["t_start_ns"][sel].min() / 1e3), float(tr["t_end_ns"][sel].max() / 1e3)) if sel.any() else None
+
+        regions = []
+        p, l1m, l1e, l2l, l2e = span("pull"), span("l1_mma"), span("l1_epilogue"), span("l2_load"), span("l2_epilogue")
+        if p and l1m:
+            regions.append(("I", max(p[0], l1m[0]), min(p[1], l1m[1])))
+        if l1e and l2l:
+            regions.append(("II", max(l1e[0], l2l[0]), min(l1e[1], l2l[1])))
+        if l2e and l1m:
+            regions.append(("III", max(l2e[0], l1m[0]), min(l2e[1], l1m[1])))
+        for i, (name, a, b) in enumerate(regions):
+            if b > a:
+                ax.axvspan(a, b, ymin=0.0, ymax=1.0, color="#9ecae1", alpha=0.18 + 0.08 * i)
+                ax.text((a + b) / 2, 1.07, f"region {name}", ha="center", fontsize=8)
+        ax.set_ylim(0, 1.15)
+        ax.set_xlabel("time (us), rank 0")
+        ax.set_ylabel("utilization")
+        ax.legend(fontsize=7, loc="lower right")
+        ax.set_title("Overlap in the simulated call (V4-Flash EP8, 512 tokens/rank, B200)", fontsize=9)
+        self.fig("overlap_regions", fig)
+        self.snippets["overlap_regions_table"] = _md_table(
+            ["region", "what overlaps", "from (us)", "to (us)"],
+            [[n, {"I": "dispatch pulls with L1 MMA", "II": "L1 epilogue with L2 loads/MMA",
+                  "III": "L2 write-back with L1 MMA of later blocks/waves"}[n], f"{a:.1f}", f"{b:.1f}"]
+             for n, a, b in regions])
+
+    def wave_map(self) -> None:
+        """Per-SM block sequence (phase and wave) from the plan of a small scenario."""
+        res = self.small(tokens_per_rank=128)
+        rp = res.plan.ranks[0]
+        S = res.plan.num_sms
+        show = min(S, 24)
+        fig, ax = plt.subplots(figsize=(10, 4.5))
+        cmap = plt.get_cmap("tab10")
+        maxlen = 0
+        for s in range(show):
+            rows = rp.sm_blocks(s)
+            maxlen = max(maxlen, len(rows))
+            for j, (phase, e, m, n, w) in enumerate(rows):
+                col = cmap(int(w) % 10)
+                ax.add_patch(Rectangle((j, s), 0.95, 0.9, facecolor=col, alpha=1.0 if phase == P.L1 else 0.45,
+                                       hatch=None if phase == P.L1 else "///", edgecolor="#333", linewidth=0.3))
+        ax.set_xlim(0, maxlen)
+        ax.set_ylim(show, 0)
+        ax.set_xlabel("position in the SM's block sequence")
+        ax.set_ylabel("SM")
+        waves = sorted({int(w) for w in rp.blocks()[:, 4]})
+        handles = [Patch(facecolor=cmap(w % 10), label=f"wave {w} L1") for w in waves[:6]]
+        handles += [Patch(facecolor="white", hatch="///", edgecolor="#333", label="L2 (hatched)")]
+        ax.legend(handles=handles, fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.12))
+        ax.set_title(f"MegaMoEScheduler order, rank 0, SMs 0-{show - 1} of {S} (V4-Flash EP8, 128 tokens/rank: "
+                     f"block_m={rp.config.block_m}, {rp.experts_per_wave} experts/wave, {rp.num_waves} waves)",
+                     fontsize=9)
+        self.fig("wave_map", fig)
+        tab = []
+        for T in (1, 32, 128, 512, 2048, 8192):
+            sc = Scenario(**{**SMALL, "tokens_per_rank": T})
+            pl = sc.plan(148, P.SM100_SMEM_CAPACITY)
+            r0 = pl.ranks[0]
+            e = P.expected_tokens_per_expert(T, 8, 6, 256)
+            tab.append([T, f"{e:.1f}", r0.config.block_m, r0.config.block_k, r0.config.num_epilogue_threads,
+                        r0.experts_per_wave, r0.num_waves, r0.num_stages, len(r0.blocks())])
+        self.snippets["plan_table"] = _md_table(
+            ["tokens/rank", "expected tokens/expert", "block_m", "block_k", "epilogue threads", "experts/wave",
+             "waves", "stages", "blocks (rank 0)"], tab)
+
+    def pull_order_fig(self) -> None:
+        counts = [5, 3, 9, 2]
+        order = P.pull_order(counts)
+        remaining = np.array(counts)
+        rounds, pos = [], 0
+        while (remaining > 0).any():
+            active = np.nonzero(remaining > 0)[0]
+            L = int(remaining[active].min())
+            rounds.append((len(rounds) + 1, [int(a) for a in active], L, pos, pos + L * len(active)))
+            pos += L * len(active)
+            remaining[active] -= L
+            rounds[-1] = rounds[-1] + (remaining.tolist(),)
+        fig, ax = plt.subplots(figsize=(10, 2.6))
+        for i, (src, idx) in enumerate(order):
+            ax.add_patch(Rectangle((i, 0), 0.95, 1, facecolor=RANK_COLORS[src], edgecolor="#333"))
+            ax.text(i + 0.47, 0.5, f"r{src}\n#{idx}", ha="center", va="center", fontsize=7, color="white")
+        for rnd, active, L, a, b in [r[:5] for r in rounds]:
+            ax.plot([a - 0.02, a - 0.02], [-0.1, 1.25], color="black", lw=1.2)
+            ax.text(a + 0.1, 1.12, f"round {rnd}\nL={L} x {len(active)}", ha="left", va="bottom", fontsize=7.5)
+        naive = np.concatenate([[r] * c for r, c in enumerate(counts)])
+        for i, src in enumerate(naive):
+            ax.add_patch(Rectangle((i, -1.6), 0.95, 1, facecolor=RANK_COLORS[src], edgecolor="#333", alpha=0.6))
+        ax.text(-0.3, -1.1, "naive\n(rank by rank)", ha="right", va="center", fontsize=8)
+        ax.text(-0.3, 0.5, "min-peeling", ha="right", va="center", fontsize=8)
+        ax.set_xlim(-0.2, len(order))
+        ax.set_ylim(-1.8, 1.75)
+        ax.axis("off")
+        ax.legend(handles=[Patch(color=RANK_COLORS[r], label=f"source rank {r} ({c} tokens)") for r, c in enumerate(counts)],
+                  ncol=4, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.02))
+        self.fig("pull_order_5392", fig)
+        self.snippets["pull_rounds"] = _md_table(
+            ["round", "active ranks", "min remaining L", "pool slots", "remaining after the round"],
+            [[r, ", ".join(map(str, act)), L, f"{a}-{b - 1}", ", ".join(map(str, rem))] for r, act, L, a, b, rem in rounds])
+        self.snippets["pull_order_list"] = "`" + " ".join(f"{s}" for s in order[:, 0]) + "`"
+        # Windows of 8 consecutive pulls: distinct peers touched, naive vs min-peeling, for a real expert
+        res = self.small()
+        rp = res.plan.ranks[0]
+        e = int(np.argmax(rp.tokens_per_expert))
+        o = rp.pull_order(e)[:, 0]
+        nv = np.concatenate([[r] * c for r, c in enumerate(rp.recv_counts[e])])
+        w = 8
+
+        def peers(seq):
+            return np.mean([len(set(seq[i:i + w])) for i in range(0, max(len(seq) - w, 0) + 1)])
+
+        self.snippets["pull_peers"] = (
+            f"For local expert {e} of rank 0 in the small scenario ({int(rp.tokens_per_expert[e])} tokens from 8 source "
+            f"ranks: {', '.join(map(str, rp.recv_counts[e]))}), a window of {w} consecutive pulls touches on average "
+            f"**{peers(o):.1f}** distinct source ranks in the plan's order and **{peers(nv):.1f}** in rank-by-rank order.")
+
+    def moe_align(self) -> None:
+        res = self.small(tokens_per_rank=128)
+        rp = res.plan.ranks[0]
+        tok = rp.tokens_per_expert
+        bm = rp.config.block_m
+        padded = rp.m_blocks_per_expert * bm
+        fig, ax = plt.subplots(figsize=(10, 3.2))
+        x = np.arange(len(tok))
+        ax.bar(x, padded, color="#dddddd", edgecolor="#999", label=f"padded to block_m={bm}")
+        ax.bar(x, tok, color="#4e79a7", label="routed items (token, slot)")
+        ax.set_xlabel("local expert of rank 0")
+        ax.set_ylabel("rows in the pool")
+        ax.legend(fontsize=8)
+        ax.set_title(f"Expert-contiguous pool of rank 0 (V4-Flash EP8, 128 tokens/rank, uniform): {int(tok.sum())} items, "
+                     f"{int(padded.sum())} padded rows ({100 * (1 - tok.sum() / padded.sum()):.0f}% padding)", fontsize=9)
+        self.fig("moe_align", fig)
+
+    def buffer_layout(self) -> None:
+        """Symmetric buffer regions of the V4-Pro default (sizes from the plan's formulas)."""
+        H, I, E, k, R, T = 7168, 3072, 384, 6, 8, 8192
+        el = E // R
+        pool = P.pool_capacity_tokens(R, T, k, el)
+        regions = [
+            ("input x (FP8)", T * H), ("input x_sf (UE8M0)", T * H // 32), ("topk_idx (int64)", T * k * 8),
+            ("topk_weights (FP32)", T * k * 4),
+            ("L1 token pool (FP8)", pool * H), ("L1 SF pool", pool * H // 32), ("L1 top-k weight pool", pool * 4),
+            ("L2 token pool (FP8)", pool * I), ("L2 SF pool", pool * I // 32),
+            ("combine buffer (BF16, k x T x H)", k * T * H * 2),
+        ]
+        total = sum(b for _, b in regions)
+        fig, ax = plt.subplots(figsize=(10, 2.6))
+        left = 0
+        cmap = plt.get_cmap("tab20")
+        for i, (name, b) in enumerate(regions):
+            ax.barh(0, b / 2**20, left=left / 2**20, color=cmap(i), edgecolor="white")
+            left += b
+        ax.set_yticks([])
+        ax.set_xlabel("MiB from the start of the symmetric buffer (workspace not to scale, omitted)")
+        ax.legend(handles=[Patch(color=cmap(i), label=f"{n}: {b / 2**20:.1f} MiB") for i, (n, b) in enumerate(regions)],
+                  ncol=2, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.45))
+        ax.set_title(f"Per-rank symmetric buffer, V4-Pro EP8, T_max=8192: pool {pool} tokens, total ~{total / 2**30:.2f} GiB",
+                     fontsize=9)
+        self.fig("buffer_layout", fig)
+        self.snippets["pool_formula"] = (
+            f"`pool = align({R}*{T}*min({k},{el}) + {el}*(192-1), 384)` = **{pool}** tokens "
+            f"(`megamoe.plan.pool_capacity_tokens({R}, {T}, {k}, {el})`).")
+        self.snippets["buffer_table"] = _md_table(["region", "bytes", "MiB"],
+                                                  [[n, f"{b:,}", f"{b / 2**20:.1f}"] for n, b in regions])
+
+    def warp_roles(self) -> None:
+        fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 3.4), width_ratios=[1.4, 1])
+        roles = [("dispatch", 0, 4, "#1f77b4"), ("TMA A + SFA", 4, 5, "#aec7e8"), ("TMA B + SFB", 5, 6, "#ffbb78"),
+                 ("MMA issue (leader CTA)", 6, 7, "#2ca02c"), ("warp 7 (no task of its own)", 7, 8, "#eeeeee"),
+                 ("epilogue + combine", 8, 16, "#d62728")]
+        for name, a, b, c in roles:
+            for w in range(a, b):
+                ax.add_patch(Rectangle((w, 0), 0.95, 1, facecolor=c, edgecolor="#333"))
+                ax.text(w + 0.47, 0.5, f"w{w}", ha="center", va="center", fontsize=7)
+        ax.set_xlim(0, 16)
+        ax.set_ylim(-0.2, 1.2)
+        ax.axis("off")
+        ax.legend(handles=[Patch(color=c, label=n) for n, _, _, c in roles], fontsize=7, ncol=2, loc="upper center",
+                  bbox_to_anchor=(0.5, 0.0))
+        ax.set_title("16 warps of one SM100 CTA (512 threads)", fontsize=9)
+        regs = [("dispatch", 48, 128), ("non-epilogue", 40, 128), ("epilogue", 208, 256)]
+        left = 0
+        for (name, r, t), c in zip(regs, ("#1f77b4", "#2ca02c", "#d62728")):
+            ax2.barh(0, r * t, left=left, color=c, edgecolor="white")
+            ax2.text(left + r * t / 2, 0, f"{name}\n{r} x {t}\n= {r * t}", ha="center", va="center", fontsize=7,
+                     color="white")
+            left += r * t
+        ax2.axvline(65536, color="black", ls="--")
+        ax2.text(65536, 0.5, " 64 Ki registers per SM", fontsize=7, va="center")
+        ax2.set_xlim(0, 70000)
+        ax2.set_yticks([])
+        ax2.set_xlabel("32-bit registers")
+        ax2.set_title(f"Register split 48/40/208: {left} of 65536", fontsize=9)
+        self.fig("warp_roles", fig)
+
+    def numerics_fig(self) -> None:
+        e2m1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], dtype=float)
+        src = "megamoe.formats"
+        try:
+            import torch
+            from megamoe import formats
+
+            e2m1 = formats.e2m1_table().float().numpy()[:8]
+            codes = torch.arange(0, 127, dtype=torch.uint8)
+            e4m3 = formats.decode_e4m3(codes).numpy()
+        except Exception as exc:  # torch missing: the formats' definition, in numpy
+            src = f"numpy (megamoe.formats unavailable: {type(exc).__name__})"
+            exp, man = np.arange(127) >> 3, np.arange(127) & 7
+            e4m3 = np.where(exp == 0, man / 8 * 2.0**-6, (1 + man / 8) * 2.0 ** (exp - 7.0))
+        fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 3.0))
+        ax.scatter(e4m3[e4m3 > 0], np.ones(int((e4m3 > 0).sum())), marker="|", s=200, color="#4e79a7")
+        ax.scatter(e2m1[e2m1 > 0], np.zeros(int((e2m1 > 0).sum())), marker="|", s=300, color="#e15759")
+        ax.set_xscale("log", base=2)
+        ax.set_yticks([0, 1])
+        ax.set_yticklabels(["E2M1 (FP4)", "E4M3 (FP8)"])
+        ax.set_ylim(-0.6, 1.6)
+        ax.set_xlabel("positive representable values (log2 axis)")
+        ax.set_title(f"E4M3 max {e4m3.max():g}, E2M1 values {', '.join(f'{v:g}' for v in e2m1)}", fontsize=9)
+        # UE8M0: a block of 32 values, amax -> power-of-two scale
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal(32) * 3.3
+        amax = np.abs(x).max()
+        scale = 2.0 ** np.ceil(np.log2(amax / 448.0))
+        q = np.clip(x / scale, -448, 448)
+        ax2.bar(np.arange(32), x, color="#bbbbbb", label="block of 32 values")
+        ax2.axhline(amax, color="#e15759", ls="--", lw=1)
+        ax2.axhline(-amax, color="#e15759", ls="--", lw=1, label=f"amax {amax:.2f}")
+        ax2.set_title(f"UE8M0 scale = 2^ceil(log2(amax/448)) = 2^{int(np.log2(scale))}; "
+                      f"x/scale spans +-{np.abs(q).max():.0f} of 448", fontsize=9)
+        ax2.legend(fontsize=7)
+        self.fig("numerics_formats", fig)
+        self.snippets["numerics_source"] = f"(values decoded by {src})"
+
+    def weight_layout_fig(self) -> None:
+        """8-row gate/up interleave and the UTCCP [4,32]->[32,4] transpose, from megamoe.layouts."""
+        rows_i = 32  # I = 32 -> L1 rows 2I = 64
+        try:
+            import torch
+            from megamoe import layouts
+
+            t = torch.arange(2 * rows_i, dtype=torch.int32).reshape(1, 2 * rows_i, 1)
+            inter = layouts.interleave_gate_up(t).reshape(-1).numpy()
+            sf = torch.arange(128, dtype=torch.uint8).reshape(1, 128, 1)
+            utccp = layouts.utccp_transpose_sf(sf).reshape(-1).numpy()
+            src = "megamoe.layouts"
+        except Exception as exc:
+            idx = np.arange(2 * rows_i)
+            g, u = idx[:rows_i].reshape(-1, 8), idx[rows_i:].reshape(-1, 8)
+            inter = np.stack([g, u], 1).reshape(-1)
+            utccp = np.arange(128).reshape(4, 32).T.reshape(-1)
+            src = f"numpy (megamoe.layouts unavailable: {type(exc).__name__})"
+        fig, (ax, ax2) = plt.subplots(2, 1, figsize=(11, 3.6))
+        for i, r in enumerate(inter):
+            gate = r < rows_i
+            ax.add_patch(Rectangle((i, 0), 0.95, 1, facecolor="#4e79a7" if gate else "#f28e2b", edgecolor="white"))
+            ax.text(i + 0.47, 0.5, str(r if gate else r - rows_i), ha="center", va="center", fontsize=5.5, color="white")
+        ax.set_xlim(0, len(inter))
+        ax.set_ylim(0, 1)
+        ax.axis("off")
+        ax.set_title("L1 weight rows after interleave (blue: gate row g, orange: up row u), "
+                     f"granularity 8, I=32 - from {src}", fontsize=9)
+        cmap = plt.get_cmap("viridis")
+        for i, r in enumerate(utccp[:64]):
+            ax2.add_patch(Rectangle((i, 0), 0.95, 1, facecolor=cmap(int(r) / 127), edgecolor="white"))
+            ax2.text(i + 0.47, 0.5, str(int(r)), ha="center", va="center", fontsize=5.5, color="white")
+        ax2.set_xlim(0, 64)
+        ax2.set_ylim(0, 1)
+        ax2.axis("off")
+        ax2.set_title("UTCCP transpose of scale rows: stored row 4i+j holds logical row 32j+i (first 64 of 128 stored rows)",
+                      fontsize=9)
+        self.fig("weight_layout", fig)
+
+    def sm100_vs_sm90(self) -> None:
+        rows = []
+        try:
+            from megamoe import design_sm90 as d9
+        except Exception:
+            d9 = None
+        for T in (32, 128, 512, 2048, 8192):
+            sc = Scenario(**{**SMALL, "tokens_per_rank": T})
+            r0 = sc.plan(148, P.SM100_SMEM_CAPACITY).ranks[0]
+            e = P.expected_tokens_per_expert(T, 8, 6, 256)
+            row = [T, f"{e:.1f}", r0.config.block_m, r0.num_stages, r0.experts_per_wave]
+            if d9 is not None and hasattr(d9, "design_for"):
+                try:
+                    d = d9.design_for(T, 4096, 2048, 256, 6, num_sms=132, ranks=8) if "ranks" in d9.design_for.__code__.co_varnames else d9.design_for(T, 4096, 2048, 256, 6, num_sms=132)
+                    dd = d.as_dict()
+                    row += [dd.get("block_m", "-"), dd.get("num_stages", "-"), dd.get("experts_per_wave", "-")]
+                except Exception as exc:
+                    row += ["-", "-", f"({type(exc).__name__})"]
+            else:
+                row += ["-", "-", "-"]
+            rows.append(row)
+        self.snippets["sm90_plan_table"] = _md_table(
+            ["tokens/rank", "expected tokens/expert", "SM100 block_m", "SM100 stages", "SM100 experts/wave",
+             "SM90 block_m", "SM90 stages", "SM90 experts/wave"], rows)
+        # Does the simulator run the SM90 design yet?
+        try:
+            sc9 = Scenario(**{**SMALL, "hardware": "h200", "design": "megamoe-sm90"})
+            sc9.plan(132, P.SM100_SMEM_CAPACITY)
+            r9 = self.small(hardware="h200", design="megamoe-sm90")
+            self.snippets["sm90_sim_status"] = (
+                f"The simulator runs the SM90 design: V4-Flash EP8, 512 tokens/rank on the H200 model with "
+                f"`--design megamoe-sm90` predicts **{r9.summary['time_us']:.1f} us** "
+                f"({r9.summary['tflops']:.0f} TFLOPS per rank).")
+        except Exception as exc:
+            self.snippets["sm90_sim_status"] = (
+                "The simulator does not run the SM90 design yet: at the time this site was built, "
+                f"`--design megamoe-sm90` stopped with `{type(exc).__name__}: {str(exc)[:120]}`.")
+        # Hardware what-if: the reference design's schedule at B200 vs H200 rates
+        b = self.small()
+        h = self.small(hardware="h200")
+        fig, ax = plt.subplots(figsize=(7, 2.8))
+        names = ["B200 (148 SMs)", "H200 (132 SMs)"]
+        vals = [b.summary["time_us"], h.summary["time_us"]]
+        ax.barh(names, vals, color=["#4e79a7", "#76b7b2"])
+        for i, v in enumerate(vals):
+            ax.text(v, i, f" {v:.0f} us", va="center", fontsize=8)
+        ax.set_xlabel("predicted time (us)")
+        ax.set_xlim(0, max(vals) * 1.2)
+        ax.set_title("Reference design (deepgemm-sm100 plan) on each hardware model, V4-Flash EP8 512 tokens/rank",
+                     fontsize=9)
+        self.fig("hw_b200_h200", fig)
+
+    # -- what-if tutorials -----------------------------------------------------------------
+    def whatif(self) -> None:
+        base = self.small()
+        rp = base.plan.ranks[0]
+        # 1. experts per wave
+        epws = [1, 2, 4, 8, 16, 32]
+        res = [self.small(experts_per_wave=e) for e in epws]
+        t = [r.summary["time_us"] for r in res]
+        fig, ax = plt.subplots(figsize=(7, 3))
+        ax.plot(epws, t, "o-", color="#4e79a7")
+        ax.axvline(rp.experts_per_wave, color="#e15759", ls="--", label=f"heuristic: {rp.experts_per_wave}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("experts per wave (--experts-per-wave)")
+        ax.set_ylabel("predicted time (us)")
+        ax.legend(fontsize=8)
+        ax.set_title("V4-Flash EP8, 512 tokens/rank, B200", fontsize=9)
+        self.fig("whatif_epw", fig)
+        self.snippets["whatif_epw"] = _md_table(
+            ["experts/wave", "waves", "time (us)", "TFLOPS", "overlap efficiency"],
+            [[e, r.plan.ranks[0].num_waves, f"{r.summary['time_us']:.1f}", f"{r.summary['tflops']:.0f}",
+              f"{r.summary['overlap_efficiency']:.2f}"] for e, r in zip(epws, res)])
+        # 2. routing skew
+        routings = ["uniform", "zipf:0.5", "zipf:1.0", "hot:0.3:4"]
+        rr = [self.small(routing=r) for r in routings]
+        rows = []
+        for name, r in zip(routings, rr):
+            nr = r.plan.num_recv_tokens()
+            rows.append([f"`{name}`", f"{nr.min()}-{nr.max()}", f"{r.summary['time_us']:.1f}",
+                         f"{r.summary['tflops']:.0f}", f"{r.summary['speedup_vs_legacy']:.2f}x"])
+        self.snippets["whatif_routing"] = _md_table(
+            ["routing", "items received per rank (min-max)", "time (us)", "TFLOPS", "speedup vs legacy"], rows)
+        # 3. L2 wait granularity
+        rows, diffs = [], []
+        for T in (512, 2048):
+            kb, pb = self.small(tokens_per_rank=T), self.small(tokens_per_rank=T, l2_wait="pool_block")
+            d = pb.summary["time_us"] / kb.summary["time_us"] - 1
+            diffs.append((T, d))
+            rows.append([T, f"{kb.summary['time_us']:.1f}", f"{pb.summary['time_us']:.1f}", f"{100 * d:+.1f}%"])
+        self.snippets["whatif_l2wait"] = _md_table(
+            ["tokens/rank", "`k_block` time (us)", "`pool_block` time (us)", "pool_block vs k_block"], rows)
+        self.snippets["whatif_l2wait_verdict"] = " ".join(
+            f"At {T} tokens per rank the whole-pool-block wait is "
+            + ("indistinguishable (within 0.5%)." if abs(d) < 0.005 else f"{100 * d:+.1f}% in time.")
+            for T, d in diffs)
+        # 4. tokens sweep
+        toks = [64, 256, 512, 2048]
+        tr = [self.small(tokens_per_rank=T) for T in toks]
+        fig, ax = plt.subplots(figsize=(7, 3))
+        ax.plot(toks, [r.summary["tflops"] for r in tr], "o-", color="#59a14f", label="TFLOPS per rank")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("tokens per rank")
+        ax.set_ylabel("TFLOPS")
+        ax2 = ax.twinx()
+        ax2.plot(toks, [r.summary["time_us"] for r in tr], "s--", color="#e15759", label="time (us)")
+        ax2.set_ylabel("time (us)")
+        for T, r in zip(toks, tr):
+            ax.annotate(f"bm={r.plan.ranks[0].config.block_m}", (T, r.summary["tflops"]), fontsize=7,
+                        textcoords="offset points", xytext=(4, -10))
+        ax.set_title("Token sweep, V4-Flash EP8 on B200 (bm = block_m chosen by the plan)", fontsize=9)
+        self.fig("whatif_tokens", fig)
+        # 5. reserved SMs
+        rs = [0, 16, 32]
+        rr = [self.small(reserved_sms=r) for r in rs]
+        self.snippets["whatif_reserved"] = _md_table(
+            ["--reserved-sms", "SMs used", "time (us)", "TFLOPS"],
+            [[r, x.plan.num_sms, f"{x.summary['time_us']:.1f}", f"{x.summary['tflops']:.0f}"] for r, x in zip(rs, rr)])
+
+    def validation(self) -> None:
+        from sim.validate import verdict
+
+        rows = self._validation_rows.result() if hasattr(self, "_validation_rows") else _validation_rows()
+        v = verdict(rows)
+        tab = []
+        for r in rows:
+            tab.append([r["tokens_per_rank"], f"{r['time_us_pred']:.1f}", f"{r['time_us_pub']:.1f}",
+                        f"{100 * r['time_us_err']:+.1f}%", f"{r['tflops_pred']:.0f}", f"{r['tflops_pub']:.0f}",
+                        f"{r['hbm_gbs_pred']:.0f}", f"{r['hbm_gbs_pub']:.0f}", f"{r['nvlink_gbs_pred']:.0f}",
+                        f"{r['nvlink_gbs_pub']:.0f}", f"{r['speedup_vs_legacy_pred']:.2f}",
+                        f"{r['speedup_vs_legacy_pub']:.2f}"])
+        self.snippets["validation_table"] = _md_table(
+            ["tokens/rank", "time pred (us)", "time pub (us)", "time err", "TFLOPS pred", "TFLOPS pub",
+             "HBM GB/s pred", "HBM GB/s pub", "NVLink GB/s pred", "NVLink GB/s pub", "speedup pred",
+             "speedup pub"], tab)
+        self.snippets["validation_verdict"] = (
+            f"Time error: max **{100 * v['max_abs_time_error']:.1f}%**, median "
+            f"**{100 * v['median_abs_time_error']:.1f}%** (targets 15% / 8%): "
+            f"**{'PASS' if v['pass'] else 'FAIL'}**.")
+        fig, ax = plt.subplots(figsize=(8, 3.2))
+        x = np.arange(len(rows))
+        ax.bar(x - 0.2, [r["time_us_pub"] for r in rows], 0.4, label="published (PR #316)", color="#bbbbbb")
+        ax.bar(x + 0.2, [r["time_us_pred"] for r in rows], 0.4, label="simulated", color="#4e79a7")
+        ax.set_xticks(x)
+        ax.set_xticklabels([str(r["tokens_per_rank"]) for r in rows])
+        ax.set_yscale("log")
+        ax.set_xlabel("tokens per rank")
+        ax.set_ylabel("time (us)")
+        ax.legend(fontsize=8)
+        ax.set_title("V4-Flash, 8 x B200, EP8: simulator vs DeepGEMM PR #316", fontsize=9)
+        self.fig("validation", fig)
+
+    def cli_help(self) -> None:
+        from megamoe.cli import build_parser
+
+        p = build_parser()
+        sub = next(a for a in p._actions if a.__class__.__name__ == "_SubParsersAction")
+        for name, sp in sub.choices.items():
+            sp.formatter_class = lambda prog: __import__("argparse").HelpFormatter(prog, width=100)
+            self.snippets[f"cli_help_{name}"] = "```text\n$ megamoe " + name + " --help\n" + sp.format_help() + "```\n"
+        self.snippets["cli_commands"] = ", ".join(f"`megamoe {n}`" for n in sub.choices)
+
+    def kernel_status(self) -> None:
+        """What of the kernel is committed, and which committed results hold kernel measurements."""
+        import subprocess
+
+        try:
+            tracked = subprocess.run(["git", "ls-files", "csrc", "megamoe/kernel", "benchmarks", "tests"],
+                                     cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+            where = "committed (`git ls-files`)"
+        except Exception:
+            tracked = [str(p.relative_to(ROOT)) for d in ("csrc", "megamoe/kernel", "benchmarks", "tests")
+                       for p in (ROOT / d).rglob("*") if p.is_file()]
+            where = "present in the checkout (git unavailable)"
+        src = [f for f in tracked if f.startswith("csrc/")]
+        py = [f for f in tracked if f.startswith("megamoe/kernel/")]
+        tests = [f for f in tracked if f.startswith("tests/test_kernel")]
+        results = [f for f in tracked if f.startswith("benchmarks/results/") and f.endswith(".json")]
+        kernel_results = []
+        for f in results:
+            try:
+                d = json.loads((ROOT / f).read_text())
+            except Exception:
+                continue
+            text = json.dumps(d)[:20000].lower()
+            if "kernel" in Path(f).name.lower() or ("gpu" in text and "sim_speed" not in f):
+                kernel_results.append(f)
+
+        def lst(xs):
+            return ", ".join(f"`{x}`" for x in xs) if xs else "none"
+
+        self.snippets["kernel_status"] = "\n".join([
+            f"Files {where} when this site was built:", "",
+            f"* CUDA sources: {lst(src)}",
+            f"* Python side (`megamoe.kernel`): {lst(py)}",
+            f"* kernel tests: {lst(tests)}",
+            f"* committed result files under `benchmarks/results/`: {lst(results)}",
+            f"* of those, files with kernel (GPU) measurements: {lst(kernel_results)}", ""])
+        self.snippets["kernel_has_results"] = "yes" if kernel_results else "no"
+
+    def hardware_table(self) -> None:
+        import tomllib
+
+        hw = {}
+        for p in sorted((ROOT / "sim" / "hardware").glob("*.toml")):
+            with open(p, "rb") as f:
+                hw[p.stem] = tomllib.load(f)
+        keys = ["num_sms", "fp8_dense_tflops", "mma_efficiency", "hbm_gbs", "nvlink_gbs_per_direction",
+                "smem_per_block_bytes", "nvl_barrier_ns", "grid_sync_ns"]
+        names = list(hw)
+        self.snippets["hardware_table"] = _md_table(
+            ["figure"] + [f"`{n}` ({hw[n].get('name', n)})" for n in names],
+            [[f"`{k}`"] + [f"{hw[n]['figures'].get(k, '-')}" for n in names] for k in keys])
+        fields = list(hw[names[0]]["figures"]) if names else []
+        fitted = [k for k, v in hw.get("b200", {}).get("sources", {}).items() if str(v).startswith("fitted")]
+        self.snippets["b200_fitted"] = (f"{len(fitted)} figures of `b200.toml` are marked \"fitted\" in its "
+                                        f"`[sources]` table ({', '.join(f'`{k}`' for k in fitted)})")
+        self.snippets["hardware_fields"] = ", ".join(f"`{k}`" for k in fields)
+
+    def run_all(self) -> None:
+        import tempfile
+
+        import concurrent.futures as cf
+        import multiprocessing as mp
+
+        pool = None
+        try:  # the validation (the slowest part) runs in a second process meanwhile
+            pool = cf.ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("fork"))
+            self._validation_rows = pool.submit(_validation_rows)
+        except Exception:  # no fork on this platform: run it inline later
+            pool = None
+        try:
+            self._run_all()
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True)
+
+    def _run_all(self) -> None:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            self._tmp = tmp
+            for name in ("timeline", "stage_gantt", "plotly_timeline", "utilization_regions", "wave_map",
+                         "pull_order_fig", "moe_align", "buffer_layout", "warp_roles", "numerics_fig",
+                         "weight_layout_fig", "sm100_vs_sm90", "whatif", "validation", "hardware_table", "cli_help", "kernel_status"):
+                t0 = time.time()
+                getattr(self, name)()
+                self.timings[name] = time.time() - t0
+
+
+def _validation_rows() -> list[dict]:
+    from sim.validate import validate
+
+    return validate("b200")
+
+
+def generate(log=print) -> tuple[dict[str, bytes], dict[str, str], dict[str, float]]:
+    """Run every generator; returns ``(files, snippets, timings)``."""
+    g = Gen(log)
+    g.run_all()
+    return g.files, g.snippets, g.timings
+
+
+if __name__ == "__main__":
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "out/docs-gen")
+    t0 = time.time()
+    files, snippets, timings = generate()
+    for k, v in files.items():
+        (out / k).parent.mkdir(parents=True, exist_ok=True)
+        (out / k).write_bytes(v)
+    (out / "snippets.json").write_text(json.dumps(snippets, indent=1, ensure_ascii=False))
+    print(json.dumps({k: round(v, 2) for k, v in timings.items()}, indent=1))
+    print(f"wrote {len(files)} files to {out} in {time.time() - t0:.1f} s")
