@@ -186,6 +186,39 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(a: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from sim.compare import compare_file, plot_overlay
+    from sim.hardware import load_hardware
+
+    report, measured, res = compare_file(a.trace, load_hardware(a.hardware) if a.hardware else None)
+    con = Console()
+    con.print(f"{a.trace}: measured {report['makespan_measured_us']:.1f} us, simulated "
+              f"{report['makespan_simulated_us']:.1f} us, makespan error {100 * report['makespan_error']:+.1f}%, "
+              f"median kind error {100 * report['median_kind_error']:.1f}%")
+    t = Table(title="per-kind duration error (matched intervals)")
+    for c in ("kind", "matched", "median", "p90"):
+        t.add_column(c, justify="right")
+    for k, v in report["kind_errors"].items():
+        t.add_row(k, str(v["matched"]), f"{100 * v['median']:.1f}%", f"{100 * v['p90']:.1f}%")
+    con.print(t)
+    for role, err in report["busy_fraction_error"].items():
+        con.print(f"busy {role}: measured {report['busy_fraction_measured'][role]:.2f}, simulated "
+                  f"{report['busy_fraction_simulated'][role]:.2f} ({err:+.2f})")
+    con.print(f"overlap efficiency: measured {report['overlap_efficiency_measured']:.2f}, simulated "
+              f"{report['overlap_efficiency_simulated']:.2f}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(report, f, indent=1)
+        print(f"wrote {a.json}")
+    if a.plot:
+        plot_overlay(measured, res.trace, a.plot)
+        print(f"wrote {a.plot}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="megamoe", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", parser_class=_Parser)
@@ -207,6 +240,12 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--no-resume", action="store_true", help="ignore points.jsonl from an earlier run")
     w.add_argument("--address", help="Dask (tcp://host:port) or Ray (ray://host:port) cluster address")
     w.set_defaults(func=cmd_sweep)
+    c = sub.add_parser("compare", help="simulate a kernel trace's scenario and compare the timelines")
+    c.add_argument("trace", help="trace file (.npz with meta and topk_idx)")
+    c.add_argument("--hardware", help="hardware preset or TOML (default: the trace's)")
+    c.add_argument("--json", help="write the report as JSON")
+    c.add_argument("--plot", help="write a measured-vs-simulated timeline PNG")
+    c.set_defaults(func=cmd_compare)
     v = sub.add_parser("validate", help="simulator vs DeepGEMM PR #316 published rows")
     v.add_argument("--hardware", default="b200")
     v.add_argument("--seed", type=int, default=0)

@@ -9,6 +9,11 @@ combine).  ``expert``/``m_block``/``n_block``/``wave`` are ``-1`` where they do 
 Exports: Chrome trace-event JSON (opens in Perfetto: ``pid`` = rank, ``tid`` = SM x role,
 ``ph: "X"``, ``ts``/``dur`` in microseconds, metadata events naming processes and threads)
 and NPZ (columnar, for analysis; :func:`Trace.load` reads it back).
+
+A trace file (NPZ) may also carry ``meta`` (a JSON object: the scenario that produced it,
+e.g. ``Scenario.to_dict()`` plus ``source`` = ``"kernel"`` or ``"simulator"``, the device,
+the plan numbers) and the routing it ran (``topk_idx`` per rank) so that
+``megamoe compare`` can simulate exactly the same call.
 """
 
 from __future__ import annotations
@@ -31,9 +36,17 @@ KIND = {n: i for i, n in enumerate(KINDS)}
 
 @dataclass
 class Trace:
-    """Columnar trace: one numpy array per column of :data:`COLUMNS` (equal lengths)."""
+    """Columnar trace: one numpy array per column of :data:`COLUMNS` (equal lengths).
+
+    Attributes:
+        cols: column name -> array.
+        meta: free-form JSON-able dict (scenario, source, device, plan numbers).
+        topk_idx: routing per rank (int64 ``[T_r, k]``) or None.
+    """
 
     cols: dict
+    meta: dict = None
+    topk_idx: list = None
 
     @classmethod
     def from_rows(cls, rows: list[tuple] | np.ndarray) -> "Trace":
@@ -56,7 +69,7 @@ class Trace:
         return self.cols[col]
 
     def select(self, mask: np.ndarray) -> "Trace":
-        return Trace({c: v[mask] for c, v in self.cols.items()})
+        return Trace({c: v[mask] for c, v in self.cols.items()}, meta=self.meta, topk_idx=self.topk_idx)
 
     def where(self, **eq) -> "Trace":
         """Rows whose columns equal the given values (role/kind may be names)."""
@@ -75,18 +88,35 @@ class Trace:
 
     # -- files -----------------------------------------------------------------
     def save_npz(self, path: str) -> None:
-        np.savez_compressed(path, **self.cols)
+        """Write columns, ``meta`` (as JSON) and ``topk_idx`` (``topk_idx_<rank>``)."""
+        extra = {}
+        if self.meta is not None:
+            extra["meta_json"] = np.array(json.dumps(self.meta))
+        for r, ids in enumerate(self.topk_idx or []):
+            extra[f"topk_idx_{r}"] = np.asarray(ids, dtype=np.int64)
+        np.savez_compressed(path, **self.cols, **extra)
 
     @classmethod
     def load(cls, path: str) -> "Trace":
-        """Load an NPZ written by :meth:`save_npz` (or a kernel trace decoded to NPZ)."""
-        with np.load(path) as z:
+        """Load an NPZ written by :meth:`save_npz`.
+
+        Raises:
+            InputError: missing file, not an NPZ, or missing schema columns.
+        """
+        from .errors import InputError
+
+        try:
+            z = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise InputError("trace", "an .npz trace file", f"{path} ({type(exc).__name__})") from None
+        with z:
             missing = [c for c in COLUMNS if c not in z.files]
             if missing:
-                from .errors import InputError
-
                 raise InputError("trace", f"columns {', '.join(COLUMNS)}", f"missing {', '.join(missing)}")
-            return cls({c: z[c] for c in COLUMNS})
+            meta = json.loads(str(z["meta_json"])) if "meta_json" in z.files else None
+            ranks = sorted(int(f.split("_")[-1]) for f in z.files if f.startswith("topk_idx_"))
+            topk = [z[f"topk_idx_{r}"] for r in ranks] or None
+            return cls({c: z[c] for c in COLUMNS}, meta=meta, topk_idx=topk)
 
     def to_chrome(self, max_sms: int | None = 8, sms: list[int] | None = None) -> dict:
         """Chrome trace-event JSON (a dict).

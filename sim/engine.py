@@ -512,7 +512,12 @@ def simulate(scenario: Scenario, hardware: Hardware | None = None) -> SimResult:
         rp.blocks()
     eng = _Engine(plan, hw)
     end, t_red = eng.run(scenario.routing_ids())
-    res = SimResult(scenario=scenario, hardware=hw, plan=plan, trace=eng.trace(), rank_end_ns=end,
+    trace = eng.trace()
+    trace.meta = {**scenario.to_dict(), "source": "simulator", "hardware_name": hw.name,
+                  "plan": {"block_m": plan.ranks[0].config.block_m,
+                           "experts_per_wave": plan.ranks[0].experts_per_wave}}
+    trace.topk_idx = scenario.routing_ids()
+    res = SimResult(scenario=scenario, hardware=hw, plan=plan, trace=trace, rank_end_ns=end,
                     t_reduction_ns=t_red,
                     hbm_bytes_sim=np.array([h.total_bytes for h in eng.hbm]),
                     nvlink_bytes_sim=np.array([g.total_bytes for g in eng.egress]),

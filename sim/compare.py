@@ -1,0 +1,186 @@
+"""Traces against simulation: align intervals and report where they differ.
+
+``compare_traces(measured, simulated)`` aligns intervals by ``(rank, sm, role, kind, expert,
+m_block, n_block)`` (blocks run once per SM, so the key is unique for block work; rank-level
+intervals such as pulls are matched in order of start time) and reports:
+
+* ``makespan_error`` — signed fraction, simulated / measured - 1;
+* per kind: matched count, median and p90 of the absolute duration error
+  ``|d_sim / d_meas - 1|`` (``kind_errors``); ``median_kind_error`` = median over kinds of
+  the per-kind medians;
+* per role: busy fraction (summed interval time / (SMs x makespan)) in both traces and the
+  difference (``busy_fraction_error``);
+* overlap efficiency in both and the difference (``overlap_efficiency_error``);
+* unmatched intervals on either side.
+
+``compare_file(path)`` loads a kernel trace (NPZ with ``meta`` and ``topk_idx``, see
+:mod:`megamoe.trace`), simulates the same scenario (shape, ranks, tokens, the trace's own
+routing, plan numbers from ``meta``) and compares.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from megamoe.errors import require
+from megamoe.trace import KIND, KINDS, ROLE, Trace
+
+from .metrics import _intersection, _length, _union
+
+BLOCK_KINDS = {KIND[k] for k in ("l1_load", "l1_mma", "l1_epilogue", "l2_load", "l2_mma", "l2_epilogue",
+                                 "idle_wait")}
+
+
+def _keys(t: Trace) -> dict:
+    """key -> index; rank-level (non-block) intervals get an occurrence counter."""
+    out, seen = {}, {}
+    order = np.lexsort((t["t_start_ns"], t["kind"], t["role"], t["sm"], t["rank"]))
+    for i in order.tolist():
+        base = (int(t["rank"][i]), int(t["sm"][i]), int(t["role"][i]), int(t["kind"][i]),
+                int(t["expert"][i]), int(t["m_block"][i]), int(t["n_block"][i]))
+        n = seen.get(base, 0)
+        seen[base] = n + 1
+        out[base + (n,)] = i
+    return out
+
+
+def busy_fractions(t: Trace, num_sms: int) -> dict:
+    """Role -> mean over ranks of summed work-interval time / (SMs x makespan)."""
+    out = {}
+    span = t.makespan_ns
+    if span <= 0:
+        return out
+    work = t["kind"] != KIND["idle_wait"]
+    ranks = np.unique(t["rank"])
+    dur = t["t_end_ns"] - t["t_start_ns"]
+    for name, code in ROLE.items():
+        vals = []
+        for r in ranks:
+            sel = work & (t["role"] == code) & (t["rank"] == r)
+            if sel.any():
+                per_sm = dur[sel & (t["sm"] >= 0)].sum() / num_sms + dur[sel & (t["sm"] < 0)].sum()
+                vals.append(min(1.0, per_sm / span))
+        if vals:
+            out[name] = float(np.mean(vals))
+    return out
+
+
+def overlap_efficiency(t: Trace) -> float:
+    """Mean over ranks of ``|comm ∩ compute| / min(|comm|, |compute|)`` (see sim.metrics)."""
+    vals = []
+    for r in np.unique(t["rank"]):
+        s = t.where(rank=int(r))
+        comm = (s["kind"] == KIND["pull"]) | (s["kind"] == KIND["l2_epilogue"])
+        comp = (s["kind"] == KIND["l1_mma"]) | (s["kind"] == KIND["l2_mma"])
+        cu = _union(s["t_start_ns"][comm], s["t_end_ns"][comm])
+        pu = _union(s["t_start_ns"][comp], s["t_end_ns"][comp])
+        lc, lp = _length(cu), _length(pu)
+        if min(lc, lp) > 0:
+            vals.append(_intersection(cu, pu) / min(lc, lp))
+    return float(np.mean(vals)) if vals else 0.0
+
+
+def compare_traces(measured: Trace, simulated: Trace, num_sms: int) -> dict:
+    """Errors of ``simulated`` against ``measured`` (see module docstring)."""
+    km, ks = _keys(measured), _keys(simulated)
+    common = sorted(set(km) & set(ks))
+    dm = measured["t_end_ns"] - measured["t_start_ns"]
+    ds = simulated["t_end_ns"] - simulated["t_start_ns"]
+    per_kind: dict[int, list[float]] = {}
+    for key in common:
+        a, b = dm[km[key]], ds[ks[key]]
+        if a > 0 and key[3] != KIND["idle_wait"]:
+            per_kind.setdefault(key[3], []).append(abs(b / a - 1.0))
+    kind_errors = {KINDS[k]: {"matched": len(v), "median": float(np.median(v)), "p90": float(np.percentile(v, 90))}
+                   for k, v in sorted(per_kind.items())}
+    mk_m, mk_s = measured.makespan_ns, simulated.makespan_ns
+    bm, bs = busy_fractions(measured, num_sms), busy_fractions(simulated, num_sms)
+    om, os_ = overlap_efficiency(measured), overlap_efficiency(simulated)
+    return {
+        "makespan_measured_us": mk_m / 1e3,
+        "makespan_simulated_us": mk_s / 1e3,
+        "makespan_error": mk_s / mk_m - 1.0 if mk_m > 0 else float("nan"),
+        "median_kind_error": float(np.median([v["median"] for v in kind_errors.values()])) if kind_errors else float("nan"),
+        "kind_errors": kind_errors,
+        "busy_fraction_measured": bm,
+        "busy_fraction_simulated": bs,
+        "busy_fraction_error": {k: bs[k] - bm[k] for k in bm if k in bs},
+        "overlap_efficiency_measured": om,
+        "overlap_efficiency_simulated": os_,
+        "overlap_efficiency_error": os_ - om,
+        "matched_intervals": len(common),
+        "unmatched_measured": len(km) - len(common),
+        "unmatched_simulated": len(ks) - len(common),
+    }
+
+
+def scenario_from_meta(trace: Trace):
+    """The :class:`Scenario` a trace file describes (its own routing, plan numbers from meta).
+
+    Raises:
+        InputError: the trace has no ``meta`` or no ``topk_idx``.
+    """
+    from megamoe.scenario import Scenario
+    from megamoe.shapes import MoEShape
+
+    meta = trace.meta
+    require(isinstance(meta, dict) and "num_experts" in meta, "trace.meta",
+            "a scenario (num_experts, top_k, hidden, intermediate, num_ranks, ...)", "missing")
+    require(trace.topk_idx is not None, "trace.topk_idx", "the routing the kernel ran", "missing")
+    shape = MoEShape(meta.get("shape", "custom"), int(meta["num_experts"]), int(meta["top_k"]),
+                     int(meta["hidden"]), int(meta["intermediate"]))
+    plan = meta.get("plan", {})
+    return Scenario(shape=shape, num_ranks=int(meta["num_ranks"]),
+                    max_tokens_per_rank=int(meta.get("max_tokens_per_rank") or max(1, max(len(t) for t in trace.topk_idx))),
+                    hardware=meta.get("hardware", "h200"), design=meta.get("design", "megamoe-sm90"),
+                    experts_per_wave=plan.get("experts_per_wave", meta.get("experts_per_wave")),
+                    block_m=plan.get("block_m", meta.get("block_m")),
+                    l2_wait=meta.get("l2_wait", "k_block"),
+                    topk_idx=[np.asarray(t, dtype=np.int64) for t in trace.topk_idx])
+
+
+def compare_file(path: str, hardware=None) -> tuple[dict, Trace, object]:
+    """Load a trace file, simulate its scenario, compare.  Returns (report, measured, SimResult)."""
+    from .engine import simulate
+
+    measured = Trace.load(path)
+    sc = scenario_from_meta(measured)
+    res = simulate(sc, hardware)
+    report = compare_traces(measured, res.trace, res.plan.num_sms)
+    report["scenario"] = sc.to_dict()
+    report["trace"] = str(path)
+    return report, measured, res
+
+
+def plot_overlay(measured: Trace, simulated: Trace, path: str, rank: int = 0, sms: int = 6) -> None:
+    """PNG: for SMs 0..sms-1 of ``rank``, the measured (top) and simulated (bottom) lanes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .plots import COLORS
+
+    fig, ax = plt.subplots(figsize=(13, 0.55 * 2 * sms + 1.5))
+    y = 0
+    labels = []
+    for sm in range(sms):
+        for name, t in (("measured", measured), ("simulated", simulated)):
+            s = t.where(rank=rank, sm=sm)
+            for k in np.unique(s["kind"]):
+                sel = s["kind"] == k
+                if KINDS[k] == "idle_wait":
+                    continue
+                ax.broken_barh(list(zip(s["t_start_ns"][sel] / 1e3, (s["t_end_ns"][sel] - s["t_start_ns"][sel]) / 1e3)),
+                               (y - 0.35, 0.7), facecolors=COLORS[KINDS[k]])
+            labels.append(f"SM{sm} {name}")
+            y += 1
+    ax.set_yticks(range(len(labels)))
+    ax.set_yticklabels(labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("time (us)")
+    ax.set_title(f"rank {rank}: measured vs simulated")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+

@@ -1,0 +1,82 @@
+"""megamoe compare: a trace against its own simulation, and a perturbed one."""
+
+import json
+
+import numpy as np
+import pytest
+
+from megamoe.cli import main
+from megamoe.errors import InputError
+from megamoe.scenario import Scenario
+from megamoe.trace import Trace
+from sim import simulate
+from sim.compare import compare_file, compare_traces
+from sim.hardware import load_hardware
+
+
+def _saved(tmp_path, **kw):
+    sc = Scenario(shape="deepseek-v4-flash", num_ranks=2, tokens_per_rank=[96, 40], routing="zipf:0.8", **kw)
+    res = simulate(sc)
+    p = tmp_path / "t.npz"
+    res.trace.save_npz(str(p))
+    return p, res
+
+
+def test_trace_roundtrip_keeps_meta_and_routing(tmp_path):
+    p, res = _saved(tmp_path)
+    t = Trace.load(str(p))
+    assert t.meta["tokens_per_rank"] == [96, 40] and t.meta["source"] == "simulator"
+    assert all((a == b).all() for a, b in zip(t.topk_idx, res.scenario.routing_ids()))
+    assert all((t[c] == res.trace[c]).all() for c in t.cols)
+
+
+def test_self_comparison_is_exact(tmp_path):
+    p, res = _saved(tmp_path)
+    report, _, _ = compare_file(str(p), load_hardware("b200"))
+    assert report["makespan_error"] == pytest.approx(0.0, abs=1e-12)
+    assert report["median_kind_error"] == pytest.approx(0.0, abs=1e-12)
+    assert report["unmatched_measured"] == report["unmatched_simulated"] == 0
+
+
+def test_faster_loads_show_up_as_negative_errors(tmp_path):
+    p, res = _saved(tmp_path)
+    hw = load_hardware("b200")
+    # these small blocks (block_m 16) are load-bound: halve the TMA latency (Little's law)
+    report, _, fast = compare_file(str(p), hw.scaled(tma_latency_ns=0.5))
+    assert report["makespan_error"] < 0
+    mma = report["kind_errors"]["l1_mma"]
+    # the error is the median |d_sim/d_meas - 1| over matched K loops, computed
+    # independently here from the two traces
+    m, s = res.trace.where(kind="l1_mma", role="mma"), fast.trace.where(kind="l1_mma", role="mma")
+    km = {(a, b, c, d, e): x for a, b, c, d, e, x in zip(m["rank"], m["sm"], m["expert"], m["m_block"], m["n_block"],
+                                                        m["t_end_ns"] - m["t_start_ns"])}
+    errs = [abs(y / km[(a, b, c, d, e)] - 1) for a, b, c, d, e, y in
+            zip(s["rank"], s["sm"], s["expert"], s["m_block"], s["n_block"], s["t_end_ns"] - s["t_start_ns"])]
+    assert mma["median"] == pytest.approx(float(np.median(errs))) and mma["median"] > 0.2
+
+
+def test_cli_compare(tmp_path):
+    p, _ = _saved(tmp_path)
+    out, png = tmp_path / "r.json", tmp_path / "o.png"
+    assert main(["compare", str(p), "--hardware", "b200", "--json", str(out), "--plot", str(png)]) == 0
+    d = json.loads(out.read_text())
+    assert "makespan_error" in d and "median_kind_error" in d and png.exists()
+
+
+def test_bad_trace_files(tmp_path):
+    bad = tmp_path / "x.npz"
+    np.savez(bad, rank=np.zeros(1))
+    with pytest.raises(InputError, match="^trace: expected columns"):
+        Trace.load(str(bad))
+    (tmp_path / "y.npz").write_text("not a zip")
+    with pytest.raises(InputError, match="^trace: expected an .npz"):
+        Trace.load(str(tmp_path / "y.npz"))
+    assert main(["compare", str(tmp_path / "y.npz")]) == 2
+
+
+def test_compare_traces_counts_unmatched():
+    res = simulate(Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=8))
+    t = res.trace
+    half = t.select(np.arange(len(t)) % 2 == 0)
+    r = compare_traces(t, half, res.plan.num_sms)
+    assert r["unmatched_measured"] > 0 and r["unmatched_simulated"] == 0
