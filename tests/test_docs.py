@@ -1,0 +1,360 @@
+"""The documentation site: `mkdocs build --strict`, then the built site in headless Chromium.
+
+Builds the site (skipped when mkdocs or its plugins are not installed), serves it on
+localhost, drives Debian's ``/usr/bin/chromium`` through the DevTools protocol (a small
+stdlib WebSocket client below: no Node, no Playwright, no browser download) and checks that
+the overview, a concept page and the API page render their headings and images, that the
+interactive plotly timeline draws, and that the site search finds "UE8M0". A screenshot of the
+overview is written to ``build/docs/overview.png`` (``MEGAMOE_DOCS_SCREENSHOT`` overrides the
+path).
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import http.server
+import importlib.util
+import json
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run",
+                  "--disable-dev-shm-usage", "--window-size=1280,900"]
+REQUIRED = ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python", "mkdocs_static_i18n",
+            "plotly")
+
+
+def _missing_modules() -> list[str]:
+    out = []
+    for m in REQUIRED:
+        try:
+            if importlib.util.find_spec(m) is None:
+                out.append(m)
+        except ModuleNotFoundError:
+            out.append(m)
+    return out
+
+
+def _chromium() -> str | None:
+    for c in (os.environ.get("CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium"),
+              shutil.which("chromium-browser")):
+        if c and os.path.exists(c):
+            return c
+    return None
+
+
+# ----------------------------------------------------------------------------- build + serve
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    missing = _missing_modules()
+    if missing:
+        pytest.skip(f"docs extras not installed (pip install -e '.[docs]'): missing {', '.join(missing)}")
+    out = tmp_path_factory.mktemp("site")
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"mkdocs build --strict failed:\n{log[-6000:]}"
+    assert "WARNING" not in log, f"mkdocs printed warnings:\n{log[-6000:]}"
+    print(f"mkdocs build --strict: {time.time() - t0:.1f} s")
+    return out
+
+
+def test_site_built(site: Path):
+    for page in ("index.html", "concepts/nine-stages/index.html", "concepts/pull-order/index.html",
+                 "simulator/validation/index.html", "simulator/timeline/index.html", "api/index.html",
+                 "zh/index.html", "zh/concepts/nine-stages/index.html", "search/search_index.json"):
+        assert (site / page).is_file(), page
+    pngs = list((site / "generated").glob("*.png"))
+    assert len(pngs) >= 10, pngs
+    assert all(p.stat().st_size > 5000 for p in pngs)
+    val = (site / "simulator/validation/index.html").read_text()
+    assert "<table>" in val and "32768" in val and "PASS" in val or "FAIL" in val
+    assert "2, 0, 6, 0" in (site / "concepts/pull-order/index.html").read_text()
+    zh = (site / "zh/index.html").read_text()
+    assert "概述" in zh or "三种用途" in zh
+    index = json.loads((site / "search/search_index.json").read_text())
+    assert any("UE8M0" in d.get("text", "") for d in index["docs"])
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture(scope="module")
+def server(site: Path):
+    handler = functools.partial(_Quiet, directory=str(site))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    th = threading.Thread(target=httpd.serve_forever, daemon=True)
+    th.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+# ----------------------------------------------------------------------------- DevTools client
+class _WebSocket:
+    """Minimal RFC 6455 client (text frames, client masking) for the DevTools protocol."""
+
+    def __init__(self, url: str, timeout: float = 60.0):
+        assert url.startswith("ws://")
+        hostport, _, path = url[5:].partition("/")
+        host, _, port = hostport.partition(":")
+        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
+        key = base64.b64encode(os.urandom(16)).decode()
+        self.sock.sendall((f"GET /{path} HTTP/1.1\r\nHost: {hostport}\r\nUpgrade: websocket\r\n"
+                           f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                           "Sec-WebSocket-Version: 13\r\n\r\n").encode())
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            chunk = self.sock.recv(4096)
+            if not chunk:
+                raise ConnectionError("websocket handshake: connection closed")
+            buf += chunk
+        head, _, self._buf = buf.partition(b"\r\n\r\n")
+        assert b" 101 " in head.split(b"\r\n")[0], head[:200]
+
+    def _read(self, n: int) -> bytes:
+        while len(self._buf) < n:
+            chunk = self.sock.recv(1 << 16)
+            if not chunk:
+                raise ConnectionError("websocket closed")
+            self._buf += chunk
+        out, self._buf = self._buf[:n], self._buf[n:]
+        return out
+
+    def send(self, text: str) -> None:
+        data = text.encode()
+        n = len(data)
+        head = bytes([0x81])
+        if n < 126:
+            head += bytes([0x80 | n])
+        elif n < 1 << 16:
+            head += bytes([0x80 | 126]) + struct.pack(">H", n)
+        else:
+            head += bytes([0x80 | 127]) + struct.pack(">Q", n)
+        mask = os.urandom(4)
+        self.sock.sendall(head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(data)))
+
+    def recv(self) -> str:
+        parts = []
+        while True:
+            b0, b1 = self._read(2)
+            n = b1 & 0x7F
+            if n == 126:
+                n = struct.unpack(">H", self._read(2))[0]
+            elif n == 127:
+                n = struct.unpack(">Q", self._read(8))[0]
+            payload = self._read(n)
+            op = b0 & 0x0F
+            if op == 0x8:
+                raise ConnectionError("websocket closed by the browser")
+            if op in (0x9, 0xA):  # ping / pong: ignore
+                continue
+            parts.append(payload)
+            if b0 & 0x80:
+                return b"".join(parts).decode()
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class Browser:
+    """Headless Chromium with one page, driven over the DevTools protocol."""
+
+    def __init__(self, exe: str):
+        self.profile = tempfile.mkdtemp(prefix="megamoe-chromium-")
+        self.proc = subprocess.Popen([exe, *CHROMIUM_FLAGS, "--remote-debugging-port=0",
+                                      f"--user-data-dir={self.profile}", "about:blank"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        port_file = Path(self.profile) / "DevToolsActivePort"
+        deadline = time.time() + 60
+        while not (port_file.exists() and port_file.read_text().strip()):
+            if self.proc.poll() is not None or time.time() > deadline:
+                self.close()
+                raise RuntimeError("chromium did not start (no DevToolsActivePort)")
+            time.sleep(0.1)
+        port = int(port_file.read_text().split()[0])
+        deadline = time.time() + 30
+        while True:
+            try:
+                targets = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=5))
+                page = next(t for t in targets if t.get("type") == "page")
+                break
+            except Exception:
+                if time.time() > deadline:
+                    self.close()
+                    raise
+                time.sleep(0.2)
+        self.ws = _WebSocket(page["webSocketDebuggerUrl"])
+        self._id = 0
+        self.events: list[dict] = []
+        self.call("Page.enable")
+        self.call("Runtime.enable")
+
+    def call(self, method: str, **params) -> dict:
+        self._id += 1
+        self.ws.send(json.dumps({"id": self._id, "method": method, "params": params}))
+        while True:
+            msg = json.loads(self.ws.recv())
+            if msg.get("id") == self._id:
+                if "error" in msg:
+                    raise RuntimeError(f"{method}: {msg['error']}")
+                return msg.get("result", {})
+            self.events.append(msg)
+
+    def goto(self, url: str, timeout: float = 60.0) -> None:
+        self.events.clear()
+        self.call("Page.navigate", url=url)
+        deadline = time.time() + timeout
+        while not any(e.get("method") == "Page.loadEventFired" for e in self.events):
+            if time.time() > deadline:
+                raise TimeoutError(f"no load event for {url}")
+            self.events.append(json.loads(self.ws.recv()))
+
+    def eval(self, expr: str):
+        r = self.call("Runtime.evaluate", expression=expr, awaitPromise=True, returnByValue=True)
+        if "exceptionDetails" in r:
+            raise RuntimeError(f"javascript error: {r['exceptionDetails']}")
+        return r["result"].get("value")
+
+    def screenshot(self, path: Path) -> None:
+        data = self.call("Page.captureScreenshot", format="png")["data"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(base64.b64decode(data))
+
+    def console_errors(self) -> list[str]:
+        return [json.dumps(e["params"])[:300] for e in self.events
+                if e.get("method") == "Runtime.exceptionThrown"]
+
+    def close(self) -> None:
+        if getattr(self, "ws", None):
+            self.ws.close()
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        shutil.rmtree(self.profile, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    exe = _chromium()
+    if exe is None:
+        pytest.skip("chromium not installed (Debian: apt-get install -y chromium)")
+    b = Browser(exe)
+    yield b
+    b.close()
+
+
+# Waits for every image of the article to finish loading, then reports headings and images.
+PAGE_REPORT = """(async () => {
+  const art = document.querySelector('article') || document.body;
+  const imgs = [...art.querySelectorAll('img')];
+  await Promise.all(imgs.map(i => i.complete ? 0 : new Promise(r => { i.onload = i.onerror = r; })));
+  return {
+    title: document.title,
+    h1: [...art.querySelectorAll('h1')].map(h => h.textContent.trim()),
+    h2: [...art.querySelectorAll('h2')].map(h => h.textContent.trim()),
+    imgs: imgs.map(i => ({src: i.getAttribute('src'), w: i.naturalWidth, h: i.naturalHeight})),
+  };
+})()"""
+
+
+def _report(browser: Browser, url: str) -> dict:
+    browser.goto(url)
+    return browser.eval(PAGE_REPORT)
+
+
+def test_overview_renders(browser: Browser, server: str):
+    r = _report(browser, server + "/")
+    assert r["h1"] and r["h1"][0].startswith("megamoe"), r
+    assert any("Quick start" in h for h in r["h2"]), r["h2"]
+    assert any("Three things" in h for h in r["h2"]), r["h2"]
+    assert r["imgs"] and all(i["w"] > 100 and i["h"] > 100 for i in r["imgs"]), r["imgs"]
+    shot = Path(os.environ.get("MEGAMOE_DOCS_SCREENSHOT", ROOT / "build" / "docs" / "overview.png"))
+    browser.screenshot(shot)
+    assert shot.stat().st_size > 10000
+    assert not browser.console_errors(), browser.console_errors()
+
+
+def test_concept_page_renders(browser: Browser, server: str):
+    r = _report(browser, server + "/concepts/pull-order/")
+    assert r["h1"] == ["Round-robin min-remaining pull ordering¶"] or r["h1"][0].startswith("Round-robin"), r
+    assert any("5, 3, 9, 2" in h for h in r["h2"]), r["h2"]
+    assert any("pull_order_5392.png" in i["src"] and i["w"] > 300 for i in r["imgs"]), r["imgs"]
+    r = _report(browser, server + "/concepts/nine-stages/")
+    assert r["h1"][0].startswith("The nine stages"), r
+    assert sum(h[:2].strip(". ").isdigit() for h in r["h2"]) >= 9, r["h2"]
+    assert r["imgs"] and all(i["w"] > 100 for i in r["imgs"]), r["imgs"]
+
+
+def test_chinese_page_renders(browser: Browser, server: str):
+    r = _report(browser, server + "/zh/concepts/nine-stages/")
+    assert r["h1"] and "九" in r["h1"][0], r
+    assert r["imgs"] and all(i["w"] > 100 for i in r["imgs"]), r["imgs"]
+
+
+def test_api_page_renders(browser: Browser, server: str):
+    r = _report(browser, server + "/api/")
+    assert r["h1"][0].startswith("API reference"), r
+    heads = browser.eval("[...document.querySelectorAll('article h2, article h3')].map(h => h.id)")
+    for ident in ("megamoe.plan", "megamoe.plan.pull_order", "megamoe.scenario.Scenario", "sim.engine.simulate",
+                  "megamoe.formats"):
+        assert ident in heads, (ident, heads[:40])
+
+
+def test_plotly_timeline_draws(browser: Browser, server: str):
+    browser.goto(server + "/simulator/timeline/")
+    n = browser.eval("""(async () => {
+      for (let i = 0; i < 100; i++) {
+        const bars = document.querySelectorAll('#megamoe-timeline .bars path, #megamoe-timeline .point path');
+        if (bars.length) return bars.length;
+        await new Promise(r => setTimeout(r, 100));
+      }
+      return 0;
+    })()""")
+    assert n > 50, n
+
+
+def test_search_finds_ue8m0(browser: Browser, server: str):
+    browser.goto(server + "/")
+    found = browser.eval("""(async () => {
+      const input = document.querySelector('input[data-md-component="search-query"]');
+      if (!input) return {error: 'no search input'};
+      document.querySelector('label[for="__search"]')?.click();
+      for (let i = 0; i < 300; i++) {   // up to 30 s: the worker builds the index first
+        input.value = 'UE8M0';
+        input.dispatchEvent(new Event('input', {bubbles: true}));
+        input.dispatchEvent(new KeyboardEvent('keyup', {bubbles: true, key: '0'}));
+        await new Promise(r => setTimeout(r, 100));
+        const items = [...document.querySelectorAll('.md-search-result__item')];
+        if (items.length) return {n: items.length, text: items.map(x => x.textContent).join(' | ').slice(0, 2000),
+                                  links: items.map(x => x.querySelector('a')?.getAttribute('href'))};
+      }
+      return {n: 0, meta: document.querySelector('.md-search-result__meta')?.textContent};
+    })()""")
+    assert found.get("n", 0) > 0, found
+    assert any("numerics" in (l or "") for l in found["links"]), found
