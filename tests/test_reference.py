@@ -405,3 +405,40 @@ def test_v4_pro_64_tokens_within_8_gib():
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["shape"] == [64, 7168] and res["finite"]
     assert res["rss_gib"] < 8.0
+
+
+def test_fast_fp32_split_path_equals_float64_path():
+    """Adversarial groups (448 next to 2^-9, E2M1 6 next to 0.5): the FP32 split used for
+    32-wide E4M3 x E2M1 groups must give the float64 path's bits."""
+    from megamoe.formats import cast_to_e4m3, decode_e4m3, decode_ue8m0, quantize_e2m1_blocks
+    g = torch.Generator().manual_seed(11)
+    k = 128
+    mags = torch.tensor([448.0, 2.0 ** -9, 2.0 ** -7 * 3, 0.125, 0.1171875, 240.0, 1.0, 2.0 ** -6])
+    a = mags[torch.randint(0, 8, (16, k), generator=g)] * torch.where(
+        torch.rand((16, k), generator=g) < 0.5, -1.0, 1.0)
+    av = decode_e4m3(cast_to_e4m3(a), torch.float64)
+    asc = decode_ue8m0(torch.randint(100, 150, (16, k // 32), generator=g,
+                                     dtype=torch.int32).to(torch.uint8), torch.float64)
+    wp, ws = quantize_e2m1_blocks(torch.randn((48, k), generator=g) * 3)
+    fast = R.block_scaled_gemm(av, asc, wp, ws, R.Numerics.sm100())
+    prev = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high")  # disables the FP32 split
+        slow = R.block_scaled_gemm(av, asc, wp, ws, R.Numerics.sm100())
+    finally:
+        torch.set_float32_matmul_precision(prev)
+    assert torch.equal(fast, slow)
+    wv, wsc = dec_w(wp.numpy(), ws.numpy())
+    assert np.array_equal(fast.numpy(), gemm(av.numpy(), asc.numpy(), wv, wsc))
+
+
+def test_numerics_switches_change_the_epilogue():
+    c = make_case(seed=12)
+    base = run_q(c, activation_clamp=CLAMP)
+    fp32 = run_q(c, activation_clamp=CLAMP, numerics=R.Numerics(bf16_before_swiglu=False))
+    fast = run_q(c, activation_clamp=CLAMP, numerics=R.Numerics.sm100(fast_math=True))
+    ex = R.moe_reference(c["x"], c["x_sf"], c["topk_idx"], c["topk_weights"], *c["w"],
+                         activation_clamp=CLAMP)
+    assert not torch.equal(base, fp32)
+    for y in (base, fp32, fast):
+        assert (y.double() - ex).norm() / ex.norm() < 0.06
