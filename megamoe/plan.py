@@ -414,6 +414,27 @@ def route_to_ranks(topk_idx: list[np.ndarray], num_experts: int, num_ranks: int
     return counts, items
 
 
+DESIGNS = ("deepgemm-sm100", "megamoe-sm90")
+
+
+def sm90_block_config(num_tokens: int, num_ranks: int, top_k: int, num_experts: int,
+                      block_m: int | None = None) -> BlockConfig:
+    """Block config of this project's SM90 kernel (:mod:`megamoe.design_sm90`): one CTA per
+    SM, block_m the smallest of 16/32/64/128 holding the expected tokens per expert,
+    block_n = block_k = 128, 8 consumer warps (256 threads) doing MMA and epilogue.
+
+    Raises:
+        InputError: ``block_m`` not one the kernel is compiled for.
+    """
+    from . import design_sm90 as d
+
+    if block_m is None:
+        block_m = d.block_m_for(expected_tokens_per_expert(num_tokens, num_ranks, top_k, num_experts))
+    require(block_m in d.BLOCK_MS, "block_m", f"one of {', '.join(map(str, d.BLOCK_MS))} (SM90 kernel)", block_m)
+    return BlockConfig(block_m=block_m, block_n=d.BLOCK_N, block_k=d.BLOCK_K, store_block_m=block_m,
+                       cluster_size=d.CTAS_PER_SM, num_epilogue_threads=32 * d.CONSUMER_WARPS)
+
+
 def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, num_ranks: int,
                tokens_per_rank: list[int], max_tokens_per_rank: int, topk_idx: list[np.ndarray],
                num_sms: int, smem_capacity: int = SM100_SMEM_CAPACITY,
@@ -446,19 +467,13 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
     require(l2_wait in ("k_block", "pool_block"), "l2_wait", "k_block or pool_block", l2_wait)
     require(num_sms >= 2, "num_sms", ">= 2", num_sms)
     e_local = num_experts // num_ranks
-    if design == "megamoe-sm90":
-        from . import design_sm90  # our kernel's design, beside the reference
-
-        return design_sm90.build_plan(
-            num_experts=num_experts, top_k=top_k, hidden=hidden, intermediate=intermediate,
-            num_ranks=num_ranks, tokens_per_rank=tokens_per_rank,
-            max_tokens_per_rank=max_tokens_per_rank, topk_idx=topk_idx, num_sms=num_sms,
-            experts_per_wave=experts_per_wave, block_m=block_m, l2_wait=l2_wait, policies=policies)
-    require(design == "deepgemm-sm100", "design", "deepgemm-sm100 or megamoe-sm90", design)
-    require(num_sms % 2 == 0, "num_sms", "an even number (2-CTA clusters)", num_sms)
-    require((2 * intermediate) % 256 == 0 and hidden % 256 == 0, "shape",
-            "2*intermediate and hidden multiples of 256 (even N block counts for 2-CTA pairs)",
-            f"hidden {hidden}, intermediate {intermediate}")
+    require(design in DESIGNS, "design", " or ".join(DESIGNS), design)
+    sm90 = design == "megamoe-sm90"
+    if not sm90:
+        require(num_sms % 2 == 0, "num_sms", "an even number (2-CTA clusters)", num_sms)
+        require((2 * intermediate) % 256 == 0 and hidden % 256 == 0, "shape",
+                "2*intermediate and hidden multiples of 256 (even N block counts for 2-CTA pairs)",
+                f"hidden {hidden}, intermediate {intermediate}")
     cap = pool_tokens if pool_tokens is not None else pool_capacity_tokens(
         num_ranks, max_tokens_per_rank, top_k, e_local)
     require(cap > 0, "pool_tokens", "> 0", cap)
@@ -473,14 +488,23 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
         if pol.block_config is not None and block_m is None:
             cfg = call_block_config(pol.block_config, BlockContext(
                 tokens_per_rank[r], num_ranks, top_k, num_experts, hidden, intermediate, tpe))
+        elif sm90:
+            cfg = sm90_block_config(tokens_per_rank[r], num_ranks, top_k, num_experts, block_m)
         else:
             cfg = sm100_block_config(tokens_per_rank[r], num_ranks, top_k, num_experts, block_m)
         require(intermediate % cfg.block_k == 0 and hidden % cfg.block_k == 0, "shape",
                 f"hidden and intermediate multiples of block_k {cfg.block_k}",
                 f"hidden {hidden}, intermediate {intermediate}")
-        epw = sm100_experts_per_wave(e_local, tokens_per_rank[r], top_k, intermediate,
-                                     cfg.block_m, cfg.block_n, num_sms, cap,
-                                     max_tokens_per_rank, num_ranks)
+        if sm90:
+            from . import design_sm90
+
+            epw = design_sm90.experts_per_wave_for(
+                e_local, expected_tokens_per_expert(tokens_per_rank[r], num_ranks, top_k, num_experts),
+                cfg.block_m, intermediate, num_sms)
+        else:
+            epw = sm100_experts_per_wave(e_local, tokens_per_rank[r], top_k, intermediate,
+                                         cfg.block_m, cfg.block_n, num_sms, cap,
+                                         max_tokens_per_rank, num_ranks)
         if pol.wave is not None:
             max_epw = e_local
             while max_epw > 1 and wave_pool_tokens(num_ranks, top_k, max_tokens_per_rank, max_epw,
@@ -493,7 +517,14 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
             require(1 <= experts_per_wave <= e_local, "experts_per_wave",
                     f"in [1, {e_local}] (local experts)", experts_per_wave)
             epw = experts_per_wave
-        stages, smem = sm100_pipeline(smem_capacity, num_experts, hidden, cfg, pull)
+        if sm90:
+            from . import design_sm90
+
+            stages = design_sm90.num_stages_for(cfg.block_m, num_experts, smem_capacity)
+            require(stages >= 2, "smem_capacity", "room for 2 pipeline stages", smem_capacity)
+            smem = design_sm90.smem_bytes(cfg.block_m, stages, num_experts)
+        else:
+            stages, smem = sm100_pipeline(smem_capacity, num_experts, hidden, cfg, pull)
         if num_stages is not None:
             require(2 <= num_stages <= stages, "num_stages", f"in [2, {stages}] (SMEM budget)", num_stages)
             stages = num_stages

@@ -45,6 +45,7 @@ from megamoe.trace import KIND, ROLE, Trace
 from .hardware import Hardware, load_hardware
 
 BUCKET_NS = 250.0
+PRODUCER_THREADS_SM90 = 128  # megamoe.design_sm90: 4 producer warps
 DISPATCH_WARPS_PER_SM = 4
 SF_BYTES_PER_TOKEN_PER_HIDDEN = 1 / 32  # one UE8M0 byte per 32 elements
 
@@ -171,9 +172,8 @@ class _Engine:
             nb = int(rp.pool_block_offset[-1])
             self.arrival.append([None] * nb)
             self.arrival_ev.append({})
-            pairs = rp.l1_n_blocks // 2
-            self.l1_done.append([[0.0] * pairs for _ in range(nb)])
-            self.l1_left.append([pairs] * nb)
+            self.l1_done.append([[0.0] * rp.l1_n_blocks for _ in range(nb)])
+            self.l1_left.append([rp.l1_n_blocks] * nb)
             self.l1_ev.append({})
             e_loc = len(rp.recv_counts)
             self.touched_w.append([False] * (3 * e_loc * max(rp.l1_n_blocks, rp.l2_n_blocks)))
@@ -275,7 +275,8 @@ class _Engine:
         cfg = rp.config
         bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
         S = plan.num_sms
-        rows = rp.blocks()[2 * c::S].tolist()
+        cs = cfg.cluster_size  # SMs per unit: 2 (2-CTA cluster, lockstep) or 1
+        rows = rp.blocks()[cs * c::S].tolist()
         t_ready = self.counts_ready[r]
         if t_ready is None:
             t_ready = yield self.pre_pull_done
@@ -285,18 +286,22 @@ class _Engine:
         H, I = plan.hidden, plan.intermediate
         lat = hw.tma_latency_ns
         stages = rp.num_stages
-        t_mma_k = 2.0 * bm * bn * bk / hw.tc_flops_per_ns_per_sm
-        # global bytes one SM moves per K block: half of A (the other half arrives by
-        # multicast from the peer CTA), its B tile in FP4, and the scales
-        stage_bytes = (bm // 2) * bk + bn * bk / 2 + (bm + bn) * bk / 32
-        # TMA rate of one SM: its engine limit, or Little's law on the stage ring
+        sm90 = plan.design == "megamoe-sm90"
+        tc = hw.tc_flops_per_ns_per_sm * (hw.mma_sync_fraction if sm90 else 1.0)
+        t_mma_k = 2.0 * bm * bn * bk / tc
+        # global bytes one SM moves per K block: its share of A (half with 2-CTA multicast),
+        # its B tile in FP4, and the scales
+        stage_bytes = (bm // cs) * bk + bn * bk / 2 + (bm + bn) * bk / 32
+        # load rate of one SM: its engine limit, or Little's law on the stage ring
         load_rate = min(hw.sm_load_bytes_per_ns, stages * stage_bytes / lat)
         t_k = max(t_mma_k, stage_bytes / load_rate) + hw.block_overhead_ns / max(1, H // bk)
+        if sm90:  # producer warps decode the E2M1 tile into E4M3 in shared memory
+            t_k = max(t_k, hw.e2m1_decode_thread_ns_per_elem * bn * bk / PRODUCER_THREADS_SM90)
         epi_threads = cfg.num_epilogue_threads
         t_epi = (0.0, hw.l1_epilogue_thread_ns_per_elem * bm * bn / epi_threads + hw.block_overhead_ns,
                  hw.l2_epilogue_thread_ns_per_elem * bm * bn / epi_threads + hw.block_overhead_ns)
         K = (0, H // bk, I // bk)
-        ratio = bk // bn  # L1 n-block pairs per L2 K block
+        per_kb = 2 * bk // bn  # L1 n blocks (bn/2 SwiGLU outputs each) per L2 K block
         pbo = rp.pool_block_offset.tolist()
         tpe = rp.tokens_per_expert.tolist()
         prev_mma_end = t_ready
@@ -311,7 +316,7 @@ class _Engine:
         arrival, arrival_ev = self.arrival[r], self.arrival_ev[r]
         dsts = self.dst_lists[r]
         per_k_wait = plan.l2_wait == "k_block"
-        row_bytes = 2 * bn * 2  # BF16 output row of both CTAs
+        row_bytes = cs * bn * 2  # BF16 output row of the unit's CTAs
         wb_slack = hw.nvlink_latency_ns
         blocks = self.blocks
         last_write = self.last_write[r]
@@ -335,16 +340,16 @@ class _Engine:
                     yield ev
                 vec = l1_done[pb]
                 if per_k_wait and kb > 1:
-                    if ratio > 1:
-                        vec = [max(vec[i * ratio:(i + 1) * ratio]) for i in range(kb)]
-                    ready_vec = vec
-                    dep = vec[0]
+                    ready_vec = [max(vec[i * per_kb:(i + 1) * per_kb]) for i in range(kb)]
+                    dep = ready_vec[0]
                 else:
                     dep = max(vec)
             # the loaders may start once the dependency holds and a ring stage is free
             free = prev_mma_end - prev_prefetch
             load_start = dep if dep > free else free
-            mma_start = max(load_start + lat, prev_mma_end, epi_m2)
+            # accumulator stages: TMEM has 2 (block i waits for epilogue i-2); the SM90
+            # consumers hold the accumulators in registers and run the epilogue themselves
+            mma_start = max(load_start + lat, prev_mma_end, epi_m1 if sm90 else epi_m2)
             if load_start > env.now:
                 yield env.timeout(load_start - env.now)
             ktot = kb * bk
@@ -352,7 +357,7 @@ class _Engine:
             key = (phase * len(tpe) + e) * nbw + n
             if not tw[key]:
                 tw[key] = True
-                first += bn * ktot  # FP4 weights of both CTAs' n blocks
+                first += cs * bn * ktot / 2  # FP4 weights of the unit's n blocks
             key = phase * nbp + pb
             if not ta[key]:
                 ta[key] = True
@@ -370,11 +375,13 @@ class _Engine:
             epi_start = mma_end if mma_end > prev_epi_end else prev_epi_end
             epi_end = epi_start + t_epi[phase]
             if phase == L1:
-                f = hbm.reserve(epi_start, valid_m * bn * 1.03125)  # FP8 outputs + scales
+                f = hbm.reserve(epi_start, valid_m * cs * bn / 2 * 1.03125)  # FP8 outputs + scales
                 if f > epi_end:
                     epi_end = f
-                l1_done[pb][n >> 1] = epi_end
-                l1_left[pb] -= 1
+                done = l1_done[pb]
+                for h in range(cs):
+                    done[n + h] = epi_end
+                l1_left[pb] -= cs
                 if l1_left[pb] == 0:
                     ev = l1_ev.pop(pb, None)
                     if ev is not None:
@@ -415,7 +422,7 @@ class _Engine:
         self.valid_slots = [int((ids >= 0).sum()) for ids in topk_idx]
         for r in range(plan.num_ranks):
             self.env.process(self.dispatch(r))
-            for c in range(plan.num_sms // 2):
+            for c in range(plan.num_sms // plan.ranks[r].config.cluster_size):
                 self.env.process(self.cluster(r, c))
         self.env.run()
         eid = getattr(self.env, "_eid", None)  # SimPy's scheduled-event counter
@@ -463,16 +470,20 @@ class _Engine:
             epi_kind = np.where(l1, KIND["l1_epilogue"], KIND["l2_epilogue"]).astype(np.int32)
             # the loader sat idle on a dependency (chains 1 and 3) from `free` until `dep`
             waited = dep > free + 1e-6
-            nb = (first / 2).astype(np.int64)
+            cs = self.plan.ranks[0].config.cluster_size
+            nb = (first / cs).astype(np.int64)
+            if self.plan.design == "megamoe-sm90":  # producer / consumer warpgroups
+                lanes = ((ROLE["producer"], load_kind, ls, me, None), (ROLE["consumer"], mma_kind, ms, me, None),
+                         (ROLE["consumer"], epi_kind, es, ee, None), (ROLE["producer"], None, free, dep, waited))
+            else:
+                lanes = ((ROLE["tma_a"], load_kind, ls, me, None), (ROLE["tma_b"], load_kind, ls, me, None),
+                         (ROLE["mma"], mma_kind, ms, me, None), (ROLE["epilogue"], epi_kind, es, ee, None),
+                         (ROLE["tma_a"], None, free, dep, waited))
             cols = {k: [] for k in ("rank", "sm", "role", "kind", "expert", "m_block", "n_block",
                                     "wave", "t_start_ns", "t_end_ns", "bytes", "tokens")}
-            for half in (0, 1):
-                sm, nn = 2 * c + half, n + half
-                for role, kind, t0, t1, sel in ((ROLE["tma_a"], load_kind, ls, me, None),
-                                                (ROLE["tma_b"], load_kind, ls, me, None),
-                                                (ROLE["mma"], mma_kind, ms, me, None),
-                                                (ROLE["epilogue"], epi_kind, es, ee, None),
-                                                (ROLE["tma_a"], None, free, dep, waited)):
+            for half in range(cs):
+                sm, nn = cs * c + half, n + half
+                for role, kind, t0, t1, sel in lanes:
                     pick = (lambda x: x) if sel is None else (lambda x, s=sel: x[s])
                     k = pick(kind) if kind is not None else np.full(int(sel.sum()), KIND["idle_wait"], np.int32)
                     cols["rank"].append(pick(r))

@@ -20,6 +20,10 @@ Figures (units in the key names):
   accumulator element per epilogue thread.
 * ``block_overhead_ns`` — fixed cost of one block hand-off (scheduler step, barrier phase
   flips, TMEM full/empty, arrival-mask release), spread over the K loop and the epilogue.
+* ``mma_sync_fraction`` — fraction of the sustained tensor rate that warp-level
+  ``mma.sync`` reaches (the SM90 kernel's MMA path; 1 for WGMMA/UMMA designs).
+* ``e2m1_decode_thread_ns_per_elem`` — SM90 design: E2M1 -> E4M3 decode in shared memory,
+  per element per producer thread.
 * ``legacy_launch_ns`` — per-kernel launch gap of the unfused path.
 """
 
@@ -61,6 +65,8 @@ class Hardware:
     l1_epilogue_thread_ns_per_elem: float
     l2_epilogue_thread_ns_per_elem: float
     block_overhead_ns: float
+    mma_sync_fraction: float
+    e2m1_decode_thread_ns_per_elem: float
     legacy_launch_ns: float
     sources: dict
     path: str = ""
@@ -96,7 +102,7 @@ class Hardware:
 
 _FIGURES = [f.name for f in fields(Hardware) if f.name not in ("name", "sources", "path")]
 _INTS = {"num_sms", "smem_per_block_bytes", "l2_cache_bytes"}
-_FRACTIONS = {"mma_efficiency", "hbm_efficiency", "nvlink_efficiency"}
+_FRACTIONS = {"mma_efficiency", "hbm_efficiency", "nvlink_efficiency", "mma_sync_fraction"}
 
 
 def parse_hardware(data: dict, path: str = "<dict>") -> Hardware:
