@@ -219,6 +219,19 @@ def cmd_compare(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_calibrate(a: argparse.Namespace) -> int:
+    from sim.calibrate import calibrated_toml, from_kernel_trace, measure
+
+    measured = measure()
+    kernel = from_kernel_trace(a.kernel_trace, measured["fp8_gemm_tflops"]) if a.kernel_trace else None
+    text = calibrated_toml(a.base, measured, kernel)
+    with open(a.out, "w") as f:
+        f.write(text)
+    print(json.dumps({"measured": measured, "from_kernel_trace": kernel}, indent=1))
+    print(f"wrote {a.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="megamoe", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", parser_class=_Parser)
@@ -246,6 +259,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", help="write the report as JSON")
     c.add_argument("--plot", help="write a measured-vs-simulated timeline PNG")
     c.set_defaults(func=cmd_compare)
+    k = sub.add_parser("calibrate", help="measure this GPU and write a hardware TOML (needs a GPU)")
+    k.add_argument("--base", default="h200", help="preset whose datasheet figures and sources are kept")
+    k.add_argument("--out", default="calibrated.toml")
+    k.add_argument("--kernel-trace", help="a megamoe kernel trace (.npz) for grid sync and MMA-path figures")
+    k.set_defaults(func=cmd_calibrate)
     v = sub.add_parser("validate", help="simulator vs DeepGEMM PR #316 published rows")
     v.add_argument("--hardware", default="b200")
     v.add_argument("--seed", type=int, default=0)
