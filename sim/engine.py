@@ -78,10 +78,13 @@ class BandwidthCalendar:
         if b < self.full_until:
             b = self.full_until
             t = b * BUCKET_NS
-        if b + 2 >= len(used):
+        try:
+            ub = used[b]
+        except IndexError:
             used.extend([0.0] * (b + 4096 - len(used)))
+            ub = 0.0
         # first bucket: only the part after t is available
-        start = b * BUCKET_NS + used[b] / rate
+        start = b * BUCKET_NS + ub / rate
         if start < t:
             start = t
         avail = ((b + 1) * BUCKET_NS - start) * rate
@@ -162,6 +165,7 @@ class _Engine:
         self.l1_done = []        # pool block -> array of L1 pair epilogue ends
         self.l1_left = []        # pool block -> pairs still to finish
         self.l1_ev = []
+        self.ready_cache = []    # pool block -> L2 K-block readiness times
         self.dst_lists = []      # pool block -> [(source rank, tokens)] (write-back targets)
         self.touched_w = []      # (phase, expert, n pair) seen
         self.touched_a = []      # (phase, pool block) seen
@@ -175,6 +179,7 @@ class _Engine:
             self.l1_done.append([[0.0] * rp.l1_n_blocks for _ in range(nb)])
             self.l1_left.append([rp.l1_n_blocks] * nb)
             self.l1_ev.append({})
+            self.ready_cache.append({})
             e_loc = len(rp.recv_counts)
             self.touched_w.append([False] * (3 * e_loc * max(rp.l1_n_blocks, rp.l2_n_blocks)))
             self.touched_a.append([False] * (3 * (nb + 1)))
@@ -313,6 +318,8 @@ class _Engine:
         nbw = max(rp.l1_n_blocks, rp.l2_n_blocks)
         nbp = pbo[-1] + 1
         l1_done, l1_left, l1_ev = self.l1_done[r], self.l1_left[r], self.l1_ev[r]
+        ready_cache = self.ready_cache[r]
+        n_experts = len(tpe)
         arrival, arrival_ev = self.arrival[r], self.arrival_ev[r]
         dsts = self.dst_lists[r]
         per_k_wait = plan.l2_wait == "k_block"
@@ -338,12 +345,15 @@ class _Engine:
                     if ev is None:
                         ev = l1_ev[pb] = env.event()
                     yield ev
-                vec = l1_done[pb]
+                ready_vec = ready_cache.get(pb)
+                if ready_vec is None:  # the K-block readiness of this pool block, once
+                    vec = l1_done[pb]
+                    ready_vec = ready_cache[pb] = [max(vec[i * per_kb:(i + 1) * per_kb]) for i in range(kb)]
                 if per_k_wait and kb > 1:
-                    ready_vec = [max(vec[i * per_kb:(i + 1) * per_kb]) for i in range(kb)]
                     dep = ready_vec[0]
                 else:
-                    dep = max(vec)
+                    dep = max(ready_vec)
+                    ready_vec = None
             # the loaders may start once the dependency holds and a ring stage is free
             free = prev_mma_end - prev_prefetch
             load_start = dep if dep > free else free
@@ -354,7 +364,7 @@ class _Engine:
                 yield env.timeout(load_start - env.now)
             ktot = kb * bk
             first = 0.0
-            key = (phase * len(tpe) + e) * nbw + n
+            key = (phase * n_experts + e) * nbw + n
             if not tw[key]:
                 tw[key] = True
                 first += cs * bn * ktot / 2  # FP4 weights of the unit's n blocks
