@@ -58,7 +58,8 @@ def plot_timeline(res, path: str, rank: int = 0, sms: int = 8) -> None:
 
     tr = res.trace.where(rank=rank)
     fig, (ax, ax2) = plt.subplots(2, 1, figsize=(13, 7.5), height_ratios=[3, 1], sharex=True)
-    lanes = [(-1, "dispatch")] + [(s, r) for s in range(sms) for r in ("tma_a", "mma", "epilogue")]
+    roles = ("producer", "consumer") if res.plan.design == "megamoe-sm90" else ("tma_a", "mma", "epilogue")
+    lanes = [(-1, "dispatch")] + [(s, r) for s in range(sms) for r in roles]
     for y, (sm, role) in enumerate(lanes):
         sel = (tr["sm"] == sm) & (tr["role"] == ROLE[role])
         if sm == -1:
@@ -72,11 +73,11 @@ def plot_timeline(res, path: str, rank: int = 0, sms: int = 8) -> None:
     ax.set_yticklabels(["rank (all SMs)" if sm < 0 else f"SM{sm} {role}" for sm, role in lanes], fontsize=7)
     ax.invert_yaxis()
     used = sorted({KINDS[k] for k in np.unique(tr["kind"])})
-    ax.legend(handles=[Patch(color=COLORS[k], label=k) for k in used], ncol=7, fontsize=7,
-              loc="upper center", bbox_to_anchor=(0.5, 1.12))
+    ax.legend(handles=[Patch(color=COLORS[k], label=k) for k in used], ncol=1, fontsize=7,
+              loc="upper left", bbox_to_anchor=(1.005, 1.0), frameon=False)
     sc = res.scenario
-    ax.set_title(f"{sc.shape.name} EP{sc.num_ranks} T={sc.tokens_per_rank} on {res.hardware.name}: "
-                 f"rank {rank}, {res.summary['time_us']:.1f} us", pad=28)
+    ax.set_title(f"{sc.shape.name} EP{sc.num_ranks} T={sc.tokens_per_rank} on {res.hardware.name} "
+                 f"({res.plan.design}): rank {rank}, {res.summary['time_us']:.1f} us")
     u = utilization(res.trace, rank, res.plan.num_sms)
     ax2.plot(u["t_us"], u["tensor"], label="tensor cores (SMs in MMA)", color="#2ca02c")
     ax2.plot(u["t_us"], u["pull"], label="dispatch pulls", color="#1f77b4")
@@ -84,7 +85,7 @@ def plot_timeline(res, path: str, rank: int = 0, sms: int = 8) -> None:
     ax2.set_ylim(0, 1.05)
     ax2.set_xlabel("time (us)")
     ax2.set_ylabel("utilization")
-    ax2.legend(fontsize=7, loc="upper right")
+    ax2.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0), frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
