@@ -69,8 +69,12 @@ def site(tmp_path_factory) -> Path:
                           capture_output=True, text=True, timeout=240,
                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"mkdocs build --strict failed:\n{log[-6000:]}"
-    assert "WARNING" not in log, f"mkdocs printed warnings:\n{log[-6000:]}"
+    log_path = ROOT / "build" / "docs" / "mkdocs-build.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_text(log)
+    assert proc.returncode == 0, f"mkdocs build --strict failed (log: {log_path}):\n{log[-6000:]}"
+    warnings = [ln for ln in log.splitlines() if ln.startswith("WARNING")]
+    assert not warnings, f"mkdocs printed warnings (log: {log_path}):\n" + "\n".join(warnings)
     print(f"mkdocs build --strict: {time.time() - t0:.1f} s")
     return out
 

@@ -120,19 +120,57 @@ class Gen:
                 continue
             s, e = tr["t_start_ns"][sel] / 1e3, tr["t_end_ns"][sel] / 1e3
             busy = float(np.sum(e - s))
-            ax.barh(i, e.max() - s.min(), left=s.min(), color=COLORS[k], edgecolor="#333", linewidth=0.5)
+            if sel.sum() <= 20:  # few intervals (rank-wide phases): draw each one
+                ax.broken_barh(list(zip(s, e - s)), (i - 0.4, 0.8), facecolors=COLORS[k], edgecolor="#333",
+                               linewidth=0.5)
+            else:  # per-block kinds: first start to last end
+                ax.barh(i, e.max() - s.min(), left=s.min(), color=COLORS[k], edgecolor="#333", linewidth=0.5)
             ax.text(e.max() + 1, i, f"{s.min():.1f}-{e.max():.1f} us", va="center", fontsize=7)
             rows.append([k, f"{s.min():.1f}", f"{e.max():.1f}", f"{int(sel.sum())}", f"{busy:.0f}"])
         ax.set_yticks(range(len(order)))
         ax.set_yticklabels(order, fontsize=8)
         ax.invert_yaxis()
         ax.set_xlabel("time (us), rank 0")
-        ax.set_title(f"First start to last end of each interval kind (V4-Flash EP8, 512 tokens/rank, B200): "
+        ax.set_title(f"Each interval kind on rank 0 (rank-wide phases drawn one by one, per-block kinds first start to last end)\n (V4-Flash EP8, 512 tokens/rank, B200): "
                      f"{res.summary['time_us']:.1f} us", fontsize=9)
         ax.set_xlim(0, res.summary["time_us"] * 1.18)
         self.fig("stage_gantt", fig)
         self.snippets["stage_table"] = _md_table(
             ["trace kind", "first start (us)", "last end (us)", "intervals", "busy time summed over SMs (us)"], rows)
+
+    def barrier_fig(self) -> None:
+        """Rank-wide phases (count, exchange, grid sync, NVLink barrier, pulls, combine) of every rank."""
+        from sim.plots import COLORS
+
+        res = self.small()
+        tr = res.trace.select(res.trace["sm"] == -1)
+        kinds = ["count", "index_exchange", "grid_sync", "nvl_barrier", "pull", "combine"]
+        fig, ax = plt.subplots(figsize=(10, 3.6))
+        R = res.plan.num_ranks
+        for r in range(R):
+            t = tr.where(rank=r)
+            for k in kinds:
+                sel = t["kind"] == KIND[k]
+                if sel.any():
+                    s, e = t["t_start_ns"][sel] / 1e3, t["t_end_ns"][sel] / 1e3
+                    ax.broken_barh(list(zip(s, e - s)), (r - 0.4, 0.8), facecolors=COLORS[k], edgecolor="#333",
+                                   linewidth=0.4)
+        ax.set_yticks(range(R))
+        ax.set_yticklabels([f"rank {r}" for r in range(R)], fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel("time (us)")
+        ax.legend(handles=[Patch(color=COLORS[k], label=k) for k in kinds], ncol=6, fontsize=7, loc="upper center",
+                  bbox_to_anchor=(0.5, -0.2))
+        ax.set_title("Rank-wide phases of every rank (V4-Flash EP8, 512 tokens/rank, B200); GEMM work in between "
+                     "is not drawn", fontsize=9)
+        self.fig("barriers_ranks", fig)
+        rows = []
+        t0 = tr.where(rank=0)
+        for k in ("grid_sync", "nvl_barrier"):
+            sel = t0["kind"] == KIND[k]
+            for a, b in zip(t0["t_start_ns"][sel] / 1e3, t0["t_end_ns"][sel] / 1e3):
+                rows.append([k, f"{a:.1f}", f"{b:.1f}", f"{b - a:.1f}"])
+        self.snippets["barrier_table"] = _md_table(["kind (rank 0)", "start (us)", "end (us)", "duration (us)"], rows)
 
     def plotly_timeline(self) -> None:
         import plotly
@@ -198,11 +236,15 @@ class Gen:
             regions.append(("II", max(l1e[0], l2l[0]), min(l1e[1], l2l[1])))
         if l2e and l1m:
             regions.append(("III", max(l2e[0], l1m[0]), min(l2e[1], l1m[1])))
+        shades = {"I": "#1f77b4", "II": "#ff7f0e", "III": "#9467bd"}
         for i, (name, a, b) in enumerate(regions):
             if b > a:
-                ax.axvspan(a, b, ymin=0.0, ymax=1.0, color="#9ecae1", alpha=0.18 + 0.08 * i)
-                ax.text((a + b) / 2, 1.07, f"region {name}", ha="center", fontsize=8)
-        ax.set_ylim(0, 1.15)
+                y = 1.08 + 0.09 * i
+                ax.plot([a, b], [y, y], color=shades[name], lw=5, solid_capstyle="butt")
+                ax.text(a, y + 0.025, f"region {name}", fontsize=8, color=shades[name], va="bottom")
+                ax.axvspan(a, b, color=shades[name], alpha=0.06)
+        ax.set_ylim(0, 1.08 + 0.09 * len(regions) + 0.05)
+        ax.set_yticks([0, 0.25, 0.5, 0.75, 1.0])
         ax.set_xlabel("time (us), rank 0")
         ax.set_ylabel("utilization")
         ax.legend(fontsize=7, loc="lower right")
@@ -215,31 +257,29 @@ class Gen:
              for n, a, b in regions])
 
     def wave_map(self) -> None:
-        """Per-SM block sequence (phase and wave) from the plan of a small scenario."""
-        res = self.small(tokens_per_rank=128)
+        """Per-SM block sequence (expert, phase, wave) from the plan of a small skewed scenario."""
+        res = self.small(tokens_per_rank=128, routing="zipf:1.0")
         rp = res.plan.ranks[0]
         S = res.plan.num_sms
-        show = min(S, 24)
-        fig, ax = plt.subplots(figsize=(10, 4.5))
-        cmap = plt.get_cmap("tab10")
+        show = 16
+        fig, ax = plt.subplots(figsize=(11, 4.6))
+        cmap = plt.get_cmap("tab20")
         maxlen = 0
         for s in range(show):
             rows = rp.sm_blocks(s)
             maxlen = max(maxlen, len(rows))
             for j, (phase, e, m, n, w) in enumerate(rows):
-                col = cmap(int(w) % 10)
-                ax.add_patch(Rectangle((j, s), 0.95, 0.9, facecolor=col, alpha=1.0 if phase == P.L1 else 0.45,
-                                       hatch=None if phase == P.L1 else "///", edgecolor="#333", linewidth=0.3))
+                ax.add_patch(Rectangle((j, s), 0.95, 0.9, facecolor=cmap(int(e) % 20),
+                                       hatch=None if phase == P.L1 else "////", edgecolor="#333",
+                                       linewidth=1.2 if w % 2 else 0.3))
+                ax.text(j + 0.47, s + 0.45, f"{'L1' if phase == P.L1 else 'L2'} e{e}\nm{m} n{n}", ha="center",
+                        va="center", fontsize=5)
         ax.set_xlim(0, maxlen)
         ax.set_ylim(show, 0)
-        ax.set_xlabel("position in the SM's block sequence")
+        ax.set_xlabel("position in the SM's block sequence (colour = local expert, hatched = L2; thick edge = odd wave)")
         ax.set_ylabel("SM")
-        waves = sorted({int(w) for w in rp.blocks()[:, 4]})
-        handles = [Patch(facecolor=cmap(w % 10), label=f"wave {w} L1") for w in waves[:6]]
-        handles += [Patch(facecolor="white", hatch="///", edgecolor="#333", label="L2 (hatched)")]
-        ax.legend(handles=handles, fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.12))
-        ax.set_title(f"MegaMoEScheduler order, rank 0, SMs 0-{show - 1} of {S} (V4-Flash EP8, 128 tokens/rank: "
-                     f"block_m={rp.config.block_m}, {rp.experts_per_wave} experts/wave, {rp.num_waves} waves)",
+        ax.set_title(f"MegaMoEScheduler order, rank 0, SMs 0-{show - 1} of {S} (V4-Flash EP8, 128 tokens/rank, zipf:1.0 "
+                     f"routing: block_m={rp.config.block_m}, {rp.experts_per_wave} experts/wave, {rp.num_waves} waves)",
                      fontsize=9)
         self.fig("wave_map", fig)
         tab = []
@@ -368,24 +408,28 @@ class Gen:
         ax.legend(handles=[Patch(color=c, label=n) for n, _, _, c in roles], fontsize=7, ncol=2, loc="upper center",
                   bbox_to_anchor=(0.5, 0.0))
         ax.set_title("16 warps of one SM100 CTA (512 threads)", fontsize=9)
-        regs = [("dispatch", 48, 128), ("non-epilogue", 40, 128), ("epilogue", 208, 256)]
+        regs = [("dispatch", 48, 128), ("TMA + MMA (non-epilogue)", 40, 128), ("epilogue", 208, 256)]
         left = 0
+        handles = []
         for (name, r, t), c in zip(regs, ("#1f77b4", "#2ca02c", "#d62728")):
-            ax2.barh(0, r * t, left=left, color=c, edgecolor="white")
-            ax2.text(left + r * t / 2, 0, f"{name}\n{r} x {t}\n= {r * t}", ha="center", va="center", fontsize=7,
-                     color="white")
+            ax2.barh(0, r * t, left=left, color=c, edgecolor="white", height=0.5)
+            handles.append(Patch(color=c, label=f"{name}: {r} regs x {t} threads = {r * t}"))
             left += r * t
         ax2.axvline(65536, color="black", ls="--")
-        ax2.text(65536, 0.5, " 64 Ki registers per SM", fontsize=7, va="center")
+        ax2.text(65536, 0.32, "65536 (64 Ki) per SM ", fontsize=7, ha="right")
         ax2.set_xlim(0, 70000)
+        ax2.set_ylim(-0.5, 0.5)
         ax2.set_yticks([])
-        ax2.set_xlabel("32-bit registers")
+        ax2.set_xticks([0, 16384, 32768, 49152, 65536])
+        ax2.set_xticklabels(["0", "16 Ki", "32 Ki", "48 Ki", "64 Ki"])
+        ax2.set_xlabel("32-bit registers of one SM")
+        ax2.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25))
         ax2.set_title(f"Register split 48/40/208: {left} of 65536", fontsize=9)
         self.fig("warp_roles", fig)
 
     def numerics_fig(self) -> None:
         e2m1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], dtype=float)
-        src = "megamoe.formats"
+        src = "`megamoe.formats`"
         try:
             import torch
             from megamoe import formats
@@ -393,7 +437,7 @@ class Gen:
             e2m1 = formats.e2m1_table().float().numpy()[:8]
             codes = torch.arange(0, 127, dtype=torch.uint8)
             e4m3 = formats.decode_e4m3(codes).numpy()
-        except Exception as exc:  # torch missing: the formats' definition, in numpy
+        except ImportError as exc:  # torch missing: the formats' definition, in numpy
             src = f"numpy (megamoe.formats unavailable: {type(exc).__name__})"
             exp, man = np.arange(127) >> 3, np.arange(127) & 7
             e4m3 = np.where(exp == 0, man / 8 * 2.0**-6, (1 + man / 8) * 2.0 ** (exp - 7.0))
@@ -419,7 +463,7 @@ class Gen:
                       f"x/scale spans +-{np.abs(q).max():.0f} of 448", fontsize=9)
         ax2.legend(fontsize=7)
         self.fig("numerics_formats", fig)
-        self.snippets["numerics_source"] = f"(values decoded by {src})"
+        self.snippets["numerics_source"] = f"*Values decoded by {src} when this site was built.*"
 
     def weight_layout_fig(self) -> None:
         """8-row gate/up interleave and the UTCCP [4,32]->[32,4] transpose, from megamoe.layouts."""
@@ -430,10 +474,10 @@ class Gen:
 
             t = torch.arange(2 * rows_i, dtype=torch.int32).reshape(1, 2 * rows_i, 1)
             inter = layouts.interleave_gate_up(t).reshape(-1).numpy()
-            sf = torch.arange(128, dtype=torch.uint8).reshape(1, 128, 1)
+            sf = torch.arange(128, dtype=torch.int32).reshape(1, 128, 1)
             utccp = layouts.utccp_transpose_sf(sf).reshape(-1).numpy()
             src = "megamoe.layouts"
-        except Exception as exc:
+        except ImportError as exc:  # torch missing: the layout rule, in numpy
             idx = np.arange(2 * rows_i)
             g, u = idx[:rows_i].reshape(-1, 8), idx[rows_i:].reshape(-1, 8)
             inter = np.stack([g, u], 1).reshape(-1)
@@ -448,7 +492,7 @@ class Gen:
         ax.set_ylim(0, 1)
         ax.axis("off")
         ax.set_title("L1 weight rows after interleave (blue: gate row g, orange: up row u), "
-                     f"granularity 8, I=32 - from {src}", fontsize=9)
+                     f"granularity 8, I=32 (computed by {src})", fontsize=9)
         cmap = plt.get_cmap("viridis")
         for i, r in enumerate(utccp[:64]):
             ax2.add_patch(Rectangle((i, 0), 0.95, 1, facecolor=cmap(int(r) / 127), edgecolor="white"))
@@ -570,6 +614,9 @@ class Gen:
         for T, r in zip(toks, tr):
             ax.annotate(f"bm={r.plan.ranks[0].config.block_m}", (T, r.summary["tflops"]), fontsize=7,
                         textcoords="offset points", xytext=(4, -10))
+        h1, l1 = ax.get_legend_handles_labels()
+        h2, l2 = ax2.get_legend_handles_labels()
+        ax.legend(h1 + h2, l1 + l2, fontsize=8, loc="upper left")
         ax.set_title("Token sweep, V4-Flash EP8 on B200 (bm = block_m chosen by the plan)", fontsize=9)
         self.fig("whatif_tokens", fig)
         # 5. reserved SMs
@@ -702,7 +749,7 @@ class Gen:
 
         with tempfile.TemporaryDirectory() as tmp:
             self._tmp = tmp
-            for name in ("timeline", "stage_gantt", "plotly_timeline", "utilization_regions", "wave_map",
+            for name in ("timeline", "stage_gantt", "barrier_fig", "plotly_timeline", "utilization_regions", "wave_map",
                          "pull_order_fig", "moe_align", "buffer_layout", "warp_roles", "numerics_fig",
                          "weight_layout_fig", "sm100_vs_sm90", "whatif", "validation", "hardware_table", "cli_help", "kernel_status"):
                 t0 = time.time()
