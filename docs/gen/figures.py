@@ -199,10 +199,8 @@ class Gen:
             fig.add_trace(go.Bar(x=np.round(en - st, 4), base=np.round(st, 4), y=y, orientation="h", name=name,
                                  marker=dict(color=COLORS[name], line=dict(width=0.3, color="#555")),
                                  hovertext=hover, hoverinfo="text"))
-        fig.update_layout(barmode="overlay", height=520, margin=dict(l=10, r=10, t=40, b=40),
-                          title=f"Simulated call, rank 0, SMs 0-{sms - 1} ({res.summary['time_us']:.1f} us). "
-                                "Drag to zoom, double-click to reset.",
-                          xaxis_title="time (us)", legend=dict(orientation="h", y=-0.15),
+        fig.update_layout(barmode="overlay", height=520, margin=dict(l=10, r=10, t=30, b=40),
+                          xaxis_title=f"time (us); rank 0, SMs 0-{sms - 1}, call {res.summary['time_us']:.1f} us", legend=dict(orientation="h", y=-0.15),
                           yaxis=dict(categoryorder="array", categoryarray=[label[l] for l in lanes][::-1]))
         self.files["generated/plotly.min.js"] = plotly.offline.get_plotlyjs().encode()
         div = fig.to_html(full_html=False, include_plotlyjs=False, div_id="megamoe-timeline",
