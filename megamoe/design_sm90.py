@@ -24,7 +24,7 @@ BLOCK_N = 128
 #: K depth of one pipeline stage.
 BLOCK_K = 128
 #: Threads per CTA and warps per role.
-THREADS = 384
+THREADS = 512
 DISPATCH_WARPS = 4
 PRODUCER_WARPS = 4
 CONSUMER_WARPS = 8

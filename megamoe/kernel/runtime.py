@@ -40,7 +40,7 @@ class Params(ctypes.Structure):
         (n, ctypes.c_void_p) for n in (
             "x", "x_sf", "topk_idx", "topk_w", "w1", "w1_sf", "w2", "w2_sf", "l1_pool", "l1_pool_sf", "l2_pool",
             "l2_pool_sf", "pool_token", "pool_slot", "pool_weight", "expert_count", "arrival", "mask",
-            "grid_sync", "error", "item_pos", "combine_buf", "y", "trace", "trace_count")]
+            "grid_sync", "error", "item_pos", "combine_buf", "y", "trace", "trace_count", "progress")]
 
 
 def cuda_available() -> bool:
@@ -205,7 +205,8 @@ class MegaMoEKernel:
                    **{k: ws[k].data_ptr() for k in ("l1_pool", "l1_pool_sf", "l2_pool", "l2_pool_sf", "pool_token",
                                                     "pool_slot", "pool_weight", "expert_count", "arrival", "mask",
                                                     "grid_sync", "error", "item_pos", "combine_buf")},
-                   y=y.data_ptr(), trace=tr.data_ptr() if trace else 0, trace_count=trc.data_ptr() if trace else 0)
+                   y=y.data_ptr(), trace=tr.data_ptr() if trace else 0, trace_count=trc.data_ptr() if trace else 0,
+                   progress=self.progress.data_ptr() if getattr(self, "progress", None) is not None else 0)
         stream = torch.cuda.current_stream(self.device).cuda_stream
         rc = self.lib.megamoe_sm90_launch(ctypes.byref(p), ctypes.c_void_p(stream))
         if rc != 0:

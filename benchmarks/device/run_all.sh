@@ -1,0 +1,29 @@
+#!/bin/bash
+# One device call: build (or reuse the carried build/), GPU test suite, benchmark.
+# Usage (device, repo root): bash benchmarks/device/run_all.sh [quick|tests|bench|full]
+set -o pipefail
+MODE=${1:-full}
+OUT=${OUT:-/tmp/out}
+mkdir -p $OUT
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv 2>&1 | tee $OUT/gpu.txt
+python3 -c "import megamoe.kernel.runtime as r; r.load_library(); import megamoe.kernel as k; print(k.build(verbose=True).path)" 2>&1 | tee $OUT/build.log || exit 1
+case $MODE in
+  debug)
+    timeout 45 python3 benchmarks/device/debug_kernel.py 2>&1 | tee $OUT/debug.log ;;
+  all)
+    timeout 45 python3 benchmarks/device/debug_kernel.py > $OUT/debug.log 2>&1; tail -3 $OUT/debug.log
+    grep -q "ALL OK" $OUT/debug.log || { grep -v "^cta" $OUT/debug.log | tail -20; exit 3; }
+    timeout 100 python3 -m pytest -q -p no:cacheprovider --timeout 40 tests/test_kernel_gpu.py -k "tiny or zero or all_masked or trace or timeout or deterministic or test_v4_flash and (1000 or 128)" 2>&1 | tee $OUT/pytest.log | tail -15
+    timeout 170 python3 benchmarks/kernel_bench.py --reps 10 --out $OUT/kernel_bench.json 2>&1 | tee $OUT/bench.log ;;
+  quick)
+    timeout 200 python3 -m pytest -x -q -p no:cacheprovider --timeout 90 tests/test_kernel_gpu.py -k "tiny or zero or all_masked or trace or test_v4_flash and 128" 2>&1 | tee $OUT/pytest.log
+    timeout 200 python3 benchmarks/kernel_bench.py --tokens 1,256,4096 --reps 5 --no-peer --out $OUT/kernel_bench_quick.json 2>&1 | tee $OUT/bench.log ;;
+  tests)
+    timeout 400 python3 -m pytest -q -p no:cacheprovider --timeout 90 tests/test_kernel_gpu.py 2>&1 | tee $OUT/pytest.log ;;
+  bench)
+    timeout 500 python3 benchmarks/kernel_bench.py --out $OUT/kernel_bench.json 2>&1 | tee $OUT/bench.log ;;
+  full)
+    timeout 280 python3 -m pytest -q -p no:cacheprovider --timeout 90 tests/test_kernel_gpu.py 2>&1 | tee $OUT/pytest.log
+    timeout 300 python3 benchmarks/kernel_bench.py --out $OUT/kernel_bench.json 2>&1 | tee $OUT/bench.log ;;
+esac

@@ -1,0 +1,175 @@
+"""Benchmark the SM90 mega-kernel (EP1, V4-Flash shape) against the unfused torch path.
+
+Run on a GPU machine: ``python benchmarks/kernel_bench.py --out results.json``. Measures in
+the same process: device copy bandwidth, FP8 GEMM rate, this kernel (checked against the
+reference at every token count), trace overhead, and the unfused path (torch grouped GEMMs
++ separate SwiGLU/quant + gather/scatter). Formulas: shared/anchors/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from megamoe.kernel import MegaMoEKernel, prepare_weights  # noqa: E402
+from megamoe.kernel.check import make_weights, make_inputs, reference_sm90, compare  # noqa: E402
+
+E, K, H, I = 256, 6, 4096, 2048
+
+
+def time_fn(fn, reps=20, warmup=3):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) * 1e3)  # us
+    return statistics.median(ts), min(ts)
+
+
+def copy_bandwidth():
+    n = 2 << 30
+    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    med, _ = time_fn(lambda: dst.copy_(src), reps=10)
+    del src, dst
+    return 2 * n / (med * 1e-6) / 1e9  # GB/s, read + write
+
+
+def fp8_gemm_rate():
+    n = 8192
+    a = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn).T
+    one = torch.ones((), device="cuda")
+    med, _ = time_fn(lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16), reps=10)
+    return 2 * n ** 3 / (med * 1e-6) / 1e12
+
+
+def metrics(T, idx, us, weight_bytes_per_expert):
+    valid = idx[idx >= 0]
+    recv = int(valid.numel())
+    touched = int(torch.unique(valid).numel())
+    flops = 2 * recv * H * I * 3
+    hbm = touched * weight_bytes_per_expert + recv * H + 2 * recv * I + 2 * recv * H
+    return dict(tokens=T, recv=recv, touched_experts=touched, us=us, tflops=flops / (us * 1e-6) / 1e12,
+                hbm_gbs=hbm / (us * 1e-6) / 1e9)
+
+
+class Unfused:
+    """Public-parts path: sort/gather, torch._scaled_grouped_mm (FP8 x FP8, rowwise scales),
+    SwiGLU + per-row FP8 quant in torch, second grouped GEMM, index_add combine."""
+
+    def __init__(self):
+        g = torch.Generator(device="cuda").manual_seed(5)
+        self.w1 = (torch.randn(E, 2 * I, H, device="cuda", generator=g, dtype=torch.bfloat16) * 0.05).to(torch.float8_e4m3fn)
+        self.w2 = (torch.randn(E, H, I, device="cuda", generator=g, dtype=torch.bfloat16) * 0.05).to(torch.float8_e4m3fn)
+        self.s1 = torch.ones(E, 2 * I, device="cuda")
+        self.s2 = torch.ones(E, H, device="cuda")
+        self.kind = None
+
+    def __call__(self, x, idx, w):
+        T = x.shape[0]
+        flat = idx.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        order = order[flat[order] >= 0]
+        counts = torch.bincount(flat[order].long(), minlength=E)
+        offs = torch.cumsum(counts, 0).to(torch.int32)
+        tok = order // K
+        xs = x[tok]
+        sa = torch.ones(xs.shape[0], device="cuda")
+        h = torch._scaled_grouped_mm(xs, self.w1.transpose(-2, -1), sa, self.s1, offs=offs, out_dtype=torch.bfloat16)
+        gate, up = h[:, :I].float(), h[:, I:].float()
+        a = torch.nn.functional.silu(gate) * up * w.reshape(-1)[order][:, None]
+        amax = a.abs().amax(-1, keepdim=True).clamp_min(1e-6)
+        sc = amax / 448.0
+        aq = (a / sc).to(torch.float8_e4m3fn)
+        o = torch._scaled_grouped_mm(aq, self.w2.transpose(-2, -1), sc.squeeze(1), self.s2, offs=offs,
+                                     out_dtype=torch.bfloat16)
+        y = torch.zeros(T, H, device="cuda", dtype=torch.float32)
+        y.index_add_(0, tok, o.float())
+        return y.to(torch.bfloat16)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", default="1,16,64,256,1024,4096,8192")
+    ap.add_argument("--out", default="kernel_bench.json")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--no-peer", action="store_true")
+    args = ap.parse_args()
+    tokens = [int(t) for t in args.tokens.split(",")]
+    res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, shape=dict(E=E, K=K, H=H, I=I),
+               date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), rows=[])
+    res["copy_gbs"] = copy_bandwidth()
+    res["fp8_gemm_tflops"] = fp8_gemm_rate()
+    print(f"copy {res['copy_gbs']:.0f} GB/s, FP8 GEMM {res['fp8_gemm_tflops']:.0f} TFLOP/s", flush=True)
+    w = make_weights(E, H, I, "cuda", seed=11)
+    kern = MegaMoEKernel(E, K, H, I, max(tokens), prepare_weights(*w))
+    peer = None if args.no_peer else Unfused()
+    wb_fp4 = 2 * I * H // 2 + H * I // 2
+    wb_fp8 = 2 * I * H + H * I
+    for T in tokens:
+        x, xs, idx, tw = make_inputs(T, E, K, H, "cuda", seed=100 + T)
+        y = kern(x, xs, idx, tw)
+        kern.check()
+        ref = reference_sm90(x, xs, idx, tw, *w)
+        c = compare(y, ref)
+        des = kern.last_design
+        med, best = time_fn(lambda: kern(x, xs, idx, tw), reps=args.reps)
+        kern.check()
+        row = dict(impl="megamoe_sm90", **metrics(T, idx, med, wb_fp4), us_min=best, check=c,
+                   design=des.as_dict())
+        res["rows"].append(row)
+        print(f"megamoe  T={T:5d} {med:9.1f} us {row['tflops']:7.1f} TFLOP/s {row['hbm_gbs']:7.0f} GB/s "
+              f"relL2={c['rel_l2']:.2e} off={c['frac_off_1pct']:.1e} bm={des.block_m} st={des.num_stages} "
+              f"epw={des.experts_per_wave}", flush=True)
+        Path(args.out).write_text(json.dumps(res, indent=1))
+        if peer is not None:
+            try:
+                xf8 = x.view(torch.float8_e4m3fn)
+                med_p, best_p = time_fn(lambda: peer(xf8, idx, tw), reps=max(5, args.reps // 2))
+                rp = dict(impl="torch_unfused_scaled_grouped_mm_fp8", **metrics(T, idx, med_p, wb_fp8), us_min=best_p)
+                res["rows"].append(rp)
+                print(f"unfused  T={T:5d} {med_p:9.1f} us {rp['tflops']:7.1f} TFLOP/s {rp['hbm_gbs']:7.0f} GB/s",
+                      flush=True)
+                Path(args.out).write_text(json.dumps(res, indent=1))
+            except Exception as e:  # noqa: BLE001
+                print(f"unfused T={T}: failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                res.setdefault("peer_errors", []).append(f"T={T}: {type(e).__name__}: {str(e)[:300]}")
+    # trace overhead and clock resolution at one size
+    Tt = 4096 if 4096 in tokens else tokens[-1]
+    x, xs, idx, tw = make_inputs(Tt, E, K, H, "cuda", seed=7)
+    off, _ = time_fn(lambda: kern(x, xs, idx, tw), reps=args.reps)
+    on, _ = time_fn(lambda: kern(x, xs, idx, tw, trace=True), reps=max(5, args.reps // 2))
+    _, recs = kern(x, xs, idx, tw, trace=True)
+    ts = sorted({r["t_start_ns"] for r in recs} | {r["t_end_ns"] for r in recs})
+    diffs = [b - a for a, b in zip(ts, ts[1:]) if b > a]
+    res["trace"] = dict(tokens=Tt, us_off=off, us_on_incl_sync=on, records=len(recs),
+                        min_timestamp_step_ns=min(diffs) if diffs else None,
+                        dropped=kern.last_trace_dropped)
+    print(f"trace T={Tt}: off {off:.1f} us, on (incl. host sync+decode) {on:.1f} us, {len(recs)} records, "
+          f"min step {res['trace']['min_timestamp_step_ns']} ns", flush=True)
+    Path(args.out).write_text(json.dumps(res, indent=1))
+    try:
+        import megamoe.kernel.trace as tr
+        Path(args.out).with_name("kernel_trace_t%d.json" % Tt).write_text(json.dumps(tr.to_chrome(recs)))
+    except Exception as e:  # noqa: BLE001
+        print("chrome export failed", e)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+// megamoe: architecture-neutral device helpers (sm_90a and later): timers, timeouts,
+// errors, grid sync, mbarriers, cp.async, trace records. Shared by the SM90 path and a
+// future SM100 path; nothing here issues matrix instructions.
+#pragma once
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include "params.h"
+
+namespace megamoe {
+
+__device__ __forceinline__ uint64_t globaltimer() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ uint32_t smid() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ uint32_t lane_id() { return threadIdx.x & 31; }
+
+// ---------------------------------------------------------------- memory ordering
+__device__ __forceinline__ uint32_t ld_acquire_u32(const uint32_t* p) {
+    uint32_t v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ unsigned long long ld_acquire_u64(const unsigned long long* p) {
+    unsigned long long v;
+    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void red_release_add_u32(uint32_t* p, uint32_t v) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void red_release_or_u64(unsigned long long* p, unsigned long long v) {
+    asm volatile("red.release.gpu.global.or.b64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
+}
+
+// ---------------------------------------------------------------- errors / timeouts
+__device__ __forceinline__ bool aborted(const Params& p) {
+    return *reinterpret_cast<volatile uint32_t*>(p.error) != 0;
+}
+__device__ __forceinline__ void raise_error(const Params& p, uint32_t code, uint32_t role, int expert,
+                                            int m, int n, int k, uint32_t observed) {
+    if (atomicCAS(p.error, 0u, code) == 0u) {
+        p.error[1] = blockIdx.x; p.error[2] = role; p.error[3] = (uint32_t)expert;
+        p.error[4] = (uint32_t)m; p.error[5] = (uint32_t)n; p.error[6] = (uint32_t)k;
+        p.error[7] = observed;
+        __threadfence();
+    }
+}
+
+// A spin-wait helper: call `poll()` until it returns true; gives up (returns false)
+// after p.timeout_ns or when another thread raised an error.
+struct Deadline {
+    uint64_t start; int64_t limit; uint32_t iters;
+    __device__ __forceinline__ explicit Deadline(int64_t limit_ns) : start(globaltimer()), limit(limit_ns), iters(0) {}
+    // true = keep waiting
+    __device__ __forceinline__ bool tick(const Params& p) {
+        if ((++iters & 63u) != 0) return true;
+        if (aborted(p)) return false;
+        return (int64_t)(globaltimer() - start) < limit;
+    }
+};
+
+// ---------------------------------------------------------------- mbarrier
+__device__ __forceinline__ uint32_t smem_u32(const void* ptr) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smem_u32(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+    asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.release.cta.shared::cta.b64 st, [%0];\n}"
+                 :: "r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
+    uint32_t ok;
+    asm volatile("{\n .reg .pred P;\n mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 P, [%1], %2;\n"
+                 " selp.u32 %0, 1, 0, P;\n}" : "=r"(ok) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+    return ok != 0;
+}
+// Wait for the phase with `parity` to complete; false on timeout/abort (error raised).
+__device__ __forceinline__ bool mbar_wait(const Params& p, uint64_t* bar, uint32_t parity, uint32_t role) {
+    if (mbar_try_wait(bar, parity)) return true;
+    Deadline d(p.timeout_ns);
+    while (!mbar_try_wait(bar, parity)) {
+        if (!d.tick(p)) {
+            if (!aborted(p)) raise_error(p, kErrTimeoutPipeline, role, -1, -1, -1, -1, parity);
+            return false;
+        }
+    }
+    return true;
+}
+
+// ---------------------------------------------------------------- named barriers
+// Non-aligned form: threads of a warp may arrive diverged (after per-thread spin waits).
+__device__ __forceinline__ void named_bar_sync(uint32_t id, uint32_t threads) {
+    __syncwarp();
+    asm volatile("barrier.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
+}
+
+// ---------------------------------------------------------------- cp.async (sm_80+)
+__device__ __forceinline__ void cp_async_16_cg(void* smem, const void* gmem) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(smem_u32(smem)), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_4(void* smem, const void* gmem) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(smem_u32(smem)), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
+__device__ __forceinline__ void cp_async_wait_dyn(int n) {
+    // wait_group needs an immediate: dispatch over the small range used here.
+    switch (n) {
+        case 0: cp_async_wait<0>(); break;  case 1: cp_async_wait<1>(); break;
+        case 2: cp_async_wait<2>(); break;  case 3: cp_async_wait<3>(); break;
+        case 4: cp_async_wait<4>(); break;  case 5: cp_async_wait<5>(); break;
+        case 6: cp_async_wait<6>(); break;  case 7: cp_async_wait<7>(); break;
+        case 8: cp_async_wait<8>(); break;  default: cp_async_wait<0>(); break;
+    }
+}
+
+// ---------------------------------------------------------------- grid sync
+// One 32-bit counter: CTA 0 adds 0x80000000-(n-1), the others add 1, so bit 31 flips once
+// all n CTAs arrived; the counter needs no reset between launches.
+__device__ __forceinline__ bool grid_sync(const Params& p, uint32_t role) {
+    bool ok = true;
+    if (threadIdx.x == 0) {
+        __threadfence();
+        const uint32_t n = gridDim.x;
+        const uint32_t add = blockIdx.x == 0 ? 0x80000000u - (n - 1) : 1u;
+        const uint32_t old = atomicAdd(p.grid_sync, add);
+        if (((ld_acquire_u32(p.grid_sync) ^ old) & 0x80000000u) == 0) {
+            Deadline d(p.timeout_ns);
+            while (((ld_acquire_u32(p.grid_sync) ^ old) & 0x80000000u) == 0) {
+                if (!d.tick(p)) {
+                    if (!aborted(p)) raise_error(p, kErrTimeoutGridSync, role, -1, -1, -1, -1, old);
+                    ok = false;
+                    break;
+                }
+            }
+        }
+    }
+    return ok;
+}
+
+// ---------------------------------------------------------------- debug progress
+__device__ __forceinline__ void progress(const Params& p, int slot, uint32_t v) {
+    if (p.progress != nullptr) *reinterpret_cast<volatile uint32_t*>(p.progress + blockIdx.x * 32 + slot) = v;
+}
+
+// ---------------------------------------------------------------- trace
+// 48-byte record: u32 sm, u32 (role<<16|kind), i32 expert, m_block, n_block, wave, tokens,
+// extra, u64 t_start_ns, u64 t_end_ns (globaltimer).
+__device__ __forceinline__ void trace_record(const Params& p, uint32_t role, uint32_t kind, int expert, int m,
+                                             int n, int wave, int tokens, uint64_t t0, uint64_t t1) {
+    if (p.trace_cap == 0) return;
+    const uint32_t idx = atomicAdd(p.trace_count + blockIdx.x, 1u);
+    if (idx >= (uint32_t)p.trace_cap) return;
+    uint32_t* rec = reinterpret_cast<uint32_t*>(p.trace + ((size_t)blockIdx.x * p.trace_cap + idx) * 6);
+    uint4 a = make_uint4(smid(), (role << 16) | kind, (uint32_t)expert, (uint32_t)m);
+    uint4 b = make_uint4((uint32_t)n, (uint32_t)wave, (uint32_t)tokens, blockIdx.x);
+    *reinterpret_cast<uint4*>(rec) = a;
+    *reinterpret_cast<uint4*>(rec + 4) = b;
+    *reinterpret_cast<uint2*>(rec + 8) = make_uint2((uint32_t)t0, (uint32_t)(t0 >> 32));
+    *reinterpret_cast<uint2*>(rec + 10) = make_uint2((uint32_t)t1, (uint32_t)(t1 >> 32));
+}
+
+}  // namespace megamoe

@@ -1,0 +1,601 @@
+// megamoe: the persistent FP8 x FP4 MoE mega-kernel for SM90 (H100/H200), EP = 1.
+//
+// One launch, one CTA per SM, 384 threads in three warp-specialized roles:
+//   warps 0-3   dispatch : count items per expert, publish counts, pull rows + scales into
+//                          the expert-contiguous L1 pool, bump per-pool-block arrival counts;
+//                          at the end grid sync + combine (all 12 warps help).
+//   warps 4-7   producer : cp.async A tiles (pool rows + UE8M0 scales) and packed E2M1
+//                          weight tiles (+ scales) into a `num_stages` ring, decode E2M1 -> E4M3
+//                          into shared memory, signal the consumers through mbarriers. Waits on
+//                          arrival counts (L1) and arrival masks (L2, per K block).
+//   warps 8-15  consumer : the matrix path (mma_sm90.cuh) and both epilogues (SwiGLU + clamp
+//                          + top-k weight + per-32 UE8M0 requantization into the L2 pool and
+//                          the arrival-mask bit; BF16 rows into the combine buffer).
+// The block order is the scheduler's (scheduler.cuh, DeepGEMM MegaMoEScheduler rule).
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <stdint.h>
+#include "params.h"
+#include "common.cuh"
+#include "scheduler.cuh"
+#include "fp4.cuh"
+#include "mma_sm90.cuh"
+
+namespace megamoe {
+
+constexpr int kThreads = 512;
+constexpr int kDispatchThreads = 128, kProducerThreads = 128, kConsumerThreads = 256;
+constexpr int kConsumerWarps = 8;
+constexpr uint32_t kBarDispatch = 1, kBarConsumer = 2;
+
+__host__ __device__ constexpr size_t align128(size_t x) { return (x + 127) & ~size_t(127); }
+
+// Shared-memory layout (mirrored by megamoe.design_sm90.smem_bytes).
+__host__ __device__ constexpr size_t stage_bytes(int bm) {
+    return (size_t)bm * 128 + align128((size_t)bm * 4) + 8192 + 512 + 16384;
+}
+__host__ __device__ constexpr size_t fixed_bytes(int bm, int num_experts) {
+    return 1024 + align128((size_t)num_experts * 12 + 64) + align128((size_t)(bm >= 64 ? 4 : 8) * bm * 4);
+}
+__host__ __device__ constexpr size_t smem_bytes(int bm, int stages, int num_experts) {
+    return fixed_bytes(bm, num_experts) + (size_t)stages * stage_bytes(bm);
+}
+
+struct Stage {
+    uint8_t *a, *sfa, *bpk, *sfb, *bdec;
+};
+template <int BM>
+__device__ __forceinline__ Stage get_stage(uint8_t* base, int s) {
+    Stage st;
+    st.a = base + (size_t)s * stage_bytes(BM);
+    st.sfa = st.a + BM * 128;
+    st.bpk = st.sfa + align128(BM * 4);
+    st.sfb = st.bpk + 8192;
+    st.bdec = st.sfb + 512;
+    return st;
+}
+
+// ------------------------------------------------------------------ dispatch (warps 0-3)
+template <int BM>
+__device__ void dispatch_role(const Params& p, int* hist, int* cta_base, int* off_blk, int* scan) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int T = (int)p.num_tokens, K = (int)p.topk, E = (int)p.num_experts, H = (int)p.hidden;
+    const int c = blockIdx.x, nc = gridDim.x;
+    const int t0 = (int)((int64_t)T * c / nc), t1 = (int)((int64_t)T * (c + 1) / nc);
+    const int i0 = t0 * K, i1 = t1 * K;
+    const bool trace = p.trace_cap > 0 && tid == 0;
+
+    // 1. count: in-order rank of each item among this CTA's items of the same expert.
+    uint64_t ts = globaltimer();
+    for (int e = tid; e < E; e += kDispatchThreads) hist[e] = 0;
+    named_bar_sync(kBarDispatch, kDispatchThreads);
+    if (warp == 0) {
+        for (int base = i0; base < i1; base += 32) {
+            const int i = base + lane;
+            int e = -1;
+            if (i < i1) {
+                e = p.topk_idx[i];
+                if (e < -1 || e >= E) { raise_error(p, kErrBadExpert, kRoleDispatch, e, i / K, i % K, -1, 0); e = -1; }
+            }
+            const uint32_t peers = __match_any_sync(0xffffffffu, e);
+            const int rank = __popc(peers & ((1u << lane) - 1u));
+            const int leader = __ffs(peers) - 1;
+            int b = 0;
+            if (e >= 0) b = hist[e];
+            __syncwarp();
+            if (e >= 0 && lane == leader) hist[e] = b + __popc(peers);
+            __syncwarp();
+            if (e >= 0) p.item_pos[i] = b + rank;
+        }
+    }
+    named_bar_sync(kBarDispatch, kDispatchThreads);
+    // 2. publish: one 64-bit add per expert and CTA; the low half before ours is our base.
+    for (int e = tid; e < E; e += kDispatchThreads) {
+        const unsigned long long old = atomicAdd(p.expert_count + e, (1ull << 32) | (unsigned long long)(uint32_t)hist[e]);
+        cta_base[e] = (int)(uint32_t)old;
+    }
+    if (tid == 0) progress(p, 0, 2);
+    if (trace) trace_record(p, kRoleDispatch, kKindCount, -1, -1, -1, -1, i1 - i0, ts, globaltimer());
+
+    // 3. wait for every CTA's counts (this is the count barrier), then pool block offsets.
+    ts = globaltimer();
+    for (int e = tid; e < E; e += kDispatchThreads) {
+        unsigned long long v = ld_acquire_u64(p.expert_count + e);
+        if ((uint32_t)(v >> 32) != (uint32_t)nc) {
+            Deadline d(p.timeout_ns);
+            while ((uint32_t)((v = ld_acquire_u64(p.expert_count + e)) >> 32) != (uint32_t)nc) {
+                if (!d.tick(p)) {
+                    if (!aborted(p)) raise_error(p, kErrTimeoutCounts, kRoleDispatch, e, -1, -1, -1, (uint32_t)(v >> 32));
+                    break;
+                }
+            }
+        }
+        hist[e] = (int)(uint32_t)v;  // total tokens of expert e
+    }
+    named_bar_sync(kBarDispatch, kDispatchThreads);
+    {
+        const int per = (E + kDispatchThreads - 1) / kDispatchThreads;
+        const int e0 = tid * per, e1 = min(E, e0 + per);
+        int local = 0;
+        for (int e = e0; e < e1; ++e) local += (hist[e] + BM - 1) / BM;
+        int incl = local;
+        #pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int v = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += v;
+        }
+        if (lane == 31) scan[warp] = incl;
+        named_bar_sync(kBarDispatch, kDispatchThreads);
+        int run = incl - local;
+        for (int w = 0; w < warp; ++w) run += scan[w];
+        for (int e = e0; e < e1; ++e) { off_blk[e] = run; run += (hist[e] + BM - 1) / BM; }
+        if (tid == kDispatchThreads - 1 && (int64_t)run * BM > p.pool_rows)
+            raise_error(p, kErrPoolOverflow, kRoleDispatch, -1, run, -1, -1, (uint32_t)p.pool_rows);
+    }
+    named_bar_sync(kBarDispatch, kDispatchThreads);
+    if (tid == 0) progress(p, 0, 4);
+    if (trace) trace_record(p, kRoleDispatch, kKindGridSync, -1, -1, -1, -1, 0, ts, globaltimer());
+    if (aborted(p)) return;
+
+    // 4. pull: one warp per item, rows + scales + metadata, then the arrival count.
+    ts = globaltimer();
+    const int hv = H / 16, hk = H / 128;
+    for (int i = i0 + warp; i < i1; i += 4) {
+        const int e = p.topk_idx[i];
+        if (e < 0 || e >= E) continue;
+        const int row = off_blk[e] * BM + cta_base[e] + p.item_pos[i];
+        if (row >= p.pool_rows) continue;  // overflow already raised
+        const int t = i / K, k = i % K;
+        const uint4* src = reinterpret_cast<const uint4*>(p.x + (size_t)t * H);
+        uint4* dst = reinterpret_cast<uint4*>(p.l1_pool + (size_t)row * H);
+        for (int v0 = 0; v0 < hv; v0 += 32 * 8) {
+            uint4 buf[8];
+            #pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                const int v = v0 + u * 32 + lane;
+                if (v < hv) buf[u] = __ldg(src + v);
+            }
+            #pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                const int v = v0 + u * 32 + lane;
+                if (v < hv) dst[v] = buf[u];
+            }
+        }
+        const uint32_t* sf_src = reinterpret_cast<const uint32_t*>(p.x_sf + (size_t)t * (H / 32));
+        uint32_t* sf_dst = reinterpret_cast<uint32_t*>(p.l1_pool_sf);
+        for (int kb = lane; kb < hk; kb += 32) sf_dst[(size_t)kb * p.pool_rows + row] = __ldg(sf_src + kb);
+        if (lane == 0) {
+            p.pool_token[row] = t;
+            p.pool_slot[row] = k;
+            p.pool_weight[row] = p.topk_w[i];
+        }
+        __threadfence();
+        __syncwarp();
+        if (lane == 0 && p.fault_inject != 1) red_release_add_u32(p.arrival + row / BM, 1u);
+    }
+    if (tid == 0) progress(p, 0, 5);
+    if (trace) trace_record(p, kRoleDispatch, kKindPull, -1, -1, -1, -1, 0, ts, globaltimer());
+}
+
+// ------------------------------------------------------------------ producer (warps 4-7)
+template <int BM>
+struct Producer {
+    const Params& p;
+    uint8_t* stages;
+    uint64_t *full, *empty;
+    int S, lag, ptid;
+    int it = 0, pending = 0;
+
+    __device__ __forceinline__ Producer(const Params& p_, uint8_t* st, uint64_t* f, uint64_t* e)
+        : p(p_), stages(st), full(f), empty(e) {
+        S = (int)p.num_stages;
+        lag = S - 2 < 1 ? 1 : (S - 2 > 8 ? 8 : S - 2);
+        ptid = threadIdx.x - kDispatchThreads;
+    }
+
+    __device__ __forceinline__ void decode_oldest() {
+        cp_async_wait_dyn(pending - 1);
+        const int s = (it - pending) % S;
+        const Stage st = get_stage<BM>(stages, s);
+        #pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int c = ptid + kProducerThreads * q;
+            const int n = c >> 2, ch = c & 3;
+            const uint4 in = *reinterpret_cast<const uint4*>(st.bpk + n * 64 + ch * 16);
+            uint4 lo, hi;
+            decode_e2m1x32(in, lo, hi);
+            *reinterpret_cast<uint4*>(st.bdec + n * 128 + (((2 * ch) ^ (n & 7)) << 4)) = lo;
+            *reinterpret_cast<uint4*>(st.bdec + n * 128 + (((2 * ch + 1) ^ (n & 7)) << 4)) = hi;
+        }
+        mbar_arrive(full + s);
+        --pending;
+    }
+    __device__ __forceinline__ void drain() { while (pending > 0) decode_oldest(); }
+
+    __device__ __forceinline__ bool issue(const Block& b, int kb) {
+        const int s = it % S, r = it / S;
+        if (r > 0 && !mbar_wait(p, empty + s, (uint32_t)((r - 1) & 1), kRoleProducer)) return false;
+        const Stage st = get_stage<BM>(stages, s);
+        const bool l1 = b.phase == kPhaseL1;
+        const int H = (int)p.hidden, I = (int)p.inter;
+        const size_t prow0 = (size_t)b.pool_block * BM;
+        const uint8_t* a_src = l1 ? p.l1_pool + prow0 * H + kb * 128 : p.l2_pool + prow0 * I + kb * 128;
+        const size_t a_ld = l1 ? H : I;
+        const uint8_t* sfa_src = (l1 ? p.l1_pool_sf : p.l2_pool_sf) + ((size_t)kb * p.pool_rows + prow0) * 4;
+        for (int c = ptid; c < BM * 8; c += kProducerThreads) {
+            const int row = c >> 3, ch = c & 7;
+            cp_async_16_cg(st.a + row * 128 + ((ch ^ (row & 7)) << 4), a_src + row * a_ld + ch * 16);
+        }
+        for (int c = ptid; c < BM / 4; c += kProducerThreads) cp_async_16_cg(st.sfa + c * 16, sfa_src + c * 16);
+        const int kd = l1 ? H : I;           // K extent of this GEMM
+        const size_t nr = l1 ? 2 * (size_t)I : (size_t)H;  // weight rows per expert
+        const uint8_t* w = (l1 ? p.w1 : p.w2) + (size_t)b.expert * nr * (kd / 2) + kb * 64;
+        const uint8_t* wsf = (l1 ? p.w1_sf : p.w2_sf) + (size_t)b.expert * nr * (kd / 32) + kb * 4;
+        #pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int c = ptid + kProducerThreads * q;
+            const int n = c >> 2, ch = c & 3;
+            int gr;
+            if (l1) { const int i8 = n >> 3; gr = ((i8 & 1) ? I : 0) + b.n_block * 64 + (i8 >> 1) * 8 + (n & 7); }
+            else gr = b.n_block * 128 + n;
+            cp_async_16_cg(st.bpk + n * 64 + ch * 16, w + (size_t)gr * (kd / 2) + ch * 16);
+            if (q == 0 && ch == 0) {}
+        }
+        {
+            const int n = ptid;
+            int gr;
+            if (l1) { const int i8 = n >> 3; gr = ((i8 & 1) ? I : 0) + b.n_block * 64 + (i8 >> 1) * 8 + (n & 7); }
+            else gr = b.n_block * 128 + n;
+            cp_async_4(st.sfb + n * 4, wsf + (size_t)gr * (kd / 32));
+        }
+        cp_async_commit();
+        ++it; ++pending;
+        if (ptid == 0) progress(p, 2, (uint32_t)it);
+        if (pending > lag) decode_oldest();
+        return true;
+    }
+
+    __device__ void run() {
+        Scheduler<BM> sched(p);
+        if (!sched.fetch_counts(p, kRoleProducer)) return;
+        sched.set_expert(0);
+        const bool trace = p.trace_cap > 0 && ptid == 0;
+        for (;;) {
+            const Block b = sched.next();
+            if (b.phase == kPhaseNone) break;
+            const uint64_t tb = globaltimer();
+            const int wave = b.expert / (int)p.experts_per_wave;
+            if (ptid == 0) progress(p, 1, (uint32_t)((b.phase << 28) | (b.expert << 16) | (b.m_block << 8) | b.n_block));
+            if (b.phase == kPhaseL1) {
+                uint32_t v = ld_acquire_u32(p.arrival + b.pool_block);
+                if (v != (uint32_t)b.valid_m) {
+                    drain();
+                    const uint64_t tw = globaltimer();
+                    Deadline d(p.timeout_ns);
+                    while ((v = ld_acquire_u32(p.arrival + b.pool_block)) != (uint32_t)b.valid_m) {
+                        if (!d.tick(p)) {
+                            if (!aborted(p)) raise_error(p, kErrTimeoutArrival, kRoleProducer, b.expert, b.m_block, b.n_block, -1, v);
+                            return;
+                        }
+                    }
+                    if (trace) trace_record(p, kRoleProducer, kKindIdleWait, b.expert, b.m_block, b.n_block, wave, b.valid_m, tw, globaltimer());
+                }
+            }
+            unsigned long long have = 0;
+            for (int kb = 0; kb < b.num_k_blocks; ++kb) {
+                if (b.phase == kPhaseL2) {
+                    const unsigned long long need = 3ull << (2 * kb);
+                    if ((have & need) != need) {
+                        have = ld_acquire_u64(p.mask + b.pool_block);
+                        if ((have & need) != need) {
+                            drain();
+                            const uint64_t tw = globaltimer();
+                            Deadline d(p.timeout_ns);
+                            while (((have = ld_acquire_u64(p.mask + b.pool_block)) & need) != need) {
+                                if (!d.tick(p)) {
+                                    if (!aborted(p)) raise_error(p, kErrTimeoutMask, kRoleProducer, b.expert, b.m_block, b.n_block, kb, (uint32_t)have);
+                                    return;
+                                }
+                            }
+                            if (trace) trace_record(p, kRoleProducer, kKindIdleWait, b.expert, b.m_block, b.n_block, wave, kb, tw, globaltimer());
+                        }
+                    }
+                }
+                if (!issue(b, kb)) return;
+            }
+            if (trace) trace_record(p, kRoleProducer, b.phase == kPhaseL1 ? kKindL1Load : kKindL2Load, b.expert, b.m_block,
+                                    b.n_block, wave, b.valid_m, tb, globaltimer());
+        }
+        drain();
+    }
+};
+
+// ------------------------------------------------------------------ consumer (warps 8-15)
+template <int BM>
+__device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, uint64_t* empty, float* red) {
+    using Tile = Sm90Tile<BM>;
+    constexpr int MT = Tile::MT, NT = Tile::NT;
+    constexpr int kWarpsPerGroup = 32 / (NT * 4);  // warps sharing one 32-wide output group (L1)
+    const int ctid = threadIdx.x - kDispatchThreads - kProducerThreads;
+    const int cw = ctid >> 5, lane = ctid & 31;
+    const int S = (int)p.num_stages;
+    const int T = (int)p.num_tokens, H = (int)p.hidden, I = (int)p.inter;
+    Scheduler<BM> sched(p);
+    const int wslot = 16 + 8 + cw;  // debug progress slot of this consumer warp
+    if (lane == 0) progress(p, wslot, 0x01000000);
+    if (!sched.fetch_counts(p, kRoleConsumer)) { if (lane == 0) progress(p, wslot, 0x0E000000); return; }
+    sched.set_expert(0);
+    Tile tile;
+    tile.init(cw);
+    const bool trace = p.trace_cap > 0 && ctid == 0;
+    const float clampv = (float)p.clamp;
+    const bool do_clamp = p.clamp < 3.0e38;
+    const float clamp_bf = __bfloat162float(__float2bfloat16_rn(clampv));
+    int it = 0;
+    bool dead = false;
+    for (;;) {
+        const Block b = sched.next();
+        if (b.phase == kPhaseNone) break;
+        const int wave = b.expert / (int)p.experts_per_wave;
+        const uint64_t tb = globaltimer();
+        if (ctid == 0) progress(p, 4, (uint32_t)((b.phase << 28) | (b.expert << 16) | (b.m_block << 8) | b.n_block));
+        tile.zero();
+        for (int kb = 0; kb < b.num_k_blocks; ++kb) {
+            const int s = it % S;
+            // After an error every wait fails fast; keep walking the block list so that all
+            // consumer warps still meet at the epilogue's named barriers (no hang).
+            if (!dead && !mbar_wait(p, full + s, (uint32_t)((it / S) & 1), kRoleConsumer)) dead = true;
+            // Lanes leave the spin wait at different times: reconverge before the .aligned
+            // ldmatrix / mma.sync instructions (divergent .aligned ops are undefined).
+            __syncwarp();
+            dead = __any_sync(0xffffffffu, dead);
+            if (lane == 0) progress(p, wslot, 0x03000000 | (dead ? 0x800000 : 0) | (uint32_t)it);
+            const Stage st = get_stage<BM>(stages, s);
+            if (!dead) tile.mma_k_block(st.a, st.bdec, st.sfa, st.sfb);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(empty + s);
+            ++it;
+            if (ctid == 0) progress(p, 5, (uint32_t)it);
+        }
+        const uint64_t tm = globaltimer();
+        const size_t prow0 = (size_t)b.pool_block * BM;
+        if (b.phase == kPhaseL1) {
+            float amax[MT][2];
+            #pragma unroll
+            for (int i = 0; i < MT; ++i) {
+                const float w0 = __ldcg(p.pool_weight + prow0 + tile.row_of(i, 0));
+                const float w1 = __ldcg(p.pool_weight + prow0 + tile.row_of(i, 2));
+                amax[i][0] = 0.0f; amax[i][1] = 0.0f;
+                #pragma unroll
+                for (int jp = 0; jp < NT / 2; ++jp)
+                    #pragma unroll
+                    for (int r = 0; r < 4; ++r) {
+                        float g = __bfloat162float(__float2bfloat16_rn(tile.acc[i][2 * jp][r]));
+                        float u = __bfloat162float(__float2bfloat16_rn(tile.acc[i][2 * jp + 1][r]));
+                        if (do_clamp) { g = fminf(g, clamp_bf); u = fmaxf(fminf(u, clamp_bf), -clamp_bf); }
+                        const float silu = g / (1.0f + expf(-g));
+                        const float v = (silu * u) * (r >= 2 ? w1 : w0);
+                        tile.acc[i][2 * jp][r] = v;  // reuse the gate slot
+                        amax[i][r >> 1] = fmaxf(amax[i][r >> 1], fabsf(v));
+                    }
+                #pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    amax[i][h] = fmaxf(amax[i][h], __shfl_xor_sync(0xffffffffu, amax[i][h], 1));
+                    amax[i][h] = fmaxf(amax[i][h], __shfl_xor_sync(0xffffffffu, amax[i][h], 2));
+                    if ((lane & 3) == 0) red[tile.warp_n * BM + tile.row_of(i, 2 * h)] = amax[i][h];
+                }
+            }
+            if (ctid == 0) progress(p, 6, 1);
+            if (lane == 0) progress(p, wslot, 0x04000000 | (uint32_t)it);
+            named_bar_sync(kBarConsumer, kConsumerThreads);
+            if (lane == 0) progress(p, wslot, 0x05000000 | (uint32_t)it);
+            if (ctid == 0) progress(p, 6, 2);
+            const int group = tile.warp_n / kWarpsPerGroup;
+            const int gidx = b.n_block * 2 + group;  // 32-wide scale group in the intermediate dim
+            #pragma unroll
+            for (int i = 0; i < MT; ++i)
+                #pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int row = tile.row_of(i, 2 * h);
+                    float a = 0.0f;
+                    #pragma unroll
+                    for (int w = 0; w < kWarpsPerGroup; ++w) a = fmaxf(a, red[(group * kWarpsPerGroup + w) * BM + row]);
+                    const float scaled = a * (1.0f / 448.0f);
+                    const uint32_t bits = __float_as_uint(scaled);
+                    const int l = (int)(bits >> 23) - 127 + ((bits & 0x7fffffu) != 0);
+                    const float inv = __uint_as_float((uint32_t)(127 - l) << 23);
+                    uint8_t* dst = p.l2_pool + (prow0 + row) * I + b.n_block * 64;
+                    #pragma unroll
+                    for (int jp = 0; jp < NT / 2; ++jp) {
+                        const int oc = (tile.warp_n * (NT / 2) + jp) * 8 + (lane & 3) * 2;
+                        const __nv_fp8x2_storage_t q = __nv_cvt_float2_to_fp8x2(
+                            make_float2(tile.acc[i][2 * jp][2 * h] * inv, tile.acc[i][2 * jp][2 * h + 1] * inv), __NV_SATFINITE, __NV_E4M3);
+                        *reinterpret_cast<__nv_fp8x2_storage_t*>(dst + oc) = q;
+                    }
+                    if ((tile.warp_n % kWarpsPerGroup) == 0 && (lane & 3) == 0)
+                        p.l2_pool_sf[(((size_t)(gidx >> 2)) * p.pool_rows + prow0 + row) * 4 + (gidx & 3)] = (uint8_t)(l + 127);
+                }
+            __threadfence();
+            named_bar_sync(kBarConsumer, kConsumerThreads);
+            if (ctid == 0) red_release_or_u64(p.mask + b.pool_block, 1ull << b.n_block);
+            if (ctid == 0) progress(p, 6, 3);
+            if (lane == 0) progress(p, wslot, 0x06000000 | (uint32_t)it);
+            (void)H;
+        } else {
+            #pragma unroll
+            for (int i = 0; i < MT; ++i)
+                #pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int row = tile.row_of(i, 2 * h);
+                    if (row < b.valid_m) {
+                        const int t = __ldcg(p.pool_token + prow0 + row);
+                        const int k = __ldcg(p.pool_slot + prow0 + row);
+                        uint16_t* dst = p.combine_buf + ((size_t)k * T + t) * H + b.n_block * 128;
+                        #pragma unroll
+                        for (int j = 0; j < NT; ++j) {
+                            const __nv_bfloat162 v = __floats2bfloat162_rn(tile.acc[i][j][2 * h], tile.acc[i][j][2 * h + 1]);
+                            *reinterpret_cast<__nv_bfloat162*>(dst + tile.col_of(j, 0)) = v;
+                        }
+                    }
+                }
+        }
+        if (trace) {
+            const uint64_t te = globaltimer();
+            const bool l1 = b.phase == kPhaseL1;
+            trace_record(p, kRoleConsumer, l1 ? kKindL1Mma : kKindL2Mma, b.expert, b.m_block, b.n_block, wave, b.valid_m, tb, tm);
+            trace_record(p, kRoleConsumer, l1 ? kKindL1Epilogue : kKindL2Epilogue, b.expert, b.m_block, b.n_block, wave, b.valid_m, tm, te);
+        }
+    }
+}
+
+// ------------------------------------------------------------------ the kernel
+template <int BM>
+__global__ void __launch_bounds__(kThreads, 1) megamoe_sm90_kernel(const __grid_constant__ Params p) {
+    extern __shared__ __align__(1024) uint8_t smem[];
+    const int S = (int)p.num_stages, E = (int)p.num_experts;
+    uint64_t* full = reinterpret_cast<uint64_t*>(smem);
+    uint64_t* empty = full + S;
+    int* hist = reinterpret_cast<int*>(smem + 1024);
+    int* cta_base = hist + E;
+    int* off_blk = cta_base + E;
+    int* scan = off_blk + E;
+    float* red = reinterpret_cast<float*>(smem + 1024 + align128((size_t)E * 12 + 64));
+    uint8_t* stages = smem + fixed_bytes(BM, E);
+    const int warp = threadIdx.x >> 5;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < S; ++s) {
+            mbar_init(full + s, kProducerThreads);
+            mbar_init(empty + s, kConsumerWarps);
+        }
+    }
+    __syncthreads();
+    if (warp < 4) {
+        dispatch_role<BM>(p, hist, cta_base, off_blk, scan);
+        __syncwarp();
+        if (threadIdx.x == 0) progress(p, 0, 0xD0);
+    } else if (warp < 8) {
+        Producer<BM> prod(p, stages, full, empty);
+        prod.run();
+        __syncwarp();
+        if (threadIdx.x == kDispatchThreads) progress(p, 3, 0xD0);
+    } else {
+        consumer_role<BM>(p, stages, full, empty, red);
+        __syncwarp();
+        if (threadIdx.x == kDispatchThreads + kProducerThreads) progress(p, 6, 0xD0);
+    }
+    __syncthreads();
+
+    // Grid sync, then combine: sum the valid slots in FP32 (slot order), BF16 out.
+    const bool trace = p.trace_cap > 0 && threadIdx.x == 0;
+    if (threadIdx.x == 0) progress(p, 7, 1);
+    uint64_t ts = globaltimer();
+    grid_sync(p, kRoleDispatch);
+    __syncthreads();
+    if (threadIdx.x == 0) progress(p, 7, 2);
+    if (trace) trace_record(p, kRoleDispatch, kKindGridSync, -1, -1, -1, -1, 1, ts, globaltimer());
+    if (aborted(p)) return;
+    ts = globaltimer();
+    const int T = (int)p.num_tokens, H = (int)p.hidden, K = (int)p.topk;
+    const size_t nvec = (size_t)T * (H / 8);
+    for (size_t v = (size_t)blockIdx.x * kThreads + threadIdx.x; v < nvec; v += (size_t)gridDim.x * kThreads) {
+        const int t = (int)(v / (H / 8));
+        const int hv = (int)(v % (H / 8));
+        float acc[8];
+        #pragma unroll
+        for (int u = 0; u < 8; ++u) acc[u] = 0.0f;
+        for (int k = 0; k < K; ++k) {
+            if (__ldg(p.topk_idx + (size_t)t * K + k) < 0) continue;
+            const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(p.combine_buf + ((size_t)k * T + t) * H) + hv);
+            const __nv_bfloat162* b2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+            #pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const float2 f = __bfloat1622float2(b2[u]);
+                acc[2 * u] += f.x;
+                acc[2 * u + 1] += f.y;
+            }
+        }
+        uint4 out;
+        __nv_bfloat162* o2 = reinterpret_cast<__nv_bfloat162*>(&out);
+        #pragma unroll
+        for (int u = 0; u < 4; ++u) o2[u] = __floats2bfloat162_rn(acc[2 * u], acc[2 * u + 1]);
+        reinterpret_cast<uint4*>(p.y + (size_t)t * H)[hv] = out;
+    }
+    // Leave the workspace clean for the next call (every reader finished before the grid sync).
+    const size_t nblk = (size_t)p.pool_rows / BM;
+    for (size_t i = (size_t)blockIdx.x * kThreads + threadIdx.x; i < nblk; i += (size_t)gridDim.x * kThreads) {
+        p.arrival[i] = 0;
+        p.mask[i] = 0;
+    }
+    for (size_t i = (size_t)blockIdx.x * kThreads + threadIdx.x; i < (size_t)E; i += (size_t)gridDim.x * kThreads)
+        p.expert_count[i] = 0;
+    if (threadIdx.x == 0) progress(p, 7, 3);
+    if (p.trace_cap > 0) {
+        __syncthreads();
+        if (trace) trace_record(p, kRoleDispatch, kKindCombine, -1, -1, -1, -1, 0, ts, globaltimer());
+    }
+}
+
+}  // namespace megamoe
+
+// ------------------------------------------------------------------ host API (C ABI, ctypes)
+using megamoe::Params;
+
+template <int BM>
+static int launch_bm(const Params* p, cudaStream_t stream, size_t smem) {
+    auto kern = megamoe::megamoe_sm90_kernel<BM>;
+    cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (err != cudaSuccess) return (int)err;
+    int blocks = 0;
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kern, megamoe::kThreads, smem);
+    if (err != cudaSuccess) return (int)err;
+    if (blocks < 1) return -3;
+    void* args[] = {const_cast<Params*>(p)};
+    err = cudaLaunchKernel((const void*)kern, dim3((unsigned)p->num_sms), dim3(megamoe::kThreads), args, smem, stream);
+    return (int)err;
+}
+
+extern "C" {
+
+int megamoe_sm90_abi_size() { return (int)sizeof(Params); }
+
+long long megamoe_sm90_smem_bytes(int block_m, int stages, int num_experts) {
+    return (long long)megamoe::smem_bytes(block_m, stages, num_experts);
+}
+
+// Returns 0 or a cudaError_t; -1 bad block_m, -2 too many SMs, -3 does not fit one CTA/SM,
+// -4 shared memory over the device limit, -5 shape not supported.
+int megamoe_sm90_launch(const Params* p, void* stream) {
+    int dev = 0, sms = 0, max_smem = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    if (p->num_sms < 1 || p->num_sms > sms) return -2;
+    if (p->hidden % 128 || p->inter % 128 || 2 * p->inter / 128 > 64 || p->num_experts > 512 ||
+        p->num_experts < 1 || p->num_stages < 2 || p->num_stages > 16 || p->experts_per_wave < 1 ||
+        p->pool_rows % p->block_m)
+        return -5;
+    const size_t smem = megamoe::smem_bytes((int)p->block_m, (int)p->num_stages, (int)p->num_experts);
+    if (smem > (size_t)max_smem) return -4;
+    cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+    switch (p->block_m) {
+        case 16: return launch_bm<16>(p, s, smem);
+        case 32: return launch_bm<32>(p, s, smem);
+        case 64: return launch_bm<64>(p, s, smem);
+        case 128: return launch_bm<128>(p, s, smem);
+        default: return -1;
+    }
+}
+
+const char* megamoe_sm90_error_string(int code) {
+    switch (code) {
+        case -1: return "block_m must be 16, 32, 64 or 128";
+        case -2: return "num_sms must be between 1 and the device's SM count (one CTA per SM)";
+        case -3: return "kernel does not fit one CTA per SM";
+        case -4: return "shared memory for these stages exceeds the device limit";
+        case -5: return "unsupported shape (hidden, inter multiples of 128; 2*inter/128 <= 64; E <= 512; 2 <= stages <= 16)";
+        default: return cudaGetErrorString((cudaError_t)code);
+    }
+}
+
+}  // extern "C"

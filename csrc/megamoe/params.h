@@ -1,0 +1,77 @@
+// megamoe: kernel parameters shared by the host launcher and the device code.
+// Every field is 8 bytes so that the Python ctypes mirror (megamoe/kernel/_abi.py)
+// has no padding questions. Plan numbers (block_m, stages, experts per wave, SMs)
+// are inputs: the kernel never re-derives them.
+#pragma once
+#include <stdint.h>
+
+namespace megamoe {
+
+struct Params {
+    // Shapes
+    int64_t num_tokens;        // T
+    int64_t hidden;            // H  (multiple of 128)
+    int64_t inter;             // I  (multiple of 128, 2I/128 <= 64)
+    int64_t num_experts;       // E  (<= 512)
+    int64_t topk;              // K
+    // Plan numbers (megamoe.plan / megamoe.design_sm90)
+    int64_t block_m;           // 16, 32, 64 or 128 (template instance)
+    int64_t num_stages;        // pipeline stages in shared memory
+    int64_t experts_per_wave;  // scheduler wave width
+    int64_t num_sms;           // persistent grid size (one CTA per SM)
+    int64_t pool_rows;         // pool capacity in rows (multiple of block_m)
+    int64_t timeout_ns;        // every wait gives up after this long
+    int64_t trace_cap;         // trace records per CTA (0 = tracing off)
+    int64_t fault_inject;      // 0 = none; 1 = dispatch never bumps arrival counts (timeout test)
+    double clamp;              // SwiGLU activation clamp; +inf = none
+    // Inputs
+    const uint8_t* x;          // [T, H] E4M3
+    const uint8_t* x_sf;       // [T, H/32] UE8M0
+    const int32_t* topk_idx;   // [T, K], -1 = masked slot
+    const float* topk_w;       // [T, K]
+    const uint8_t* w1;         // [E, 2I, H/2] packed E2M1 (low nibble = even k)
+    const uint8_t* w1_sf;      // [E, 2I, H/32] UE8M0
+    const uint8_t* w2;         // [E, H, I/2]
+    const uint8_t* w2_sf;      // [E, H, I/32]
+    // Workspace (zeroed once at allocation; the kernel leaves it clean)
+    uint8_t* l1_pool;          // [pool_rows, H]
+    uint8_t* l1_pool_sf;       // [H/128][pool_rows][4]  (k-block major)
+    uint8_t* l2_pool;          // [pool_rows, I]
+    uint8_t* l2_pool_sf;       // [I/128][pool_rows][4]
+    int32_t* pool_token;       // [pool_rows]
+    int32_t* pool_slot;        // [pool_rows]
+    float* pool_weight;        // [pool_rows]
+    unsigned long long* expert_count;  // [E]: (CTAs that reported << 32) | tokens
+    uint32_t* arrival;         // [pool_rows / block_m] rows pulled per pool block
+    unsigned long long* mask;  // [pool_rows / block_m] L1 N blocks finished per pool block
+    uint32_t* grid_sync;       // [1]
+    uint32_t* error;           // [8] first error: code, cta, role, expert, m, n, k, observed
+    int32_t* item_pos;         // [T*K] scratch: rank of item among its CTA's items of the same expert
+    uint16_t* combine_buf;     // [K, T, H] BF16
+    uint16_t* y;               // [T, H] BF16
+    // Trace
+    unsigned long long* trace; // [num_sms, trace_cap, 6] (48-byte records)
+    uint32_t* trace_count;     // [num_sms]
+    // Debug progress words (may be null): [num_sms][8], see PROGRESS in megamoe/kernel/runtime.py
+    uint32_t* progress;
+};
+
+enum ErrorCode : uint32_t {
+    kErrNone = 0,
+    kErrTimeoutArrival = 1,    // L1 producer waited for a pool block's arrival count
+    kErrTimeoutMask = 2,       // L2 producer waited for a pool block's L1 N-block bits
+    kErrTimeoutCounts = 3,     // waited for every CTA's expert counts
+    kErrTimeoutGridSync = 4,   // grid sync before combine
+    kErrTimeoutPipeline = 5,   // shared-memory pipeline barrier (full/empty)
+    kErrPoolOverflow = 6,      // pool capacity too small for the routed items
+    kErrBadExpert = 7,         // topk_idx outside [-1, E)
+};
+
+enum Role : uint32_t { kRoleDispatch = 0, kRoleProducer = 1, kRoleConsumer = 2 };
+enum Kind : uint32_t {
+    kKindCount = 0, kKindIndexExchange = 1, kKindGridSync = 2, kKindNvlBarrier = 3, kKindPull = 4,
+    kKindL1Load = 5, kKindL1Mma = 6, kKindL1Epilogue = 7, kKindL2Load = 8, kKindL2Mma = 9,
+    kKindL2Epilogue = 10, kKindCombine = 11, kKindIdleWait = 12,
+};
+
+}  // namespace megamoe
