@@ -471,7 +471,8 @@ def block_scaled_gemm(a_vals: torch.Tensor, a_scales: torch.Tensor,
         if fast:
             bv = _decode_e2m1_rows(b_packed[n0:n1], torch.float32)
             b_g = bv.reshape(n1 - n0, groups, p).permute(1, 2, 0)
-            part = torch.bmm(a_hi, b_g).double() + torch.bmm(a_lo, b_g).double()
+            part = torch.bmm(a_hi, b_g).double()
+            part.add_(torch.bmm(a_lo, b_g))                         # float64, exact
         else:
             bv = _decode_e2m1_rows(b_packed[n0:n1])
             if numerics.w_fold_k is not None:
@@ -480,7 +481,9 @@ def block_scaled_gemm(a_vals: torch.Tensor, a_scales: torch.Tensor,
                     bs = bs.repeat_interleave(numerics.w_fold_k // BLOCK_K, dim=1)
             b_g = bv.reshape(n1 - n0, groups, p).permute(1, 2, 0)   # [G, p, nc]
             part = torch.bmm(a_g, b_g)                              # exact in float64
-        part = (part * (a_s * bs.transpose(0, 1).unsqueeze(1))).to(torch.float32)
+        # scales are powers of two: multiplying by each in turn is exact in float64
+        part.mul_(a_s).mul_(bs.transpose(0, 1).unsqueeze(1))
+        part = part.to(torch.float32)
         acc = part[0].clone()
         for g in range(1, groups):
             acc.add_(part[g])

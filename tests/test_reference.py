@@ -382,10 +382,11 @@ import json, resource, sys, time, torch
 from megamoe import reference as R
 torch.manual_seed(0)
 E, H, I, T, K = 384, 7168, 3072, 64, 6
-src = R.SyntheticWeights(E, H, I, seed=1, distinct=2)
+src = R.SyntheticWeights(E, H, I, seed=1, distinct=1)
 x = torch.randn(T, H).to(torch.bfloat16)
-# 64 tokens, top-6 over 16 of the 384 experts (bounded CPU time; memory is per expert)
-idx = torch.stack([torch.randperm(16)[:K] * 24 for _ in range(T)])
+# 64 tokens, top-6 over 6 of the 384 experts, 64 rows per expert (bounded CPU time;
+# peak memory is per expert and grows with the rows per expert, not with the experts)
+idx = torch.stack([torch.randperm(6) * 64 + 5 for _ in range(T)])
 w = torch.rand(T, K)
 xq, xsf, idx, w = R.mega_moe_pre_dispatch(x, idx, w, num_experts=E)
 t0 = time.time()
@@ -401,7 +402,7 @@ def test_v4_pro_64_tokens_within_8_gib():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))] + sys.path))
     out = subprocess.run([sys.executable, "-c", _V4PRO_SCRIPT], capture_output=True, text=True,
-                         env=env, timeout=170, check=True)
+                         env=env, timeout=600, check=True)
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["shape"] == [64, 7168] and res["finite"]
     assert res["rss_gib"] < 8.0
