@@ -647,6 +647,12 @@ class Gen:
             ["tokens/rank", "time pred (us)", "time pub (us)", "time err", "TFLOPS pred", "TFLOPS pub",
              "HBM GB/s pred", "HBM GB/s pub", "NVLink GB/s pred", "NVLink GB/s pub", "speedup pred",
              "speedup pub"], tab)
+        self.snippets["validation_short"] = (
+            f"on time within {100 * v['max_abs_time_error']:.1f}% (median {100 * v['median_abs_time_error']:.1f}%) "
+            f"over its {len(rows)} rows")
+        self.snippets["validation_short_zh"] = (
+            f"在全部 {len(rows)} 行上耗时误差不超过 {100 * v['max_abs_time_error']:.1f}%"
+            f"（中位数 {100 * v['median_abs_time_error']:.1f}%）")
         self.snippets["validation_verdict"] = (
             f"Time error: max **{100 * v['max_abs_time_error']:.1f}%**, median "
             f"**{100 * v['median_abs_time_error']:.1f}%** (targets 15% / 8%): "
