@@ -614,6 +614,12 @@ def _expert_mxfp4(src, e):
     w1, sf1, w2, sf2 = ws
     sf1 = unpack_ue8m0(sf1) if sf1.dtype == torch.int32 else sf1
     sf2 = unpack_ue8m0(sf2) if sf2.dtype == torch.int32 else sf2
+    h, i = src.hidden, src.intermediate
+    for nm, t, shape in (("l1_weights", w1, (2 * i, h // 2)), ("l1_weights_sf", sf1, (2 * i, h // 32)),
+                         ("l2_weights", w2, (h, i // 2)), ("l2_weights_sf", sf2, (h, i // 32))):
+        if tuple(t.shape) != shape or t.dtype not in (torch.uint8, torch.int8):
+            raise InputError(f"{nm}[{e}]", f"uint8 tensor of shape {shape}",
+                             f"{t.dtype} tensor of shape {tuple(t.shape)}")
     return w1, sf1, w2, sf2
 
 
