@@ -88,3 +88,42 @@ def test_build_sm90a_and_resources():
         assert lib.megamoe_sm90_smem_bytes(bm, s, 256) == d.smem_bytes(bm, s, 256)
     from megamoe.kernel.runtime import Params
     assert lib.megamoe_sm90_abi_size() == ctypes.sizeof(Params)
+
+
+def _routing(rng, T, E, K):
+    return np.stack([rng.permutation(E)[:K] for _ in range(T)]).astype(np.int64) if T else np.zeros((0, K), np.int64)
+
+
+@pytest.mark.parametrize("E,K,H,I,T", [(8, 2, 256, 128, 33), (256, 6, 4096, 2048, 256), (256, 6, 4096, 2048, 4096)])
+def test_plan_block_order_equals_kernel_scheduler(E, K, H, I, T):
+    """megamoe.plan (design megamoe-sm90) and the kernel's scheduler (schedule.py mirrors
+    csrc/megamoe/scheduler.cuh; the GPU trace test checks the device against schedule.py)."""
+    plan_mod = pytest.importorskip("megamoe.plan")
+    rng = np.random.default_rng(T)
+    idx = _routing(rng, T, E, K)
+    p = plan_mod.build_plan(num_experts=E, top_k=K, hidden=H, intermediate=I, num_ranks=1, tokens_per_rank=[T],
+                            max_tokens_per_rank=T, topk_idx=[idx], num_sms=132, design="megamoe-sm90")
+    r = p.ranks[0]
+    counts = np.bincount(idx.ravel(), minlength=E)
+    seq = block_sequence(counts.tolist(), r.config.block_m, 2 * I // 128, H // 128, r.experts_per_wave, 132)
+    for s in range(132):
+        assert [tuple(map(int, row[:4])) for row in r.sm_blocks(s)] == seq[s]
+    from megamoe.kernel.runtime import design_from_plan
+    des = design_from_plan(p)
+    assert des.block_m == r.config.block_m and des.num_stages == r.num_stages
+    assert des.pool_rows >= int(r.pool_block_offset[-1]) * des.block_m
+
+
+@pytest.mark.parametrize("clamp", [None, 0.05])
+def test_kernel_check_reference_equals_numerics_sm90(clamp):
+    """The GPU tests compare the kernel with check.reference_sm90; that reference is bitwise
+    megamoe.reference.moe_reference_quantized(numerics=Numerics.sm90(fold_k=None))."""
+    torch = pytest.importorskip("torch")
+    ref = pytest.importorskip("megamoe.reference")
+    from megamoe.kernel.check import make_weights, make_inputs, reference_sm90
+    w1, s1, w2, s2 = make_weights(8, 256, 128, "cpu", seed=3)
+    x, xs, idx, tw = make_inputs(40, 8, 2, 256, "cpu", seed=4, mask_frac=0.2)
+    a = reference_sm90(x, xs, idx, tw, w1, s1, w2, s2, clamp=clamp)
+    b = ref.moe_reference_quantized(x.view(torch.float8_e4m3fn), xs, idx, tw, (w1, s1), (w2, s2),
+                                    activation_clamp=clamp, numerics=ref.Numerics.sm90(None))
+    assert torch.equal(a.view(torch.int16), b.view(torch.int16))

@@ -147,3 +147,20 @@ def test_timeout_is_an_error():
     k.check()
     ref = reference_sm90(x, xs, idx, tw, *w)
     assert compare(y, ref)["rel_l2"] <= 2e-3
+
+
+def test_plan_driven_launch():
+    """Launch numbers taken from megamoe.plan (design megamoe-sm90); executed order == plan."""
+    plan_mod = pytest.importorskip("megamoe.plan")
+    from megamoe.kernel import design_from_plan
+    k, w = _kernel(FLASH, 256)
+    x, xs, idx, tw = make_inputs(256, 256, 6, 4096, "cuda", seed=5)
+    p = plan_mod.build_plan(num_experts=256, top_k=6, hidden=4096, intermediate=2048, num_ranks=1,
+                            tokens_per_rank=[256], max_tokens_per_rank=256, topk_idx=[idx.cpu().numpy()],
+                            num_sms=k.num_sms, design="megamoe-sm90")
+    y, recs = k(x, xs, idx, tw, trace=True, design=design_from_plan(p))
+    got = block_order(recs)
+    for s in range(k.num_sms):
+        assert got.get(s, []) == [tuple(map(int, r[:4])) for r in p.ranks[0].sm_blocks(s)], s
+    c = compare(y, reference_sm90(x, xs, idx, tw, *w))
+    assert c["rel_l2"] <= 2e-3 and c["frac_off_1pct"] <= 1e-3, c

@@ -170,7 +170,7 @@ __device__ void dispatch_role(const Params& p, int* hist, int* cta_base, int* of
             p.pool_slot[row] = k;
             p.pool_weight[row] = p.topk_w[i];
         }
-        __threadfence();
+        // The warp barrier orders every lane's stores before lane 0's gpu-scope release.
         __syncwarp();
         if (lane == 0 && p.fault_inject != 1) red_release_add_u32(p.arrival + row / BM, 1u);
     }
@@ -200,6 +200,7 @@ struct Producer {
         const Stage st = get_stage<BM>(stages, s);
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
+            if (p.fault_inject & 4) break;
             const int c = ptid + kProducerThreads * q;
             const int n = c >> 2, ch = c & 3;
             const uint4 in = *reinterpret_cast<const uint4*>(st.bpk + n * 64 + ch * 16);
@@ -234,6 +235,7 @@ struct Producer {
         const uint8_t* wsf = (l1 ? p.w1_sf : p.w2_sf) + (size_t)b.expert * nr * (kd / 32) + kb * 4;
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
+            if (p.fault_inject & 8) break;
             const int c = ptid + kProducerThreads * q;
             const int n = c >> 2, ch = c & 3;
             int gr;
@@ -352,7 +354,7 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
             dead = __any_sync(0xffffffffu, dead);
             if (lane == 0) progress(p, wslot, 0x03000000 | (dead ? 0x800000 : 0) | (uint32_t)it);
             const Stage st = get_stage<BM>(stages, s);
-            if (!dead) tile.mma_k_block(st.a, st.bdec, st.sfa, st.sfb);
+            if (!dead && !(p.fault_inject & 2)) tile.mma_k_block(st.a, st.bdec, st.sfa, st.sfb);
             __syncwarp();
             if (lane == 0) mbar_arrive(empty + s);
             ++it;

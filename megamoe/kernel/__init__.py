@@ -17,8 +17,8 @@ without a GPU, and loads in any torch process.
 """
 
 from .build import build, BuildResult, KernelBuildError, library_path
-from .runtime import MegaMoEKernel, KernelError, prepare_weights, cuda_available
+from .runtime import MegaMoEKernel, KernelError, prepare_weights, cuda_available, design_from_plan
 from .trace import decode_trace, TRACE_ROLES, TRACE_KINDS
 
 __all__ = ["build", "BuildResult", "KernelBuildError", "library_path", "MegaMoEKernel", "KernelError",
-           "prepare_weights", "cuda_available", "decode_trace", "TRACE_ROLES", "TRACE_KINDS"]
+           "prepare_weights", "cuda_available", "design_from_plan", "decode_trace", "TRACE_ROLES", "TRACE_KINDS"]

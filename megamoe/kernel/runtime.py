@@ -240,3 +240,22 @@ class MegaMoEKernel:
         R = self._ws_key[1]
         sf = ws["l1_pool_sf"].permute(1, 0, 2).reshape(R, self.H // 32)
         return ws["l1_pool"], sf, ws["pool_token"], ws["pool_slot"]
+
+
+def design_from_plan(plan, rank: int = 0):
+    """The kernel's launch numbers from a ``megamoe.plan.Plan`` built with
+    ``design="megamoe-sm90"``: block_m, stages, experts per wave and SMs come from the plan;
+    the pool holds at least the plan's capacity (rounded to block_m) and the kernel's own
+    worst case for the plan's max tokens. Pass the result as ``design=`` to a kernel call."""
+    rp = plan.ranks[rank]
+    bm = rp.config.block_m
+    require(bm in design_sm90.BLOCK_MS and rp.config.block_n == design_sm90.BLOCK_N, "plan",
+            "a plan built with design='megamoe-sm90'", f"block_m={bm}, block_n={rp.config.block_n}")
+    max_t = getattr(plan, "max_tokens_per_rank", None) or max(r.num_tokens for r in plan.ranks)
+    rows = design_sm90.pool_rows_for(max(max_t, 1), plan.top_k, plan.num_experts, bm, len(plan.ranks))
+    used = int(rp.pool_block_offset[-1]) * bm
+    rows = max(rows, -(-used // bm) * bm)
+    return design_sm90.SM90Design(block_m=bm, block_n=design_sm90.BLOCK_N, block_k=design_sm90.BLOCK_K,
+                                  num_stages=rp.num_stages, experts_per_wave=rp.experts_per_wave,
+                                  num_sms=rp.num_sms, pool_rows=rows,
+                                  smem_bytes=design_sm90.smem_bytes(bm, rp.num_stages, plan.num_experts))

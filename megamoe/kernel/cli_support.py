@@ -1,0 +1,72 @@
+"""Entry points for ``megamoe build`` and ``megamoe run`` (the CLI parser lives in megamoe/cli.py).
+
+``build_main(arch, strict)`` compiles with nvcc (no GPU needed) and prints ptxas resources;
+``run_main(...)`` runs one EP=1 scenario on the GPU with random MXFP4 weights, checks it
+against the SM90 quantized reference, prints timings and optionally writes the trace.
+Both return a process exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def build_main(arch: str = "sm_90a", strict: bool = False, force: bool = False) -> int:
+    from .build import KernelBuildError, build
+    try:
+        r = build(arch, force=force, strict=strict, verbose=True)
+    except KernelBuildError as e:
+        print(f"megamoe build: {e}", file=sys.stderr)
+        return 1
+    print(f"{r.path} ({'cached' if r.cached else 'built'})")
+    return 0
+
+
+def run_main(num_experts: int = 256, topk: int = 6, hidden: int = 4096, inter: int = 2048, tokens: int = 64,
+             routing: str = "uniform", clamp: float | None = None, reps: int = 10, trace_path: str | None = None,
+             check: bool = True, seed: int = 0) -> int:
+    import statistics
+
+    import torch
+
+    from .check import compare, make_inputs, make_weights, reference_sm90
+    from .runtime import KernelError, MegaMoEKernel, cuda_available, prepare_weights
+    from .trace import to_chrome
+    if not cuda_available():
+        print("megamoe run: needs a CUDA GPU with compute capability >= 9.0 (sm_90a)", file=sys.stderr)
+        return 2
+    w = make_weights(num_experts, hidden, inter, "cuda", seed=seed)
+    k = MegaMoEKernel(num_experts, topk, hidden, inter, max(tokens, 1), prepare_weights(*w), clamp=clamp)
+    x, xs, idx, tw = make_inputs(tokens, num_experts, topk, hidden, "cuda", seed=seed + 1, routing=routing)
+    try:
+        y = k(x, xs, idx, tw)
+        k.check()
+        ts = []
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            k(x, xs, idx, tw)
+            b.record()
+            b.synchronize()
+            ts.append(a.elapsed_time(b) * 1e3)
+        k.check()
+    except KernelError as e:
+        print(f"megamoe run: {e}", file=sys.stderr)
+        return 1
+    recv = int((idx >= 0).sum())
+    us = statistics.median(ts)
+    print(f"design {k.last_design}")
+    print(f"tokens {tokens}: {us:.1f} us median of {reps}, {2 * recv * hidden * inter * 3 / us / 1e6:.1f} TFLOP/s")
+    rc = 0
+    if check:
+        c = compare(y, reference_sm90(x, xs, idx, tw, *w, clamp=clamp))
+        ok = c["nan"] == 0 and c["rel_l2"] <= 2e-3 and c["frac_off_1pct"] <= 1e-3
+        print(f"check vs reference (Numerics.sm90(fold_k=None)): {c} -> {'OK' if ok else 'FAIL'}")
+        rc = 0 if ok else 1
+    if trace_path:
+        _, recs = k(x, xs, idx, tw, trace=True)
+        with open(trace_path, "w") as f:
+            json.dump(to_chrome(recs), f)
+        print(f"trace: {len(recs)} records -> {trace_path}")
+    return rc
