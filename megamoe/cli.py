@@ -18,23 +18,42 @@ class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors (exit code 2, no usage dump)."""
 
     def error(self, message: str):  # noqa: D401
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"megamoe: error: {message}\n")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return v
+def _int_at_least(lo: int):
+    def conv(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {lo}, got {text!r}")
+        return v
+    return conv
+
+
+_nonneg = _int_at_least(0)
+_positive = _int_at_least(1)
 
 
 def _tokens(text: str) -> int | list[int]:
-    parts = text.split(",")
-    vals = [_positive_int(p) for p in parts]
+    vals = [_nonneg(p) for p in text.split(",")]
     return vals[0] if len(vals) == 1 else vals
+
+
+def _out_path(*suffixes: str):
+    """An output file path whose folder exists (and whose suffix is one of ``suffixes``)."""
+    def conv(text: str) -> str:
+        import os
+
+        folder = os.path.dirname(os.path.abspath(text))
+        if not os.path.isdir(folder):
+            raise argparse.ArgumentTypeError(f"expected a path in an existing folder, got {text!r}")
+        if suffixes and not text.lower().endswith(suffixes):
+            raise argparse.ArgumentTypeError(f"expected a file ending in {' or '.join(suffixes)}, got {text!r}")
+        return text
+    return conv
 
 
 def add_scenario_args(p: argparse.ArgumentParser) -> None:
@@ -42,23 +61,25 @@ def add_scenario_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("scenario")
     g.add_argument("--shape", default="deepseek-v4-pro",
                    help="preset (deepseek-v4-pro, deepseek-v4-flash) or E,k,H,I")
-    g.add_argument("--ranks", type=_positive_int, default=8, help="EP size (default 8)")
-    g.add_argument("--tokens", type=_tokens, default=8192,
-                   help="tokens per rank, or a comma list with one value per rank (default 8192)")
-    g.add_argument("--max-tokens", type=_positive_int, default=None,
+    g.add_argument("--ranks", type=_positive, default=8, help="EP size (default 8)")
+    g.add_argument("--tokens", type=_tokens, default=None,
+                   help="tokens per rank, or a comma list with one value per rank (default 8192; "
+                        "a routing file decides it when not given)")
+    g.add_argument("--max-tokens", type=_positive, default=None,
                    help="num_max_tokens_per_rank (default max(8192, tokens))")
     g.add_argument("--routing", default="uniform",
-                   help="uniform | masked:RATIO | zipf:S | hot:FRACTION[:N] | file:PATH")
-    g.add_argument("--seed", type=int, default=0)
+                   help="uniform | masked[:RATIO, default 0.5] | zipf[:S, default 1] | "
+                        "hot[:FRACTION[:N], default 0.5:4] | file:PATH (PATH may hold {rank})")
+    g.add_argument("--seed", type=_nonneg, default=0)
     g.add_argument("--hardware", default="b200", help="b200 | h200 | h20 | path to a TOML file")
     g.add_argument("--design", default="deepgemm-sm100", help="deepgemm-sm100 | megamoe-sm90")
-    g.add_argument("--reserved-sms", type=_positive_int, default=0,
+    g.add_argument("--reserved-sms", type=_nonneg, default=0,
                    help="SMs taken away from the kernel")
     g = p.add_argument_group("plan overrides")
-    g.add_argument("--experts-per-wave", type=_positive_int, default=None)
-    g.add_argument("--block-m", type=_positive_int, default=None)
-    g.add_argument("--pool-tokens", type=_positive_int, default=None, help="pool (ring) capacity in tokens")
-    g.add_argument("--num-stages", type=_positive_int, default=None)
+    g.add_argument("--experts-per-wave", type=_positive, default=None)
+    g.add_argument("--block-m", type=_positive, default=None)
+    g.add_argument("--pool-tokens", type=_positive, default=None, help="pool (ring) capacity in tokens")
+    g.add_argument("--num-stages", type=_positive, default=None)
     g.add_argument("--l2-wait", default="k_block", help="k_block (PR #304) | pool_block (PR #316)")
     g.add_argument("--policy", action="append", default=[],
                    help="scheduler policy: built-in name (fixed-waves:N, adaptive-waves, block-m:N, "
@@ -75,13 +96,19 @@ def scenario_from_args(a: argparse.Namespace):
                     l2_wait=a.l2_wait, reserved_sms=a.reserved_sms, policies=a.policy)
 
 
-def _print_summary(res) -> None:
+def _console():
+    """A rich console that does not cut wide tables when stdout is not a terminal."""
     from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=200)
+
+
+def _print_summary(res) -> None:
     from rich.table import Table
 
     s, sc, plan = res.summary, res.scenario, res.plan
     rp = plan.ranks[0]
-    con = Console()
+    con = _console()
     shape = sc.shape
     con.print(f"[bold]{shape.name}[/] (E={shape.num_experts}, k={shape.top_k}, H={shape.hidden}, "
               f"I={shape.intermediate})  EP{sc.num_ranks}  tokens/rank={sc.tokens_per_rank}  "
@@ -91,7 +118,7 @@ def _print_summary(res) -> None:
               f"block_k={rp.config.block_k} experts/wave={rp.experts_per_wave} waves={rp.num_waves} "
               f"stages={rp.num_stages} SMs={plan.num_sms} pool={plan.pool_tokens} tokens "
               f"pull={plan.bytes_per_pull} B  blocks={len(rp.blocks())}")
-    t = Table(title="predicted Mega MoE call (mean over ranks)")
+    t = Table(title="predicted call (mean over ranks)")
     t.add_column("metric")
     t.add_column("value", justify="right")
     t.add_row("time (us)", f"{s['time_us']:.1f}")
@@ -117,7 +144,7 @@ def cmd_simulate(a: argparse.Namespace) -> int:
         out["scenario"] = res.scenario.to_dict()
         out["hardware"] = {"name": res.hardware.name, "path": res.hardware.path}
         with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
+            json.dump(out, f, indent=1, allow_nan=False)
         print(f"wrote {a.json}")
     if a.trace:
         res.trace.save_chrome(a.trace, max_sms=a.trace_sms)
@@ -134,7 +161,6 @@ def cmd_simulate(a: argparse.Namespace) -> int:
 
 
 def cmd_validate(a: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from sim.validate import validate, verdict
@@ -150,7 +176,7 @@ def cmd_validate(a: argparse.Namespace) -> int:
                   f"{r['hbm_gbs_pred']:.0f}", f"{r['hbm_gbs_pub']:.0f}", f"{r['nvlink_gbs_pred']:.0f}",
                   f"{r['nvlink_gbs_pub']:.0f}", f"{r['speedup_vs_legacy_pred']:.2f}",
                   f"{r['speedup_vs_legacy_pub']:.2f}")
-    Console().print(t)
+    _console().print(t)
     v = verdict(rows)
     print(f"time error: max {100 * v['max_abs_time_error']:.1f}%, median "
           f"{100 * v['median_abs_time_error']:.1f}% (targets 15% / 8%): {'PASS' if v['pass'] else 'FAIL'}")
@@ -181,20 +207,21 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     bad = [r for r in rows if r["error"]]
     print(f"{len(rows)} points ({len(bad)} invalid) -> {a.out}/results.csv, results.parquet, "
           f"time_us_vs_<axis>.png")
+    if bad and len(bad) == len(rows):
+        raise InputError("sweep", "at least one valid point", f"none ({bad[0]['error']})")
     if bad:
         print(f"first invalid point: {bad[0]['error']}")
     return 0
 
 
 def cmd_compare(a: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from sim.compare import compare_file, plot_overlay
     from sim.hardware import load_hardware
 
     report, measured, res = compare_file(a.trace, load_hardware(a.hardware) if a.hardware else None)
-    con = Console()
+    con = _console()
     con.print(f"{a.trace}: measured {report['makespan_measured_us']:.1f} us, simulated "
               f"{report['makespan_simulated_us']:.1f} us, makespan error {100 * report['makespan_error']:+.1f}%, "
               f"median kind error {100 * report['median_kind_error']:.1f}%")
@@ -237,11 +264,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", parser_class=_Parser)
     s = sub.add_parser("simulate", help="predict one Mega MoE call (the main job)")
     add_scenario_args(s)
-    s.add_argument("--json", help="write the summary, plan and scenario as JSON")
-    s.add_argument("--trace", help="write a Chrome trace JSON (opens in Perfetto; .gz ok)")
-    s.add_argument("--trace-sms", type=_positive_int, default=8, help="SMs per rank kept in --trace")
-    s.add_argument("--trace-npz", help="write the full trace as columnar NPZ")
-    s.add_argument("--plot", help="write a timeline PNG")
+    s.add_argument("--json", type=_out_path(".json"),
+                   help="write the summary metrics (top-level keys), plan and scenario as JSON")
+    s.add_argument("--trace", type=_out_path(".json", ".json.gz"),
+                   help="write a Chrome trace JSON (opens in Perfetto; .json.gz ok)")
+    s.add_argument("--trace-sms", type=_positive, default=8,
+                   help="keep SMs 0..N-1 of every rank in --trace (default 8; rank-level rows always)")
+    s.add_argument("--trace-npz", type=_out_path(".npz"),
+                   help="write the full trace as columnar NPZ (with scenario meta and routing)")
+    s.add_argument("--plot", type=_out_path(".png", ".svg", ".pdf"), help="write a timeline figure")
     s.set_defaults(func=cmd_simulate)
     w = sub.add_parser("sweep", help="simulate a grid of scenario / plan / hardware choices")
     add_scenario_args(w)
@@ -249,25 +280,26 @@ def build_parser() -> argparse.ArgumentParser:
                    help="swept axis: tokens, ranks, experts_per_wave, block_m, reserved_sms, routing, "
                         "policy, nvlink_scale, hbm_scale, ... with a,b,c or start:stop[:step]; repeatable")
     w.add_argument("--out", default="sweep-out", help="output folder (default sweep-out)")
-    w.add_argument("--jobs", type=_positive_int, default=None, help="local worker processes")
+    w.add_argument("--jobs", type=_positive, default=None, help="local worker processes")
     w.add_argument("--no-resume", action="store_true", help="ignore points.jsonl from an earlier run")
     w.add_argument("--address", help="Dask (tcp://host:port) or Ray (ray://host:port) cluster address")
     w.set_defaults(func=cmd_sweep)
     c = sub.add_parser("compare", help="simulate a kernel trace's scenario and compare the timelines")
     c.add_argument("trace", help="trace file (.npz with meta and topk_idx)")
     c.add_argument("--hardware", help="hardware preset or TOML (default: the trace's)")
-    c.add_argument("--json", help="write the report as JSON")
-    c.add_argument("--plot", help="write a measured-vs-simulated timeline PNG")
+    c.add_argument("--json", type=_out_path(".json"), help="write the report as JSON")
+    c.add_argument("--plot", type=_out_path(".png", ".svg", ".pdf"),
+                   help="write a measured-vs-simulated timeline figure")
     c.set_defaults(func=cmd_compare)
     k = sub.add_parser("calibrate", help="measure this GPU and write a hardware TOML (needs a GPU)")
     k.add_argument("--base", default="h200", help="preset whose datasheet figures and sources are kept")
-    k.add_argument("--out", default="calibrated.toml")
+    k.add_argument("--out", type=_out_path(".toml"), default="calibrated.toml")
     k.add_argument("--kernel-trace", help="a megamoe kernel trace (.npz) for grid sync and MMA-path figures")
     k.set_defaults(func=cmd_calibrate)
     v = sub.add_parser("validate", help="simulator vs DeepGEMM PR #316 published rows")
     v.add_argument("--hardware", default="b200")
-    v.add_argument("--seed", type=int, default=0)
-    v.add_argument("--json")
+    v.add_argument("--seed", type=_nonneg, default=0)
+    v.add_argument("--json", type=_out_path(".json"))
     v.set_defaults(func=cmd_validate)
     return p
 

@@ -76,6 +76,7 @@ class RoutingSpec:
             InputError: unknown kind or a parameter that is not a number.
         """
         kind, _, rest = text.partition(":")
+        kind = kind.lower()
         if kind == "file":
             return cls(kind="file", path=rest)
         args = [a for a in rest.split(":") if a] if rest else []
@@ -151,7 +152,11 @@ def _load_array(path: str) -> np.ndarray:
             arr = obj.numpy() if hasattr(obj, "numpy") else np.asarray(obj)
         elif path.endswith(".npz"):
             with np.load(path) as z:
-                arr = z[z.files[0]]
+                key = "topk_idx" if "topk_idx" in z.files else (z.files[0] if len(z.files) == 1 else None)
+                if key is None:
+                    raise InputError("routing.file", "an .npz with one array or an array named topk_idx",
+                                     f"{path} with arrays {', '.join(z.files)}")
+                arr = z[key]
         else:
             arr = np.load(path, allow_pickle=False)
     except InputError:
@@ -183,13 +188,15 @@ def load_routing_file(path: str, num_ranks: int, num_experts: int, top_k: int) -
         return [_check_ids(_load_array(path.format(rank=r)), "routing.file", num_experts, top_k)
                 for r in range(num_ranks)]
     arr = _load_array(path)
-    if arr.ndim == 3:
-        require(arr.shape[0] == num_ranks, "routing.file", f"[{num_ranks}, T, {top_k}] (one [T, k] per rank)",
-                f"shape {list(arr.shape)}")
+    require(np.issubdtype(arr.dtype, np.integer), "routing.file", "an integer array", f"dtype {arr.dtype}")
+    if arr.ndim == 3 and arr.shape[0] == num_ranks and arr.shape[2] == top_k:
         return [_check_ids(a, "routing.file", num_experts, top_k) for a in arr]
-    require(num_ranks == 1, "routing.file",
-            f"a [R={num_ranks}, T, {top_k}] array or a path with {{rank}}", f"shape {list(arr.shape)}")
-    return [_check_ids(arr, "routing.file", num_experts, top_k)]
+    if arr.ndim == 2 and num_ranks == 1:
+        return [_check_ids(arr, "routing.file", num_experts, top_k)]
+    raise InputError("routing.file", f"a [{num_ranks}, T, {top_k}] array" +
+                     (f" or a [T, {top_k}] array" if num_ranks == 1 else
+                      f" (or a path with {{rank}}: one [T, {top_k}] file per rank)"),
+                     f"shape {list(arr.shape)}")
 
 
 def generate(spec: RoutingSpec, num_ranks: int, tokens_per_rank: list[int], num_experts: int,

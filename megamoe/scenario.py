@@ -26,7 +26,8 @@ class Scenario:
     Attributes:
         shape: preset name, ``E,k,H,I`` string or :class:`MoEShape`.
         num_ranks: EP size R (divides the expert count).
-        tokens_per_rank: ``T`` for every rank, or a list with one ``T_r`` per rank.
+        tokens_per_rank: ``T`` for every rank, or a list with one ``T_r`` per rank (default
+            8192, or what the routing file / ``topk_idx`` holds).
         max_tokens_per_rank: ``T_max`` (buffer size); default ``max(8192, max T_r)``.
         routing: :class:`RoutingSpec` or its CLI spelling.
         seed: routing seed.
@@ -45,7 +46,7 @@ class Scenario:
 
     shape: str | MoEShape = "deepseek-v4-pro"
     num_ranks: int = 8
-    tokens_per_rank: int | list[int] = 8192
+    tokens_per_rank: int | list[int] | None = None
     max_tokens_per_rank: int | None = None
     routing: str | RoutingSpec = "uniform"
     seed: int = 0
@@ -68,12 +69,19 @@ class Scenario:
                 self.num_ranks)
         require(self.shape.num_experts % self.num_ranks == 0, "ranks",
                 f"a divisor of the expert count {self.shape.num_experts}", self.num_ranks)
-        if self.topk_idx is not None:
-            self.tokens_per_rank = [int(len(t)) for t in self.topk_idx]
-        elif self.routing.kind == "file":
-            self._ids = generate(self.routing, self.num_ranks, [], self.shape.num_experts,
-                                 self.shape.top_k, self.seed)
-            self.tokens_per_rank = [int(len(t)) for t in self._ids]
+        given = self.tokens_per_rank
+        if self.topk_idx is not None or self.routing.kind == "file":
+            if self.topk_idx is None:
+                self._ids = generate(self.routing, self.num_ranks, [], self.shape.num_experts,
+                                     self.shape.top_k, self.seed)
+            ids = self.topk_idx if self.topk_idx is not None else self._ids
+            self.tokens_per_rank = [int(len(t)) for t in ids]
+            if given is not None:
+                want = given if isinstance(given, (list, tuple)) else [given] * self.num_ranks
+                require(list(want) == self.tokens_per_rank, "tokens",
+                        f"the routing's own token counts {self.tokens_per_rank} (or leave it out)", given)
+        elif given is None:
+            self.tokens_per_rank = 8192
         toks = self.tokens_list()
         require(len(toks) == self.num_ranks, "tokens", f"{self.num_ranks} values (one per rank)",
                 len(toks))

@@ -75,8 +75,8 @@ def get_shape(spec: str | MoEShape) -> MoEShape:
     """
     if isinstance(spec, MoEShape):
         return spec
-    if spec in PRESETS:
-        return PRESETS[spec]
+    if spec.lower() in PRESETS:
+        return PRESETS[spec.lower()]
     parts = spec.split(",")
     if len(parts) == 4:
         try:

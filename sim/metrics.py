@@ -60,10 +60,14 @@ def _intersection(a: np.ndarray, b: np.ndarray) -> float:
 
 def published_metrics(num_recv: int, touched: int, num_tokens: int, t_s: float, hidden: int,
                       intermediate: int, top_k: int) -> dict:
-    """The figures of DeepGEMM's test for one rank (``t_s`` seconds)."""
+    """The figures of DeepGEMM's test for one rank (``t_s`` seconds).
+
+    When ``t_s <= t_red`` (a call with almost no work) the GB/s are left uncorrected
+    (``approx_factor = 1``) instead of dividing by a non-positive time."""
     H, I = hidden, intermediate
     t_red = num_tokens * H * 2 * (1 + top_k) / REDUCTION_BYTES_PER_S
-    approx = t_s / (t_s - t_red) if t_s > t_red else float("inf")
+    # the test's correction only makes sense while the call outlasts its reduction estimate
+    approx = t_s / (t_s - t_red) if t_s > t_red else 1.0
     hbm = touched * (2 * I * H / 2 + H * I / 2) + num_recv * H + 2 * num_recv * I + 2 * num_recv * H
     nvl = num_recv * H * 3
     return {

@@ -49,7 +49,12 @@ def test_default_simulate_reports_the_table():
     (["--shape", "8,2,256,100"], "shape.intermediate"),
     (["--routing", "bogus"], "routing"),
     (["--hardware", "a100"], "hardware"),
-    (["--experts-per-wave", "0"], "experts_per_wave"),
+    (["--experts-per-wave", "0"], "--experts-per-wave"),
+    (["--seed", "-1"], "--seed"),
+    (["--ranks", "0"], "--ranks"),
+    (["--json", "/nonexistent-dir/o.json"], "--json"),
+    (["--plot", "p.txt"], "--plot"),
+    (["--trace-sms", "0"], "--trace-sms"),
     (["--block-m", "48"], "block_m"),
     (["--tokens", "abc"], "tokens"),
 ])
@@ -85,3 +90,36 @@ def test_file_routing_runs(tmp_path):
     assert rc == 0
     d = json.loads(j.read_text())
     assert d["scenario"]["tokens_per_rank"] == [2, 1] and sum(d["num_recv_tokens"]) == 17
+
+
+def test_all_masked_gives_strict_json(tmp_path):
+    j = tmp_path / "m.json"
+    assert main(["simulate", "--shape", "deepseek-v4-flash", "--tokens", "64", "--routing", "masked:1.0",
+                 "--json", str(j)]) == 0
+    d = json.loads(j.read_text(), parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    assert d["tflops"] == 0 and d["hbm_gbs"] == 0 and d["nvlink_gbs"] == 0
+
+
+def test_routing_file_tokens_mismatch_and_npz(tmp_path):
+    ids = np.zeros((4, 6), dtype=np.int64)
+    np.save(tmp_path / "a.npy", ids)
+    rc, _, err = run("simulate", "--ranks", "1", "--shape", "deepseek-v4-flash", "--routing",
+                     f"file:{tmp_path}/a.npy", "--tokens", "100")
+    assert rc == 2 and "tokens: expected the routing's own token counts [4]" in err
+    np.savez(tmp_path / "two.npz", a=ids, b=ids)
+    rc, _, err = run("simulate", "--ranks", "1", "--shape", "deepseek-v4-flash", "--routing",
+                     f"file:{tmp_path}/two.npz")
+    assert rc == 2 and "one array or an array named topk_idx" in err
+
+
+def test_case_insensitive_presets(tmp_path):
+    j = tmp_path / "c.json"
+    assert main(["simulate", "--shape", "DeepSeek-V4-Flash", "--routing", "Uniform", "--tokens", "8",
+                 "--hardware", "B200", "--json", str(j)]) == 0
+    assert json.loads(j.read_text())["scenario"]["shape"] == "deepseek-v4-flash"
+
+
+def test_sweep_with_no_valid_point_exits_2(tmp_path):
+    rc, _, err = run("sweep", "--shape", "deepseek-v4-flash", "--ranks", "2", "--tokens", "4",
+                     "--set", "experts_per_wave=500,600", "--out", str(tmp_path), "--jobs", "1")
+    assert rc == 2 and "sweep: expected at least one valid point" in err
