@@ -523,6 +523,20 @@ class Gen:
             else:
                 row += ["-", "-", "-"]
             rows.append(row)
+        if d9 is not None:
+            thr = getattr(d9, "THREADS", None)
+            dw, pw, cw = (getattr(d9, n, None) for n in ("DISPATCH_WARPS", "PRODUCER_WARPS", "CONSUMER_WARPS"))
+            roles = []
+            w0 = 0
+            for name, n in (("dispatch", dw), ("producer", pw), ("consumer", cw)):
+                if n:
+                    roles.append(f"{name} warps {w0}-{w0 + n - 1}")
+                    w0 += n
+            self.snippets["sm90_cta"] = f"{thr} threads: " + ", ".join(roles) + " (`megamoe.design_sm90`)"
+            self.snippets["sm90_tile"] = (f"block_m {', '.join(map(str, getattr(d9, 'BLOCK_MS', ())))}, "
+                                          f"block_n {getattr(d9, 'BLOCK_N', '-')}, block_k {getattr(d9, 'BLOCK_K', '-')}")
+        else:
+            self.snippets["sm90_cta"] = self.snippets["sm90_tile"] = "(megamoe.design_sm90 not importable)"
         self.snippets["sm90_plan_table"] = _md_table(
             ["tokens/rank", "expected tokens/expert", "SM100 block_m", "SM100 stages", "SM100 experts/wave",
              "SM90 block_m", "SM90 stages", "SM90 experts/wave"], rows)
@@ -679,6 +693,11 @@ class Gen:
             sp.formatter_class = lambda prog: __import__("argparse").HelpFormatter(prog, width=100)
             self.snippets[f"cli_help_{name}"] = "```text\n$ megamoe " + name + " --help\n" + sp.format_help() + "```\n"
         self.snippets["cli_commands"] = ", ".join(f"`megamoe {n}`" for n in sub.choices)
+        helps = {a.dest: a.help for a in sub._choices_actions}
+        others = [n for n in sub.choices if n not in ("simulate", "validate")]
+        self.snippets["cli_help_others"] = "\n".join(
+            f"## `megamoe {n}`\n\n{(helps.get(n) or '').capitalize()}.\n\n{self.snippets[f'cli_help_{n}']}"
+            for n in others) if others else ""
 
     def kernel_status(self) -> None:
         """What of the kernel is committed, and which committed results hold kernel measurements."""
@@ -717,6 +736,112 @@ class Gen:
             f"* committed result files under `benchmarks/results/`: {lst(results)}",
             f"* of those, files with kernel (GPU) measurements: {lst(kernel_results)}", ""])
         self.snippets["kernel_has_results"] = "yes" if kernel_results else "no"
+        self._kernel_results(results)
+
+    def _kernel_results(self, results: list[str]) -> None:
+        """Tables and figures from committed kernel measurements (``benchmarks/results``)."""
+        from sim.plots import COLORS
+
+        bench, traces = [], []
+        for f in results:
+            try:
+                d = json.loads((ROOT / f).read_text())
+            except Exception:
+                continue
+            if isinstance(d, dict) and isinstance(d.get("rows"), list) and any("impl" in r for r in d["rows"]):
+                bench.append((f, d))
+            elif isinstance(d, dict) and "traceEvents" in d:
+                traces.append((f, d))
+        out = []
+        for f, d in bench:
+            sh = d.get("shape", {})
+            by = {}
+            for r in d["rows"]:
+                by.setdefault(int(r["tokens"]), {})[r["impl"]] = r
+            impls = sorted({r["impl"] for r in d["rows"]})
+            ours = next((i for i in impls if "megamoe" in i), impls[0])
+            base = [i for i in impls if i != ours]
+            ranks = int(d.get("ranks", 1))
+            sim_ok = True
+            rows = []
+            for T in sorted(by):
+                r = by[T].get(ours, {})
+                row = [T, f"{r.get('us', float('nan')):.1f}", f"{r.get('tflops', float('nan')):.1f}"]
+                for b in base:
+                    bu = by[T].get(b, {}).get("us")
+                    row += [f"{bu:.1f}" if bu else "-", f"{bu / r['us']:.2f}x" if bu and r.get("us") else "-"]
+                chk = r.get("check") or {}
+                row.append(f"{chk['rel_l2']:.1e}" if "rel_l2" in chk else "-")
+                if sim_ok:
+                    try:
+                        shape = f"{sh['E']},{sh['K']},{sh['H']},{sh['I']}" if sh else "deepseek-v4-flash"
+                        res = self.sim(shape=shape, num_ranks=ranks, tokens_per_rank=T, hardware="h200",
+                                       design="megamoe-sm90")
+                        row.append(f"{res.summary['time_us']:.1f}")
+                    except Exception:
+                        sim_ok = False
+                        row.append("-")
+                else:
+                    row.append("-")
+                rows.append(row)
+            head = ["tokens", f"`{ours}` (us)", "TFLOPS"]
+            for b in base:
+                head += [f"`{b}` (us)", "its time / ours (>1: ours faster)"]
+            head += ["rel. L2 error vs reference", "simulator, `megamoe-sm90` on `h200` (us)"]
+            meta = ", ".join(f"{k} {d[k]}" for k in ("device", "torch", "date") if k in d)
+            extra = []
+            if "copy_gbs" in d:
+                extra.append(f"measured copy bandwidth {d['copy_gbs']:.0f} GB/s")
+            if "fp8_gemm_tflops" in d:
+                extra.append(f"measured FP8 GEMM {d['fp8_gemm_tflops']:.0f} TFLOP/s")
+            out.append(f"**`{f}`** ({meta}; shape E={sh.get('E')}, k={sh.get('K')}, H={sh.get('H')}, I={sh.get('I')}, "
+                       f"EP{ranks}{'; ' + ', '.join(extra) if extra else ''}):\n\n" + _md_table(head, rows))
+            # figure: time vs tokens
+            fig, ax = plt.subplots(figsize=(7.5, 3.4))
+            Ts = sorted(by)
+            ax.plot(Ts, [by[T].get(ours, {}).get("us", np.nan) for T in Ts], "o-", label=f"{ours} (measured)",
+                    color="#e15759")
+            for b, c in zip(base, ("#4e79a7", "#59a14f")):
+                ax.plot(Ts, [by[T].get(b, {}).get("us", np.nan) for T in Ts], "s-", label=f"{b} (measured)", color=c)
+            if sim_ok:
+                ax.plot(Ts, [float(r[-1]) for r in rows], "^--", label="simulator, megamoe-sm90 on h200", color="#999")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("tokens")
+            ax.set_ylabel("time per call (us)")
+            ax.legend(fontsize=7)
+            ax.set_title(f"Committed measurements: {Path(f).name}", fontsize=9)
+            self.fig("kernel_times", fig)
+            out.append("![Measured and simulated time per call](generated/kernel_times.png)\n")
+        if traces:
+            f, d = traces[0]
+            ev = [e for e in d["traceEvents"] if e.get("ph") == "X"]
+            names = {(e["pid"], e["tid"]): e["args"]["name"] for e in d["traceEvents"]
+                     if e.get("ph") == "M" and e.get("name") == "thread_name"}
+            lanes = sorted(set(names.values()), key=lambda n: (int(n.split()[0][2:]) if n.startswith("SM") and
+                                                                n.split()[0][2:].isdigit() else 1 << 30, n))
+            lane_idx = {n: i for i, n in enumerate(lanes)}
+            fig, ax = plt.subplots(figsize=(11, 0.22 * len(lanes) + 1.6))
+            kinds = sorted({e["name"] for e in ev})
+            for k in kinds:
+                bars = {}
+                for e in ev:
+                    if e["name"] == k and (e["pid"], e["tid"]) in names:
+                        bars.setdefault(lane_idx[names[(e["pid"], e["tid"])]], []).append((e["ts"], e["dur"]))
+                for y, b in bars.items():
+                    ax.broken_barh(b, (y - 0.4, 0.8), facecolors=COLORS.get(k, "#888888"))
+            ax.set_yticks(range(len(lanes)))
+            ax.set_yticklabels(lanes, fontsize=6)
+            ax.invert_yaxis()
+            ax.set_xlabel("time (us, from the kernel's %globaltimer)")
+            ax.legend(handles=[Patch(color=COLORS.get(k, "#888888"), label=k) for k in kinds], ncol=1, fontsize=7,
+                      loc="center left", bbox_to_anchor=(1.01, 0.5))
+            ax.set_title(f"Measured in-kernel trace: {Path(f).name}", fontsize=9)
+            self.fig("kernel_trace", fig)
+            out.append(f"The in-kernel trace committed as `{f}` ({len(ev)} intervals), drawn at build time:\n\n"
+                       "![Measured in-kernel trace](generated/kernel_trace.png)\n")
+        self.snippets["kernel_results"] = "\n".join(out) if out else (
+            "No committed file under `benchmarks/results/` holds kernel measurements yet.")
 
     def hardware_table(self) -> None:
         import tomllib
