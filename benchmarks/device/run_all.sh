@@ -18,6 +18,10 @@ case $MODE in
     timeout 170 python3 benchmarks/kernel_bench.py --reps 10 --out $OUT/kernel_bench.json 2>&1 | tee $OUT/bench.log ;;
   variants)
     timeout 100 python3 benchmarks/device/variants.py $OUT/kernel_variants.json 2>&1 | tee $OUT/variants.log ;;
+  final)
+    timeout 60 python3 -m pytest -x -q -p no:cacheprovider --timeout 30 tests/test_kernel_gpu.py -k "tiny or zero or all_masked or trace or timeout or deterministic or plan or test_v4_flash and (1000 or 128)" 2>&1 | tee $OUT/pytest.log | tail -4
+    grep -q " passed" $OUT/pytest.log && ! grep -q "failed\|error" $OUT/pytest.log || exit 4
+    timeout 60 python3 benchmarks/kernel_bench.py --reps 5 --no-peer --out $OUT/kernel_bench_v2.json 2>&1 | tee $OUT/bench.log ;;
   quick)
     timeout 200 python3 -m pytest -x -q -p no:cacheprovider --timeout 90 tests/test_kernel_gpu.py -k "tiny or zero or all_masked or trace or test_v4_flash and 128" 2>&1 | tee $OUT/pytest.log
     timeout 200 python3 benchmarks/kernel_bench.py --tokens 1,256,4096 --reps 5 --no-peer --out $OUT/kernel_bench_quick.json 2>&1 | tee $OUT/bench.log ;;

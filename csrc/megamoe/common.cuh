@@ -59,7 +59,7 @@ struct Deadline {
     __device__ __forceinline__ explicit Deadline(int64_t limit_ns) : start(globaltimer()), limit(limit_ns), iters(0) {}
     // true = keep waiting
     __device__ __forceinline__ bool tick(const Params& p) {
-        if ((++iters & 63u) != 0) return true;
+        if ((++iters & 255u) != 0) return true;
         if (aborted(p)) return false;
         return (int64_t)(globaltimer() - start) < limit;
     }
@@ -108,6 +108,11 @@ __device__ __forceinline__ void cp_async_16_cg(void* smem, const void* gmem) {
 }
 __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(smem_u32(smem)), "l"(gmem) : "memory");
+}
+// Arrive on `bar` once every cp.async this thread issued so far has landed (no pending-count
+// increment: the barrier's expected count covers it).
+__device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(smem_u32(bar)) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>

@@ -184,35 +184,14 @@ struct Producer {
     const Params& p;
     uint8_t* stages;
     uint64_t *full, *empty;
-    int S, lag, ptid;
-    int it = 0, pending = 0;
+    int S, ptid;
+    int it = 0;
 
     __device__ __forceinline__ Producer(const Params& p_, uint8_t* st, uint64_t* f, uint64_t* e)
         : p(p_), stages(st), full(f), empty(e) {
         S = (int)p.num_stages;
-        lag = S - 2 < 1 ? 1 : (S - 2 > 8 ? 8 : S - 2);
         ptid = threadIdx.x - kDispatchThreads;
     }
-
-    __device__ __forceinline__ void decode_oldest() {
-        cp_async_wait_dyn(pending - 1);
-        const int s = (it - pending) % S;
-        const Stage st = get_stage<BM>(stages, s);
-        #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            if (p.fault_inject & 4) break;
-            const int c = ptid + kProducerThreads * q;
-            const int n = c >> 2, ch = c & 3;
-            const uint4 in = *reinterpret_cast<const uint4*>(st.bpk + n * 64 + ch * 16);
-            uint4 lo, hi;
-            decode_e2m1x32(in, lo, hi);
-            *reinterpret_cast<uint4*>(st.bdec + n * 128 + (((2 * ch) ^ (n & 7)) << 4)) = lo;
-            *reinterpret_cast<uint4*>(st.bdec + n * 128 + (((2 * ch + 1) ^ (n & 7)) << 4)) = hi;
-        }
-        mbar_arrive(full + s);
-        --pending;
-    }
-    __device__ __forceinline__ void drain() { while (pending > 0) decode_oldest(); }
 
     __device__ __forceinline__ bool issue(const Block& b, int kb) {
         const int s = it % S, r = it / S;
@@ -251,10 +230,11 @@ struct Producer {
             else gr = b.n_block * 128 + n;
             cp_async_4(st.sfb + n * 4, wsf + (size_t)gr * (kd / 32));
         }
-        cp_async_commit();
-        ++it; ++pending;
+        // The stage's full barrier (128 arrivals) completes when every producer thread's
+        // copies have landed: the producer never waits for its own loads.
+        cp_async_arrive_noinc(full + s);
+        ++it;
         if (ptid == 0) progress(p, 2, (uint32_t)it);
-        if (pending > lag) decode_oldest();
         return true;
     }
 
@@ -272,7 +252,6 @@ struct Producer {
             if (b.phase == kPhaseL1) {
                 uint32_t v = ld_acquire_u32(p.arrival + b.pool_block);
                 if (v != (uint32_t)b.valid_m) {
-                    drain();
                     const uint64_t tw = globaltimer();
                     Deadline d(p.timeout_ns);
                     while ((v = ld_acquire_u32(p.arrival + b.pool_block)) != (uint32_t)b.valid_m) {
@@ -291,8 +270,7 @@ struct Producer {
                     if ((have & need) != need) {
                         have = ld_acquire_u64(p.mask + b.pool_block);
                         if ((have & need) != need) {
-                            drain();
-                            const uint64_t tw = globaltimer();
+                                    const uint64_t tw = globaltimer();
                             Deadline d(p.timeout_ns);
                             while (((have = ld_acquire_u64(p.mask + b.pool_block)) & need) != need) {
                                 if (!d.tick(p)) {
@@ -309,7 +287,7 @@ struct Producer {
             if (trace) trace_record(p, kRoleProducer, b.phase == kPhaseL1 ? kKindL1Load : kKindL2Load, b.expert, b.m_block,
                                     b.n_block, wave, b.valid_m, tb, globaltimer());
         }
-        drain();
+        asm volatile("cp.async.wait_all;" ::: "memory");
     }
 };
 
@@ -354,6 +332,21 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
             dead = __any_sync(0xffffffffu, dead);
             if (lane == 0) progress(p, wslot, 0x03000000 | (dead ? 0x800000 : 0) | (uint32_t)it);
             const Stage st = get_stage<BM>(stages, s);
+            // E2M1 -> E4M3 into the stage's decoded-B buffer: 512 packed 16-byte chunks, two
+            // per consumer thread, then a consumer barrier before the MMA reads them.
+            if (!(p.fault_inject & 4)) {
+                #pragma unroll
+                for (int q = 0; q < 2; ++q) {
+                    const int c = ctid + kConsumerThreads * q;
+                    const int n = c >> 2, ch = c & 3;
+                    const uint4 in = *reinterpret_cast<const uint4*>(st.bpk + n * 64 + ch * 16);
+                    uint4 lo, hi;
+                    decode_e2m1x32(in, lo, hi);
+                    *reinterpret_cast<uint4*>(st.bdec + n * 128 + (((2 * ch) ^ (n & 7)) << 4)) = lo;
+                    *reinterpret_cast<uint4*>(st.bdec + n * 128 + (((2 * ch + 1) ^ (n & 7)) << 4)) = hi;
+                }
+            }
+            named_bar_sync(kBarConsumer, kConsumerThreads);
             if (!dead && !(p.fault_inject & 2)) tile.mma_k_block(st.a, st.bdec, st.sfa, st.sfb);
             __syncwarp();
             if (lane == 0) mbar_arrive(empty + s);
