@@ -7,9 +7,10 @@ re-derives it. Shared-memory formulas mirror ``csrc/megamoe/kernel_sm90.cu`` exa
 
 Design, in one paragraph: one persistent CTA per SM (the pipeline ring needs more than half
 of the 227 KB of shared memory, so two CTAs would halve the stages; one CTA also keeps the
-dispatch warps and the grid sync simple), 384 threads in three warp-specialized roles —
+dispatch warps and the grid sync simple), 512 threads in three warp-specialized roles —
 dispatch (warps 0-3), producer (warps 4-7: cp.async of activation tiles and packed E2M1
-weight tiles, E2M1 -> E4M3 decode into shared memory) and consumer (warps 8-15: FP8
+weight tiles, completion through the stage's mbarrier) and consumer (warps 8-15: E2M1 ->
+E4M3 decode into shared memory, FP8
 ``mma.sync.m16n8k32`` with per-32-K UE8M0 promotion in FP32, then the epilogues). Block
 tile ``block_m x 128 x 128``; the block order is DeepGEMM's MegaMoEScheduler rule.
 """

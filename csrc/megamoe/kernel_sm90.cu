@@ -1,16 +1,18 @@
 // megamoe: the persistent FP8 x FP4 MoE mega-kernel for SM90 (H100/H200), EP = 1.
 //
-// One launch, one CTA per SM, 384 threads in three warp-specialized roles:
+// One launch, one CTA per SM, 512 threads in three warp-specialized roles:
 //   warps 0-3   dispatch : count items per expert, publish counts, pull rows + scales into
 //                          the expert-contiguous L1 pool, bump per-pool-block arrival counts;
-//                          at the end grid sync + combine (all 12 warps help).
+//                          at the end grid sync + combine (all 16 warps help).
 //   warps 4-7   producer : cp.async A tiles (pool rows + UE8M0 scales) and packed E2M1
-//                          weight tiles (+ scales) into a `num_stages` ring, decode E2M1 -> E4M3
-//                          into shared memory, signal the consumers through mbarriers. Waits on
-//                          arrival counts (L1) and arrival masks (L2, per K block).
-//   warps 8-15  consumer : the matrix path (mma_sm90.cuh) and both epilogues (SwiGLU + clamp
-//                          + top-k weight + per-32 UE8M0 requantization into the L2 pool and
-//                          the arrival-mask bit; BF16 rows into the combine buffer).
+//                          weight tiles (+ scales) into a `num_stages` ring; each stage's full
+//                          barrier completes when the copies land (cp.async.mbarrier.arrive).
+//                          Waits on free stages, arrival counts (L1) and arrival masks (L2,
+//                          per K block).
+//   warps 8-15  consumer : E2M1 -> E4M3 decode into shared memory, the matrix path
+//                          (mma_sm90.cuh) and both epilogues (SwiGLU + clamp + top-k weight +
+//                          per-32 UE8M0 requantization into the L2 pool and the arrival-mask
+//                          bit; BF16 rows into the combine buffer).
 // The block order is the scheduler's (scheduler.cuh, DeepGEMM MegaMoEScheduler rule).
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
