@@ -2,8 +2,20 @@
 
 ``sim.simulate(scenario)`` builds the plan (:mod:`megamoe.plan`), runs every rank, SM
 cluster and warp role as SimPy processes over shared HBM / NVLink / tensor-core resources,
-and returns a :class:`sim.engine.SimResult` (trace + summary metrics).
+and returns a :class:`sim.engine.SimResult` (trace + summary metrics).  Submodules that do
+not simulate (``sim.hardware``, ``sim.calibrate``) import without SimPy.
 """
 
-from .engine import SimResult, simulate  # noqa: F401
-from .hardware import Hardware, load_hardware  # noqa: F401
+__all__ = ["simulate", "SimResult", "Hardware", "load_hardware"]
+
+
+def __getattr__(name):
+    if name in ("simulate", "SimResult"):
+        from . import engine
+
+        return getattr(engine, name)
+    if name in ("Hardware", "load_hardware"):
+        from . import hardware
+
+        return getattr(hardware, name)
+    raise AttributeError(name)
