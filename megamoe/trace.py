@@ -84,7 +84,9 @@ class Trace:
 
     @property
     def makespan_ns(self) -> float:
-        return float(self.cols["t_end_ns"].max() - min(0.0, self.cols["t_start_ns"].min())) if len(self) else 0.0
+        """From the first interval's start to the last one's end (ns); a kernel trace's clock
+        starts at its first record, so launch latency is outside both traces' makespans."""
+        return float(self.cols["t_end_ns"].max() - self.cols["t_start_ns"].min()) if len(self) else 0.0
 
     # -- files -----------------------------------------------------------------
     def save_npz(self, path: str) -> None:

@@ -11,7 +11,7 @@ Micro-benchmarks (torch on the GPU; each the median of repeated CUDA-event timin
 * device facts: SM count, opt-in shared memory per block, L2 size.
 
 Figures the kernel itself reveals come from one of its traces (``--kernel-trace``): the
-median ``grid_sync`` interval -> ``grid_sync_ns``; the consumers' L1 K-loop rate on full
+first grid sync's last arrival to first release -> ``grid_sync_ns``; the consumers' L1 K-loop rate on full
 128-row blocks against the FP8 GEMM rate -> ``mma_sync_fraction``.  Everything else is kept
 from the base file with its source.  Every measured figure's source names the device, the
 date and the method.
@@ -97,7 +97,10 @@ def from_kernel_trace(path: str, fp8_gemm_tflops: float) -> dict:
     out = {}
     gs = t.where(kind="grid_sync")
     if len(gs):
-        out["grid_sync_ns"] = float(np.median(gs["t_end_ns"] - gs["t_start_ns"]))
+        # the first grid sync of every SM: from the last arrival to the first release (the
+        # interval lengths themselves include waiting for slower SMs)
+        firsts = [np.argmin(np.where(gs["sm"] == s, gs["t_start_ns"], np.inf)) for s in np.unique(gs["sm"])]
+        out["grid_sync_ns"] = float(max(0.0, gs["t_end_ns"][firsts].min() - gs["t_start_ns"][firsts].max()))
     meta = t.meta or {}
     mma = t.where(kind="l1_mma")
     full = mma.select(mma["tokens"] == int(meta.get("plan", {}).get("block_m", 128)))

@@ -45,7 +45,6 @@ from megamoe.trace import KIND, ROLE, Trace
 from .hardware import Hardware, load_hardware
 
 BUCKET_NS = 250.0
-PRODUCER_THREADS_SM90 = 128  # megamoe.design_sm90: 4 producer warps
 DISPATCH_WARPS_PER_SM = 4
 SF_BYTES_PER_TOKEN_PER_HIDDEN = 1 / 32  # one UE8M0 byte per 32 elements
 
@@ -193,6 +192,8 @@ class _Engine:
                 for m in range(int(rp.m_blocks_per_expert[e])):
                     frac[base + m] = np.bincount(order[m * bm:(m + 1) * bm], minlength=R)
             self.dst_lists.append([[(j, int(x)) for j, x in enumerate(row) if x] for row in frac])
+        # an NVLink barrier across ranks; with one rank it is a grid sync
+        self.barrier_ns = hw.nvl_barrier_ns if plan.num_ranks > 1 else hw.grid_sync_ns
         self.pre_pull_arrivals = 0
         self.pre_pull_times = np.zeros(R)
         self.pre_pull_done = self.env.event()
@@ -205,12 +206,15 @@ class _Engine:
         S = plan.num_sms
         t = hw.launch_ns
         items = self.valid_slots[r]
+        multi = plan.num_ranks > 1
         steps = (
             ("count", 500.0 + T * k * 8 / hw.hbm_bytes_per_ns, 0),
             ("index_exchange", S * hw.atomic_same_address_ns, 0),  # per-expert send counts
-            ("index_exchange", hw.nvlink_latency_ns + items * 4 / hw.nvlink_bytes_per_ns, items * 4),
+            # source-index table into the owners' workspaces (remote stores when EP > 1)
+            ("index_exchange", (hw.nvlink_latency_ns + items * 4 / hw.nvlink_bytes_per_ns) if multi
+             else items * 4 / hw.hbm_bytes_per_ns, items * 4),
             ("grid_sync", hw.grid_sync_ns, 0),
-            ("index_exchange", hw.nvlink_latency_ns, plan.num_experts * 8),  # counts to owners
+            ("index_exchange", hw.nvlink_latency_ns if multi else 0.0, plan.num_experts * 8),  # counts
         )
         for kind, dur, nbytes in steps:
             self.rows.append((r, -1, ROLE["dispatch"], KIND[kind], -1, -1, -1, -1, t, t + dur, nbytes, 0))
@@ -220,7 +224,7 @@ class _Engine:
         self.pre_pull_times[r] = env.now
         self.pre_pull_arrivals += 1
         if self.pre_pull_arrivals == plan.num_ranks:
-            done = self.pre_pull_times.max() + hw.nvl_barrier_ns
+            done = self.pre_pull_times.max() + self.barrier_ns
             ev = self.pre_pull_done
             self.env.timeout(done - env.now).callbacks.append(lambda _e: ev.succeed(done))
         start_wait = env.now
@@ -299,12 +303,17 @@ class _Engine:
         stage_bytes = (bm // cs) * bk + bn * bk / 2 + (bm + bn) * bk / 32
         # load rate of one SM: its engine limit, or Little's law on the stage ring
         load_rate = min(hw.sm_load_bytes_per_ns, stages * stage_bytes / lat)
-        t_k = max(t_mma_k, stage_bytes / load_rate) + hw.block_overhead_ns / max(1, H // bk)
-        if sm90:  # producer warps decode the E2M1 tile into E4M3 in shared memory
-            t_k = max(t_k, hw.e2m1_decode_thread_ns_per_elem * bn * bk / PRODUCER_THREADS_SM90)
+        if sm90:
+            # the consumer warps decode the E2M1 tile into E4M3 in shared memory, then run the
+            # MMA of the stage, then hand the stage back: serial per K block
+            t_k = max(t_mma_k + hw.e2m1_decode_thread_ns_per_elem * bn * bk / cfg.num_epilogue_threads
+                      + hw.stage_handoff_ns, stage_bytes / load_rate)
+        else:
+            t_k = max(t_mma_k, stage_bytes / load_rate) + hw.block_overhead_ns / max(1, H // bk)
         epi_threads = cfg.num_epilogue_threads
+        # the L1 epilogue pays a fixed hand-off (cross-warp amax reduction, arrival-mask release)
         t_epi = (0.0, hw.l1_epilogue_thread_ns_per_elem * bm * bn / epi_threads + hw.block_overhead_ns,
-                 hw.l2_epilogue_thread_ns_per_elem * bm * bn / epi_threads + hw.block_overhead_ns)
+                 hw.l2_epilogue_thread_ns_per_elem * bm * bn / epi_threads)
         K = (0, H // bk, I // bk)
         per_kb = 2 * bk // bn  # L1 n blocks (bn/2 SwiGLU outputs each) per L2 K block
         pbo = rp.pool_block_offset.tolist()
@@ -443,7 +452,7 @@ class _Engine:
         for r in range(R):
             self.rows.append((r, -1, ROLE["epilogue"], KIND["grid_sync"], -1, -1, -1, -1,
                               float(max(self.cluster_end[r], self.last_write[r])), float(arrive[r]), 0, 0))
-        barrier = float(arrive.max()) + hw.nvl_barrier_ns
+        barrier = float(arrive.max()) + self.barrier_ns
         t_red = np.zeros(R)
         end = np.zeros(R)
         for r in range(R):
@@ -457,7 +466,7 @@ class _Engine:
                               barrier, barrier + t_red[r], nbytes, T))
         # meanwhile the dispatch warps clean the workspace and pass the last NVLink barrier
         cleaned = barrier + hw.grid_sync_ns
-        last = cleaned + hw.nvl_barrier_ns
+        last = cleaned + self.barrier_ns
         for r in range(R):
             self.rows.append((r, -1, ROLE["dispatch"], KIND["grid_sync"], -1, -1, -1, -1,
                               barrier, cleaned, 0, 0))

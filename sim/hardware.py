@@ -23,7 +23,9 @@ Figures (units in the key names):
 * ``mma_sync_fraction`` — fraction of the sustained tensor rate that warp-level
   ``mma.sync`` reaches (the SM90 kernel's MMA path; 1 for WGMMA/UMMA designs).
 * ``e2m1_decode_thread_ns_per_elem`` — SM90 design: E2M1 -> E4M3 decode in shared memory,
-  per element per producer thread.
+  per element per decoding thread.
+* ``stage_handoff_ns`` — SM90 design: fixed cost of one pipeline stage (barrier waits and
+  releases between producer and consumers), paid per K block.
 * ``legacy_launch_ns`` — per-kernel launch gap of the unfused path.
 """
 
@@ -67,6 +69,7 @@ class Hardware:
     block_overhead_ns: float
     mma_sync_fraction: float
     e2m1_decode_thread_ns_per_elem: float
+    stage_handoff_ns: float
     legacy_launch_ns: float
     sources: dict
     path: str = ""

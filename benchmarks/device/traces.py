@@ -18,7 +18,7 @@ import torch
 from megamoe.kernel import MegaMoEKernel, design_from_plan, prepare_weights
 from megamoe.kernel.check import make_inputs, make_weights
 from megamoe.scenario import Scenario
-from megamoe.trace import COLUMNS, KIND, ROLE, Trace
+from megamoe.trace import KIND, ROLE, Trace
 from sim.calibrate import calibrated_toml, from_kernel_trace, measure
 
 OUT = os.environ.get("OUT", "/tmp/out")
@@ -27,7 +27,8 @@ TOKENS = [int(t) for t in (sys.argv[1] if len(sys.argv) > 1 else "1,64,512,4096"
 
 
 def to_trace(recs: list[dict]) -> Trace:
-    rows = [(r["rank"], r["sm"], ROLE[r["role"]], KIND[r["kind"]], r["expert"], r["m_block"], r["n_block"],
+    # the schema's sm is the CTA index (blockIdx.x), which the plan's block order is keyed by
+    rows = [(r["rank"], r["cta"], ROLE[r["role"]], KIND[r["kind"]], r["expert"], r["m_block"], r["n_block"],
              r["wave"], r["t_start_ns"], r["t_end_ns"], 0, r["tokens"]) for r in recs]
     return Trace.from_rows(np.asarray(rows, dtype=np.float64)) if rows else Trace.from_rows([])
 

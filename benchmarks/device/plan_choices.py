@@ -1,0 +1,57 @@
+"""Device run for issue 7: does the simulator rank plan choices like the kernel does?
+
+V4-Flash EP1, the SM90 kernel with plan overrides (block_m, experts per wave) at a few token
+counts; prints kernel medians (CUDA events, 5 runs) as JSON to $OUT/plan_choices.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+
+import torch
+
+from megamoe.kernel import MegaMoEKernel, design_from_plan, prepare_weights
+from megamoe.kernel.check import make_inputs, make_weights
+from megamoe.scenario import Scenario
+
+OUT = os.environ.get("OUT", "/tmp/out")
+E, K, H, I = 256, 6, 4096, 2048
+CASES = [(512, {"block_m": 16}), (512, {"block_m": 64}), (512, {"experts_per_wave": 4}),
+         (512, {"experts_per_wave": 32}), (4096, {"block_m": 64}), (4096, {"block_m": 128}),
+         (4096, {"experts_per_wave": 4}), (4096, {"experts_per_wave": 32})]
+
+
+def main() -> None:
+    w = make_weights(E, H, I, "cuda", seed=0)
+    kern = MegaMoEKernel(E, K, H, I, 4096, prepare_weights(*w))
+    out = []
+    for T, over in CASES:
+        sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=T, max_tokens_per_rank=4096,
+                      design="megamoe-sm90", hardware="h200", **over)
+        plan = sc.plan(torch.cuda.get_device_properties(0).multi_processor_count, 232448)
+        idx = torch.from_numpy(sc.routing_ids()[0]).to("cuda", torch.int32)
+        x, xs, _, tw = make_inputs(T, E, K, H, "cuda", seed=1)
+        d = design_from_plan(plan)
+        kern(x, xs, idx, tw, design=d)
+        kern.check()
+        ts = []
+        for _ in range(5):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            kern(x, xs, idx, tw, design=d)
+            b.record()
+            b.synchronize()
+            ts.append(a.elapsed_time(b) * 1e3)
+        kern.check()
+        rp = plan.ranks[0]
+        out.append({"tokens": T, "override": over, "block_m": rp.config.block_m,
+                    "experts_per_wave": rp.experts_per_wave, "kernel_us": statistics.median(ts)})
+        print(out[-1], flush=True)
+    with open(f"{OUT}/plan_choices.json", "w") as f:
+        json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
