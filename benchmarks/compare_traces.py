@@ -1,0 +1,71 @@
+"""Simulator vs the committed H200 kernel traces (issue 7): makespan and per-kind errors,
+and the ranking of plan choices measured on the kernel.
+
+Prints two tables and writes benchmarks/results/compare_h200.json.  Runs on any CPU: the
+traces (benchmarks/traces/*.npz) and the kernel's plan-choice times
+(results/kernel_plan_choices_h200.json) were measured on an H200 on 2026-11-30.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+from megamoe.scenario import Scenario
+from sim import simulate
+from sim.compare import compare_file
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def trace_rows() -> list[dict]:
+    rows = []
+    for path in sorted(glob.glob(os.path.join(HERE, "traces", "kernel_*.npz")),
+                       key=lambda p: int(p.split("_t")[-1].split(".")[0])):
+        r, _, _ = compare_file(path)
+        rows.append({"trace": os.path.basename(path), "tokens": r["scenario"]["tokens_per_rank"][0],
+                     **{k: r[k] for k in ("makespan_measured_us", "makespan_simulated_us", "makespan_error",
+                                          "median_kind_error", "overlap_efficiency_error")},
+                     "kind_median_errors": {k: v["median"] for k, v in r["kind_errors"].items()},
+                     "busy_fraction_error": r["busy_fraction_error"]})
+    return rows
+
+
+def ranking_rows() -> list[dict]:
+    meas = json.load(open(os.path.join(HERE, "results", "kernel_plan_choices_h200.json")))
+    for m in meas:
+        sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=m["tokens"], max_tokens_per_rank=4096,
+                      design="megamoe-sm90", hardware="h200", **m["override"])
+        m["simulated_us"] = simulate(sc).trace.makespan_ns / 1e3
+    pairs = []
+    for i in range(0, len(meas), 2):
+        a, b = meas[i], meas[i + 1]
+        diff = abs(a["kernel_us"] / b["kernel_us"] - 1)
+        pairs.append({"tokens": a["tokens"], "a": a["override"], "b": b["override"],
+                      "kernel_us": [a["kernel_us"], b["kernel_us"]], "simulated_us": [a["simulated_us"], b["simulated_us"]],
+                      "kernel_diff": diff, "must_agree": diff > 0.05,
+                      "same_order": (a["kernel_us"] < b["kernel_us"]) == (a["simulated_us"] < b["simulated_us"])})
+    return pairs
+
+
+def main() -> None:
+    rows, pairs = trace_rows(), ranking_rows()
+    print(f"{'tokens':>6s} {'measured us':>12s} {'simulated us':>13s} {'makespan err':>13s} {'median kind err':>16s}")
+    for r in rows:
+        print(f"{r['tokens']:6d} {r['makespan_measured_us']:12.1f} {r['makespan_simulated_us']:13.1f} "
+              f"{100 * r['makespan_error']:+12.1f}% {100 * r['median_kind_error']:15.1f}%")
+    print()
+    print(f"{'tokens':>6s} {'choice A':>22s} {'choice B':>22s} {'kernel us A/B':>18s} {'sim us A/B':>18s} {'same order':>10s}")
+    for p in pairs:
+        print(f"{p['tokens']:6d} {json.dumps(p['a']):>22s} {json.dumps(p['b']):>22s} "
+              f"{p['kernel_us'][0]:8.0f}/{p['kernel_us'][1]:<8.0f} {p['simulated_us'][0]:8.0f}/{p['simulated_us'][1]:<8.0f} "
+              f"{str(p['same_order']) + ('' if p['must_agree'] else ' (<5%)'):>10s}")
+    out = os.path.join(HERE, "results", "compare_h200.json")
+    with open(out, "w") as f:
+        json.dump({"traces": rows, "plan_choices": pairs}, f, indent=1)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
