@@ -259,6 +259,21 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_build(a: argparse.Namespace) -> int:
+    from .kernel.cli_support import build_main
+
+    return build_main(a.arch, a.strict, a.force)
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    from .kernel.cli_support import run_main
+    from .shapes import get_shape
+
+    s = get_shape(a.shape)
+    return run_main(s.num_experts, s.top_k, s.hidden, s.intermediate, a.tokens, a.routing, a.clamp, a.reps,
+                    a.trace, not a.no_check, a.seed)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="megamoe", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", parser_class=_Parser)
@@ -296,6 +311,21 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--out", type=_out_path(".toml"), default="calibrated.toml")
     k.add_argument("--kernel-trace", help="a megamoe kernel trace (.npz) for grid sync and MMA-path figures")
     k.set_defaults(func=cmd_calibrate)
+    b = sub.add_parser("build", help="compile the CUDA kernel ahead of time (nvcc; no GPU needed)")
+    b.add_argument("--arch", default="sm_90a", help="sm_90a")
+    b.add_argument("--strict", action="store_true", help="fail on local-memory spills in the hot loops")
+    b.add_argument("--force", action="store_true", help="rebuild even when cached")
+    b.set_defaults(func=cmd_build)
+    r = sub.add_parser("run", help="run one EP=1 scenario on the GPU, check it, time it")
+    r.add_argument("--shape", default="deepseek-v4-flash", help="preset or E,k,H,I")
+    r.add_argument("--tokens", type=_nonneg, default=64)
+    r.add_argument("--routing", default="uniform", choices=("uniform", "zipf", "one_expert"))
+    r.add_argument("--clamp", type=float, default=None, help="SwiGLU clamp (default none)")
+    r.add_argument("--reps", type=_positive, default=10)
+    r.add_argument("--trace", type=_out_path(".json"), help="write the kernel's own trace (Chrome JSON)")
+    r.add_argument("--no-check", action="store_true", help="skip the reference check")
+    r.add_argument("--seed", type=_nonneg, default=0)
+    r.set_defaults(func=cmd_run)
     v = sub.add_parser("validate", help="simulator vs DeepGEMM PR #316 published rows")
     v.add_argument("--hardware", default="b200")
     v.add_argument("--seed", type=_nonneg, default=0)
