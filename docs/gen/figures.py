@@ -907,6 +907,7 @@ class Gen:
         try:  # the validation (the slowest part) runs in a second process meanwhile
             pool = cf.ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("fork"))
             self._validation_rows = pool.submit(_validation_rows)
+            self._worker_figs = pool.submit(_worker_figures)
         except Exception:  # no fork on this platform: run it inline later
             pool = None
         try:
@@ -923,9 +924,29 @@ class Gen:
             for name in ("timeline", "stage_gantt", "barrier_fig", "plotly_timeline", "utilization_regions", "wave_map",
                          "pull_order_fig", "moe_align", "buffer_layout", "warp_roles", "numerics_fig",
                          "weight_layout_fig", "sm100_vs_sm90", "whatif", "policies_whatif", "validation", "hardware_table", "cli_help", "kernel_status"):
+                if name in WORKER_FIGURES and hasattr(self, "_worker_figs"):
+                    continue  # made by the worker process, collected below
                 t0 = time.time()
                 getattr(self, name)()
                 self.timings[name] = time.time() - t0
+            if hasattr(self, "_worker_figs"):
+                t0 = time.time()
+                files, snippets = self._worker_figs.result()
+                self.files.update(files)
+                self.snippets.update(snippets)
+                self.timings["worker figures (wait)"] = time.time() - t0
+
+
+# Made in the second process after the validation (they import torch or run many simulations),
+# so the two processes finish at about the same time on a 2-core machine.
+WORKER_FIGURES = ("numerics_fig", "weight_layout_fig", "policies_whatif")
+
+
+def _worker_figures() -> tuple[dict, dict]:
+    g = Gen()
+    for name in WORKER_FIGURES:
+        getattr(g, name)()
+    return g.files, g.snippets
 
 
 def _validation_rows() -> list[dict]:
