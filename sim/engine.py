@@ -26,8 +26,10 @@ Granularity (DESIGN.md: block granularity, never per cycle):
 * **Combine**: the final NVLink barrier waits for every cluster's last write on every rank,
   then each rank reduces its valid slots (HBM bound).
 
-Shared resources: HBM per GPU, NVLink egress and ingress per GPU (one direction each), as
-:class:`BandwidthCalendar`; the tensor-core rate and TMA load rate are per SM.
+Shared resources: HBM per GPU, NVLink egress and ingress per GPU (one direction each) and,
+where a GPU pair is slower than a GPU's port (``nvlink_peer_gbs``, e.g. point-to-point
+links without a switch), each directed link, as :class:`BandwidthCalendar`; the
+tensor-core rate and TMA load rate are per SM.
 """
 
 from __future__ import annotations
@@ -155,6 +157,12 @@ class _Engine:
         self.hbm = [BandwidthCalendar(hw.hbm_bytes_per_ns) for _ in range(R)]
         self.egress = [BandwidthCalendar(hw.nvlink_bytes_per_ns) for _ in range(R)]
         self.ingress = [BandwidthCalendar(hw.nvlink_bytes_per_ns) for _ in range(R)]
+        # one calendar per directed GPU pair, only where a pair is slower than a GPU's port
+        # (a link carries a subset of one port's bytes, so an equal or faster link never binds)
+        self.links = None
+        if hw.nvlink_peer_gbs < hw.nvlink_gbs_per_direction and R > 1:
+            rate = hw.nvlink_peer_gbs * hw.nvlink_efficiency
+            self.links = [[BandwidthCalendar(rate) for _ in range(R)] for _ in range(R)]
         self.rows: list[tuple] = []      # rank-level intervals (COLUMNS order, codes)
         self.blocks: list[tuple] = []    # per cluster block records, expanded later
         self.n_events = 0
@@ -265,6 +273,8 @@ class _Engine:
                 else:
                     f1 = self.egress[j].reserve(t0, b)
                     f2 = self.ingress[r].reserve(t0, b)
+                    if self.links is not None:
+                        f2 = max(f2, self.links[j][r].reserve(t0, b))
                     f3 = self.hbm[r].reserve(t0, b)  # write into the local pool
                     finish = max(finish, f1, f2, f3)
             yield env.timeout(finish - t0)
@@ -322,7 +332,7 @@ class _Engine:
         prev_prefetch = 0.0
         prev_epi_end = t_ready
         epi_m2 = epi_m1 = t_ready  # epilogue ends of the two previous blocks (TMEM stages)
-        hbm, egress, ingress = self.hbm[r], self.egress[r], self.ingress
+        hbm, egress, ingress, links = self.hbm[r], self.egress[r], self.ingress, self.links
         tw, ta = self.touched_w[r], self.touched_a[r]
         nbw = max(rp.l1_n_blocks, rp.l2_n_blocks)
         nbp = pbo[-1] + 1
@@ -415,6 +425,8 @@ class _Engine:
                     else:
                         remote += nb
                         f = ingress[j].reserve(epi_start, nb)
+                        if links is not None:
+                            f = max(f, links[r][j].reserve(epi_start, nb))
                     if f > fin:
                         fin = f
                 if remote:

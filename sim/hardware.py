@@ -14,6 +14,8 @@ Figures (units in the key names):
 * ``sm_load_gbs`` — most one SM's TMA engine moves per second.
 * ``nvlink_gbs_per_direction`` — NVLink bandwidth of one GPU in one direction (all links);
   ``nvlink_efficiency``; ``nvlink_latency_ns`` — one remote access round trip.
+* ``nvlink_peer_gbs`` — most one directed GPU pair can carry (equal to the port through a
+  switch; a fraction of it with point-to-point links).
 * ``launch_ns``, ``grid_sync_ns``, ``nvl_barrier_ns``, ``atomic_same_address_ns``,
   ``tma_latency_ns``, ``pull_latency_ns``
 * ``l1_epilogue_thread_ns_per_elem``, ``l2_epilogue_thread_ns_per_elem`` — epilogue cost per
@@ -56,6 +58,7 @@ class Hardware:
     hbm_efficiency: float
     sm_load_gbs: float
     nvlink_gbs_per_direction: float
+    nvlink_peer_gbs: float
     nvlink_efficiency: float
     nvlink_latency_ns: float
     launch_ns: float
