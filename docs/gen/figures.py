@@ -513,15 +513,19 @@ class Gen:
             r0 = sc.plan(148, P.SM100_SMEM_CAPACITY).ranks[0]
             e = P.expected_tokens_per_expert(T, 8, 6, 256)
             row = [T, f"{e:.1f}", r0.config.block_m, r0.num_stages, r0.experts_per_wave]
-            if d9 is not None and hasattr(d9, "design_for"):
-                try:
-                    d = d9.design_for(T, 4096, 2048, 256, 6, num_sms=132, ranks=8) if "ranks" in d9.design_for.__code__.co_varnames else d9.design_for(T, 4096, 2048, 256, 6, num_sms=132)
-                    dd = d.as_dict()
-                    row += [dd.get("block_m", "-"), dd.get("num_stages", "-"), dd.get("experts_per_wave", "-")]
-                except Exception as exc:
-                    row += ["-", "-", f"({type(exc).__name__})"]
-            else:
-                row += ["-", "-", "-"]
+            try:  # this project's SM90 plan, as the simulator and the kernel get it
+                sc9 = Scenario(**{**SMALL, "tokens_per_rank": T, "hardware": "h200", "design": "megamoe-sm90"})
+                q = sc9.plan(132, P.SM100_SMEM_CAPACITY).ranks[0]
+                row += [q.config.block_m, q.num_stages, q.experts_per_wave]
+                sm90_src = "`Scenario(design=\"megamoe-sm90\").plan` with 132 SMs"
+            except Exception:
+                if d9 is not None and hasattr(d9, "design_for"):
+                    d = d9.design_for(T, 4096, 2048, 256, 6, num_sms=132).as_dict()
+                    row += [d.get("block_m", "-"), d.get("num_stages", "-"), d.get("experts_per_wave", "-")]
+                    sm90_src = "`megamoe.design_sm90.design_for` with 132 SMs"
+                else:
+                    row += ["-", "-", "-"]
+                    sm90_src = "not available"
             rows.append(row)
         if d9 is not None:
             thr = getattr(d9, "THREADS", None)
@@ -537,6 +541,7 @@ class Gen:
                                           f"block_n {getattr(d9, 'BLOCK_N', '-')}, block_k {getattr(d9, 'BLOCK_K', '-')}")
         else:
             self.snippets["sm90_cta"] = self.snippets["sm90_tile"] = "(megamoe.design_sm90 not importable)"
+        self.snippets["sm90_plan_source"] = sm90_src
         self.snippets["sm90_plan_table"] = _md_table(
             ["tokens/rank", "expected tokens/expert", "SM100 block_m", "SM100 stages", "SM100 experts/wave",
              "SM90 block_m", "SM90 stages", "SM90 experts/wave"], rows)
