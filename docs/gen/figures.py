@@ -70,9 +70,10 @@ class Gen:
     def sim(self, **kw):
         from sim.engine import simulate
 
-        key = tuple(sorted(kw.items()))
-        if key not in self._sims:
-            self._sims[key] = simulate(Scenario(**kw))
+        sc = Scenario(**kw)
+        key = json.dumps(sc.to_dict(), sort_keys=True, default=str) + repr(kw.get("policies"))
+        if key not in self._sims:  # the same scenario spelled differently runs once
+            self._sims[key] = simulate(sc)
         return self._sims[key]
 
     def small(self, **over):
