@@ -58,67 +58,79 @@ class BandwidthCalendar:
     transfer's bytes into the earliest free capacity at or after its request time and returns
     when the last byte moves.  Capacity is conserved whatever order reservations come in, so
     concurrent transfers share the bandwidth instead of queueing behind a single holder.
+    Full buckets are skipped through forward pointers with path compression.
     """
 
-    __slots__ = ("rate", "cap", "used", "total_bytes", "full_until")
+    __slots__ = ("rate", "cap", "full", "used", "nxt", "total_bytes")
 
     def __init__(self, bytes_per_ns: float):
         self.rate = bytes_per_ns
         self.cap = bytes_per_ns * BUCKET_NS
+        self.full = self.cap * 0.999
         self.used: list[float] = [0.0] * 4096
+        self.nxt: list[int] = list(range(4096))  # nxt[b] == b: bucket b has room
         self.total_bytes = 0.0
-        self.full_until = 0  # every bucket before this index is full
+
+    def _grow(self, b: int) -> None:
+        n = len(self.used)
+        extra = max(4096, b + 2 - n)
+        self.used.extend([0.0] * extra)
+        self.nxt.extend(range(n, n + extra))
+
+    def _find(self, b: int) -> int:
+        nxt = self.nxt
+        if b + 1 >= len(nxt):
+            self._grow(b)
+            nxt = self.nxt
+        r = b
+        while nxt[r] != r:
+            r = nxt[r]
+            if r + 1 >= len(nxt):
+                self._grow(r)
+                nxt = self.nxt
+        while nxt[b] != r:  # path compression
+            nxt[b], b = r, nxt[b]
+        return r
 
     def reserve(self, t: float, nbytes: float) -> float:
         """Place ``nbytes`` from time ``t`` (ns); returns the finish time (ns)."""
         if nbytes <= 0:
             return t
         self.total_bytes += nbytes
-        rate, cap, used = self.rate, self.cap, self.used
-        b = int(t / BUCKET_NS)
-        if b < self.full_until:
-            b = self.full_until
+        rate, used = self.rate, self.used
+        b0 = int(t / BUCKET_NS)
+        b = self._find(b0)
+        used = self.used
+        if b != b0:
             t = b * BUCKET_NS
-        try:
-            ub = used[b]
-        except IndexError:
-            used.extend([0.0] * (b + 4096 - len(used)))
-            ub = 0.0
-        # first bucket: only the part after t is available
-        start = b * BUCKET_NS + ub / rate
+        # first bucket: only the part after t is available (used capacity packs at its start)
+        start = b * BUCKET_NS + used[b] / rate
         if start < t:
             start = t
         avail = ((b + 1) * BUCKET_NS - start) * rate
         if avail >= nbytes:  # fast path: fits in the first bucket
             used[b] += nbytes
-            if b == self.full_until and used[b] >= cap * 0.999:
-                self._advance()
+            if used[b] >= self.full:
+                self.nxt[b] = b + 1
             return start + nbytes / rate
         if avail > 0:
             used[b] += avail
             nbytes -= avail
-        b0 = b
+            if used[b] >= self.full:
+                self.nxt[b] = b + 1
+        cap = self.cap
         while True:
-            b += 1
-            if b >= len(used):
-                used.extend([0.0] * 4096)
+            b = self._find(b + 1)
+            used = self.used
             free = cap - used[b]
-            if free <= 1e-9:
-                continue
             if free >= nbytes:
                 used[b] += nbytes
-                if b0 <= self.full_until:
-                    self._advance()
+                if used[b] >= self.full:
+                    self.nxt[b] = b + 1
                 return b * BUCKET_NS + used[b] / rate
             used[b] = cap
+            self.nxt[b] = b + 1
             nbytes -= free
-
-    def _advance(self) -> None:
-        used, lim, fu = self.used, self.cap * 0.999, self.full_until
-        n = len(used)
-        while fu < n and used[fu] >= lim:
-            fu += 1
-        self.full_until = fu
 
 
 @dataclass
