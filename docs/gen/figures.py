@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import json
+import tempfile
 import sys
 import time
 from pathlib import Path
@@ -686,6 +687,30 @@ class Gen:
         self.snippets["pull_policy_sim"] = _md_table(
             ["tokens/rank", "round-robin min-remaining (us)", "`rank-by-rank` (us)", "difference"], rows)
 
+    def studies(self) -> None:
+        """The three studies of ``sim.studies`` (experts per wave, reserved SMs, pull order)."""
+        from sim.studies import plot_study, study_experts_per_wave, study_pull_order, study_reserved_sms
+
+        data = {"experts_per_wave": study_experts_per_wave(tokens=(32,), waves=(1, 2, 4, 8, 16, 48)),
+                "reserved_sms": study_reserved_sms(tokens=(128, 4096), reserved=(0, 16, 32, 64)),
+                "pull_order": study_pull_order(fractions=(0.0, 0.6, 0.9))}
+        for name, rows in data.items():
+            path = Path(tempfile.mkdtemp()) / f"{name}.png"
+            plot_study(name, rows, str(path))
+            self.files[f"generated/study_{name}.png"] = path.read_bytes()
+        e = data["experts_per_wave"]
+        self.snippets["study_epw"] = _md_table(
+            ["experts per wave", "time (us)"],
+            [[r["experts_per_wave"], f"{r['time_us']:.1f}"] for r in e]
+            + [[f"reference heuristic ({e[0]['reference_experts_per_wave']})", f"{e[0]['reference_time_us']:.1f}"]])
+        self.snippets["study_reserved"] = _md_table(
+            ["tokens/rank", "reserved SMs", "SMs used", "time (us)"],
+            [[r["tokens"], r["reserved_sms"], r["sms"], f"{r['time_us']:.1f}"] for r in data["reserved_sms"]])
+        self.snippets["study_pull"] = _md_table(
+            ["fabric", "hot share", "pull order", "pull phase (us)", "whole call (us)"],
+            [[r["fabric"], r["hot_fraction"], f"`{r['pull_order']}`", f"{r['pull_us']:.1f}", f"{r['time_us']:.1f}"]
+             for r in data["pull_order"]])
+
     def validation(self) -> None:
         from sim.validate import verdict
 
@@ -929,7 +954,7 @@ class Gen:
             self._tmp = tmp
             for name in ("timeline", "stage_gantt", "barrier_fig", "plotly_timeline", "utilization_regions", "wave_map",
                          "pull_order_fig", "moe_align", "buffer_layout", "warp_roles", "numerics_fig",
-                         "weight_layout_fig", "sm100_vs_sm90", "whatif", "policies_whatif", "validation", "hardware_table", "cli_help", "kernel_status"):
+                         "weight_layout_fig", "sm100_vs_sm90", "whatif", "policies_whatif", "studies", "validation", "hardware_table", "cli_help", "kernel_status"):
                 if name in WORKER_FIGURES and hasattr(self, "_worker_figs"):
                     continue  # made by the worker process, collected below
                 t0 = time.time()
@@ -945,7 +970,7 @@ class Gen:
 
 # Made in the second process after the validation (they import torch or run many simulations),
 # so the two processes finish at about the same time on a 2-core machine.
-WORKER_FIGURES = ("numerics_fig", "weight_layout_fig", "policies_whatif")
+WORKER_FIGURES = ("numerics_fig", "weight_layout_fig", "policies_whatif", "studies")
 
 
 def _worker_figures() -> tuple[dict, dict]:
