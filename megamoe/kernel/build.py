@@ -1,8 +1,18 @@
 """Build the kernel library with nvcc (no GPU needed), cached by a hash of the sources.
 
-``build(arch="sm_90a")`` compiles ``csrc/megamoe/kernel_sm90.cu`` into
-``build/kernel/<hash>/libmegamoe_sm90.so`` (repo checkout) or ``~/.cache/megamoe/...``, and
-parses ptxas's resource report (registers, stack frame, spill bytes per template instance).
+``build(arch)`` compiles one architecture's kernel into ``build/kernel/<hash>/<lib>.so``
+(repo checkout) or ``~/.cache/megamoe/...`` and parses ptxas's resource report (registers,
+stack frame, spill bytes per template instance):
+
+* ``"sm_90a"``  -> ``csrc/megamoe/kernel_sm90.cu``  -> ``libmegamoe_sm90.so`` (H100/H200)
+* ``"sm_100a"`` -> ``csrc/megamoe/kernel_sm100.cu`` -> ``libmegamoe_sm100.so`` (B200); needs
+  the CUTLASS/CuTe headers (``pip install nvidia-cutlass``, or ``MEGAMOE_CUTLASS_INCLUDE`` /
+  ``CUTLASS_PATH``), see :func:`find_cutlass_include`.
+
+:func:`arch_for_capability` picks the arch from a device's compute capability (9.x ->
+sm_90a, 10.x -> sm_100a). :func:`disassemble` / :func:`sass_opcodes` / :func:`check_sass`
+read the SASS back (``cuobjdump -sass`` from the CUDA toolkit or the ``nvidia-cuda-cuobjdump``
+wheel) and check the matrix instructions each binary must contain (:data:`REQUIRED_SASS`).
 """
 
 from __future__ import annotations
@@ -16,8 +26,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 CSRC = Path(__file__).resolve().parents[2] / "csrc" / "megamoe"
-SOURCES = {"sm_90a": "kernel_sm90.cu"}
-LIBNAMES = {"sm_90a": "libmegamoe_sm90.so"}
+SOURCES = {"sm_90a": "kernel_sm90.cu", "sm_100a": "kernel_sm100.cu"}
+LIBNAMES = {"sm_90a": "libmegamoe_sm90.so", "sm_100a": "libmegamoe_sm100.so"}
+GENCODE = {"sm_90a": "arch=compute_90a,code=sm_90a", "sm_100a": "arch=compute_100a,code=sm_100a"}
+#: Architectures whose source needs the CUTLASS/CuTe headers.
+NEEDS_CUTLASS = {"sm_100a"}
+#: SASS opcode prefixes each binary must contain, with what they are (found by disassembling
+#: the builds; nvcc 13.0). sm_90a: the kernel's ``mma.sync.m16n8k32`` E4M3 is lowered by ptxas
+#: to ``F2FP.F16.E4M3.UNPACK_B`` (FP8 -> FP16) + ``HMMA.16816.F32`` -- there is no QMMA/QGMMA
+#: (WGMMA) in it. sm_100a: the 2-CTA block-scaled UMMA, the UTCCP scale copy, the TMEM load,
+#: the multicast commit and the TMEM allocator.
+REQUIRED_SASS = {
+    "sm_90a": {"HMMA.16816.F32": "mma.sync m16n8k16 FP16 -> FP32 (the FP8 mma.sync after E4M3 -> F16 unpack)",
+               "F2FP.F16.E4M3.UNPACK_B": "E4M3 -> FP16 conversion feeding HMMA"},
+    "sm_100a": {"UTCQMMA.2CTA": "tcgen05.mma.cta_group::2.kind::mxf8f6f4.block_scale (2-CTA, block-scaled)",
+                "UTCCP.T.S.2CTA.4x32dp128bit": "tcgen05.cp.cta_group::2.32x128b.warpx4 (UE8M0 scales -> TMEM)",
+                "LDTM": "tcgen05.ld (epilogue TMEM -> registers)",
+                "UTCBAR.2CTA.MULTICAST": "tcgen05.commit multicast to both CTAs' mbarriers",
+                "UTCATOMSWS.2CTA.FIND_AND_SET": "tcgen05.alloc.cta_group::2 (TMEM allocation)"},
+}
 FLAGS = ["-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-shared", "-lineinfo", "-Xptxas", "-v",
          "-diag-suppress", "177"]
 #: Spill bytes allowed per instance before ``build(strict=True)`` fails (hot-loop spills).
@@ -33,11 +60,14 @@ class BuildResult:
     path: Path
     arch: str
     cached: bool
-    resources: dict = field(default_factory=dict)  # instance -> {registers, stack, spill_stores, spill_loads}
+    resources: dict = field(default_factory=dict)  # kernel instance -> {registers, stack, spill_stores, spill_loads}
     log: str = ""
+    #: non-inlined device functions (ptxas reports their frames separately) -> same keys
+    device_functions: dict = field(default_factory=dict)
 
     def max_spill(self) -> int:
-        return max((r["spill_stores"] for r in self.resources.values()), default=0)
+        return max((r["spill_stores"] for r in (*self.resources.values(), *self.device_functions.values())),
+                   default=0)
 
 
 def _cache_root() -> Path:
@@ -53,12 +83,85 @@ def _cache_root() -> Path:
 def _source_hash(arch: str) -> str:
     h = hashlib.sha256()
     for p in sorted(CSRC.glob("*")):
-        if p.suffix in (".cu", ".cuh", ".h"):
+        # every header, but only this arch's translation unit (an SM100 edit keeps the SM90 cache)
+        if p.suffix in (".cuh", ".h") or p.name == SOURCES.get(arch):
             h.update(p.name.encode())
             h.update(p.read_bytes())
     h.update(arch.encode())
     h.update(" ".join(FLAGS).encode())
+    if arch in NEEDS_CUTLASS:
+        inc = find_cutlass_include()
+        h.update(str(inc).encode())
+        ver = inc / "cutlass" / "version.h" if inc else None
+        if ver is not None and ver.exists():
+            h.update(ver.read_bytes())
     return h.hexdigest()[:16]
+
+
+def _has_cute(inc: Path) -> bool:
+    return (inc / "cute" / "arch" / "mma_sm100_umma.hpp").is_file() and (inc / "cutlass" / "arch" / "barrier.h").is_file()
+
+
+def find_cutlass_include() -> Path | None:
+    """The CUTLASS/CuTe include directory with the SM100 atoms, or None.
+
+    Looked up in order: ``$MEGAMOE_CUTLASS_INCLUDE`` (the include dir), ``$CUTLASS_PATH``
+    (a CUTLASS checkout: ``<path>/include``), the ``nvidia-cutlass`` wheel
+    (``cutlass_library/source/include`` of the installed package, found without importing it).
+    """
+    cands: list[Path] = []
+    for env in ("MEGAMOE_CUTLASS_INCLUDE",):
+        if os.environ.get(env):
+            cands.append(Path(os.environ[env]))
+    if os.environ.get("CUTLASS_PATH"):
+        cands += [Path(os.environ["CUTLASS_PATH"]) / "include", Path(os.environ["CUTLASS_PATH"])]
+    try:
+        import importlib.util
+        spec = importlib.util.find_spec("cutlass_library")
+        if spec is not None and spec.submodule_search_locations:
+            for loc in spec.submodule_search_locations:
+                cands.append(Path(loc) / "source" / "include")
+    except (ImportError, ValueError):
+        pass
+    for c in cands:
+        if _has_cute(c):
+            return c.resolve()
+    return None
+
+
+def find_cuobjdump() -> str | None:
+    """``cuobjdump`` from $CUOBJDUMP, PATH, the toolkit beside nvcc, or the nvidia-cuda-cuobjdump wheel."""
+    cands = [os.environ.get("CUOBJDUMP"), shutil.which("cuobjdump")]
+    nvcc = find_nvcc()
+    if nvcc:
+        cands.append(str(Path(nvcc).resolve().parent / "cuobjdump"))
+    cands.append("/usr/local/cuda/bin/cuobjdump")
+    try:
+        import importlib.util
+        spec = importlib.util.find_spec("nvidia")
+        for loc in (spec.submodule_search_locations or []) if spec else []:
+            cands += [str(p) for p in sorted(Path(loc).glob("*/bin/cuobjdump"))]
+    except (ImportError, ValueError):
+        pass
+    for c in cands:
+        if c and Path(c).is_file() and os.access(c, os.X_OK):
+            return c
+    return None
+
+
+def arch_for_capability(major: int, minor: int = 0) -> str:
+    """Kernel arch for a device's compute capability: 9.x -> sm_90a, 10.x -> sm_100a.
+
+    Raises:
+        KernelBuildError: no kernel for that capability (the ``a`` targets run only on their
+            own major version: sm_100a code does not run on 10.3 / 12.x parts either way).
+    """
+    if major == 9:
+        return "sm_90a"
+    if major == 10 and minor == 0:
+        return "sm_100a"
+    raise KernelBuildError(f"no megamoe kernel for compute capability {major}.{minor} "
+                           "(sm_90a needs 9.0, sm_100a needs 10.0)")
 
 
 def find_nvcc() -> str | None:
@@ -68,16 +171,30 @@ def find_nvcc() -> str | None:
     return None
 
 
+def _split_entries(log: str, res: dict) -> tuple[dict, dict]:
+    """(kernel instances, non-inlined device functions) of a :func:`parse_ptxas` result."""
+    entries = set(re.findall(r"Compiling entry function '(\S+)'", log))
+    if not entries:
+        return res, {}
+    keys = {_instance_name(e) for e in entries}
+    return ({k: v for k, v in res.items() if k in keys}, {k: v for k, v in res.items() if k not in keys})
+
+
+def _instance_name(sym: str) -> str:
+    bmk = re.search(r"ILi(\d+)ELi(\d+)E", sym)
+    bm = re.search(r"ILi(\d+)E", sym)
+    return f"block_m={bmk.group(1)},block_k={bmk.group(2)}" if bmk else f"block_m={bm.group(1)}" if bm else sym
+
+
 def parse_ptxas(log: str) -> dict:
-    """Registers / stack / spills per kernel instance from ``-Xptxas -v`` output."""
+    """Registers / stack / spills per function (kernel instances named ``block_m=..``) from
+    ``-Xptxas -v`` output."""
     res: dict = {}
     cur = None
     for line in log.splitlines():
         m = re.search(r"Function properties for (\S+)", line)
         if m:
-            cur = m.group(1)
-            bm = re.search(r"ILi(\d+)E", cur)
-            cur = f"block_m={bm.group(1)}" if bm else cur
+            cur = _instance_name(m.group(1))
             res.setdefault(cur, {"registers": 0, "stack": 0, "spill_stores": 0, "spill_loads": 0})
             continue
         m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
@@ -89,6 +206,11 @@ def parse_ptxas(log: str) -> dict:
     return res
 
 
+def _result(out: Path, arch: str, cached: bool, log: str) -> BuildResult:
+    kernels, funcs = _split_entries(log, parse_ptxas(log))
+    return BuildResult(out, arch, cached, kernels, log, device_functions=funcs)
+
+
 def library_path(arch: str = "sm_90a") -> Path:
     return _cache_root() / _source_hash(arch) / LIBNAMES[arch]
 
@@ -96,32 +218,95 @@ def library_path(arch: str = "sm_90a") -> Path:
 def build(arch: str = "sm_90a", force: bool = False, strict: bool = False, verbose: bool = False) -> BuildResult:
     """Compile (or reuse) the kernel library for ``arch``; see module docstring."""
     if arch not in SOURCES:
-        raise KernelBuildError(f"arch: expected one of {sorted(SOURCES)}, got {arch!r} "
-                               "(the sm_100a path is not written yet)")
+        raise KernelBuildError(f"arch: expected one of {sorted(SOURCES)}, got {arch!r}")
     out = library_path(arch)
     logf = out.with_suffix(".log")
     if out.exists() and logf.exists() and not force:
         log = logf.read_text()
-        r = BuildResult(out, arch, True, parse_ptxas(log), log)
+        r = _result(out, arch, True, log)
     else:
         nvcc = find_nvcc()
         if nvcc is None:
             raise KernelBuildError("nvcc not found: install the CUDA toolkit (12.4+) or set NVCC=/path/to/nvcc")
+        includes = []
+        if arch in NEEDS_CUTLASS:
+            inc = find_cutlass_include()
+            if inc is None:
+                raise KernelBuildError(
+                    f"{arch} needs the CUTLASS/CuTe headers (cute/arch/mma_sm100_umma.hpp): "
+                    "`pip install nvidia-cutlass` (>= 4.2), or set MEGAMOE_CUTLASS_INCLUDE=/path/to/cutlass/include "
+                    "or CUTLASS_PATH=/path/to/cutlass")
+            includes = [f"-I{inc}"]
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(".tmp.so")
-        gencode = {"sm_90a": "arch=compute_90a,code=sm_90a"}[arch]
-        cmd = [nvcc, f"-gencode={gencode}", *FLAGS, "-o", str(tmp), str(CSRC / SOURCES[arch])]
+        cmd = [nvcc, f"-gencode={GENCODE[arch]}", *FLAGS, *includes, "-o", str(tmp), str(CSRC / SOURCES[arch])]
         p = subprocess.run(cmd, capture_output=True, text=True)
         log = p.stdout + p.stderr
         if p.returncode != 0:
             raise KernelBuildError(f"nvcc failed ({p.returncode}):\n{log[-4000:]}")
         tmp.replace(out)
         logf.write_text(log)
-        r = BuildResult(out, arch, False, parse_ptxas(log), log)
+        r = _result(out, arch, False, log)
     if verbose:
-        for k, v in sorted(r.resources.items()):
+        for k, v in sorted((*r.resources.items(), *r.device_functions.items())):
             print(f"{arch} {k}: {v['registers']} registers, {v['stack']} B stack, "
                   f"{v['spill_stores']} B spill stores, {v['spill_loads']} B spill loads")
     if strict and r.max_spill() > SPILL_LIMIT_BYTES:
         raise KernelBuildError(f"register spills over {SPILL_LIMIT_BYTES} B: {r.resources}")
     return r
+
+
+def disassemble(path: Path | str) -> str:
+    """SASS text of a built library (``cuobjdump -sass``).
+
+    Raises:
+        KernelBuildError: no cuobjdump (install the CUDA toolkit or ``pip install
+            nvidia-cuda-cuobjdump``, or set CUOBJDUMP) or it failed.
+    """
+    tool = find_cuobjdump()
+    if tool is None:
+        raise KernelBuildError("cuobjdump not found: install the CUDA toolkit, `pip install nvidia-cuda-cuobjdump`, "
+                               "or set CUOBJDUMP=/path/to/cuobjdump")
+    p = subprocess.run([tool, "-sass", str(path)], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise KernelBuildError(f"cuobjdump failed ({p.returncode}): {p.stderr[-2000:]}")
+    return p.stdout
+
+
+_SASS_LINE = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[0-9T]\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)")
+
+
+def sass_opcodes(sass: str) -> dict[str, dict[str, int]]:
+    """Opcode (with modifiers) counts per kernel function of a ``cuobjdump -sass`` listing."""
+    out: dict[str, dict[str, int]] = {}
+    cur = None
+    for line in sass.splitlines():
+        m = re.search(r"Function : (\S+)", line)
+        if m:
+            cur = m.group(1)
+            out[cur] = {}
+            continue
+        m = _SASS_LINE.match(line)
+        if m and cur is not None:
+            op = m.group(1)
+            out[cur][op] = out[cur].get(op, 0) + 1
+    return out
+
+
+def check_sass(arch: str, sass: str) -> dict[str, dict[str, int]]:
+    """Per kernel function, how many instructions start with each :data:`REQUIRED_SASS` prefix
+    of ``arch``. Raises :class:`KernelBuildError` naming the function and the missing prefixes
+    if any function lacks one."""
+    req = REQUIRED_SASS[arch]
+    found: dict[str, dict[str, int]] = {}
+    missing = []
+    for fn, ops in sass_opcodes(sass).items():
+        found[fn] = {r: sum(n for op, n in ops.items() if op.startswith(r)) for r in req}
+        lack = [r for r, n in found[fn].items() if n == 0]
+        if lack:
+            missing.append(f"{fn}: {lack}")
+    if not found:
+        raise KernelBuildError(f"no kernel functions in the {arch} SASS listing")
+    if missing:
+        raise KernelBuildError(f"{arch} SASS lacks required instructions: " + "; ".join(missing))
+    return found

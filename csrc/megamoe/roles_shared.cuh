@@ -1,0 +1,249 @@
+// megamoe: architecture-neutral warp roles shared by the SM90 and SM100 kernels: dispatch
+// (count -> count barrier -> pool-block offsets -> pull), the SwiGLU / UE8M0 epilogue math
+// and the combine (+ workspace clean-up). Nothing here issues matrix instructions.
+//
+// Written from the SM90 kernel's proven dispatch/combine (csrc/megamoe/kernel_sm90.cu, v2)
+// with the two things that differ per architecture made parameters:
+//   * where a pulled row's UE8M0 scales go in the pool scale buffer (`SfRow`): SM90 keeps
+//     `[K/128][pool_rows][4]` with the row = pool row; SM100 pads every pool block to
+//     `sf_block_m` rows and stores them UTCCP-transposed (see `UtccpSfRow`);
+//   * the pull chunk (`pull_bytes`, megamoe.plan.bytes_per_pull): a warp copies a row in
+//     chunks of that many bytes.
+// kernel_sm90.cu still carries its own copy of dispatch/combine (owned elsewhere); it can
+// switch to `dispatch_pull<BM>(p, smem, IdentitySfRow{p.pool_rows}, H)` and
+// `combine_and_clean<BM>(p, threads)` unchanged in behaviour.
+#pragma once
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <stdint.h>
+#include "params.h"
+#include "common.cuh"
+
+namespace megamoe {
+
+constexpr int kSharedDispatchThreads = 128;
+constexpr uint32_t kSharedBarDispatch = 1;
+
+// Pool scale row of pool row `row` (SM90 layout: unpadded, untransposed).
+struct IdentitySfRow {
+    int64_t pool_rows;  // stride between K blocks, in rows
+    __device__ __forceinline__ int64_t operator()(int64_t row, int /*bm*/) const { return row; }
+    __device__ __forceinline__ int64_t stride() const { return pool_rows; }
+};
+
+// UTCCP order inside each 128 rows: [4, 32] -> [32, 4] (megamoe.layouts.utccp_transpose_sf):
+// row r of a block is stored at (r & ~127) + (r & 31) * 4 + ((r >> 5) & 3).
+__host__ __device__ __forceinline__ int utccp_row(int r) { return (r & ~127) + (r & 31) * 4 + ((r >> 5) & 3); }
+
+// SM100 pool scale layout: pool block b owns rows [b * sf_block_m, (b + 1) * sf_block_m),
+// sf_block_m = align(block_m, 128), UTCCP-transposed.
+struct UtccpSfRow {
+    int64_t sf_pool_rows;  // stride between K blocks, in rows
+    int sf_block_m;
+    __device__ __forceinline__ int64_t operator()(int64_t row, int bm) const {
+        return (row / bm) * sf_block_m + utccp_row((int)(row % bm));
+    }
+    __device__ __forceinline__ int64_t stride() const { return sf_pool_rows; }
+};
+
+// ------------------------------------------------------------------ SwiGLU epilogue math
+// The exact per-element math of the L1 epilogue (Numerics.sm90 / the reference): BF16 round
+// of gate and up, optional clamp, silu(g) * u, times the top-k weight (FP32).
+__device__ __forceinline__ float swiglu_weighted(float gate, float up, float w, bool do_clamp, float clamp_bf) {
+    float g = __bfloat162float(__float2bfloat16_rn(gate));
+    float u = __bfloat162float(__float2bfloat16_rn(up));
+    if (do_clamp) { g = fminf(g, clamp_bf); u = fmaxf(fminf(u, clamp_bf), -clamp_bf); }
+    const float silu = g / (1.0f + expf(-g));
+    return (silu * u) * w;
+}
+// UE8M0 exponent for a 32-group amax (ceil(log2(amax / 448))) and the matching 2^-e.
+__device__ __forceinline__ int ue8m0_exponent(float amax, float& inv_scale) {
+    const float scaled = amax * (1.0f / 448.0f);
+    const uint32_t bits = __float_as_uint(scaled);
+    const int l = (int)(bits >> 23) - 127 + ((bits & 0x7fffffu) != 0);
+    inv_scale = __uint_as_float((uint32_t)(127 - l) << 23);
+    return l;
+}
+__device__ __forceinline__ uint8_t to_e4m3(float v) {
+    return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+}
+
+// ------------------------------------------------------------------ dispatch (128 threads)
+// Scratch in shared memory: hist[E], cta_base[E], off_blk[E], scan[4].
+template <int BM, class SfRow>
+__device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* off_blk, int* scan, SfRow sf_row,
+                              int pull_bytes) {
+    constexpr int kThreads = kSharedDispatchThreads;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int T = (int)p.num_tokens, K = (int)p.topk, E = (int)p.num_experts, H = (int)p.hidden;
+    const int c = blockIdx.x, nc = gridDim.x;
+    const int t0 = (int)((int64_t)T * c / nc), t1 = (int)((int64_t)T * (c + 1) / nc);
+    const int i0 = t0 * K, i1 = t1 * K;
+    const bool trace = p.trace_cap > 0 && tid == 0;
+
+    // 1. count: in-order rank of each item among this CTA's items of the same expert.
+    uint64_t ts = globaltimer();
+    for (int e = tid; e < E; e += kThreads) hist[e] = 0;
+    named_bar_sync(kSharedBarDispatch, kThreads);
+    if (warp == 0) {
+        for (int base = i0; base < i1; base += 32) {
+            const int i = base + lane;
+            int e = -1;
+            if (i < i1) {
+                e = p.topk_idx[i];
+                if (e < -1 || e >= E) { raise_error(p, kErrBadExpert, kRoleDispatch, e, i / K, i % K, -1, 0); e = -1; }
+            }
+            const uint32_t peers = __match_any_sync(0xffffffffu, e);
+            const int rank = __popc(peers & ((1u << lane) - 1u));
+            const int leader = __ffs(peers) - 1;
+            int b = 0;
+            if (e >= 0) b = hist[e];
+            __syncwarp();
+            if (e >= 0 && lane == leader) hist[e] = b + __popc(peers);
+            __syncwarp();
+            if (e >= 0) p.item_pos[i] = b + rank;
+        }
+    }
+    named_bar_sync(kSharedBarDispatch, kThreads);
+    // 2. publish: one 64-bit add per (CTA, expert); the low half before ours is our base.
+    for (int e = tid; e < E; e += kThreads) {
+        const unsigned long long old = atomicAdd(p.expert_count + e, (1ull << 32) | (unsigned long long)(uint32_t)hist[e]);
+        cta_base[e] = (int)(uint32_t)old;
+    }
+    if (trace) trace_record(p, kRoleDispatch, kKindCount, -1, -1, -1, -1, i1 - i0, ts, globaltimer());
+
+    // 3. count barrier (high half == grid size), then pool-block offsets (exclusive scan).
+    ts = globaltimer();
+    for (int e = tid; e < E; e += kThreads) {
+        unsigned long long v = ld_acquire_u64(p.expert_count + e);
+        if ((uint32_t)(v >> 32) != (uint32_t)nc) {
+            Deadline d(p.timeout_ns);
+            while ((uint32_t)((v = ld_acquire_u64(p.expert_count + e)) >> 32) != (uint32_t)nc) {
+                if (!d.tick(p)) {
+                    if (!aborted(p)) raise_error(p, kErrTimeoutCounts, kRoleDispatch, e, -1, -1, -1, (uint32_t)(v >> 32));
+                    break;
+                }
+            }
+        }
+        hist[e] = (int)(uint32_t)v;
+    }
+    named_bar_sync(kSharedBarDispatch, kThreads);
+    {
+        const int per = (E + kThreads - 1) / kThreads;
+        const int e0 = tid * per, e1 = min(E, e0 + per);
+        int local = 0;
+        for (int e = e0; e < e1; ++e) local += (hist[e] + BM - 1) / BM;
+        int incl = local;
+        #pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int v = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += v;
+        }
+        if (lane == 31) scan[warp] = incl;
+        named_bar_sync(kSharedBarDispatch, kThreads);
+        int run = incl - local;
+        for (int w = 0; w < warp; ++w) run += scan[w];
+        for (int e = e0; e < e1; ++e) { off_blk[e] = run; run += (hist[e] + BM - 1) / BM; }
+        if (tid == kThreads - 1 && (int64_t)run * BM > p.pool_rows)
+            raise_error(p, kErrPoolOverflow, kRoleDispatch, -1, run, -1, -1, (uint32_t)p.pool_rows);
+    }
+    named_bar_sync(kSharedBarDispatch, kThreads);
+    if (trace) trace_record(p, kRoleDispatch, kKindGridSync, -1, -1, -1, -1, 0, ts, globaltimer());
+    if (aborted(p)) return;
+
+    // 4. pull: one warp per item, the row in pull_bytes chunks, its scales, metadata, then
+    //    the pool block's arrival count (release).
+    ts = globaltimer();
+    const int chunk_vec = max(16, pull_bytes) / 16;  // uint4 per chunk
+    const int hv = H / 16, hk = H / 128;
+    for (int i = i0 + warp; i < i1; i += kThreads / 32) {
+        const int e = p.topk_idx[i];
+        if (e < 0 || e >= E) continue;
+        const int row = off_blk[e] * BM + cta_base[e] + p.item_pos[i];
+        if (row >= p.pool_rows) continue;  // overflow already raised
+        const int t = i / K, k = i % K;
+        const uint4* src = reinterpret_cast<const uint4*>(p.x + (size_t)t * H);
+        uint4* dst = reinterpret_cast<uint4*>(p.l1_pool + (size_t)row * H);
+        for (int c0 = 0; c0 < hv; c0 += chunk_vec) {
+            const int c1 = min(hv, c0 + chunk_vec);
+            for (int v0 = c0; v0 < c1; v0 += 32 * 8) {
+                uint4 buf[8];
+                #pragma unroll
+                for (int u = 0; u < 8; ++u) {
+                    const int v = v0 + u * 32 + lane;
+                    if (v < c1) buf[u] = __ldg(src + v);
+                }
+                #pragma unroll
+                for (int u = 0; u < 8; ++u) {
+                    const int v = v0 + u * 32 + lane;
+                    if (v < c1) dst[v] = buf[u];
+                }
+            }
+        }
+        const uint32_t* sf_src = reinterpret_cast<const uint32_t*>(p.x_sf + (size_t)t * (H / 32));
+        uint32_t* sf_dst = reinterpret_cast<uint32_t*>(p.l1_pool_sf);
+        const int64_t srow = sf_row((int64_t)row, BM);
+        for (int kb = lane; kb < hk; kb += 32) sf_dst[(size_t)kb * sf_row.stride() + srow] = __ldg(sf_src + kb);
+        if (lane == 0) {
+            p.pool_token[row] = t;
+            p.pool_slot[row] = k;
+            p.pool_weight[row] = p.topk_w[i];
+        }
+        __syncwarp();  // every lane's stores before lane 0's gpu-scope release
+        if (lane == 0 && p.fault_inject != 1) red_release_add_u32(p.arrival + row / BM, 1u);
+    }
+    if (trace) trace_record(p, kRoleDispatch, kKindPull, -1, -1, -1, -1, 0, ts, globaltimer());
+}
+
+// ------------------------------------------------------------------ combine (+ clean-up)
+// Called by every thread of every CTA after all roles finished: grid sync, then sum the
+// valid slots of each token in FP32 (slot order), BF16 out; then zero the counters.
+template <int BM>
+__device__ void combine_and_clean(const Params& p, int threads) {
+    const bool trace = p.trace_cap > 0 && threadIdx.x == 0;
+    uint64_t ts = globaltimer();
+    grid_sync(p, kRoleDispatch);
+    __syncthreads();
+    if (trace) trace_record(p, kRoleDispatch, kKindGridSync, -1, -1, -1, -1, 1, ts, globaltimer());
+    if (aborted(p)) return;
+    ts = globaltimer();
+    const int T = (int)p.num_tokens, H = (int)p.hidden, K = (int)p.topk, E = (int)p.num_experts;
+    const size_t nvec = (size_t)T * (H / 8);
+    for (size_t v = (size_t)blockIdx.x * threads + threadIdx.x; v < nvec; v += (size_t)gridDim.x * threads) {
+        const int t = (int)(v / (H / 8));
+        const int hv = (int)(v % (H / 8));
+        float acc[8];
+        #pragma unroll
+        for (int u = 0; u < 8; ++u) acc[u] = 0.0f;
+        for (int k = 0; k < K; ++k) {
+            if (__ldg(p.topk_idx + (size_t)t * K + k) < 0) continue;
+            const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(p.combine_buf + ((size_t)k * T + t) * H) + hv);
+            const __nv_bfloat162* b2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+            #pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const float2 f = __bfloat1622float2(b2[u]);
+                acc[2 * u] += f.x;
+                acc[2 * u + 1] += f.y;
+            }
+        }
+        uint4 out;
+        __nv_bfloat162* o2 = reinterpret_cast<__nv_bfloat162*>(&out);
+        #pragma unroll
+        for (int u = 0; u < 4; ++u) o2[u] = __floats2bfloat162_rn(acc[2 * u], acc[2 * u + 1]);
+        reinterpret_cast<uint4*>(p.y + (size_t)t * H)[hv] = out;
+    }
+    const size_t nblk = (size_t)p.pool_rows / BM;
+    for (size_t i = (size_t)blockIdx.x * threads + threadIdx.x; i < nblk; i += (size_t)gridDim.x * threads) {
+        p.arrival[i] = 0;
+        p.mask[i] = 0;
+    }
+    for (size_t i = (size_t)blockIdx.x * threads + threadIdx.x; i < (size_t)E; i += (size_t)gridDim.x * threads)
+        p.expert_count[i] = 0;
+    if (p.trace_cap > 0) {
+        __syncthreads();
+        if (trace) trace_record(p, kRoleDispatch, kKindCombine, -1, -1, -1, -1, 0, ts, globaltimer());
+    }
+}
+
+}  // namespace megamoe
