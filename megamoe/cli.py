@@ -312,7 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--kernel-trace", help="a megamoe kernel trace (.npz) for grid sync and MMA-path figures")
     k.set_defaults(func=cmd_calibrate)
     b = sub.add_parser("build", help="compile the CUDA kernel ahead of time (nvcc; no GPU needed)")
-    b.add_argument("--arch", default="sm_90a", help="sm_90a")
+    b.add_argument("--arch", default="sm_90a", choices=("sm_90a", "sm_100a"),
+                   help="sm_90a (H100/H200; runs here) or sm_100a (B200; compile and disassemble only)")
     b.add_argument("--strict", action="store_true", help="fail on local-memory spills in the hot loops")
     b.add_argument("--force", action="store_true", help="rebuild even when cached")
     b.set_defaults(func=cmd_build)
