@@ -152,6 +152,49 @@ __device__ __forceinline__ bool grid_sync(const Params& p, uint32_t role) {
     return ok;
 }
 
+// ---------------------------------------------------------------- NVLink barrier (EP)
+// Peers' copies of a symmetric-buffer field: same layout on every rank, so base + offset.
+__device__ __forceinline__ uint8_t* peer_ptr(const Params& p, int r, int64_t off) {
+    return reinterpret_cast<uint8_t*>(__ldg(p.peer_base + r)) + off;
+}
+__device__ __forceinline__ unsigned long long ld_acquire_sys_u64(const unsigned long long* p) {
+    unsigned long long v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void red_release_sys_add_u64(unsigned long long* p, unsigned long long v) {
+    asm volatile("red.release.sys.global.add.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
+}
+
+// One CTA's arrival at NVLink barrier `which` (1 = after the source-index exchange, 2 = before
+// combine) and its wait for every CTA of every rank. Called by ONE thread per CTA after the
+// arriving threads made their stores visible (__threadfence_system + a CTA barrier). Each rank
+// keeps flag[j] = arrivals of rank j's CTAs, monotonic over calls: barrier `which` of call
+// `epoch` completes when flag[j] >= (2*(epoch-1) + which) * CTAs for every j (this rank
+// included, so it is also the grid sync). Gives up after timeout_ns with kErrTimeoutNvlBarrier
+// naming this rank, the barrier and the first rank that did not arrive.
+__device__ __forceinline__ bool nvl_barrier(const Params& p, int which, uint32_t role) {
+    const int R = (int)p.num_ranks, me = (int)p.rank;
+    const unsigned long long n = gridDim.x;
+    const unsigned long long target = (unsigned long long)(2 * (p.epoch - 1) + which) * n;
+    __threadfence_system();
+    for (int j = 0; j < R; ++j)
+        red_release_sys_add_u64(reinterpret_cast<unsigned long long*>(peer_ptr(p, j, p.off_flag)) + me, 1ull);
+    const unsigned long long* mine = reinterpret_cast<const unsigned long long*>(peer_ptr(p, me, p.off_flag));
+    for (int j = 0; j < R; ++j) {
+        unsigned long long v = ld_acquire_sys_u64(mine + j);
+        if (v >= target) continue;
+        Deadline d(p.timeout_ns);
+        while ((v = ld_acquire_sys_u64(mine + j)) < target) {
+            if (!d.tick(p)) {
+                if (!aborted(p)) raise_error(p, kErrTimeoutNvlBarrier, role, which, me, j, -1, (uint32_t)(v + n - target));
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
 // ---------------------------------------------------------------- debug progress
 __device__ __forceinline__ void progress(const Params& p, int slot, uint32_t v) {
     if (p.progress != nullptr) *reinterpret_cast<volatile uint32_t*>(p.progress + blockIdx.x * 32 + slot) = v;

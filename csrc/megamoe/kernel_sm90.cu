@@ -1,4 +1,5 @@
-// megamoe: the persistent FP8 x FP4 MoE mega-kernel for SM90 (H100/H200), EP = 1.
+// megamoe: the persistent FP8 x FP4 MoE mega-kernel for SM90 (H100/H200), EP = 1 or R ranks
+// (expert parallelism over NVLink: dispatch_role_ep, the L2 write-back and NVLink barriers).
 //
 // One launch, one CTA per SM, 512 threads in three warp-specialized roles:
 //   warps 0-3   dispatch : count items per expert, publish counts, pull rows + scales into
@@ -18,6 +19,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <stdint.h>
+#include <string.h>
 #include "params.h"
 #include "common.cuh"
 #include "scheduler.cuh"
@@ -178,6 +180,202 @@ __device__ void dispatch_role(const Params& p, int* hist, int* cta_base, int* of
     }
     if (tid == 0) progress(p, 0, 5);
     if (trace) trace_record(p, kRoleDispatch, kKindPull, -1, -1, -1, -1, 0, ts, globaltimer());
+}
+
+// ------------------------------------------------------------------ EP dispatch (warps 0-3, R > 1)
+// Source side: count this CTA's items per (global) expert, publish the per-CTA histogram and a
+// 64-bit count (CTAs << 32 | items), wait for every CTA of this rank, then write each item's
+// token*K+slot into its owner's source-index table at its position in this rank's ascending
+// list for the expert (prefix of earlier CTAs' counts + in-CTA rank); CTA 0 writes the per-expert
+// send counts into the owners' recv_count. NVLink barrier 1. Owner side: receive counts ->
+// per-local-expert item and pool-block offsets -> counts for the scheduler; then pull every pool
+// position of the local experts in the plan's round-robin min-remaining order over source ranks
+// (megamoe.plan.pull_order), reading rows, scales and top-k weights from the source rank's
+// symmetric buffer over NVLink and recording the token source metadata (rank, token, slot).
+// Inlined into the one kernel function (a separate function would add a ptxas entry); its loops
+// are kept small (no unrolled round-robin, one 16-B copy per lane in flight x4) because every
+// register it holds raises the kernel's spills (ptxas allocates one budget for all roles).
+__device__ __forceinline__ void dispatch_role_ep(const Params& p, const int BM, int* hist, int* cta_base, int* off_blk,
+                                              int* scan) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int T = (int)p.num_tokens, K = (int)p.topk, E = (int)p.num_experts, H = (int)p.hidden;
+    const int R = (int)p.num_ranks, me = (int)p.rank, EL = E / R;
+    const int cap = (int)p.combine_rows;  // source-index capacity per (local expert, source rank)
+    const int c = blockIdx.x, nc = gridDim.x;
+    const int t0 = (int)((int64_t)T * c / nc), t1 = (int)((int64_t)T * (c + 1) / nc);
+    const int i0 = t0 * K, i1 = t1 * K;
+    const bool trace = p.trace_cap > 0 && tid == 0;
+
+    // 1. count (as EP1): in-order rank of each item among this CTA's items of the same expert.
+    uint64_t ts = globaltimer();
+    for (int e = tid; e < E; e += kDispatchThreads) hist[e] = 0;
+    named_bar_sync(kBarDispatch, kDispatchThreads);
+    if (warp == 0) {
+        for (int base = i0; base < i1; base += 32) {
+            const int i = base + lane;
+            int e = -1;
+            if (i < i1) {
+                e = p.topk_idx[i];
+                if (e < -1 || e >= E) { raise_error(p, kErrBadExpert, kRoleDispatch, e, i / K, i % K, -1, 0); e = -1; }
+            }
+            const uint32_t peers = __match_any_sync(0xffffffffu, e);
+            const int rank = __popc(peers & ((1u << lane) - 1u));
+            const int leader = __ffs(peers) - 1;
+            int b = 0;
+            if (e >= 0) b = hist[e];
+            __syncwarp();
+            if (e >= 0 && lane == leader) hist[e] = b + __popc(peers);
+            __syncwarp();
+            if (e >= 0) p.item_pos[i] = b + rank;
+        }
+    }
+    named_bar_sync(kBarDispatch, kDispatchThreads);
+    // 2. publish this CTA's histogram, then the count (release through the fence + atomic).
+    for (int e = tid; e < E; e += kDispatchThreads) {
+        p.cta_hist[(size_t)c * E + e] = hist[e];
+        __threadfence();
+        atomicAdd(p.send_count + e, (1ull << 32) | (unsigned long long)(uint32_t)hist[e]);
+    }
+    if (trace) trace_record(p, kRoleDispatch, kKindCount, -1, -1, -1, -1, i1 - i0, ts, globaltimer());
+    // 3. wait for every CTA of this rank; this CTA's base = items of earlier CTAs (ascending order).
+    ts = globaltimer();
+    for (int e = tid; e < E; e += kDispatchThreads) {
+        unsigned long long v = ld_acquire_u64(p.send_count + e);
+        if ((uint32_t)(v >> 32) != (uint32_t)nc) {
+            Deadline d(p.timeout_ns);
+            while ((uint32_t)((v = ld_acquire_u64(p.send_count + e)) >> 32) != (uint32_t)nc) {
+                if (!d.tick(p)) {
+                    if (!aborted(p)) raise_error(p, kErrTimeoutCounts, kRoleDispatch, e, -1, -1, -1, (uint32_t)(v >> 32));
+                    break;
+                }
+            }
+        }
+        int base = 0;
+        #pragma unroll 8
+        for (int c2 = 0; c2 < c; ++c2) base += __ldcg(p.cta_hist + (size_t)c2 * E + e);
+        cta_base[e] = base;
+        const int total = (int)(uint32_t)v;
+        if (total > cap) raise_error(p, kErrSrcOverflow, kRoleDispatch, e, me, -1, -1, (uint32_t)total);
+        if (c == 0) {  // send counts into the owner's receive table
+            const int dst = e / EL, el = e - dst * EL;
+            reinterpret_cast<int32_t*>(peer_ptr(p, dst, p.off_recv_count))[el * R + me] = total;
+        }
+    }
+    named_bar_sync(kBarDispatch, kDispatchThreads);
+    // 4. source-index table entries in the owners' symmetric buffers.
+    for (int i = i0 + tid; i < i1; i += kDispatchThreads) {
+        const int e = p.topk_idx[i];
+        if (e < 0 || e >= E) continue;
+        const int q = cta_base[e] + p.item_pos[i];
+        if (q >= cap) continue;  // overflow already raised
+        const int dst = e / EL, el = e - dst * EL;
+        reinterpret_cast<int32_t*>(peer_ptr(p, dst, p.off_src_idx))[((size_t)el * R + me) * cap + q] = i;
+    }
+    __threadfence_system();
+    named_bar_sync(kBarDispatch, kDispatchThreads);
+    if (trace) trace_record(p, kRoleDispatch, kKindIndexExchange, -1, -1, -1, -1, i1 - i0, ts, globaltimer());
+    if (tid == 0) progress(p, 0, 2);
+    // 5. NVLink barrier 1: every CTA of every rank wrote its table entries and counts.
+    ts = globaltimer();
+    if (tid == 0) nvl_barrier(p, 1, kRoleDispatch);
+    named_bar_sync(kBarDispatch, kDispatchThreads);
+    if (trace) trace_record(p, kRoleDispatch, kKindNvlBarrier, -1, -1, -1, -1, 1, ts, globaltimer());
+    // 6. receive counts [EL][R] -> item offsets (cta_base[0..EL]) and pool-block offsets (off_blk).
+    const int32_t* rc = reinterpret_cast<const int32_t*>(peer_ptr(p, me, p.off_recv_count));
+    for (int x = tid; x < EL * R; x += kDispatchThreads) hist[x] = __ldcg(rc + x);
+    named_bar_sync(kBarDispatch, kDispatchThreads);
+    if (warp == 0) {
+        const int per = (EL + 31) / 32;
+        const int e0 = min(EL, lane * per), e1 = min(EL, e0 + per);
+        int li = 0, lb = 0;
+        for (int e = e0; e < e1; ++e) {
+            int tot = 0;
+            for (int s = 0; s < R; ++s) tot += hist[e * R + s];
+            li += tot; lb += (tot + BM - 1) / BM;
+        }
+        int ii = li, ib = lb;
+        #pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int vi = __shfl_up_sync(0xffffffffu, ii, o), vb = __shfl_up_sync(0xffffffffu, ib, o);
+            if (lane >= o) { ii += vi; ib += vb; }
+        }
+        int ri = ii - li, rb = ib - lb;
+        for (int e = e0; e < e1; ++e) {
+            int tot = 0;
+            for (int s = 0; s < R; ++s) tot += hist[e * R + s];
+            cta_base[e] = ri; off_blk[e] = rb;
+            ri += tot; rb += (tot + BM - 1) / BM;
+        }
+        if (lane == 31) {
+            cta_base[EL] = ii;
+            scan[0] = ii;
+            if ((int64_t)ib * BM > p.pool_rows) raise_error(p, kErrPoolOverflow, kRoleDispatch, -1, ib, -1, -1, (uint32_t)p.pool_rows);
+        }
+    }
+    named_bar_sync(kBarDispatch, kDispatchThreads);
+    // counts for the producer/consumer schedulers (high half = CTAs that published, CTA 0 the totals)
+    for (int e = tid; e < EL; e += kDispatchThreads)
+        atomicAdd(p.expert_count + e, (1ull << 32) | (c == 0 ? (unsigned long long)(uint32_t)(cta_base[e + 1] - cta_base[e]) : 0ull));
+    if (tid == 0) progress(p, 0, 4);
+    if (aborted(p)) return;
+
+    // 7. pull: this CTA's share of the pool positions, one warp per item.
+    ts = globaltimer();
+    const int N = scan[0];
+    const int j0 = (int)((int64_t)N * c / nc), j1 = (int)((int64_t)N * (c + 1) / nc);
+    const int hv = H / 16, hk = H / 128;
+    const int32_t* tab = reinterpret_cast<const int32_t*>(peer_ptr(p, me, p.off_src_idx));
+    for (int j = j0 + warp; j < j1; j += 4) {
+        int lo = 0, hi = EL - 1;  // largest local expert whose first item <= j (never an empty one)
+        while (lo < hi) { const int mid = (lo + hi + 1) >> 1; if (cta_base[mid] <= j) lo = mid; else hi = mid - 1; }
+        const int e = lo, pos = j - cta_base[e];
+        // round-robin min-remaining: rounds of L = min remaining over the active ranks, ranks interleaved
+        int s = 0, q = 0;
+        {
+            int off = 0, rem = pos;
+            #pragma unroll 1
+            for (int round = 0; round < R; ++round) {
+                int na = 0, L = 0x7fffffff;
+                #pragma unroll 1
+                for (int r = 0; r < R; ++r) {
+                    const int left = hist[e * R + r] - off;
+                    if (left > 0) { ++na; L = min(L, left); }
+                }
+                if (na == 0) break;
+                if (rem < L * na) {
+                    int want = rem % na;
+                    #pragma unroll 1
+                    for (int r = 0; r < R; ++r) {
+                        if (hist[e * R + r] - off > 0) { if (want == 0) { s = r; break; } --want; }
+                    }
+                    q = off + rem / na;
+                    break;
+                }
+                rem -= L * na; off += L;
+            }
+        }
+        const int item = __ldcg(tab + ((size_t)e * R + s) * cap + q);
+        const int t = item / K, k = item - (item / K) * K;
+        const int row = off_blk[e] * BM + pos;
+        if (row >= p.pool_rows) continue;  // overflow already raised
+        const uint4* src = reinterpret_cast<const uint4*>(peer_ptr(p, s, p.off_x) + (size_t)t * H);
+        uint4* dst = reinterpret_cast<uint4*>(p.l1_pool + (size_t)row * H);
+        #pragma unroll 4
+        for (int v = lane; v < hv; v += 32) dst[v] = __ldcg(src + v);
+        const uint32_t* sf_src = reinterpret_cast<const uint32_t*>(peer_ptr(p, s, p.off_x_sf) + (size_t)t * (H / 32));
+        uint32_t* sf_dst = reinterpret_cast<uint32_t*>(p.l1_pool_sf);
+        for (int kb = lane; kb < hk; kb += 32) sf_dst[(size_t)kb * p.pool_rows + row] = __ldcg(sf_src + kb);
+        if (lane == 0) {
+            p.pool_token[row] = t;
+            p.pool_slot[row] = k;
+            p.pool_rank[row] = s;
+            p.pool_weight[row] = __ldcg(reinterpret_cast<const float*>(peer_ptr(p, s, p.off_topk_w)) + item);
+        }
+        __syncwarp();
+        if (lane == 0 && p.fault_inject != 1) red_release_add_u32(p.arrival + row / BM, 1u);
+    }
+    if (tid == 0) progress(p, 0, 5);
+    if (trace) trace_record(p, kRoleDispatch, kKindPull, -1, -1, -1, -1, j1 - j0, ts, globaltimer());
 }
 
 // ------------------------------------------------------------------ producer (warps 4-7)
@@ -428,7 +626,11 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
                     if (row < b.valid_m) {
                         const int t = __ldcg(p.pool_token + prow0 + row);
                         const int k = __ldcg(p.pool_slot + prow0 + row);
-                        uint16_t* dst = p.combine_buf + ((size_t)k * T + t) * H + b.n_block * 128;
+                        // EP: straight into the source rank's combine buffer over NVLink
+                        uint16_t* cb = p.num_ranks > 1
+                            ? reinterpret_cast<uint16_t*>(peer_ptr(p, __ldcg(p.pool_rank + prow0 + row), p.off_combine))
+                            : p.combine_buf;
+                        uint16_t* dst = cb + ((size_t)k * p.combine_rows + t) * H + b.n_block * 128;
                         #pragma unroll
                         for (int j = 0; j < NT; ++j) {
                             const __nv_bfloat162 v = __floats2bfloat162_rn(tile.acc[i][j][2 * h], tile.acc[i][j][2 * h + 1]);
@@ -468,7 +670,8 @@ __global__ void __launch_bounds__(kThreads, 1) megamoe_sm90_kernel(const __grid_
     }
     __syncthreads();
     if (warp < 4) {
-        dispatch_role<BM>(p, hist, cta_base, off_blk, scan);
+        if (p.num_ranks > 1) dispatch_role_ep(p, BM, hist, cta_base, off_blk, scan);
+        else dispatch_role<BM>(p, hist, cta_base, off_blk, scan);
         __syncwarp();
         if (threadIdx.x == 0) progress(p, 0, 0xD0);
     } else if (warp < 8) {
@@ -487,10 +690,17 @@ __global__ void __launch_bounds__(kThreads, 1) megamoe_sm90_kernel(const __grid_
     const bool trace = p.trace_cap > 0 && threadIdx.x == 0;
     if (threadIdx.x == 0) progress(p, 7, 1);
     uint64_t ts = globaltimer();
-    grid_sync(p, kRoleDispatch);
+    if (p.num_ranks > 1) {
+        // EP: NVLink barrier 2 (every rank's L2 rows are in their source ranks' combine buffers).
+        __threadfence_system();
+        __syncthreads();
+        if (threadIdx.x == 0) nvl_barrier(p, 2, kRoleDispatch);
+    } else {
+        grid_sync(p, kRoleDispatch);
+    }
     __syncthreads();
     if (threadIdx.x == 0) progress(p, 7, 2);
-    if (trace) trace_record(p, kRoleDispatch, kKindGridSync, -1, -1, -1, -1, 1, ts, globaltimer());
+    if (trace) trace_record(p, kRoleDispatch, p.num_ranks > 1 ? kKindNvlBarrier : kKindGridSync, -1, -1, -1, -1, p.num_ranks > 1 ? 2 : 1, ts, globaltimer());
     if (aborted(p)) return;
     ts = globaltimer();
     const int T = (int)p.num_tokens, H = (int)p.hidden, K = (int)p.topk;
@@ -503,7 +713,7 @@ __global__ void __launch_bounds__(kThreads, 1) megamoe_sm90_kernel(const __grid_
         for (int u = 0; u < 8; ++u) acc[u] = 0.0f;
         for (int k = 0; k < K; ++k) {
             if (__ldg(p.topk_idx + (size_t)t * K + k) < 0) continue;
-            const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(p.combine_buf + ((size_t)k * T + t) * H) + hv);
+            const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(p.combine_buf + ((size_t)k * p.combine_rows + t) * H) + hv);
             const __nv_bfloat162* b2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
             #pragma unroll
             for (int u = 0; u < 4; ++u) {
@@ -524,8 +734,12 @@ __global__ void __launch_bounds__(kThreads, 1) megamoe_sm90_kernel(const __grid_
         p.arrival[i] = 0;
         p.mask[i] = 0;
     }
-    for (size_t i = (size_t)blockIdx.x * kThreads + threadIdx.x; i < (size_t)E; i += (size_t)gridDim.x * kThreads)
+    const size_t n_local = (size_t)(p.num_ranks > 1 ? E / p.num_ranks : E);
+    for (size_t i = (size_t)blockIdx.x * kThreads + threadIdx.x; i < n_local; i += (size_t)gridDim.x * kThreads)
         p.expert_count[i] = 0;
+    if (p.num_ranks > 1)
+        for (size_t i = (size_t)blockIdx.x * kThreads + threadIdx.x; i < (size_t)E; i += (size_t)gridDim.x * kThreads)
+            p.send_count[i] = 0;
     if (threadIdx.x == 0) progress(p, 7, 3);
     if (p.trace_cap > 0) {
         __syncthreads();
@@ -562,8 +776,17 @@ long long megamoe_sm90_smem_bytes(int block_m, int stages, int num_experts) {
 
 // Returns 0 or a cudaError_t; -1 bad block_m, -2 too many SMs, -3 does not fit one CTA/SM,
 // -4 shared memory over the device limit, -5 shape not supported.
-int megamoe_sm90_launch(const Params* p, void* stream) {
+int megamoe_sm90_launch(const Params* p_in, void* stream) {
+    // Callers that zero the EP fields (an older mirror of Params) get the EP=1 meaning.
+    Params q = *p_in;
+    if (q.num_ranks < 1) q.num_ranks = 1;
+    if (q.num_ranks == 1 && q.combine_rows == 0) q.combine_rows = q.num_tokens;
+    const Params* p = &q;
     int dev = 0, sms = 0, max_smem = 0;
+    if (p->device >= 0 && p->num_ranks > 1) {
+        const cudaError_t e = cudaSetDevice((int)p->device);
+        if (e != cudaSuccess) return (int)e;
+    }
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
@@ -572,6 +795,11 @@ int megamoe_sm90_launch(const Params* p, void* stream) {
         p->num_experts < 1 || p->num_stages < 2 || p->num_stages > 16 || p->experts_per_wave < 1 ||
         p->pool_rows % p->block_m)
         return -5;
+    if (p->num_ranks < 1 || p->num_experts % p->num_ranks || p->num_experts / p->num_ranks > 256 ||
+        p->rank < 0 || p->rank >= p->num_ranks || p->combine_rows < p->num_tokens ||
+        (p->num_ranks > 1 && (p->peer_base == nullptr || p->epoch < 1 || p->send_count == nullptr ||
+                              p->cta_hist == nullptr || p->pool_rank == nullptr)))
+        return -6;
     const size_t smem = megamoe::smem_bytes((int)p->block_m, (int)p->num_stages, (int)p->num_experts);
     if (smem > (size_t)max_smem) return -4;
     cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
@@ -591,8 +819,31 @@ const char* megamoe_sm90_error_string(int code) {
         case -3: return "kernel does not fit one CTA per SM";
         case -4: return "shared memory for these stages exceeds the device limit";
         case -5: return "unsupported shape (hidden, inter multiples of 128; 2*inter/128 <= 64; E <= 512; 2 <= stages <= 16)";
+        case -6: return "bad expert-parallel parameters (R divides E, E/R <= 256, rank < R, combine_rows >= T, EP buffers set, epoch >= 1)";
         default: return cudaGetErrorString((cudaError_t)code);
     }
+}
+
+// CUDA IPC fallback for the EP symmetric buffer (when torch's symmetric memory is unavailable).
+int megamoe_ipc_malloc(void** ptr, unsigned long long bytes, int device) {
+    cudaError_t e = cudaSetDevice(device);
+    if (e == cudaSuccess) e = cudaMalloc(ptr, (size_t)bytes);
+    if (e == cudaSuccess) e = cudaMemset(*ptr, 0, (size_t)bytes);
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    return (int)e;
+}
+int megamoe_ipc_handle(void* ptr, void* handle_out /* 64 bytes */) {
+    cudaIpcMemHandle_t h;
+    const cudaError_t e = cudaIpcGetMemHandle(&h, ptr);
+    if (e == cudaSuccess) memcpy(handle_out, &h, sizeof(h));
+    return (int)e;
+}
+int megamoe_ipc_open(const void* handle /* 64 bytes */, void** ptr, int device) {
+    cudaError_t e = cudaSetDevice(device);
+    cudaIpcMemHandle_t h;
+    memcpy(&h, handle, sizeof(h));
+    if (e == cudaSuccess) e = cudaIpcOpenMemHandle(ptr, h, cudaIpcMemLazyEnablePeerAccess);
+    return (int)e;
 }
 
 }  // extern "C"

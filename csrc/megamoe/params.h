@@ -54,6 +54,27 @@ struct Params {
     uint32_t* trace_count;     // [num_sms]
     // Debug progress words (may be null): [num_sms][8], see PROGRESS in megamoe/kernel/runtime.py
     uint32_t* progress;
+    // ---- expert parallelism (megamoe/kernel/ep.py). num_ranks == 1: none of this is read and the
+    // kernel runs the EP=1 path unchanged. num_ranks > 1: rank r owns experts
+    // [r*E/R, (r+1)*E/R); w1..w2_sf hold those local experts only; x, x_sf, topk_w and combine_buf
+    // point into this rank's symmetric buffer, whose layout is identical on every rank, so a peer's
+    // copy of a field is at peer_base[j] + off_<field>.
+    int64_t combine_rows;      // T dimension of combine_buf [K, combine_rows, H] (EP1: T; EP: max tokens)
+    int64_t device;            // CUDA device to launch on (-1: the current one)
+    int64_t num_ranks;         // R (1 = single GPU)
+    int64_t rank;              // this rank
+    int64_t epoch;             // call number (1, 2, ...; the same on every rank): NVLink barrier targets
+    int64_t off_x, off_x_sf, off_topk_w, off_src_idx, off_recv_count, off_combine, off_flag;
+    const unsigned long long* peer_base;  // [R] base address of every rank's symmetric buffer
+    unsigned long long* send_count;       // [E] (CTAs that reported << 32) | items this rank sends to expert e
+    int32_t* cta_hist;                    // [num_sms, E] items of each CTA per expert (ascending source order)
+    int32_t* pool_rank;                   // [pool_rows] source rank of each pool row (token source metadata)
+    // Symmetric buffer fields (byte offsets above):
+    //   flag       u64 [R]              NVLink barrier arrivals of each rank's CTAs (monotonic)
+    //   recv_count i32 [E/R, R]         items source rank s sends to local expert e
+    //   x, x_sf, topk_w                 this rank's tokens [max_tokens, ...]
+    //   src_idx    i32 [E/R, R, max_tokens]  source-index table: token*K+slot on rank s, ascending
+    //   combine    bf16 [K, max_tokens, H]   L2 rows written by the expert owners
 };
 
 enum ErrorCode : uint32_t {
@@ -65,6 +86,8 @@ enum ErrorCode : uint32_t {
     kErrTimeoutPipeline = 5,   // shared-memory pipeline barrier (full/empty)
     kErrPoolOverflow = 6,      // pool capacity too small for the routed items
     kErrBadExpert = 7,         // topk_idx outside [-1, E)
+    kErrTimeoutNvlBarrier = 8, // NVLink barrier (EP): expert = barrier (1 dispatch, 2 combine), m = rank, n = peer
+    kErrSrcOverflow = 9,       // EP: more than max_tokens items from one rank to one expert
 };
 
 enum Role : uint32_t { kRoleDispatch = 0, kRoleProducer = 1, kRoleConsumer = 2 };

@@ -26,7 +26,8 @@ struct Scheduler {
     uint32_t counts[kMaxExpertsPerLane];  // lane l holds expert i*32+l
 
     __device__ __forceinline__ Scheduler(const Params& p) {
-        num_experts = (int)p.num_experts; experts_per_wave = (int)p.experts_per_wave; num_sms = (int)p.num_sms;
+        num_experts = (int)(p.num_ranks > 1 ? p.num_experts / p.num_ranks : p.num_experts);  // local experts (EP1: all)
+        experts_per_wave = (int)p.experts_per_wave; num_sms = (int)p.num_sms;
         num_l1_n = (int)(2 * p.inter / 128); num_l2_n = (int)(p.hidden / 128);
         num_l1_k = (int)(p.hidden / 128); num_l2_k = (int)(p.inter / 128);
         block_idx = blockIdx.x;
@@ -42,7 +43,8 @@ struct Scheduler {
             if (e < num_experts && ok) {
                 v = ld_acquire_u64(p.expert_count + e);
                 if ((uint32_t)(v >> 32) != gridDim.x) {
-                    Deadline d(p.timeout_ns);
+                    // EP: the counts come after the NVLink barrier, whose own timeout must fire first.
+                    Deadline d(p.num_ranks > 1 ? 2 * p.timeout_ns : p.timeout_ns);
                     while ((uint32_t)((v = ld_acquire_u64(p.expert_count + e)) >> 32) != gridDim.x) {
                         if (!d.tick(p)) {
                             if (!aborted(p)) raise_error(p, kErrTimeoutCounts, role, e, -1, -1, -1, (uint32_t)(v >> 32));

@@ -28,7 +28,26 @@ ERROR_NAMES = {
     5: "timeout in a shared-memory pipeline barrier (producer <-> consumer)",
     6: "pool capacity too small for the routed items",
     7: "topk_idx holds an expert outside [-1, num_experts)",
+    8: "timeout in an NVLink barrier (expert parallelism)",
+    9: "source-index table overflow: more than max_tokens items from one rank to one expert",
 }
+NVL_BARRIER_NAMES = {1: "dispatch (after the source-index exchange)", 2: "combine (after the L2 write-back)"}
+
+
+def format_error(err, timeout_ns: int) -> str:
+    """Readable text of the kernel's error words ``[code, cta, role, expert, m, n, k, observed]``."""
+    code = int(err[0])
+    role = ROLE_NAMES[err[2]] if err[2] < 3 else str(err[2])
+    ex = lambda v: -1 if v == 0xFFFFFFFF else int(v)  # noqa: E731
+    if code == 8:
+        return (f"megamoe kernel error 8: timeout in NVLink barrier {ex(err[3])} "
+                f"({NVL_BARRIER_NAMES.get(ex(err[3]), '?')}) on rank {ex(err[4])}: rank {ex(err[5])} never arrived "
+                f"({int(err[7])} of its CTAs arrived) [cta {err[1]}, role {role}] after "
+                f"{timeout_ns / 1e9:g} s timeout")
+    return (f"megamoe kernel error {code}: {ERROR_NAMES.get(code, 'unknown')} "
+            f"[cta {err[1]}, role {role}, expert {ex(err[3])}, m_block {ex(err[4])}, "
+            f"n_block {ex(err[5])}, k {ex(err[6])}, observed {err[7]}] after "
+            f"{timeout_ns / 1e9:g} s timeout")
 ROLE_NAMES = ("dispatch", "producer", "consumer")
 
 
@@ -40,7 +59,11 @@ class Params(ctypes.Structure):
         (n, ctypes.c_void_p) for n in (
             "x", "x_sf", "topk_idx", "topk_w", "w1", "w1_sf", "w2", "w2_sf", "l1_pool", "l1_pool_sf", "l2_pool",
             "l2_pool_sf", "pool_token", "pool_slot", "pool_weight", "expert_count", "arrival", "mask",
-            "grid_sync", "error", "item_pos", "combine_buf", "y", "trace", "trace_count", "progress")]
+            "grid_sync", "error", "item_pos", "combine_buf", "y", "trace", "trace_count", "progress")] + [
+        (n, ctypes.c_int64) for n in (
+            "combine_rows", "device", "num_ranks", "rank", "epoch", "off_x", "off_x_sf", "off_topk_w", "off_src_idx",
+            "off_recv_count", "off_combine", "off_flag")] + [
+        (n, ctypes.c_void_p) for n in ("peer_base", "send_count", "cta_hist", "pool_rank")]
 
 
 def cuda_available() -> bool:
@@ -67,6 +90,12 @@ def load_library(arch: str = "sm_90a"):
         lib.megamoe_sm90_error_string.argtypes = [ctypes.c_int]
         lib.megamoe_sm90_error_string.restype = ctypes.c_char_p
         lib.megamoe_sm90_abi_size.restype = ctypes.c_int
+        if hasattr(lib, "megamoe_ipc_malloc"):
+            lib.megamoe_ipc_malloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_ulonglong, ctypes.c_int]
+            lib.megamoe_ipc_handle.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+            lib.megamoe_ipc_open.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
+            for f in (lib.megamoe_ipc_malloc, lib.megamoe_ipc_handle, lib.megamoe_ipc_open):
+                f.restype = ctypes.c_int
         if lib.megamoe_sm90_abi_size() != ctypes.sizeof(Params):
             raise KernelError(f"ABI mismatch: C++ Params is {lib.megamoe_sm90_abi_size()} B, "
                               f"ctypes mirror {ctypes.sizeof(Params)} B")
@@ -206,7 +235,8 @@ class MegaMoEKernel:
                                                     "pool_slot", "pool_weight", "expert_count", "arrival", "mask",
                                                     "grid_sync", "error", "item_pos", "combine_buf")},
                    y=y.data_ptr(), trace=tr.data_ptr() if trace else 0, trace_count=trc.data_ptr() if trace else 0,
-                   progress=self.progress.data_ptr() if getattr(self, "progress", None) is not None else 0)
+                   progress=self.progress.data_ptr() if getattr(self, "progress", None) is not None else 0,
+                   combine_rows=T, device=-1, num_ranks=1, rank=0, epoch=0)
         stream = torch.cuda.current_stream(self.device).cuda_stream
         rc = self.lib.megamoe_sm90_launch(ctypes.byref(p), ctypes.c_void_p(stream))
         if rc != 0:
@@ -226,13 +256,7 @@ class MegaMoEKernel:
         err = self._ws["error"].cpu().numpy().astype(np.uint32)
         if err[0] != 0:
             self._reset_workspace()
-            code = int(err[0])
-            role = ROLE_NAMES[err[2]] if err[2] < 3 else str(err[2])
-            ex = lambda v: -1 if v == 0xFFFFFFFF else int(v)
-            raise KernelError(f"megamoe kernel error {code}: {ERROR_NAMES.get(code, 'unknown')} "
-                              f"[cta {err[1]}, role {role}, expert {ex(err[3])}, m_block {ex(err[4])}, "
-                              f"n_block {ex(err[5])}, k {ex(err[6])}, observed {err[7]}] after "
-                              f"{self.timeout_ns / 1e9:g} s timeout")
+            raise KernelError(format_error(err, self.timeout_ns))
 
     def pool_contents(self):
         """(l1_pool rows, l1 scales [rows, H/32], token, slot) of the last call, for tests."""
