@@ -382,7 +382,17 @@ import json, resource, sys, time, torch
 from megamoe import reference as R
 torch.manual_seed(0)
 E, H, I, T, K = 384, 7168, 3072, 64, 6
-src = R.SyntheticWeights(E, H, I, seed=1, distinct=1)
+class Src:  # random MXFP4 bytes, one expert shared by all ids (an ExpertWeights source)
+    num_experts, hidden, intermediate = E, H, I
+    def __init__(self):
+        g = torch.Generator().manual_seed(1)
+        b = lambda *s: torch.randint(0, 256, s, generator=g, dtype=torch.int32).to(torch.uint8)
+        sf = lambda *s: torch.randint(118, 123, s, generator=g, dtype=torch.int32).to(torch.uint8)
+        self.w = (b(2 * I, H // 2), sf(2 * I, H // 32), b(H, I // 2), sf(H, I // 32))
+    def expert(self, e):
+        return self.w
+src = Src()
+assert isinstance(src, R.ExpertWeights)
 x = torch.randn(T, H).to(torch.bfloat16)
 # 64 tokens, top-6 over 6 of the 384 experts, 64 rows per expert (bounded CPU time;
 # peak memory is per expert and grows with the rows per expert, not with the experts)
@@ -418,19 +428,24 @@ def test_fast_fp32_split_path_equals_float64_path():
     a = mags[torch.randint(0, 8, (16, k), generator=g)] * torch.where(
         torch.rand((16, k), generator=g) < 0.5, -1.0, 1.0)
     av = decode_e4m3(cast_to_e4m3(a), torch.float64)
-    asc = decode_ue8m0(torch.randint(100, 150, (16, k // 32), generator=g,
-                                     dtype=torch.int32).to(torch.uint8), torch.float64)
     wp, ws = quantize_e2m1_blocks(torch.randn((48, k), generator=g) * 3)
-    fast = R.block_scaled_gemm(av, asc, wp, ws, R.Numerics.sm100())
-    prev = torch.get_float32_matmul_precision()
-    try:
-        torch.set_float32_matmul_precision("high")  # disables the FP32 split
-        slow = R.block_scaled_gemm(av, asc, wp, ws, R.Numerics.sm100())
-    finally:
-        torch.set_float32_matmul_precision(prev)
-    assert torch.equal(fast, slow)
-    wv, wsc = dec_w(wp.numpy(), ws.numpy())
-    assert np.array_equal(fast.numpy(), gemm(av.numpy(), asc.numpy(), wv, wsc))
+    # scales in the FP32-scaling range, then extreme ones (float64 fallback, subnormal and
+    # overflowing FP32 results)
+    for lo, hi in ((100, 150), (1, 40), (200, 255)):
+        asc = decode_ue8m0(torch.randint(lo, hi, (16, k // 32), generator=g,
+                                         dtype=torch.int32).to(torch.uint8), torch.float64)
+        fast = R.block_scaled_gemm(av, asc, wp, ws, R.Numerics.sm100())
+        prev = torch.get_float32_matmul_precision()
+        try:
+            torch.set_float32_matmul_precision("high")  # disables the FP32 split
+            slow = R.block_scaled_gemm(av, asc, wp, ws, R.Numerics.sm100())
+        finally:
+            torch.set_float32_matmul_precision(prev)
+        torch.testing.assert_close(fast, slow, rtol=0, atol=0, equal_nan=True)
+        wv, wsc = dec_w(wp.numpy(), ws.numpy())
+        with np.errstate(over="ignore", invalid="ignore"):
+            want = gemm(av.numpy(), asc.numpy(), wv, wsc)
+        assert np.array_equal(fast.numpy(), want, equal_nan=True)
 
 
 def test_numerics_switches_change_the_epilogue():
