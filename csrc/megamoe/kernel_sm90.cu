@@ -355,6 +355,10 @@ __device__ __forceinline__ void dispatch_role_ep(const Params& p, const int BM, 
             }
         }
         const int item = __ldcg(tab + ((size_t)e * R + s) * cap + q);
+        if (item < 0 || item >= cap * K) {  // a peer that failed this call: never read outside its buffer
+            if (lane == 0) raise_error(p, kErrSrcOverflow, kRoleDispatch, e, s, q, -1, (uint32_t)item);
+            continue;
+        }
         const int t = item / K, k = item - (item / K) * K;
         const int row = off_blk[e] * BM + pos;
         if (row >= p.pool_rows) continue;  // overflow already raised
@@ -822,6 +826,18 @@ const char* megamoe_sm90_error_string(int code) {
         case -6: return "bad expert-parallel parameters (R divides E, E/R <= 256, rank < R, combine_rows >= T, EP buffers set, epoch >= 1)";
         default: return cudaGetErrorString((cudaError_t)code);
     }
+}
+
+// Load every template instance now (CUDA's lazy module loading would otherwise load one at its
+// first launch, which can synchronize the device: fatal when R ranks share one GPU and the
+// first rank's kernel waits for the second's). Returns 0 or a cudaError_t.
+int megamoe_sm90_preload(void) {
+    cudaFuncAttributes a;
+    cudaError_t e = cudaFuncGetAttributes(&a, (const void*)megamoe::megamoe_sm90_kernel<16>);
+    if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, (const void*)megamoe::megamoe_sm90_kernel<32>);
+    if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, (const void*)megamoe::megamoe_sm90_kernel<64>);
+    if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, (const void*)megamoe::megamoe_sm90_kernel<128>);
+    return (int)e;
 }
 
 // CUDA IPC fallback for the EP symmetric buffer (when torch's symmetric memory is unavailable).

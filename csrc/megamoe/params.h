@@ -87,7 +87,7 @@ enum ErrorCode : uint32_t {
     kErrPoolOverflow = 6,      // pool capacity too small for the routed items
     kErrBadExpert = 7,         // topk_idx outside [-1, E)
     kErrTimeoutNvlBarrier = 8, // NVLink barrier (EP): expert = barrier (1 dispatch, 2 combine), m = rank, n = peer
-    kErrSrcOverflow = 9,       // EP: more than max_tokens items from one rank to one expert
+    kErrSrcOverflow = 9,       // EP: more than max_tokens items from one rank to one expert, or a bad table entry
 };
 
 enum Role : uint32_t { kRoleDispatch = 0, kRoleProducer = 1, kRoleConsumer = 2 };

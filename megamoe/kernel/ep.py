@@ -247,14 +247,25 @@ class LocalGroup:
         """Launch every rank (or only ``ranks``) concurrently; returns the outputs (None for a
         rank not launched) after synchronizing. Errors: call :meth:`check`."""
         import torch
-        ranks = range(self.R) if ranks is None else ranks
+        ranks = list(range(self.R) if ranks is None else ranks)
         cur = torch.cuda.current_stream()
         outs = [None] * self.R
+        # Allocate everything first: an allocation between two ranks' launches may synchronize
+        # the device (cudaMalloc / cudaFree), which would serialize ranks that wait for each other.
+        des, ys = {}, {}
+        for r in ranks:
+            k = self.kernels[r]
+            des[r] = designs[r] if designs else k.design(inputs[r][0].shape[0])
+            k._workspace(des[r])
+            ys[r] = torch.empty(inputs[r][0].shape[0], k.H, dtype=torch.bfloat16, device=k.device)
+            if trace:
+                k._trace_buffers(des[r])
+        torch.cuda.synchronize()
         for r in ranks:
             self.streams[r].wait_stream(cur)
         for r in ranks:
             with torch.cuda.stream(self.streams[r]):
-                outs[r] = self.kernels[r](*inputs[r], design=designs[r] if designs else None, trace=trace)
+                outs[r] = self.kernels[r](*inputs[r], design=des[r], trace=trace, out=ys[r])
         for r in ranks:
             cur.wait_stream(self.streams[r])
         torch.cuda.synchronize()
@@ -318,6 +329,9 @@ class MegaMoEKernelEP:
         self.timeout_ns = int(timeout_s * 1e9)
         self.fault_inject = 0
         self.lib = load_library()
+        if hasattr(self.lib, "megamoe_sm90_preload"):  # no lazy module load (a device sync) at a first launch
+            rc = self.lib.megamoe_sm90_preload()
+            require(rc == 0, "kernel preload", "cudaSuccess", rc)
         self.layout = symmetric_layout(num_experts, topk, hidden, self.max_tokens, self.R)
         self.sym = _SymmetricBuffer(self.layout.total, self.device, group, self.lib, transport) if _local is None \
             else _LocalBuffer(self.layout.total, self.device, _local)
@@ -376,7 +390,6 @@ class MegaMoEKernelEP:
         if self._ws_key == key:
             return self._ws
         self._ws = {}
-        torch.cuda.empty_cache()
         d, R, H, I = self.device, design.pool_rows, self.H, self.I
         nblk = R // design.block_m
         u8 = dict(dtype=torch.uint8, device=d)
@@ -417,10 +430,9 @@ class MegaMoEKernelEP:
         y = out if out is not None else torch.empty(T, self.H, dtype=torch.bfloat16, device=self.device)
         cap = 0
         if trace:
-            cap = int(16 + 4 * math.ceil((design.pool_rows // design.block_m) * (2 * self.I // 128 + self.H // 128)
-                                         / self.num_sms) + 64)
-            tr = torch.zeros(self.num_sms, cap, 6, dtype=torch.int64, device=self.device)
-            trc = torch.zeros(self.num_sms, dtype=torch.int32, device=self.device)
+            tr, trc, cap = self._trace_buffers(design)
+            tr.zero_()
+            trc.zero_()
         self.epoch += 1
         w, L = self.weights, self.layout
         p = Params(num_tokens=T, hidden=self.H, inter=self.I, num_experts=self.E, topk=self.K,
@@ -452,6 +464,17 @@ class MegaMoEKernelEP:
                 return y
             return y, self._finish_trace()
         return y
+
+    def _trace_buffers(self, design):
+        """Trace record buffers for ``design`` (allocated once per size, reused)."""
+        torch = self.torch
+        cap = int(16 + 4 * math.ceil((design.pool_rows // design.block_m) * (2 * self.I // 128 + self.H // 128)
+                                     / self.num_sms) + 64)
+        if getattr(self, "_tr_key", None) != cap:
+            self._tr = (torch.zeros(self.num_sms, cap, 6, dtype=torch.int64, device=self.device),
+                        torch.zeros(self.num_sms, dtype=torch.int32, device=self.device))
+            self._tr_key = cap
+        return self._tr[0], self._tr[1], cap
 
     def _finish_trace(self):
         from .trace import decode_trace

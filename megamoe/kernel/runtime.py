@@ -29,7 +29,8 @@ ERROR_NAMES = {
     6: "pool capacity too small for the routed items",
     7: "topk_idx holds an expert outside [-1, num_experts)",
     8: "timeout in an NVLink barrier (expert parallelism)",
-    9: "source-index table overflow: more than max_tokens items from one rank to one expert",
+    9: "source-index table overflow (more than max_tokens items from one rank to one expert) or an entry "
+       "outside the source buffer (a peer that failed this call: reset every rank)",
 }
 NVL_BARRIER_NAMES = {1: "dispatch (after the source-index exchange)", 2: "combine (after the L2 write-back)"}
 
@@ -90,6 +91,9 @@ def load_library(arch: str = "sm_90a"):
         lib.megamoe_sm90_error_string.argtypes = [ctypes.c_int]
         lib.megamoe_sm90_error_string.restype = ctypes.c_char_p
         lib.megamoe_sm90_abi_size.restype = ctypes.c_int
+        if hasattr(lib, "megamoe_sm90_preload"):
+            lib.megamoe_sm90_preload.argtypes = []
+            lib.megamoe_sm90_preload.restype = ctypes.c_int
         if hasattr(lib, "megamoe_ipc_malloc"):
             lib.megamoe_ipc_malloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_ulonglong, ctypes.c_int]
             lib.megamoe_ipc_handle.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
