@@ -676,7 +676,7 @@ def _forward(x, x_sf, topk_idx, topk_weights, l1_weights, l2_weights, clamp, num
     src = _as_source(l1_weights, l2_weights)
     if not isinstance(numerics, Numerics):
         raise InputError("numerics", "a megamoe.reference.Numerics", type(numerics).__name__)
-    if clamp_bad(clamp):
+    if _clamp_bad(clamp):
         raise InputError("activation_clamp", "None or a positive number", clamp)
     if not isinstance(chunk_rows, int) or chunk_rows <= 0:
         raise InputError("chunk_rows", "a positive integer", chunk_rows)
@@ -797,7 +797,7 @@ def moe_reference_quantized_ep(xs: Sequence[torch.Tensor], x_sfs: Sequence[torch
             raise InputError(nm, f"{r} entries (one per rank, like xs)", len(lst))
     if r == 0 or src.num_experts % r:
         raise InputError("xs", f"a number of ranks dividing num_experts = {src.num_experts}", r)
-    if clamp_bad(activation_clamp):
+    if _clamp_bad(activation_clamp):
         raise InputError("activation_clamp", "None or a positive number", activation_clamp)
     ks = set()
     for i in range(r):
@@ -839,5 +839,5 @@ def moe_reference_quantized_ep(xs: Sequence[torch.Tensor], x_sfs: Sequence[torch
             torch.empty((0, h), dtype=torch.bfloat16, device=xs[i].device) for i in range(r)]
 
 
-def clamp_bad(c) -> bool:
+def _clamp_bad(c) -> bool:
     return c is not None and not (isinstance(c, (int, float)) and not isinstance(c, bool) and c > 0)
