@@ -23,12 +23,9 @@ from __future__ import annotations
 import numpy as np
 
 from megamoe.errors import require
-from megamoe.trace import KIND, KINDS, ROLE, Trace
+from megamoe.trace import KIND, KINDS, Trace
 
-from .metrics import _intersection, _length, _union
-
-BLOCK_KINDS = {KIND[k] for k in ("l1_load", "l1_mma", "l1_epilogue", "l2_load", "l2_mma", "l2_epilogue",
-                                 "idle_wait")}
+from .metrics import busy_fractions, overlap_efficiency
 
 
 def _keys(t: Trace) -> dict:
@@ -42,42 +39,6 @@ def _keys(t: Trace) -> dict:
         seen[base] = n + 1
         out[base + (n,)] = i
     return out
-
-
-def busy_fractions(t: Trace, num_sms: int) -> dict:
-    """Role -> mean over ranks of summed work-interval time / (SMs x makespan)."""
-    out = {}
-    span = t.makespan_ns
-    if span <= 0:
-        return out
-    work = t["kind"] != KIND["idle_wait"]
-    ranks = np.unique(t["rank"])
-    dur = t["t_end_ns"] - t["t_start_ns"]
-    for name, code in ROLE.items():
-        vals = []
-        for r in ranks:
-            sel = work & (t["role"] == code) & (t["rank"] == r)
-            if sel.any():
-                per_sm = dur[sel & (t["sm"] >= 0)].sum() / num_sms + dur[sel & (t["sm"] < 0)].sum()
-                vals.append(min(1.0, per_sm / span))
-        if vals:
-            out[name] = float(np.mean(vals))
-    return out
-
-
-def overlap_efficiency(t: Trace) -> float:
-    """Mean over ranks of ``|comm ∩ compute| / min(|comm|, |compute|)`` (see sim.metrics)."""
-    vals = []
-    for r in np.unique(t["rank"]):
-        s = t.where(rank=int(r))
-        comm = (s["kind"] == KIND["pull"]) | (s["kind"] == KIND["l2_epilogue"])
-        comp = (s["kind"] == KIND["l1_mma"]) | (s["kind"] == KIND["l2_mma"])
-        cu = _union(s["t_start_ns"][comm], s["t_end_ns"][comm])
-        pu = _union(s["t_start_ns"][comp], s["t_end_ns"][comp])
-        lc, lp = _length(cu), _length(pu)
-        if min(lc, lp) > 0:
-            vals.append(_intersection(cu, pu) / min(lc, lp))
-    return float(np.mean(vals)) if vals else 0.0
 
 
 def compare_traces(measured: Trace, simulated: Trace, num_sms: int) -> dict:
@@ -94,7 +55,7 @@ def compare_traces(measured: Trace, simulated: Trace, num_sms: int) -> dict:
     kind_errors = {KINDS[k]: {"matched": len(v), "median": float(np.median(v)), "p90": float(np.percentile(v, 90))}
                    for k, v in sorted(per_kind.items())}
     mk_m, mk_s = measured.makespan_ns, simulated.makespan_ns
-    bm, bs = busy_fractions(measured, num_sms), busy_fractions(simulated, num_sms)
+    bm, bs = busy_fractions(measured, num_sms, mk_m), busy_fractions(simulated, num_sms, mk_s)
     om, os_ = overlap_efficiency(measured), overlap_efficiency(simulated)
     return {
         "makespan_measured_us": mk_m / 1e3,

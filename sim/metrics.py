@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from megamoe.trace import KIND, ROLE, ROLES
+from megamoe.trace import KIND, ROLE
 
 REDUCTION_BYTES_PER_S = 6.5e12  # DeepGEMM tests/test_mega_moe.py t_reduction estimate
 
@@ -80,6 +80,52 @@ def published_metrics(num_recv: int, touched: int, num_tokens: int, t_s: float, 
     }
 
 
+def _by_rank(tr):
+    """Yield ``(rank, index array)`` for every rank of a trace (one argsort, no copies)."""
+    order = np.argsort(tr["rank"], kind="stable")
+    ranks = tr["rank"][order]
+    uniq, starts = np.unique(ranks, return_index=True)
+    ends = list(starts[1:]) + [len(order)]
+    for r, a, b in zip(uniq.tolist(), starts.tolist(), ends):
+        yield r, order[a:b]
+
+
+def overlap_efficiency(tr) -> float:
+    """Mean over ranks of ``|comm ∩ compute| / min(|comm|, |compute|)``: comm = pull rounds
+    and L2 epilogues (the NVLink write-back), compute = MMA intervals on any SM."""
+    kind, t0, t1 = tr["kind"], tr["t_start_ns"], tr["t_end_ns"]
+    vals = []
+    for _, idx in _by_rank(tr):
+        k = kind[idx]
+        comm = idx[(k == KIND["pull"]) | (k == KIND["l2_epilogue"])]
+        comp = idx[(k == KIND["l1_mma"]) | (k == KIND["l2_mma"])]
+        cu, pu = _union(t0[comm], t1[comm]), _union(t0[comp], t1[comp])
+        lc, lp = _length(cu), _length(pu)
+        if min(lc, lp) > 0:
+            vals.append(_intersection(cu, pu) / min(lc, lp))
+    return float(np.mean(vals)) if vals else 0.0
+
+
+def busy_fractions(tr, num_sms: int, span_ns) -> dict:
+    """Role -> mean over ranks of (work-interval time / (SMs x span)); intervals with
+    ``sm = -1`` count once for every SM.  ``span_ns``: one number or ``{rank: span}``."""
+    kind, role, sm = tr["kind"], tr["role"], tr["sm"]
+    dur = tr["t_end_ns"] - tr["t_start_ns"]
+    out = {n: [] for n in ROLE}
+    for r, idx in _by_rank(tr):
+        span = float(span_ns[r] if isinstance(span_ns, dict) else span_ns)
+        if span <= 0:
+            continue
+        work = idx[kind[idx] != KIND["idle_wait"]]
+        ro, on = role[work], sm[work] >= 0
+        d = dur[work]
+        for name, code in ROLE.items():
+            sel = ro == code
+            if sel.any():
+                out[name].append(min(1.0, (d[sel & on].sum() / num_sms + d[sel & ~on].sum()) / span))
+    return {k: float(np.mean(v)) for k, v in out.items() if v}
+
+
 def summarize(res) -> dict:
     """Summary dict of a :class:`sim.engine.SimResult` (keys documented in the module)."""
     from .legacy import legacy_time_ns
@@ -99,31 +145,6 @@ def summarize(res) -> dict:
         per_rank.append(m)
     time_us = float(np.mean([m["time_us"] for m in per_rank]))
 
-    # overlap efficiency and busy fractions from the trace
-    overlaps, busy = [], {n: [] for n in ROLES}
-    S = plan.num_sms
-    for r in range(R):
-        t = tr.where(rank=r)
-        kind, role = t["kind"], t["role"]
-        comm = (kind == KIND["pull"]) | (kind == KIND["l2_epilogue"])
-        comp = (kind == KIND["l1_mma"]) | (kind == KIND["l2_mma"])
-        cu = _union(t["t_start_ns"][comm], t["t_end_ns"][comm])
-        pu = _union(t["t_start_ns"][comp], t["t_end_ns"][comp])
-        lc, lp = _length(cu), _length(pu)
-        if min(lc, lp) > 0:
-            overlaps.append(_intersection(cu, pu) / min(lc, lp))
-        span = float(res.rank_end_ns[r])
-        dur = t["t_end_ns"] - t["t_start_ns"]
-        work = kind != KIND["idle_wait"]
-        for name, code in ROLE.items():
-            sel = (role == code) & work
-            if not sel.any() or span <= 0:
-                continue
-            on_sm = sel & (t["sm"] >= 0)
-            all_sm = sel & (t["sm"] < 0)
-            # per-SM intervals of the MMA role: tma_b mirrors tma_a in the model
-            tot = dur[on_sm].sum() / S + dur[all_sm].sum()
-            busy[name].append(min(1.0, tot / span))
     legacy = legacy_time_ns(plan, res.hardware, res.scenario.routing_ids())
     out = {
         "time_us": time_us,
@@ -132,8 +153,8 @@ def summarize(res) -> dict:
         "nvlink_gbs": float(np.mean([m["nvlink_gbs"] for m in per_rank])),
         "t_reduction_us": float(np.mean([m["t_reduction_us"] for m in per_rank])),
         "t_reduction_formula_us": float(np.mean([m["t_red_formula_us"] for m in per_rank])),
-        "overlap_efficiency": float(np.mean(overlaps)) if overlaps else 0.0,
-        "busy_fraction": {k: float(np.mean(v)) for k, v in busy.items() if v},
+        "overlap_efficiency": overlap_efficiency(tr),
+        "busy_fraction": busy_fractions(tr, plan.num_sms, {r: float(res.rank_end_ns[r]) for r in range(R)}),
         "speedup_vs_legacy": legacy["total_ns"] / 1e3 / time_us if time_us > 0 else 0.0,
         "legacy_us": {k.replace("_ns", "_us"): v / 1e3 for k, v in legacy.items()},
         "num_recv_tokens": [int(x) for x in recv],
