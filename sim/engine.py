@@ -362,7 +362,7 @@ class _Engine:
             pb = pbo[e] + m
             valid_m = min(bm, tpe[e] - m * bm)
             kb = K[phase]
-            ready_vec = None
+            ready_adj = None
             if phase == L1:
                 dep = arrival[pb]
                 if dep is None:
@@ -376,15 +376,17 @@ class _Engine:
                     if ev is None:
                         ev = l1_ev[pb] = env.event()
                     yield ev
-                ready_vec = ready_cache.get(pb)
-                if ready_vec is None:  # the K-block readiness of this pool block, once
+                cached = ready_cache.get(pb)
+                if cached is None:  # the K-block readiness of this pool block, once
                     vec = l1_done[pb]
-                    ready_vec = ready_cache[pb] = [max(vec[i * per_kb:(i + 1) * per_kb]) for i in range(kb)]
+                    ready = [max(vec[i * per_kb:(i + 1) * per_kb]) for i in range(kb)]
+                    # K block i is consumed no earlier than ready_i + lat and the loop ends
+                    # (kb - i) * t_k after that: the latest such end, less lat + kb * t_k
+                    cached = ready_cache[pb] = (ready[0], max(ready), max(x - i * t_k for i, x in enumerate(ready)))
                 if per_k_wait and kb > 1:
-                    dep = ready_vec[0]
+                    dep, ready_adj = cached[0], cached[2]
                 else:
-                    dep = max(ready_vec)
-                    ready_vec = None
+                    dep = cached[1]
             # the loaders may start once the dependency holds and a ring stage is free
             free = prev_mma_end - prev_prefetch
             load_start = dep if dep > free else free
@@ -408,11 +410,10 @@ class _Engine:
                 f = hbm.reserve(load_start, first) + t_k
                 if f > mma_end:
                     mma_end = f
-            if ready_vec is not None:
-                for i in range(1, kb):
-                    f = ready_vec[i] + lat + (kb - i) * t_k
-                    if f > mma_end:
-                        mma_end = f
+            if ready_adj is not None:
+                f = ready_adj + lat + kb * t_k
+                if f > mma_end:
+                    mma_end = f
             epi_start = mma_end if mma_end > prev_epi_end else prev_epi_end
             epi_end = epi_start + t_epi[phase]
             if phase == L1:
