@@ -109,25 +109,39 @@ gpu2 = pytest.mark.skipif(_num_gpus() < 2, reason="needs two CUDA GPUs with sm_9
 
 @pytest.fixture(scope="module")
 def ep_report(tmp_path_factory):
-    if os.environ.get("MEGAMOE_EP_REPORT"):  # a report written by an earlier run of the job
+    if os.environ.get("MEGAMOE_EP_REPORT"):  # reports written by an earlier run of the jobs
         out = Path(os.environ["MEGAMOE_EP_REPORT"])
         assert out.exists(), f"MEGAMOE_EP_REPORT={out} does not exist"
-        return json.loads(out.read_text())
-    out = tmp_path_factory.mktemp("ep") / "ep_report.json"
-    if not out.exists():
+        rep = json.loads(out.read_text())
+        dead = out.with_name(out.stem + "_dead.json")
+        if dead.exists():
+            rep.update(json.loads(dead.read_text()))
+        return rep
+    d = tmp_path_factory.mktemp("ep")
+    rep = {}
+    # two jobs: the correctness cases, then the dead-rank case (a hang there must not lose the cases)
+    for part, timeout in (("cases", 240), ("dead", 90)):
+        out = d / f"ep_{part}.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", __file__,
-               "--out", str(out)]
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=int(os.environ.get("MEGAMOE_EP_TIMEOUT", "240")),
-                           cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
-        if not out.exists():
-            raise AssertionError(f"EP job wrote no report (rc {p.returncode}):\n{p.stdout[-4000:]}\n{p.stderr[-6000:]}")
-    return json.loads(out.read_text())
+               "--out", str(out), "--part", part]
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                               env=dict(os.environ, PYTHONPATH=str(ROOT)))
+            log = f"rc {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-4000:]}"
+        except subprocess.TimeoutExpired:
+            log = f"timed out after {timeout} s"
+        if out.exists():
+            rep.update(json.loads(out.read_text()))
+        else:
+            rep.setdefault("job_errors", {})[part] = log
+    return rep
 
 
 @gpu2
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", list(CASES))
 def test_ep2_bitwise_equals_single_gpu(ep_report, case):
+    assert "cases" in ep_report, ep_report.get("job_errors")
     r = ep_report["cases"][case]
     assert "error" not in r, r
     for rank in (0, 1):
@@ -171,6 +185,7 @@ def test_ep2_trace(ep_report):
 @gpu2
 @pytest.mark.gpu
 def test_rank_that_never_arrives_times_out(ep_report):
+    assert "dead_rank" in ep_report, ep_report.get("job_errors", "no dead-rank report")
     d = ep_report["dead_rank"]
     assert d["raised"], d
     assert "NVLink barrier 1" in d["message"] and "rank 1 never arrived" in d["message"] and "on rank 0" in d["message"]
@@ -328,7 +343,7 @@ def _inputs(shape, tokens, routing, mask_frac, seed):
     return (x, xs, idx, w), parts
 
 
-def _job(out_path: str) -> None:
+def _job(out_path: str, part: str = "all") -> None:
     import torch
     import torch.distributed as dist
     from megamoe import plan as plan_mod
@@ -355,7 +370,7 @@ def _job(out_path: str) -> None:
         return kernels[shape_name]
 
     maxes = {"tiny": 128, "flash": 1024}
-    for seed, (name, (shape, tokens, routing, mask_frac, clamp)) in enumerate(CASES.items()):
+    for seed, (name, (shape, tokens, routing, mask_frac, clamp)) in enumerate(CASES.items() if part != "dead" else []):
         t0 = time.time()
         res = {"tokens": tokens, "routing": routing, "mask_frac": mask_frac, "clamp": clamp}
         try:
@@ -460,12 +475,23 @@ def _job(out_path: str) -> None:
 
     # A rank that never arrives: rank 0 launches, rank 1 does not -> rank 0 fails with the
     # NVLink-barrier timeout naming rank 1, quickly; then both reset and run again.
+    if part == "cases":
+        dist.barrier()
+        dist.destroy_process_group()
+        return
+    if part == "dead":
+        report = {}
     dead = {"timeout_s": 0.5}
+
+    def step(msg):  # progress on every rank (locates a hang in the job log)
+        print(f"[rank {rank}] dead-rank case: {msg}", flush=True)
     try:
         shape = TINY
         w = make_weights(shape["E"], shape["H"], shape["I"], "cuda", seed=7)
+        step("construct")
         ep = MegaMoEKernelEP(shape["E"], shape["K"], shape["H"], shape["I"], 64, local_weights(*w, rank, R),
                              timeout_s=dead["timeout_s"])
+        step("constructed")
         (gx, gxs, gidx, gw), parts = _inputs(shape, [32, 32], "uniform", 0.0, seed=5)
         x, xs, idx, tw = parts[rank]
         if rank == 0:
@@ -478,9 +504,12 @@ def _job(out_path: str) -> None:
                 dead["raised"] = True
                 dead["message"] = str(e)
             dead["seconds"] = time.time() - t0
+            step(f"raised={dead['raised']} after {dead['seconds']:.2f} s")
         ep.reset()
+        step("reset")
         y = ep(x, xs, idx, tw)
         ep.check()
+        step("second call done")
         ep1 = MegaMoEKernel(shape["E"], shape["K"], shape["H"], shape["I"], 64, prepare_weights(*w))
         yy = ep1(gx, gxs, gidx, gw)
         ep1.check()
@@ -505,4 +534,6 @@ if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    _job(ap.parse_args().out)
+    ap.add_argument("--part", default="all", choices=("all", "cases", "dead"))
+    a = ap.parse_args()
+    _job(a.out, a.part)
