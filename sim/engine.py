@@ -78,16 +78,15 @@ class BandwidthCalendar:
         self.nxt.extend(range(n, n + extra))
 
     def _find(self, b: int) -> int:
+        """First bucket at or after ``b`` with room (grows the calendar as needed)."""
         nxt = self.nxt
         if b + 1 >= len(nxt):
             self._grow(b)
-            nxt = self.nxt
         r = b
         while nxt[r] != r:
             r = nxt[r]
             if r + 1 >= len(nxt):
                 self._grow(r)
-                nxt = self.nxt
         while nxt[b] != r:  # path compression
             nxt[b], b = r, nxt[b]
         return r
@@ -97,12 +96,15 @@ class BandwidthCalendar:
         if nbytes <= 0:
             return t
         self.total_bytes += nbytes
-        rate, used = self.rate, self.used
-        b0 = int(t / BUCKET_NS)
-        b = self._find(b0)
+        rate = self.rate
+        b = int(t / BUCKET_NS)
+        try:
+            if self.nxt[b] != b:  # full: jump to the first bucket with room
+                b = self._find(b)
+                t = b * BUCKET_NS
+        except IndexError:
+            self._grow(b)
         used = self.used
-        if b != b0:
-            t = b * BUCKET_NS
         # first bucket: only the part after t is available (used capacity packs at its start)
         start = b * BUCKET_NS + used[b] / rate
         if start < t:
