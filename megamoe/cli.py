@@ -270,6 +270,11 @@ def cmd_run(a: argparse.Namespace) -> int:
     from .shapes import get_shape
 
     s = get_shape(a.shape)
+    if a.ranks > 1:  # one process per GPU (starts torchrun, or joins an existing process group)
+        from .kernel.ep import run_ep_main
+
+        return run_ep_main(a.ranks, s.num_experts, s.top_k, s.hidden, s.intermediate, a.tokens, a.routing,
+                           a.clamp, a.reps, a.trace, not a.no_check, a.seed)
     return run_main(s.num_experts, s.top_k, s.hidden, s.intermediate, a.tokens, a.routing, a.clamp, a.reps,
                     a.trace, not a.no_check, a.seed)
 
@@ -319,7 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=cmd_build)
     r = sub.add_parser("run", help="run one EP=1 scenario on the GPU, check it, time it")
     r.add_argument("--shape", default="deepseek-v4-flash", help="preset or E,k,H,I")
-    r.add_argument("--tokens", type=_nonneg, default=64)
+    r.add_argument("--tokens", type=_nonneg, default=64, help="tokens per rank")
+    r.add_argument("--ranks", type=_positive, default=1, help="EP size: GPUs, one process each (NVLink)")
     r.add_argument("--routing", default="uniform", choices=("uniform", "zipf", "one_expert"))
     r.add_argument("--clamp", type=float, default=None, help="SwiGLU clamp (default none)")
     r.add_argument("--reps", type=_positive, default=10)

@@ -22,3 +22,4 @@ from .trace import decode_trace, TRACE_ROLES, TRACE_KINDS
 
 __all__ = ["build", "BuildResult", "KernelBuildError", "library_path", "MegaMoEKernel", "KernelError",
            "prepare_weights", "cuda_available", "design_from_plan", "decode_trace", "TRACE_ROLES", "TRACE_KINDS"]
+from .ep import LocalGroup, MegaMoEKernelEP  # noqa: E402,F401
