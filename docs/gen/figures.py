@@ -711,6 +711,42 @@ class Gen:
             [[r["fabric"], r["hot_fraction"], f"`{r['pull_order']}`", f"{r['pull_us']:.1f}", f"{r['time_us']:.1f}"]
              for r in data["pull_order"]])
 
+    def h200_compare(self) -> None:
+        """The simulator against this project's committed H200 kernel traces (issue 7)."""
+        from sim.compare import compare_file, plot_overlay
+
+        root = Path(__file__).resolve().parents[2]
+        rows, overlay = [], None
+        for T in (1, 64, 512, 4096):
+            path = root / "benchmarks" / "traces" / f"kernel_flash_ep1_t{T}.npz"
+            if not path.exists():
+                continue
+            r, measured, res = compare_file(str(path))
+            kinds = ", ".join(f"{k} {100 * v['median']:.0f}%" for k, v in r["kind_errors"].items())
+            rows.append([T, f"{r['makespan_measured_us']:.1f}", f"{r['makespan_simulated_us']:.1f}",
+                         f"{100 * r['makespan_error']:+.1f}%", f"{100 * r['median_kind_error']:.1f}%", kinds])
+            if T == 512:
+                p = Path(tempfile.mkdtemp()) / "overlay.png"
+                plot_overlay(measured, res.trace, str(p), sms=6)
+                overlay = p.read_bytes()
+        if overlay is not None:
+            self.files["generated/h200_overlay_t512.png"] = overlay
+        self.snippets["h200_compare_table"] = _md_table(
+            ["tokens", "measured us", "simulated us", "makespan error", "median per-kind error",
+             "median error per kind"], rows) if rows else "*(no committed kernel traces)*"
+        choices = root / "benchmarks" / "results" / "compare_h200.json"
+        if choices.exists():
+            pairs = json.loads(choices.read_text())["plan_choices"]
+            self.snippets["h200_plan_choices"] = _md_table(
+                ["tokens", "choice A", "choice B", "kernel us (A / B)", "simulated us (A / B)", "same order"],
+                [[p["tokens"], f"`{json.dumps(p['a'])}`", f"`{json.dumps(p['b'])}`",
+                  f"{p['kernel_us'][0]:.0f} / {p['kernel_us'][1]:.0f}",
+                  f"{p['simulated_us'][0]:.0f} / {p['simulated_us'][1]:.0f}",
+                  ("yes" if p["same_order"] else "**no**") + ("" if p["must_agree"] else " (kernel within 5%)")]
+                 for p in pairs])
+        else:
+            self.snippets["h200_plan_choices"] = ""
+
     def validation(self) -> None:
         from sim.validate import verdict
 
@@ -954,7 +990,7 @@ class Gen:
             self._tmp = tmp
             for name in ("timeline", "stage_gantt", "barrier_fig", "plotly_timeline", "utilization_regions", "wave_map",
                          "pull_order_fig", "moe_align", "buffer_layout", "warp_roles", "numerics_fig",
-                         "weight_layout_fig", "sm100_vs_sm90", "whatif", "policies_whatif", "studies", "validation", "hardware_table", "cli_help", "kernel_status"):
+                         "weight_layout_fig", "sm100_vs_sm90", "whatif", "policies_whatif", "studies", "h200_compare", "validation", "hardware_table", "cli_help", "kernel_status"):
                 if name in WORKER_FIGURES and hasattr(self, "_worker_figs"):
                     continue  # made by the worker process, collected below
                 t0 = time.time()
@@ -970,7 +1006,7 @@ class Gen:
 
 # Made in the second process after the validation (they import torch or run many simulations),
 # so the two processes finish at about the same time on a 2-core machine.
-WORKER_FIGURES = ("numerics_fig", "weight_layout_fig", "policies_whatif", "studies")
+WORKER_FIGURES = ("numerics_fig", "weight_layout_fig", "policies_whatif", "studies", "h200_compare")
 
 
 def _worker_figures() -> tuple[dict, dict]:
