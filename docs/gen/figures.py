@@ -858,8 +858,8 @@ class Gen:
         for f, d in bench:
             sh = d.get("shape", {})
             by = {}
-            for r in d["rows"]:
-                by.setdefault(int(r["tokens"]), {})[r["impl"]] = r
+            for r in d["rows"]:  # EP benchmarks say tokens_per_rank
+                by.setdefault(int(r.get("tokens", r.get("tokens_per_rank", -1))), {})[r["impl"]] = r
             impls = sorted({r["impl"] for r in d["rows"]})
             ours = next((i for i in impls if "megamoe" in i), impls[0])
             base = [i for i in impls if i != ours]
