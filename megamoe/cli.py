@@ -117,9 +117,10 @@ def _print_summary(res) -> None:
     con.print(f"plan (rank 0): block_m={rp.config.block_m} block_n={rp.config.block_n} "
               f"block_k={rp.config.block_k} experts/wave={rp.experts_per_wave} waves={rp.num_waves} "
               f"stages={rp.num_stages} SMs={plan.num_sms} pool={plan.pool_tokens} tokens "
-              f"pull={plan.bytes_per_pull} B  blocks={len(rp.blocks())}")
-    t = Table(title="predicted call (mean over ranks)")
-    t.add_column("metric")
+              f"pull={plan.bytes_per_pull} B  blocks={len(rp.blocks())}"
+              + (f"  policies: {', '.join(f'{k}={v}' for k, v in plan.policies.items())}" if plan.policies else ""))
+    t = Table()
+    t.add_column("predicted (mean over ranks)")
     t.add_column("value", justify="right")
     t.add_row("time (us)", f"{s['time_us']:.1f}")
     t.add_row("TFLOPS", f"{s['tflops']:.0f}")

@@ -260,7 +260,8 @@ def policy_name(p) -> str:
 
 def _load_class(spec: str):
     mod, _, cls = spec.rpartition(":")
-    require(bool(mod) and bool(cls), "policy", "NAME, module:Class or file.py:Class", spec)
+    require(bool(mod) and bool(cls), "policy",
+            f"a built-in ({', '.join(sorted(BUILTINS))}), module:Class or file.py:Class", spec)
     if mod.endswith(".py"):
         require(os.path.exists(mod), "policy", "an existing .py file", mod)
         s = importlib.util.spec_from_file_location(f"megamoe_user_policy_{abs(hash(mod))}", mod)

@@ -107,3 +107,12 @@ def on_page_markdown(markdown, page, config, files):
         return snippets[name].replace("{root}", root)
 
     return _MARK.sub(sub, markdown)
+
+
+_ROLE = re.compile(r":(?:func|class|meth|mod|attr|data|exc):(\s*<code)")
+
+
+def on_page_content(html, page, config, files):
+    """Docstrings cross-reference with Sphinx roles (``:func:`x```); mkdocstrings renders the
+    name as code but leaves the role's text, so drop it."""
+    return _ROLE.sub(r"\1", html)
