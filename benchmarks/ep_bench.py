@@ -32,24 +32,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from megamoe.kernel.check import make_inputs, make_weights  # noqa: E402
 from megamoe.kernel.ep import MegaMoEKernelEP, p2p_bandwidth  # noqa: E402
 from megamoe.kernel.runtime import prepare_weights  # noqa: E402
+from megamoe.kernel.timing import cuda_times_us  # noqa: E402
 
 E, K, H, I = 256, 6, 4096, 2048
 
 
 def time_fn(fn, reps, warmup=1):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        dist.barrier()
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3)
+    ts = cuda_times_us(fn, reps, warmup, before_each=dist.barrier)
     return statistics.median(ts), min(ts)
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import time
@@ -21,23 +20,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from megamoe.kernel import MegaMoEKernel, prepare_weights  # noqa: E402
 from megamoe.kernel.check import make_weights, make_inputs, reference_sm90, compare  # noqa: E402
+from megamoe.kernel.timing import cuda_times_us  # noqa: E402
 
 E, K, H, I = 256, 6, 4096, 2048
 
 
 def time_fn(fn, reps=20, warmup=3):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3)  # us
+    ts = cuda_times_us(fn, reps, warmup)  # us
     return statistics.median(ts), min(ts)
 
 

@@ -31,20 +31,9 @@ from .hardware import PRESET_DIR, parse_hardware
 
 def _time_cuda(fn, repeat: int = 10, warmup: int = 2) -> float:
     """Median seconds of ``fn()`` over ``repeat`` runs, timed with CUDA events."""
-    import torch
+    from megamoe.kernel.timing import cuda_times_us
 
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeat):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    return statistics.median(times)
+    return statistics.median(cuda_times_us(fn, repeat, warmup)) / 1e6
 
 
 def measure(gemm_n: int = 8192, copy_bytes: int = 2 << 30) -> dict:

@@ -14,6 +14,7 @@ import torch
 
 from megamoe.kernel import MegaMoEKernel, design_from_plan, prepare_weights
 from megamoe.kernel.check import make_inputs, make_weights
+from megamoe.kernel.timing import cuda_times_us
 from megamoe.scenario import Scenario
 
 OUT = os.environ.get("OUT", "/tmp/out")
@@ -36,14 +37,7 @@ def main() -> None:
         d = design_from_plan(plan)
         kern(x, xs, idx, tw, design=d)
         kern.check()
-        ts = []
-        for _ in range(5):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            kern(x, xs, idx, tw, design=d)
-            b.record()
-            b.synchronize()
-            ts.append(a.elapsed_time(b) * 1e3)
+        ts = cuda_times_us(lambda: kern(x, xs, idx, tw, design=d), 5)
         kern.check()
         rp = plan.ranks[0]
         out.append({"tokens": T, "override": over, "block_m": rp.config.block_m,

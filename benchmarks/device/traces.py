@@ -17,6 +17,7 @@ import torch
 
 from megamoe.kernel import MegaMoEKernel, design_from_plan, prepare_weights
 from megamoe.kernel.check import make_inputs, make_weights
+from megamoe.kernel.timing import cuda_times_us
 from megamoe.scenario import Scenario
 from megamoe.trace import KIND, ROLE, Trace
 from sim.calibrate import calibrated_toml, from_kernel_trace, measure
@@ -48,14 +49,7 @@ def main() -> None:
         d = design_from_plan(plan)
         kern(x, xs, idx, tw, design=d)
         kern.check()
-        ts = []
-        for _ in range(5):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            kern(x, xs, idx, tw, design=d)
-            b.record()
-            b.synchronize()
-            ts.append(a.elapsed_time(b) * 1e3)
+        ts = cuda_times_us(lambda: kern(x, xs, idx, tw, design=d), 5)
         kern.check()
         _, recs = kern(x, xs, idx, tw, trace=True, design=d)
         kern.check()

@@ -28,10 +28,9 @@ def run_main(num_experts: int = 256, topk: int = 6, hidden: int = 4096, inter: i
              check: bool = True, seed: int = 0) -> int:
     import statistics
 
-    import torch
-
     from .check import compare, make_inputs, make_weights, reference_sm90
     from .runtime import KernelError, MegaMoEKernel, cuda_available, prepare_weights
+    from .timing import cuda_times_us
     from .trace import to_chrome
     if not cuda_available():
         print("megamoe run: needs a CUDA GPU with compute capability >= 9.0 (sm_90a)", file=sys.stderr)
@@ -42,14 +41,7 @@ def run_main(num_experts: int = 256, topk: int = 6, hidden: int = 4096, inter: i
     try:
         y = k(x, xs, idx, tw)
         k.check()
-        ts = []
-        for _ in range(reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            k(x, xs, idx, tw)
-            b.record()
-            b.synchronize()
-            ts.append(a.elapsed_time(b) * 1e3)
+        ts = cuda_times_us(lambda: k(x, xs, idx, tw), reps)
         k.check()
     except KernelError as e:
         print(f"megamoe run: {e}", file=sys.stderr)

@@ -585,6 +585,7 @@ def _ep_rank_main(num_experts, topk, hidden, inter, tokens, routing, clamp, reps
     import torch.distributed as dist
     from .check import make_inputs, make_weights
     from .runtime import KernelError, MegaMoEKernel, prepare_weights
+    from .timing import cuda_times_us
     from .trace import to_chrome
     local = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local)
@@ -599,15 +600,7 @@ def _ep_rank_main(num_experts, topk, hidden, inter, tokens, routing, clamp, reps
         x, xs, idx, tw = gx[sl], gxs[sl], gidx[sl], gw[sl]
         y = k(x, xs, idx, tw)
         k.check()
-        ts = []
-        for _ in range(reps):
-            dist.barrier()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            k(x, xs, idx, tw)
-            b.record()
-            b.synchronize()
-            ts.append(a.elapsed_time(b) * 1e3)
+        ts = cuda_times_us(lambda: k(x, xs, idx, tw), reps, before_each=dist.barrier)
         k.check()
         us = statistics.median(ts)
         routed = int((gidx >= 0).sum())

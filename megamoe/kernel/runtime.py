@@ -223,7 +223,6 @@ class MegaMoEKernel:
         y = out if out is not None else torch.empty(T, self.H, dtype=torch.bfloat16, device=self.device)
         cap = 0
         if trace:
-            blocks = 0  # generous bound: records per CTA
             cap = self.trace_cap_override or int(8 + 4 * math.ceil(
                 (design.pool_rows // design.block_m) * (2 * self.I // 128 + self.H // 128) / self.num_sms) + 64)
             tr = torch.zeros(self.num_sms, cap, 6, dtype=torch.int64, device=self.device)
