@@ -123,3 +123,14 @@ def test_kernel_check_reference_equals_numerics_sm90(clamp):
     b = ref.moe_reference_quantized(x.view(torch.float8_e4m3fn), xs, idx, tw, (w1, s1), (w2, s2),
                                     activation_clamp=clamp, numerics=ref.Numerics.sm90(None))
     assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+def test_trace_capacity_by_hand():
+    from types import SimpleNamespace
+
+    from megamoe.kernel.trace import trace_capacity
+
+    # 384 pool rows / block_m 16 = 24 pool blocks x (2*2048/128 + 4096/128 = 64) = 1536 blocks
+    # over 132 CTAs -> 12 each, 4 records per block + 8 fixed + 64 slack
+    d = SimpleNamespace(pool_rows=384, block_m=16)
+    assert trace_capacity(d, 2048, 4096, 132, fixed=8) == 4 * 12 + 8 + 64

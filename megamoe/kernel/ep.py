@@ -38,6 +38,7 @@ import numpy as np
 
 from .. import design_sm90
 from ..errors import require
+from .trace import trace_capacity
 
 # Keep NVLink multicast off whatever starts us (the shared GPUs' rule; harmless elsewhere).
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
@@ -468,8 +469,7 @@ class MegaMoEKernelEP:
     def _trace_buffers(self, design):
         """Trace record buffers for ``design`` (allocated once per size, reused)."""
         torch = self.torch
-        cap = int(16 + 4 * math.ceil((design.pool_rows // design.block_m) * (2 * self.I // 128 + self.H // 128)
-                                     / self.num_sms) + 64)
+        cap = trace_capacity(design, self.I, self.H, self.num_sms, fixed=16)  # EP adds barrier records
         if getattr(self, "_tr_key", None) != cap:
             self._tr = (torch.zeros(self.num_sms, cap, 6, dtype=torch.int64, device=self.device),
                         torch.zeros(self.num_sms, dtype=torch.int32, device=self.device))

@@ -11,7 +11,7 @@ import numpy as np
 from .. import design_sm90
 from ..errors import require
 from .build import build
-from .trace import decode_trace
+from .trace import decode_trace, trace_capacity
 
 _LIB = None
 
@@ -223,8 +223,7 @@ class MegaMoEKernel:
         y = out if out is not None else torch.empty(T, self.H, dtype=torch.bfloat16, device=self.device)
         cap = 0
         if trace:
-            cap = self.trace_cap_override or int(8 + 4 * math.ceil(
-                (design.pool_rows // design.block_m) * (2 * self.I // 128 + self.H // 128) / self.num_sms) + 64)
+            cap = self.trace_cap_override or trace_capacity(design, self.I, self.H, self.num_sms, fixed=8)
             tr = torch.zeros(self.num_sms, cap, 6, dtype=torch.int64, device=self.device)
             trc = torch.zeros(self.num_sms, dtype=torch.int32, device=self.device)
         w = self.weights

@@ -10,6 +10,8 @@ record of the launch.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 TRACE_ROLES = ("dispatch", "producer", "consumer")
@@ -19,6 +21,14 @@ TRACE_KINDS = ("count", "index_exchange", "grid_sync", "nvl_barrier", "pull", "l
 RECORD_DTYPE = np.dtype([("sm", "<u4"), ("role_kind", "<u4"), ("expert", "<i4"), ("m_block", "<i4"),
                          ("n_block", "<i4"), ("wave", "<i4"), ("tokens", "<i4"), ("cta", "<i4"),
                          ("t_start_ns", "<u8"), ("t_end_ns", "<u8")])
+
+
+def trace_capacity(design, inter: int, hidden: int, num_sms: int, fixed: int) -> int:
+    """Records each CTA may write: a generous bound of 4 per block (load, MMA, epilogue, wait)
+    over the pool's L1 and L2 blocks shared by ``num_sms`` CTAs, plus ``fixed`` rank-level
+    records (dispatch phases, barriers, combine) and 64 of slack."""
+    blocks = (design.pool_rows // design.block_m) * (2 * inter // 128 + hidden // 128)
+    return int(fixed + 4 * math.ceil(blocks / num_sms) + 64)
 
 
 def decode_trace(raw: np.ndarray, counts: np.ndarray, trace_cap: int, rank: int = 0) -> list[dict]:
