@@ -135,10 +135,9 @@ def wave_pool_tokens(num_ranks: int, top_k: int, max_tokens_per_rank: int,
                align(from_all * top_k + experts_per_wave * (block_m - 1), block_m))
 
 
-def sm100_experts_per_wave(experts_per_rank: int, num_tokens: int, top_k: int, intermediate: int,
-                           block_m: int, block_n: int, num_sms: int, pool_tokens: int,
-                           max_tokens_per_rank: int, num_ranks: int) -> int:
-    """Experts per wave of the reference design (``get_num_experts_per_wave_for_mega_moe``).
+def max_experts_per_wave(experts_per_rank: int, num_ranks: int, top_k: int, max_tokens_per_rank: int,
+                         block_m: int, pool_tokens: int) -> int:
+    """The most experts whose worst-case wave fits the pool (ring) of ``pool_tokens``.
 
     Raises:
         InputError: the pool cannot hold even one expert's worst-case wave.
@@ -150,6 +149,18 @@ def sm100_experts_per_wave(experts_per_rank: int, num_tokens: int, top_k: int, i
     require(max_epw > 0, "pool_tokens",
             f">= {wave_pool_tokens(num_ranks, top_k, max_tokens_per_rank, 1, block_m)} (one expert's worst-case wave)",
             pool_tokens)
+    return max_epw
+
+
+def sm100_experts_per_wave(experts_per_rank: int, num_tokens: int, top_k: int, intermediate: int,
+                           block_m: int, block_n: int, num_sms: int, pool_tokens: int,
+                           max_tokens_per_rank: int, num_ranks: int) -> int:
+    """Experts per wave of the reference design (``get_num_experts_per_wave_for_mega_moe``).
+
+    Raises:
+        InputError: the pool cannot hold even one expert's worst-case wave.
+    """
+    max_epw = max_experts_per_wave(experts_per_rank, num_ranks, top_k, max_tokens_per_rank, block_m, pool_tokens)
     expected = float(np.float32(num_tokens * top_k) / np.float32(experts_per_rank))
     m_blocks = max(ceil_div(int(math.ceil(expected)), block_m), 1)
     l1_blocks_per_expert = m_blocks * ((2 * intermediate) // block_n)
@@ -506,10 +517,7 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
                                          cfg.block_m, cfg.block_n, num_sms, cap,
                                          max_tokens_per_rank, num_ranks)
         if pol.wave is not None:
-            max_epw = e_local
-            while max_epw > 1 and wave_pool_tokens(num_ranks, top_k, max_tokens_per_rank, max_epw,
-                                                   cfg.block_m) > cap:
-                max_epw -= 1
+            max_epw = max_experts_per_wave(e_local, num_ranks, top_k, max_tokens_per_rank, cfg.block_m, cap)
             epw = call_wave(pol.wave, WaveContext(
                 e_local, tokens_per_rank[r], top_k, hidden, intermediate, cfg.block_m, cfg.block_n,
                 num_sms, cap, max_tokens_per_rank, num_ranks, tpe, max_epw))
