@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .errors import InputError, require
+from .errors import require
 
 # Layout constants (DeepGEMM layout/mega_moe.cuh, 891d57b)
 CANDIDATE_BLOCK_M = (8, 16, 32, 64, 96, 128, 192)

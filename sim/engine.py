@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from megamoe.plan import L1, L2, Plan
+from megamoe.plan import L1, Plan
 from megamoe.scenario import Scenario
 from megamoe.trace import KIND, ROLE, Trace
 
@@ -48,7 +48,7 @@ from .hardware import Hardware, load_hardware
 
 BUCKET_NS = 250.0
 DISPATCH_WARPS_PER_SM = 4
-SF_BYTES_PER_TOKEN_PER_HIDDEN = 1 / 32  # one UE8M0 byte per 32 elements
+WITH_SCALES = 1 + 1 / 32  # FP8 / FP4 data plus one UE8M0 byte per 32 elements
 
 
 class BandwidthCalendar:
@@ -270,7 +270,7 @@ class _Engine:
                 last.append(int(tok_off[e]) + min((m + 1) * bm, ne) - 1)
         last = np.asarray(last, dtype=np.int64)
         pb_round = last // G
-        per_token = H * (1 + SF_BYTES_PER_TOKEN_PER_HIDDEN) + 4  # FP8 row, scales, top-k weight
+        per_token = H * WITH_SCALES + 4  # FP8 row, scales, top-k weight
         chunks = math.ceil(H / plan.bytes_per_pull)
         warp_rate = hw.sm_load_bytes_per_ns / DISPATCH_WARPS_PER_SM
         lat = hw.pull_latency_ns + chunks * plan.bytes_per_pull / warp_rate
@@ -406,7 +406,7 @@ class _Engine:
             key = phase * nbp + pb
             if not ta[key]:
                 ta[key] = True
-                first += valid_m * ktot * 1.03125  # FP8 activations + UE8M0 scales
+                first += valid_m * ktot * WITH_SCALES  # FP8 activations + UE8M0 scales
             mma_end = mma_start + kb * t_k
             if first:
                 f = hbm.reserve(load_start, first) + t_k
@@ -419,7 +419,7 @@ class _Engine:
             epi_start = mma_end if mma_end > prev_epi_end else prev_epi_end
             epi_end = epi_start + t_epi[phase]
             if phase == L1:
-                f = hbm.reserve(epi_start, valid_m * cs * bn / 2 * 1.03125)  # FP8 outputs + scales
+                f = hbm.reserve(epi_start, valid_m * cs * bn / 2 * WITH_SCALES)  # FP8 outputs + scales
                 if f > epi_end:
                     epi_end = f
                 done = l1_done[pb]

@@ -25,7 +25,6 @@ from megamoe.plan import Plan, ceil_div
 def legacy_time_ns(plan: Plan, hw, topk_idx: list[np.ndarray]) -> dict:
     """Stage times (ns, slowest rank each) and ``total_ns`` of the unfused path."""
     R, H, I = plan.num_ranks, plan.hidden, plan.intermediate
-    e_local = plan.experts_per_rank
     counts = np.stack([rp.recv_counts for rp in plan.ranks])  # [dst, e, src]
     row = H * (1 + 1 / 32) + 4
     sent = counts.sum(axis=1)  # [dst, src]

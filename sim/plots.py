@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from megamoe.trace import KIND, KINDS, ROLE, ROLES
+from megamoe.trace import KIND, KINDS, ROLE
 
 COLORS = {
     "count": "#999999", "index_exchange": "#bbbbbb", "grid_sync": "#444444", "nvl_barrier": "#000000",
