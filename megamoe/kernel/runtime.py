@@ -10,10 +10,11 @@ import numpy as np
 
 from .. import design_sm90
 from ..errors import require
-from .build import build
+from .build import KernelBuildError, build
+from .select import PATHS, path_for_device
 from .trace import decode_trace, trace_capacity
 
-_LIB = None
+_LIBS: dict = {}  # arch -> loaded, bound ctypes.CDLL
 
 
 class KernelError(RuntimeError):
@@ -76,35 +77,34 @@ def cuda_available() -> bool:
 
 
 def load_library(arch: str = "sm_90a"):
-    global _LIB
-    if _LIB is None:
+    """Build (cached) and load ``arch``'s library, bind its entry points from
+    :data:`megamoe.kernel.select.PATHS` and check its parameter-struct size against the ctypes
+    mirror. One library per arch per process. ``MegaMoEKernel`` passes the arch that
+    :func:`megamoe.kernel.select.path_for_device` picks; the default is the SM90 library
+    (what ``MegaMoEKernelEP`` launches).
+
+    Raises:
+        KernelError: the library's ``<prefix>_abi_size()`` differs from the ctypes mirror.
+        KernelBuildError: unknown arch, no nvcc (and no cached build), compile error.
+    """
+    lib = _LIBS.get(arch)
+    if lib is None:
+        path = PATHS.get(arch)
+        if path is None:
+            raise KernelBuildError(f"arch: expected one of {sorted(PATHS)}, got {arch!r}")
         res = build(arch)
         try:
             lib = ctypes.CDLL(str(res.path))
         except OSError:  # built elsewhere against other system libraries: rebuild here
             res = build(arch, force=True)
             lib = ctypes.CDLL(str(res.path))
-        lib.megamoe_sm90_launch.argtypes = [ctypes.POINTER(Params), ctypes.c_void_p]
-        lib.megamoe_sm90_launch.restype = ctypes.c_int
-        lib.megamoe_sm90_smem_bytes.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
-        lib.megamoe_sm90_smem_bytes.restype = ctypes.c_longlong
-        lib.megamoe_sm90_error_string.argtypes = [ctypes.c_int]
-        lib.megamoe_sm90_error_string.restype = ctypes.c_char_p
-        lib.megamoe_sm90_abi_size.restype = ctypes.c_int
-        if hasattr(lib, "megamoe_sm90_preload"):
-            lib.megamoe_sm90_preload.argtypes = []
-            lib.megamoe_sm90_preload.restype = ctypes.c_int
-        if hasattr(lib, "megamoe_ipc_malloc"):
-            lib.megamoe_ipc_malloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_ulonglong, ctypes.c_int]
-            lib.megamoe_ipc_handle.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-            lib.megamoe_ipc_open.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
-            for f in (lib.megamoe_ipc_malloc, lib.megamoe_ipc_handle, lib.megamoe_ipc_open):
-                f.restype = ctypes.c_int
-        if lib.megamoe_sm90_abi_size() != ctypes.sizeof(Params):
-            raise KernelError(f"ABI mismatch: C++ Params is {lib.megamoe_sm90_abi_size()} B, "
-                              f"ctypes mirror {ctypes.sizeof(Params)} B")
-        _LIB = lib
-    return _LIB
+        path.bind(lib)
+        abi, mirror = getattr(lib, path.symbol("abi_size"))(), ctypes.sizeof(path.params_type)
+        if abi != mirror:
+            raise KernelError(f"ABI mismatch ({arch}): {path.symbol('abi_size')}() = {abi} B, ctypes mirror "
+                              f"{path.params_type.__name__} = {mirror} B")
+        _LIBS[arch] = lib
+    return lib
 
 
 @dataclass
@@ -144,10 +144,13 @@ class MegaMoEKernel:
                  trace_cap: int | None = None, device=None):
         import torch
         self.torch = torch
-        self.lib = load_library()
         self.device = torch.device(device or "cuda")
+        # kernel path by compute capability (megamoe.kernel.select): InputError if none
+        self.path = path_for_device(self.device)
+        self.lib = load_library(self.path.arch)
+        if self.path.launch_missing:
+            raise NotImplementedError(self.path.launch_missing)
         props = torch.cuda.get_device_properties(self.device)
-        require(props.major >= 9, "device", "compute capability >= 9.0 (sm_90a)", f"{props.major}.{props.minor}")
         self.E, self.K, self.H, self.I = num_experts, topk, hidden, inter
         require(hidden % 128 == 0 and inter % 128 == 0, "shape", "hidden and inter multiples of 128", (hidden, inter))
         require(2 * inter // 128 <= 64, "shape.inter", "<= 4096 (64 L1 N blocks per mask word)", inter)

@@ -1,0 +1,164 @@
+"""Which compiled kernel path a CUDA device gets: one table, arch -> library and C entry points.
+
+A device's compute capability picks the arch (:func:`megamoe.kernel.build.arch_for_capability`:
+9.x -> ``sm_90a``, 10.0 -> ``sm_100a``); :data:`PATHS` maps the arch to everything the runtime
+needs to load that arch's library (``megamoe.kernel.build.LIBNAMES``): the ``extern "C"`` entry
+points with their ctypes signatures, the ctypes mirror of the C parameter struct (checked
+against the library's ``<prefix>_abi_size()`` when it is loaded) and whether
+:class:`megamoe.kernel.MegaMoEKernel` can launch it. :func:`megamoe.kernel.runtime.load_library`
+binds a library from this table; :class:`~megamoe.kernel.MegaMoEKernel` selects through
+:func:`path_for_device`.
+
+* ``sm_90a`` (H100/H200): ``megamoe_sm90_*`` with ``megamoe.kernel.runtime.Params``
+  (``csrc/megamoe/params.h``); launched by ``MegaMoEKernel`` (EP=1) and ``MegaMoEKernelEP``.
+* ``sm_100a`` (B200): ``megamoe_sm100_*`` with ``megamoe.design_sm100.params_type()`` (the
+  ``Sm100Params`` of ``csrc/megamoe/kernel_sm100.cu``: ``Params`` + block_k, pull_bytes,
+  sf_pool_rows, reserved). The library builds and its entry points bind without a GPU; the
+  Python launch is not written (:data:`SM100_LAUNCH_MISSING`), and the kernel has never run.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..errors import InputError
+from .build import KernelBuildError, arch_for_capability
+
+_c = ctypes
+#: What :class:`megamoe.kernel.MegaMoEKernel` lacks to launch the SM100 library (raised as
+#: ``NotImplementedError`` once the library is loaded and bound).
+SM100_LAUNCH_MISSING = (
+    "the SM100 (sm_100a) library is built, loaded and its entry points bound, but "
+    "MegaMoEKernel cannot launch it yet: missing (1) per-call launch numbers without a plan "
+    "(megamoe.design_sm100 has only config_from_plan on a 'deepgemm-sm100' Plan; there is no "
+    "counterpart of design_sm90.design_for giving block_m/block_k, stages, experts per wave, "
+    "pull bytes and sf_pool_rows from the token count), (2) weights in the SM100 layout through "
+    "prepare_weights (layouts.transform_weights_for_mega_moe exists: gate/up interleave + int32 "
+    "MN-major UTCCP-transposed scales, but prepare_weights/Weights carry the SM90 checkpoint "
+    "layout), (3) a workspace with the SM100 scale pools [K/128][sf_pool_rows][4] in UTCCP row "
+    "order (the runtime allocates SM90's [K/128][pool_rows][4]), (4) packing Sm100Params and "
+    "calling megamoe_sm100_launch; and the kernel has never executed on an SM100 GPU")
+
+
+@dataclass(frozen=True)
+class KernelPath:
+    """One compiled kernel path: the arch it is built for and its C ABI.
+
+    Attributes:
+        arch: build arch (``megamoe.kernel.build.SOURCES`` key).
+        capability: compute capabilities it runs on, as text (``arch_for_capability``'s rule).
+        gpu: the GPUs meant, for messages.
+        prefix: entry-point prefix (``megamoe_sm90``): ``<prefix>_launch``, ``<prefix>_abi_size``...
+        params: ctypes mirror of the C parameter struct the launch entry point takes.
+        entries: required ``extern "C"`` symbol -> (argtypes or None to leave unset, restype).
+        optional: symbols bound only if the library has them (older builds).
+        launch_missing: None if ``MegaMoEKernel`` launches this path, else what is missing.
+    """
+    arch: str
+    capability: str
+    gpu: str
+    prefix: str
+    params: Callable[[], type]
+    entries: dict = field(default_factory=dict)
+    optional: dict = field(default_factory=dict)
+    launch_missing: str | None = None
+
+    @property
+    def params_type(self) -> type:
+        return self.params()
+
+    def symbol(self, suffix: str) -> str:
+        return f"{self.prefix}_{suffix}"
+
+    def bind(self, lib) -> None:
+        """Set argtypes/restype of every entry point of this path on a loaded ``ctypes.CDLL``.
+
+        Raises:
+            AttributeError: a required entry point is missing from the library.
+        """
+        for table, required in ((self.entries, True), (self.optional, False)):
+            for name, (args, res) in table.items():
+                if not required and not hasattr(lib, name):
+                    continue
+                f = getattr(lib, name)
+                if args is not None:
+                    f.argtypes = args(self) if callable(args) else list(args)
+                f.restype = res
+
+
+def _sm90_params() -> type:
+    from .runtime import Params
+    return Params
+
+
+@functools.cache
+def _sm100_params() -> type:
+    from ..design_sm100 import params_type
+    return params_type()
+
+
+def _launch_args(path: KernelPath) -> list:
+    return [_c.POINTER(path.params_type), _c.c_void_p]
+
+
+PATHS: dict[str, KernelPath] = {
+    "sm_90a": KernelPath(
+        arch="sm_90a", capability="9.x", gpu="H100/H200", prefix="megamoe_sm90", params=_sm90_params,
+        entries={
+            "megamoe_sm90_launch": (_launch_args, _c.c_int),
+            "megamoe_sm90_smem_bytes": ([_c.c_int, _c.c_int, _c.c_int], _c.c_longlong),
+            "megamoe_sm90_error_string": ([_c.c_int], _c.c_char_p),
+            "megamoe_sm90_abi_size": (None, _c.c_int),
+        },
+        optional={
+            "megamoe_sm90_preload": ([], _c.c_int),
+            "megamoe_ipc_malloc": ([_c.POINTER(_c.c_void_p), _c.c_ulonglong, _c.c_int], _c.c_int),
+            "megamoe_ipc_handle": ([_c.c_void_p, _c.c_void_p], _c.c_int),
+            "megamoe_ipc_open": ([_c.c_void_p, _c.POINTER(_c.c_void_p), _c.c_int], _c.c_int),
+        }),
+    "sm_100a": KernelPath(
+        arch="sm_100a", capability="10.0", gpu="B200", prefix="megamoe_sm100", params=_sm100_params,
+        entries={
+            "megamoe_sm100_launch": (_launch_args, _c.c_int),
+            "megamoe_sm100_abi_size": ([], _c.c_int),
+            "megamoe_sm100_stage_bytes": ([_c.c_int, _c.c_int], _c.c_longlong),
+            "megamoe_sm100_smem_bytes": ([_c.c_int] * 4, _c.c_longlong),
+            "megamoe_sm100_tmem_cols": ([_c.c_int, _c.c_int], _c.c_int),
+            "megamoe_sm100_check_config": ([_c.c_int] * 7 + [_c.c_longlong, _c.c_int, _c.c_int], _c.c_int),
+            "megamoe_sm100_error_string": ([_c.c_int], _c.c_char_p),
+        },
+        launch_missing=SM100_LAUNCH_MISSING),
+}
+
+
+def supported() -> str:
+    """``"9.x (sm_90a, H100/H200) or 10.0 (sm_100a, B200)"``."""
+    return " or ".join(f"{p.capability} ({p.arch}, {p.gpu})" for p in PATHS.values())
+
+
+def select_path(major: int, minor: int) -> KernelPath:
+    """The kernel path for compute capability ``major.minor``.
+
+    Raises:
+        InputError: no kernel for that capability (one line naming it and what is supported).
+    """
+    try:
+        arch = arch_for_capability(major, minor)
+    except KernelBuildError:
+        raise InputError("device.compute_capability", supported(), f"{major}.{minor}") from None
+    return PATHS[arch]
+
+
+def device_capability(device=None) -> tuple[int, int]:
+    """``(major, minor)`` of a CUDA device (torch); tests replace this function."""
+    import torch
+    return tuple(torch.cuda.get_device_capability(device))
+
+
+def path_for_device(device=None) -> KernelPath:
+    """:func:`select_path` for a CUDA device's compute capability."""
+    major, minor = device_capability(device)
+    return select_path(major, minor)
