@@ -34,7 +34,9 @@ tensor-core rate and TMA load rate are per SM.
 
 from __future__ import annotations
 
+import gc
 import math
+from array import array
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -42,7 +44,7 @@ import simpy
 
 from megamoe.plan import L1, Plan
 from megamoe.scenario import Scenario
-from megamoe.trace import KIND, ROLE, Trace
+from megamoe.trace import COLUMNS, KIND, ROLE, Trace
 
 from .hardware import Hardware, load_hardware
 
@@ -97,41 +99,55 @@ class BandwidthCalendar:
             return t
         self.total_bytes += nbytes
         rate = self.rate
+        used = self.used
         b = int(t / BUCKET_NS)
+        # the start bucket, or (common when the resource is saturated) the bucket its skip
+        # pointer names when that one has room; anything else takes the general search
+        nxt = self.nxt
         try:
-            if self.nxt[b] != b:  # full: jump to the first bucket with room
-                b = self._find(b)
+            r = nxt[b]
+            if r != b:
+                if r + 1 >= len(nxt) or nxt[r] != r:
+                    r = self._find(b)
+                b = r
                 t = b * BUCKET_NS
         except IndexError:
             self._grow(b)
-        used = self.used
         # first bucket: only the part after t is available (used capacity packs at its start)
-        start = b * BUCKET_NS + used[b] / rate
+        u = used[b]
+        start = b * BUCKET_NS + u / rate
         if start < t:
             start = t
         avail = ((b + 1) * BUCKET_NS - start) * rate
         if avail >= nbytes:  # fast path: fits in the first bucket
-            used[b] += nbytes
-            if used[b] >= self.full:
-                self.nxt[b] = b + 1
+            u += nbytes
+            used[b] = u
+            if u >= self.full:
+                nxt[b] = b + 1
             return start + nbytes / rate
+        return self._spill(b, avail, nbytes)
+
+    def _spill(self, b: int, avail: float, nbytes: float) -> float:
+        """The rest of :meth:`reserve` when the transfer does not fit in bucket ``b``."""
+        rate, used, nxt = self.rate, self.used, self.nxt
         if avail > 0:
             used[b] += avail
             nbytes -= avail
             if used[b] >= self.full:
-                self.nxt[b] = b + 1
+                nxt[b] = b + 1
         cap = self.cap
         while True:
-            b = self._find(b + 1)
-            used = self.used
+            b += 1
+            if b + 1 >= len(nxt) or nxt[b] != b:
+                b = self._find(b)
             free = cap - used[b]
             if free >= nbytes:
                 used[b] += nbytes
                 if used[b] >= self.full:
-                    self.nxt[b] = b + 1
+                    nxt[b] = b + 1
                 return b * BUCKET_NS + used[b] / rate
             used[b] = cap
-            self.nxt[b] = b + 1
+            nxt[b] = b + 1
             nbytes -= free
 
 
@@ -178,7 +194,10 @@ class _Engine:
             rate = hw.nvlink_peer_gbs * hw.nvlink_efficiency
             self.links = [[BandwidthCalendar(rate) for _ in range(R)] for _ in range(R)]
         self.rows: list[tuple] = []      # rank-level intervals (COLUMNS order, codes)
-        self.blocks: list[tuple] = []    # per cluster block records, expanded later
+        # per block, in simulation order, 9 doubles: block id, load start, MMA start, MMA end,
+        # epilogue start, epilogue end, dependency, first-touch bytes, ring stage free; the
+        # block id indexes self.block_ids (rank, cluster, phase, expert, m, n, wave, valid rows)
+        self.blocks = array("d")
         self.n_events = 0
         # per rank state
         self.arrival = []        # pool block -> arrival time (nan until known)
@@ -187,12 +206,13 @@ class _Engine:
         self.l1_left = []        # pool block -> pairs still to finish
         self.l1_ev = []
         self.ready_cache = []    # pool block -> L2 K-block readiness times
-        self.dst_lists = []      # pool block -> [(source rank, tokens)] (write-back targets)
         self.touched_w = []      # (phase, expert, n pair) seen
         self.touched_a = []      # (phase, pool block) seen
         self.counts_ready = [None] * R
         self.last_write = np.zeros(R)
         self.cluster_end = np.zeros(R)
+        self.tables = []         # per rank: constants of the GEMM loop (see _rank_tables)
+        ids = []
         for rp in plan.ranks:
             nb = int(rp.pool_block_offset[-1])
             self.arrival.append([None] * nb)
@@ -204,21 +224,76 @@ class _Engine:
             e_loc = len(rp.recv_counts)
             self.touched_w.append([False] * (3 * e_loc * max(rp.l1_n_blocks, rp.l2_n_blocks)))
             self.touched_a.append([False] * (3 * (nb + 1)))
-            frac = np.zeros((nb, R), dtype=np.int64)
-            bm = rp.config.block_m
-            for e in range(len(rp.recv_counts)):
-                if rp.tokens_per_expert[e] == 0:
-                    continue
-                order = rp.pull_order(e)[:, 0]
-                base = int(rp.pool_block_offset[e])
-                for m in range(int(rp.m_blocks_per_expert[e])):
-                    frac[base + m] = np.bincount(order[m * bm:(m + 1) * bm], minlength=R)
-            self.dst_lists.append([[(j, int(x)) for j, x in enumerate(row) if x] for row in frac])
+            self.tables.append(self._rank_tables(rp, ids))
+        self.block_ids = (np.concatenate(ids) if ids else np.zeros((0, 8), np.int64)).astype(np.int32)
         # an NVLink barrier across ranks; with one rank it is a grid sync
         self.barrier_ns = hw.nvl_barrier_ns if plan.num_ranks > 1 else hw.grid_sync_ns
         self.pre_pull_arrivals = 0
         self.pre_pull_times = np.zeros(R)
         self.pre_pull_done = self.env.event()
+
+    def _rank_tables(self, rp, ids: list) -> tuple:
+        """Constants of one rank's GEMM loop, built once: per cluster, the columns of its block
+        rows; per pool block, its valid rows, byte counts and L2 write-back targets.  Appends
+        the rank's ``[n, 8]`` block-id table to ``ids``."""
+        plan, r, R = self.plan, rp.rank, self.plan.num_ranks
+        cfg = rp.config
+        bm, bn, bk, cs = cfg.block_m, cfg.block_n, cfg.block_k, cfg.cluster_size
+        S = plan.num_sms
+        H, I = plan.hidden, plan.intermediate
+        tpe = rp.tokens_per_expert
+        mbe = -(-tpe // bm)
+        pbo = np.concatenate([[0], np.cumsum(mbe)])
+        n_pb = int(pbo[-1])
+        # pool block -> valid rows (its expert's tokens less the rows before it)
+        pb_e = np.repeat(np.arange(len(tpe)), mbe)
+        pb_m = np.arange(n_pb) - pbo[pb_e]
+        valid = np.minimum(bm, tpe[pb_e] - pb_m * bm).tolist()
+        ktot1, ktot2 = (H // bk) * bk, (I // bk) * bk
+        # first-touch activation bytes (FP8 + UE8M0 scales) and L1 output bytes per pool block
+        act1 = [v * ktot1 * WITH_SCALES for v in valid]
+        act2 = [v * ktot2 * WITH_SCALES for v in valid]
+        l1_out = [v * cs * bn / 2 * WITH_SCALES for v in valid]
+        # L2 write-back targets: tokens of each pool block per source rank (pool order)
+        src = [rp.pull_order(e)[:, 0] for e in range(len(tpe)) if tpe[e]]
+        if src:
+            tok_pb = np.repeat(pbo[:-1], tpe) + np.concatenate([np.arange(x) for x in tpe]) // bm
+            frac = np.bincount(tok_pb * R + np.concatenate(src), minlength=n_pb * R).reshape(n_pb, R)
+        else:
+            frac = np.zeros((n_pb, R), dtype=np.int64)
+        row_bytes = cs * bn * 2  # BF16 output row of the unit's CTAs
+        ingress = self.ingress
+        wb = []  # (local bytes or None, [(rank, ingress calendar, its lists, bytes)], remote bytes)
+        for row in frac.tolist():
+            local, remote, tot = None, [], 0
+            for j, cnt in enumerate(row):
+                if cnt:
+                    nb = cnt * row_bytes
+                    if j == r:
+                        local = nb
+                    else:
+                        tot += nb
+                        remote.append((j, ingress[j], ingress[j].used, ingress[j].nxt, nb))
+            wb.append((local, remote, tot))
+        # per cluster (SMs cs*c .. cs*c+cs-1 run rows cs*c, cs*c + S, ...): loop columns
+        blk = rp.blocks().astype(np.int64)
+        ph, e, m, n = blk[:, 0], blk[:, 1], blk[:, 2], blk[:, 3]
+        pb = pbo[e] + m
+        e_loc = len(tpe)
+        nbw = max(rp.l1_n_blocks, rp.l2_n_blocks)
+        key_w = (ph * e_loc + e) * nbw + n    # (phase, expert, n pair) first touch
+        key_a = ph * (n_pb + 1) + pb          # (phase, pool block) first touch
+        valid_a = np.asarray(valid, dtype=np.int64)
+        base = sum(len(x) for x in ids)
+        clusters = []
+        for c in range(S // cs):
+            sel = slice(cs * c, None, S)
+            k = len(ph[sel])
+            ids.append(np.column_stack([np.full(k, r), np.full(k, c), blk[sel], valid_a[pb[sel]]]).reshape(k, 8))
+            clusters.append((ph[sel].tolist(), n[sel].tolist(), pb[sel].tolist(), key_w[sel].tolist(),
+                             key_a[sel].tolist(), range(base, base + k)))
+            base += k
+        return clusters, act1, act2, l1_out, wb
 
     # -- dispatch ---------------------------------------------------------------
     def dispatch(self, r: int):
@@ -246,7 +321,8 @@ class _Engine:
         self.pre_pull_times[r] = env.now
         self.pre_pull_arrivals += 1
         if self.pre_pull_arrivals == plan.num_ranks:
-            done = self.pre_pull_times.max() + self.barrier_ns
+            # a Python float: it becomes the SimPy clock, which numpy scalars would slow down
+            done = float(self.pre_pull_times.max() + self.barrier_ns)
             ev = self.pre_pull_done
             self.env.timeout(done - env.now).callbacks.append(lambda _e: ev.succeed(done))
         start_wait = env.now
@@ -307,13 +383,13 @@ class _Engine:
         rp = plan.ranks[r]
         cfg = rp.config
         bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-        S = plan.num_sms
         cs = cfg.cluster_size  # SMs per unit: 2 (2-CTA cluster, lockstep) or 1
-        rows = rp.blocks()[cs * c::S].tolist()
+        clusters, act1, act2, l1_out, wb = self.tables[r]
+        cols = clusters[c]  # phase, n block, pool block, first-touch keys, block id per row
         t_ready = self.counts_ready[r]
         if t_ready is None:
             t_ready = yield self.pre_pull_done
-        if not rows:
+        if not cols[0]:
             self.cluster_end[r] = max(self.cluster_end[r], t_ready)
             return
         H, I = plan.hidden, plan.intermediate
@@ -336,34 +412,35 @@ class _Engine:
             t_k = max(t_mma_k, stage_bytes / load_rate) + hw.block_overhead_ns / max(1, H // bk)
         epi_threads = cfg.num_epilogue_threads
         # the L1 epilogue pays a fixed hand-off (cross-warp amax reduction, arrival-mask release)
-        t_epi = (0.0, hw.l1_epilogue_thread_ns_per_elem * bm * bn / epi_threads + hw.block_overhead_ns,
-                 hw.l2_epilogue_thread_ns_per_elem * bm * bn / epi_threads)
-        K = (0, H // bk, I // bk)
+        t_epi1 = hw.l1_epilogue_thread_ns_per_elem * bm * bn / epi_threads + hw.block_overhead_ns
+        t_epi2 = hw.l2_epilogue_thread_ns_per_elem * bm * bn / epi_threads
+        kb1, kb2 = H // bk, I // bk
+        # per-phase constants: K-loop length, the ring's prefetch, FP4 weight bytes of the unit
+        loop1, loop2 = kb1 * t_k, kb2 * t_k
+        pre1, pre2 = min(stages, kb1) * t_k, min(stages, kb2) * t_k
+        w1, w2 = cs * bn * (kb1 * bk) / 2, cs * bn * (kb2 * bk) / 2
         per_kb = 2 * bk // bn  # L1 n blocks (bn/2 SwiGLU outputs each) per L2 K block
-        pbo = rp.pool_block_offset.tolist()
-        tpe = rp.tokens_per_expert.tolist()
         prev_mma_end = t_ready
         prev_prefetch = 0.0
         prev_epi_end = t_ready
         epi_m2 = epi_m1 = t_ready  # epilogue ends of the two previous blocks (TMEM stages)
-        hbm, egress, ingress, links = self.hbm[r], self.egress[r], self.ingress, self.links
+        hbm, egress, links = self.hbm[r], self.egress[r], self.links
+        hbm_reserve, egress_reserve = hbm.reserve, egress.reserve
+        # BandwidthCalendar.reserve(t, nbytes) runs inline below for its common case (the
+        # bucket of t, or the bucket its skip pointer names, has room for all the bytes) and
+        # is called otherwise; the ingress calendars all have the same rate
+        hused, hnxt, hrate, hfull = hbm.used, hbm.nxt, hbm.rate, hbm.full
+        irate, ifull = self.ingress[0].rate, self.ingress[0].full
         tw, ta = self.touched_w[r], self.touched_a[r]
-        nbw = max(rp.l1_n_blocks, rp.l2_n_blocks)
-        nbp = pbo[-1] + 1
         l1_done, l1_left, l1_ev = self.l1_done[r], self.l1_left[r], self.l1_ev[r]
         ready_cache = self.ready_cache[r]
-        n_experts = len(tpe)
         arrival, arrival_ev = self.arrival[r], self.arrival_ev[r]
-        dsts = self.dst_lists[r]
         per_k_wait = plan.l2_wait == "k_block"
-        row_bytes = cs * bn * 2  # BF16 output row of the unit's CTAs
         wb_slack = hw.nvlink_latency_ns
-        blocks = self.blocks
-        last_write = self.last_write[r]
-        for phase, e, m, n, w in rows:
-            pb = pbo[e] + m
-            valid_m = min(bm, tpe[e] - m * bm)
-            kb = K[phase]
+        record = self.blocks.extend
+        timeout = env.timeout
+        last_write = float(self.last_write[r])
+        for phase, n, pb, key_w, key_a, bid in zip(*cols):
             ready_adj = None
             if phase == L1:
                 dep = arrival[pb]
@@ -381,11 +458,11 @@ class _Engine:
                 cached = ready_cache.get(pb)
                 if cached is None:  # the K-block readiness of this pool block, once
                     vec = l1_done[pb]
-                    ready = [max(vec[i * per_kb:(i + 1) * per_kb]) for i in range(kb)]
+                    ready = [max(vec[i * per_kb:(i + 1) * per_kb]) for i in range(kb2)]
                     # K block i is consumed no earlier than ready_i + lat and the loop ends
                     # (kb - i) * t_k after that: the latest such end, less lat + kb * t_k
                     cached = ready_cache[pb] = (ready[0], max(ready), max(x - i * t_k for i, x in enumerate(ready)))
-                if per_k_wait and kb > 1:
+                if per_k_wait and kb2 > 1:
                     dep, ready_adj = cached[0], cached[2]
                 else:
                     dep = cached[1]
@@ -394,58 +471,139 @@ class _Engine:
             load_start = dep if dep > free else free
             # accumulator stages: TMEM has 2 (block i waits for epilogue i-2); the SM90
             # consumers hold the accumulators in registers and run the epilogue themselves
-            mma_start = max(load_start + lat, prev_mma_end, epi_m1 if sm90 else epi_m2)
-            if load_start > env.now:
-                yield env.timeout(load_start - env.now)
-            ktot = kb * bk
+            mma_start = load_start + lat
+            if prev_mma_end > mma_start:
+                mma_start = prev_mma_end
+            x = epi_m1 if sm90 else epi_m2
+            if x > mma_start:
+                mma_start = x
+            now = env.now
+            if load_start > now:
+                yield timeout(load_start - now)
             first = 0.0
-            key = (phase * n_experts + e) * nbw + n
-            if not tw[key]:
-                tw[key] = True
-                first += cs * bn * ktot / 2  # FP4 weights of the unit's n blocks
-            key = phase * nbp + pb
-            if not ta[key]:
-                ta[key] = True
-                first += valid_m * ktot * WITH_SCALES  # FP8 activations + UE8M0 scales
-            mma_end = mma_start + kb * t_k
-            if first:
-                f = hbm.reserve(load_start, first) + t_k
-                if f > mma_end:
-                    mma_end = f
-            if ready_adj is not None:
-                f = ready_adj + lat + kb * t_k
-                if f > mma_end:
-                    mma_end = f
-            epi_start = mma_end if mma_end > prev_epi_end else prev_epi_end
-            epi_end = epi_start + t_epi[phase]
+            if not tw[key_w]:
+                tw[key_w] = True
+                first = w1 if phase == L1 else w2  # FP4 weights of the unit's n blocks
+            if not ta[key_a]:
+                ta[key_a] = True
+                first += act1[pb] if phase == L1 else act2[pb]  # FP8 activations + UE8M0 scales
             if phase == L1:
-                f = hbm.reserve(epi_start, valid_m * cs * bn / 2 * WITH_SCALES)  # FP8 outputs + scales
+                mma_end = mma_start + loop1
+                if first:
+                    f = hbm_reserve(load_start, first) + t_k
+                    if f > mma_end:
+                        mma_end = f
+                epi_start = mma_end if mma_end > prev_epi_end else prev_epi_end
+                epi_end = epi_start + t_epi1
+                # FP8 outputs + scales to HBM: hbm.reserve(epi_start, nb)
+                nb = l1_out[pb]
+                b = int(epi_start / BUCKET_NS)
+                try:
+                    x = hnxt[b]
+                    if x != b and hnxt[x] != x:
+                        x = -1
+                except IndexError:
+                    x = -1
+                f = None
+                if x >= 0:
+                    start = x * BUCKET_NS + hused[x] / hrate
+                    if start < epi_start:
+                        start = epi_start
+                    if ((x + 1) * BUCKET_NS - start) * hrate >= nb:
+                        hbm.total_bytes += nb
+                        u = hused[x] + nb
+                        hused[x] = u
+                        if u >= hfull:
+                            hnxt[x] = x + 1
+                        f = start + nb / hrate
+                if f is None:
+                    f = hbm_reserve(epi_start, nb)
                 if f > epi_end:
                     epi_end = f
                 done = l1_done[pb]
                 for h in range(cs):
                     done[n + h] = epi_end
-                l1_left[pb] -= cs
-                if l1_left[pb] == 0:
+                left = l1_left[pb] = l1_left[pb] - cs
+                if left == 0:
                     ev = l1_ev.pop(pb, None)
                     if ev is not None:
                         ev.succeed()
+                prev_prefetch = pre1
             else:
+                mma_end = mma_start + loop2
+                if first:
+                    f = hbm_reserve(load_start, first) + t_k
+                    if f > mma_end:
+                        mma_end = f
+                if ready_adj is not None:
+                    f = ready_adj + lat + loop2
+                    if f > mma_end:
+                        mma_end = f
+                epi_start = mma_end if mma_end > prev_epi_end else prev_epi_end
+                epi_end = epi_start + t_epi2
+                # BF16 rows to each token's source rank: HBM for local rows, else the
+                # destination's NVLink ingress (and the pair's link) plus this GPU's egress
                 fin = epi_end
-                remote = 0
-                for j, cnt in dsts[pb]:
-                    nb = cnt * row_bytes
-                    if j == r:
-                        f = hbm.reserve(epi_start, nb)
-                    else:
-                        remote += nb
-                        f = ingress[j].reserve(epi_start, nb)
-                        if links is not None:
-                            f = max(f, links[r][j].reserve(epi_start, nb))
+                local, remote, remote_bytes = wb[pb]
+                b = int(epi_start / BUCKET_NS)
+                if local is not None:
+                    nb = local
+                    try:
+                        x = hnxt[b]
+                        if x != b and hnxt[x] != x:
+                            x = -1
+                    except IndexError:
+                        x = -1
+                    f = None
+                    if x >= 0:
+                        start = x * BUCKET_NS + hused[x] / hrate
+                        if start < epi_start:
+                            start = epi_start
+                        if ((x + 1) * BUCKET_NS - start) * hrate >= nb:
+                            hbm.total_bytes += nb
+                            u = hused[x] + nb
+                            hused[x] = u
+                            if u >= hfull:
+                                hnxt[x] = x + 1
+                            f = start + nb / hrate
+                    if f is None:
+                        f = hbm_reserve(epi_start, nb)
                     if f > fin:
                         fin = f
-                if remote:
-                    f = egress.reserve(epi_start, remote)
+                if links is None:
+                    for j, cal, used, nxt, nb in remote:
+                        try:
+                            x = nxt[b]
+                            if x != b and nxt[x] != x:
+                                x = -1
+                        except IndexError:
+                            x = -1
+                        f = None
+                        if x >= 0:
+                            start = x * BUCKET_NS + used[x] / irate
+                            if start < epi_start:
+                                start = epi_start
+                            if ((x + 1) * BUCKET_NS - start) * irate >= nb:
+                                cal.total_bytes += nb
+                                u = used[x] + nb
+                                used[x] = u
+                                if u >= ifull:
+                                    nxt[x] = x + 1
+                                f = start + nb / irate
+                        if f is None:
+                            f = cal.reserve(epi_start, nb)
+                        if f > fin:
+                            fin = f
+                else:
+                    for j, cal, used, nxt, nb in remote:
+                        f = cal.reserve(epi_start, nb)
+                        f2 = links[r][j].reserve(epi_start, nb)
+                        if f2 > f:
+                            f = f2
+                        if f > fin:
+                            fin = f
+                if remote_bytes:
+                    f = egress_reserve(epi_start, remote_bytes)
                     if f > fin:
                         fin = f
                 # the stores must drain (but for the last hop) before the TMEM stage is reused
@@ -453,10 +611,9 @@ class _Engine:
                     epi_end = fin - wb_slack
                 if fin > last_write:
                     last_write = fin
-            blocks.append((r, c, phase, e, m, n, w, load_start, mma_start, mma_end, epi_start,
-                           epi_end, dep, valid_m, first, free))
+                prev_prefetch = pre2
+            record((bid, load_start, mma_start, mma_end, epi_start, epi_end, dep, first, free))
             prev_mma_end = mma_end
-            prev_prefetch = min(stages, kb) * t_k
             prev_epi_end = epi_end
             epi_m2, epi_m1 = epi_m1, epi_end
         self.last_write[r] = max(self.last_write[r], last_write)
@@ -503,49 +660,63 @@ class _Engine:
         return end, t_red
 
     def trace(self) -> Trace:
-        parts = [Trace.from_rows(np.asarray(self.rows, dtype=np.float64))] if self.rows else []
-        if self.blocks:
-            b = np.asarray(self.blocks, dtype=np.float64)
-            i32 = lambda x: x.astype(np.int32)
-            r, c, ph, e, m, n, w = (i32(b[:, i]) for i in range(7))
-            ls, ms, me, es, ee, dep = (b[:, i] for i in range(7, 13))
-            vm, first, free = i32(b[:, 13]), b[:, 14], b[:, 15]
-            l1 = ph == L1
-            load_kind = np.where(l1, KIND["l1_load"], KIND["l2_load"]).astype(np.int32)
-            mma_kind = np.where(l1, KIND["l1_mma"], KIND["l2_mma"]).astype(np.int32)
-            epi_kind = np.where(l1, KIND["l1_epilogue"], KIND["l2_epilogue"]).astype(np.int32)
-            # the loader sat idle on a dependency (chains 1 and 3) from `free` until `dep`
-            waited = dep > free + 1e-6
-            cs = self.plan.ranks[0].config.cluster_size
-            nb = (first / cs).astype(np.int64)
-            if self.plan.design == "megamoe-sm90":  # producer / consumer warpgroups
-                lanes = ((ROLE["producer"], load_kind, ls, me, None), (ROLE["consumer"], mma_kind, ms, me, None),
-                         (ROLE["consumer"], epi_kind, es, ee, None), (ROLE["producer"], None, free, dep, waited))
-            else:
-                lanes = ((ROLE["tma_a"], load_kind, ls, me, None), (ROLE["tma_b"], load_kind, ls, me, None),
-                         (ROLE["mma"], mma_kind, ms, me, None), (ROLE["epilogue"], epi_kind, es, ee, None),
-                         (ROLE["tma_a"], None, free, dep, waited))
-            cols = {k: [] for k in ("rank", "sm", "role", "kind", "expert", "m_block", "n_block",
-                                    "wave", "t_start_ns", "t_end_ns", "bytes", "tokens")}
-            for half in range(cs):
-                sm, nn = cs * c + half, n + half
-                for role, kind, t0, t1, sel in lanes:
-                    pick = (lambda x: x) if sel is None else (lambda x, s=sel: x[s])
-                    k = pick(kind) if kind is not None else np.full(int(sel.sum()), KIND["idle_wait"], np.int32)
-                    cols["rank"].append(pick(r))
-                    cols["sm"].append(pick(sm))
-                    cols["role"].append(np.full(len(k), role, np.int32))
-                    cols["kind"].append(k)
-                    cols["expert"].append(pick(e))
-                    cols["m_block"].append(pick(m))
-                    cols["n_block"].append(pick(nn))
-                    cols["wave"].append(pick(w))
-                    cols["t_start_ns"].append(pick(t0))
-                    cols["t_end_ns"].append(pick(t1))
-                    cols["bytes"].append(pick(nb) if sel is None else np.zeros(len(k), np.int64))
-                    cols["tokens"].append(pick(vm))
-            parts.append(Trace({k: np.concatenate(v) for k, v in cols.items()}))
-        return Trace.concat(parts) if parts else Trace.from_rows([])
+        rows = Trace.from_rows(np.asarray(self.rows, dtype=np.float64)) if self.rows else None
+        if not self.blocks:
+            return rows if rows is not None else Trace.from_rows([])
+        b = np.frombuffer(self.blocks, dtype=np.float64).reshape(-1, 9)
+        nblk = len(b)
+        ids = self.block_ids[b[:, 0].astype(np.int64)]
+        r, c, ph, e, m, n, w, vm = (ids[:, i] for i in range(8))
+        ls, ms, me, es, ee, dep, first, free = (b[:, i] for i in range(1, 9))
+        l1 = ph == L1
+        load_kind = np.where(l1, KIND["l1_load"], KIND["l2_load"]).astype(np.int32)
+        mma_kind = np.where(l1, KIND["l1_mma"], KIND["l2_mma"]).astype(np.int32)
+        epi_kind = np.where(l1, KIND["l1_epilogue"], KIND["l2_epilogue"]).astype(np.int32)
+        # the loader sat idle on a dependency (chains 1 and 3) from `free` until `dep`
+        waited = dep > free + 1e-6
+        cs = self.plan.ranks[0].config.cluster_size
+        nb = (first / cs).astype(np.int64)
+        if self.plan.design == "megamoe-sm90":  # producer / consumer warpgroups
+            lanes = ((ROLE["producer"], load_kind, ls, me), (ROLE["consumer"], mma_kind, ms, me),
+                     (ROLE["consumer"], epi_kind, es, ee))
+            wait_role = ROLE["producer"]
+        else:
+            lanes = ((ROLE["tma_a"], load_kind, ls, me), (ROLE["tma_b"], load_kind, ls, me),
+                     (ROLE["mma"], mma_kind, ms, me), (ROLE["epilogue"], epi_kind, es, ee))
+            wait_role = ROLE["tma_a"]
+        # per SM of the unit: every lane's intervals, then the dependency waits; the columns are
+        # written straight into the final arrays (rank-level rows first)
+        sel = np.nonzero(waited)[0]
+        nw = len(sel)
+        L = len(lanes)
+        head = len(rows) if rows is not None else 0
+        per_sm = L * nblk + nw
+        total = head + cs * per_sm
+        dtypes = Trace.from_rows([]).cols  # the schema's column dtypes
+        out = {k: np.empty(total, dtype=dtypes[k].dtype) for k in COLUMNS}
+        if rows is not None:
+            for k in COLUMNS:
+                out[k][:head] = rows[k]
+        same = {"rank": r, "expert": e, "m_block": m, "wave": w, "tokens": vm}
+        for half in range(cs):
+            sm, nn = cs * c + half, n + half
+            p = head + half * per_sm
+            q = p + L * nblk
+            full = {**same, "sm": sm, "n_block": nn, "bytes": nb}
+            for k, v in full.items():
+                out[k][p:q].reshape(L, nblk)[:] = v
+                out[k][q:q + nw] = v[sel] if k != "bytes" else 0
+            for i, (role, kind, t0, t1) in enumerate(lanes):
+                s = slice(p + i * nblk, p + (i + 1) * nblk)
+                out["role"][s] = role
+                out["kind"][s] = kind
+                out["t_start_ns"][s] = t0
+                out["t_end_ns"][s] = t1
+            out["role"][q:q + nw] = wait_role
+            out["kind"][q:q + nw] = KIND["idle_wait"]
+            out["t_start_ns"][q:q + nw] = free[sel]
+            out["t_end_ns"][q:q + nw] = dep[sel]
+        return Trace(out)
 
 
 def simulate(scenario: Scenario, hardware: Hardware | None = None) -> SimResult:
@@ -563,6 +734,18 @@ def simulate(scenario: Scenario, hardware: Hardware | None = None) -> SimResult:
     """
     from .metrics import summarize
 
+    # the simulation allocates many small objects (block records, SimPy events) and frees
+    # nothing cyclic that matters while it runs: the cyclic collector only costs time here
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _simulate(scenario, hardware, summarize)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _simulate(scenario: Scenario, hardware: Hardware | None, summarize) -> SimResult:
     hw = hardware if hardware is not None else load_hardware(scenario.hardware)
     plan = scenario.plan(hw.num_sms, hw.smem_per_block_bytes)
     for rp in plan.ranks:  # run (and check) scheduler policies before the simulation
