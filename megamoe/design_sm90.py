@@ -9,10 +9,12 @@ Design, in one paragraph: one persistent CTA per SM (the pipeline ring needs mor
 of the 227 KB of shared memory, so two CTAs would halve the stages; one CTA also keeps the
 dispatch warps and the grid sync simple), 512 threads in three warp-specialized roles —
 dispatch (warps 0-3), producer (warps 4-7: cp.async of activation tiles and packed E2M1
-weight tiles, completion through the stage's mbarrier) and consumer (warps 8-15: E2M1 ->
-E4M3 decode into shared memory, FP8
-``mma.sync.m16n8k32`` with per-32-K UE8M0 promotion in FP32, then the epilogues). Block
-tile ``block_m x 128 x 128``; the block order is DeepGEMM's MegaMoEScheduler rule.
+weight tiles, completion through the stage's mbarrier) and consumer (warps 8-15, two
+warpgroups: E2M1 -> E4M3 decode into shared memory, FP8 WGMMA ``m64n{block_m}k32`` with the
+weights as the A operand ("swap AB", 64 weight rows per warpgroup) and per-32-K UE8M0
+promotion in FP32, then the epilogues). ``setmaxnreg`` moves registers from the dispatch and
+producer warpgroups to the consumers. Block tile ``128 weight rows x block_m tokens x 128``;
+the block order is DeepGEMM's MegaMoEScheduler rule.
 """
 
 from __future__ import annotations
@@ -51,8 +53,9 @@ def _align(x: int, a: int) -> int:
 def block_m_for(expected_tokens_per_expert: float) -> int:
     """Smallest supported block_m that holds the expected tokens of one expert (max 128).
 
-    ``expected = tokens * ranks * topk / experts``. The m16n8k32 MMA makes 16 the floor;
-    128 is the largest tile whose accumulators fit the consumers' registers.
+    ``expected = tokens * ranks * topk / experts``. WGMMA's N (the tokens, swap AB) makes
+    16 a convenient floor; 128 is the largest tile whose accumulator and WGMMA partial fit
+    the consumers' registers.
     """
     for bm in BLOCK_MS:
         if expected_tokens_per_expert <= bm:
@@ -60,19 +63,17 @@ def block_m_for(expected_tokens_per_expert: float) -> int:
     return BLOCK_MS[-1]
 
 
-def consumer_warps_n(block_m: int) -> int:
-    """Consumer warps along N (8 consumer warps = warps_m x warps_n)."""
-    return 4 if block_m >= 64 else 8
-
-
 def stage_bytes(block_m: int) -> int:
-    """Shared memory of one pipeline stage: A tile, A scales, packed B, B scales, decoded B."""
-    return block_m * BLOCK_K + _align(block_m * 4, 128) + 8192 + 512 + 16384
+    """Shared memory of one pipeline stage, rounded up to 1024 B (WGMMA's 128-byte swizzle
+    atoms need 1024-B alignment): A tile, decoded B, packed B, B scales, A scales, FP32 scale
+    tables per consumer warpgroup: [2][4][64] (its weight rows) and [2][4][block_m] (tokens)."""
+    return _align(block_m * BLOCK_K + 16384 + 8192 + 512 + _align(block_m * 4, 128) + 2048 + block_m * 32, 1024)
 
 
 def fixed_bytes(block_m: int, num_experts: int) -> int:
-    """Barriers (1 KB), dispatch scratch (3 ints per expert + 64 B), epilogue amax scratch."""
-    return 1024 + _align(num_experts * 12 + 64, 128) + _align(consumer_warps_n(block_m) * block_m * 4, 128)
+    """Barriers (1 KB), dispatch scratch (3 ints per expert + 64 B), epilogue amax scratch
+    (8 consumer warps x block_m FP32), rounded up to 1024 B."""
+    return _align(1024 + _align(num_experts * 12 + 64, 128) + _align(CONSUMER_WARPS * block_m * 4, 128), 1024)
 
 
 def smem_bytes(block_m: int, num_stages: int, num_experts: int) -> int:

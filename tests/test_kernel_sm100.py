@@ -9,11 +9,13 @@ shared memory, and that every number it would run with comes from megamoe.plan's
 
 import ctypes
 import importlib
+import re
 
 import numpy as np
 import pytest
 
 from megamoe import design_sm100 as d100
+from megamoe import design_sm90 as d90
 from megamoe import plan as P
 
 kbuild = importlib.import_module("megamoe.kernel.build")
@@ -83,26 +85,45 @@ def test_sm100_resources(sm100_build):
 def test_sass_contains_the_matrix_instructions(arch):
     """Disassemble each build: sm_100a has UTCQMMA.2CTA (block-scaled 2-CTA UMMA), UTCCP (scales
     -> TMEM), LDTM (TMEM loads), the multicast commit and the TMEM allocator in every instance;
-    sm_90a has HMMA.16816.F32 fed by F2FP.F16.E4M3.UNPACK_B (its FP8 mma.sync lowered to FP16
-    MMA) and no QMMA/QGMMA/HGMMA."""
+    sm_90a has FP8 WGMMA (QGMMA.64xNx32 with N = the instance's block_m), its wait and the
+    setmaxnreg register split in every instance, and no warp-level MMA (HMMA/QMMA)."""
     _need_nvcc()
-    if arch == "sm_100a":
-        _need_cutlass()
+    _need_cutlass()
     _need_cuobjdump()
     r = kbuild.build(arch)
     sass = kbuild.disassemble(r.path)
     found = kbuild.check_sass(arch, sass)
     kernels = [f for f in found if "_kernel" in f]
-    assert len(kernels) == len(d100.INSTANCES) if arch == "sm_100a" else len(kernels) >= 1
+    assert len(kernels) == (len(d100.INSTANCES) if arch == "sm_100a" else len(d90.BLOCK_MS))
     for fn in kernels:
         print(arch, fn, found[fn])
     ops = kbuild.sass_opcodes(sass)
     every = {op for fn in ops.values() for op in fn}
     if arch == "sm_90a":
-        assert not any(op.startswith(("QMMA", "QGMMA", "HGMMA", "UTC")) for op in every)
+        assert not any(op.startswith(("HMMA", "QMMA", "UTC")) for op in every)
+        for fn, fops in ops.items():  # the WGMMA's N is the instance's block_m (swap AB)
+            bm = int(re.search(r"kernelILi(\d+)E", fn).group(1))
+            assert {op for op in fops if op.startswith("QGMMA")} == {f"QGMMA.64x{bm}x32.F32.E4M3.E4M3"}, fn
     else:
         assert not any(op.startswith(("HMMA", "QMMA", "HGMMA", "QGMMA")) for op in every)
         assert any(op.startswith("UTCCP") for op in every) and any(op.startswith("LDTM") for op in every)
+    # no register spills inside the matrix loops
+    assert set(kbuild.hot_loop_local_memory(arch, sass).values()) == {0}
+
+
+def test_hot_loop_local_memory_counts_only_inside_the_matrix_loop():
+    fake = """
+        Function : k1
+        /*0000*/                   STL [R1], R0 ;
+        /*0010*/                   QGMMA.64x16x32.F32.E4M3.E4M3 R24, gdesc[UR4], RZ, !UPT, gsb0 ;
+        /*0020*/                   LDL R3, [R1+0x4] ;
+        /*0030*/                   QGMMA.64x16x32.F32.E4M3.E4M3 R24, gdesc[UR8], RZ, !UPT, gsb0 ;
+        /*0040*/                   STL [R1+0x8], R2 ;
+        Function : k2
+        /*0000*/                   LDL R3, [R1+0x4] ;
+        /*0010*/                   QGMMA.64x16x32.F32.E4M3.E4M3 R24, gdesc[UR4], RZ, !UPT, gsb0 ;
+"""
+    assert kbuild.hot_loop_local_memory("sm_90a", fake) == {"k1": 1, "k2": 0}
 
 
 def _idx(rng, T, E, K):

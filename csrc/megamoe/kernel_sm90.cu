@@ -31,32 +31,47 @@ namespace megamoe {
 constexpr int kThreads = 512;
 constexpr int kDispatchThreads = 128, kProducerThreads = 128, kConsumerThreads = 256;
 constexpr int kConsumerWarps = 8;
-constexpr uint32_t kBarDispatch = 1, kBarConsumer = 2;
+// Register split per warpgroup (setmaxnreg), chosen among 80/80/176, 64/96/176, 72/104/168 and
+// 56/120/168 by timing on the H200 (benchmarks/NOTES_kernel.md).
+constexpr uint32_t kRegsEven = 128, kRegsDispatch = 64, kRegsProducer = 96, kRegsConsumer = 176;
+static_assert(kRegsDispatch + kRegsProducer + 2 * kRegsConsumer == 4 * kRegsEven, "register split");
+template <uint32_t R> __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(R)); }
+template <uint32_t R> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(R)); }
+constexpr uint32_t kBarDispatch = 1, kBarConsumer = 2, kBarConsumerWg0 = 3;  // 3, 4: one per consumer warpgroup
 
 __host__ __device__ constexpr size_t align128(size_t x) { return (x + 127) & ~size_t(127); }
 
-// Shared-memory layout (mirrored by megamoe.design_sm90.smem_bytes).
+// Shared-memory layout (mirrored by megamoe.design_sm90.smem_bytes). Every stage starts on a
+// 1024-B boundary, and so do its two WGMMA operands (A tokens, decoded B weights): the
+// 128-byte swizzle atoms of the descriptors (mma_sm90.cuh) must be 1024-B aligned.
+__host__ __device__ constexpr size_t align1024(size_t x) { return (x + 1023) & ~size_t(1023); }
 __host__ __device__ constexpr size_t stage_bytes(int bm) {
-    return (size_t)bm * 128 + align128((size_t)bm * 4) + 8192 + 512 + 16384;
+    // a [bm][128] | bdec [128][128] | bpk [128][64] | sfb [128][4] | sfa [bm][4] | fsw f32 [2][4][64] |
+    // fsx f32 [2][4][bm] (one table per consumer warpgroup)
+    return align1024((size_t)bm * 128 + 16384 + 8192 + 512 + align128((size_t)bm * 4) + 2048 + (size_t)bm * 32);
 }
 __host__ __device__ constexpr size_t fixed_bytes(int bm, int num_experts) {
-    return 1024 + align128((size_t)num_experts * 12 + 64) + align128((size_t)(bm >= 64 ? 4 : 8) * bm * 4);
+    // barriers | dispatch scratch | per-warp amax [8][bm] f32
+    return align1024(1024 + align128((size_t)num_experts * 12 + 64) + align128((size_t)8 * bm * 4));
 }
 __host__ __device__ constexpr size_t smem_bytes(int bm, int stages, int num_experts) {
     return fixed_bytes(bm, num_experts) + (size_t)stages * stage_bytes(bm);
 }
 
 struct Stage {
-    uint8_t *a, *sfa, *bpk, *sfb, *bdec;
+    uint8_t *a, *bdec, *bpk, *sfb, *sfa;
+    float *fsw, *fsx;
 };
 template <int BM>
 __device__ __forceinline__ Stage get_stage(uint8_t* base, int s) {
     Stage st;
     st.a = base + (size_t)s * stage_bytes(BM);
-    st.sfa = st.a + BM * 128;
-    st.bpk = st.sfa + align128(BM * 4);
+    st.bdec = st.a + BM * 128;
+    st.bpk = st.bdec + 16384;
     st.sfb = st.bpk + 8192;
-    st.bdec = st.sfb + 512;
+    st.sfa = st.sfb + 512;
+    st.fsw = reinterpret_cast<float*>(st.sfa + align128(BM * 4));
+    st.fsx = st.fsw + 512;
     return st;
 }
 
@@ -390,6 +405,7 @@ struct Producer {
     uint64_t *full, *empty;
     int S, ptid;
     int it = 0;
+    long long cyc_wait_empty = 0;  // profile (fault_inject bit 32): SM cycles waiting for a free stage
 
     __device__ __forceinline__ Producer(const Params& p_, uint8_t* st, uint64_t* f, uint64_t* e)
         : p(p_), stages(st), full(f), empty(e) {
@@ -399,7 +415,9 @@ struct Producer {
 
     __device__ __forceinline__ bool issue(const Block& b, int kb) {
         const int s = it % S, r = it / S;
+        const long long c0 = clock64();
         if (r > 0 && !mbar_wait(p, empty + s, (uint32_t)((r - 1) & 1), kRoleProducer)) return false;
+        cyc_wait_empty += clock64() - c0;
         const Stage st = get_stage<BM>(stages, s);
         const bool l1 = b.phase == kPhaseL1;
         const int H = (int)p.hidden, I = (int)p.inter;
@@ -407,6 +425,7 @@ struct Producer {
         const uint8_t* a_src = l1 ? p.l1_pool + prow0 * H + kb * 128 : p.l2_pool + prow0 * I + kb * 128;
         const size_t a_ld = l1 ? H : I;
         const uint8_t* sfa_src = (l1 ? p.l1_pool_sf : p.l2_pool_sf) + ((size_t)kb * p.pool_rows + prow0) * 4;
+        #pragma unroll 1
         for (int c = ptid; c < BM * 8; c += kProducerThreads) {
             const int row = c >> 3, ch = c & 7;
             cp_async_16_cg(st.a + row * 128 + ((ch ^ (row & 7)) << 4), a_src + row * a_ld + ch * 16);
@@ -447,12 +466,15 @@ struct Producer {
         if (!sched.fetch_counts(p, kRoleProducer)) return;
         sched.set_expert(0);
         const bool trace = p.trace_cap > 0 && ptid == 0;
+        const long long c_start = clock64();
+        long long cyc_wait_dep = 0;  // profile: waiting for arrival counts / masks
         for (;;) {
             const Block b = sched.next();
             if (b.phase == kPhaseNone) break;
             const uint64_t tb = globaltimer();
             const int wave = b.expert / (int)p.experts_per_wave;
             if (ptid == 0) progress(p, 1, (uint32_t)((b.phase << 28) | (b.expert << 16) | (b.m_block << 8) | b.n_block));
+            long long cd = clock64();
             if (b.phase == kPhaseL1) {
                 uint32_t v = ld_acquire_u32(p.arrival + b.pool_block);
                 if (v != (uint32_t)b.valid_m) {
@@ -467,8 +489,10 @@ struct Producer {
                     if (trace) trace_record(p, kRoleProducer, kKindIdleWait, b.expert, b.m_block, b.n_block, wave, b.valid_m, tw, globaltimer());
                 }
             }
+            cyc_wait_dep += clock64() - cd;
             unsigned long long have = 0;
             for (int kb = 0; kb < b.num_k_blocks; ++kb) {
+                cd = clock64();
                 if (b.phase == kPhaseL2) {
                     const unsigned long long need = 3ull << (2 * kb);
                     if ((have & need) != need) {
@@ -486,38 +510,55 @@ struct Producer {
                         }
                     }
                 }
+                cyc_wait_dep += clock64() - cd;
                 if (!issue(b, kb)) return;
             }
             if (trace) trace_record(p, kRoleProducer, b.phase == kPhaseL1 ? kKindL1Load : kKindL2Load, b.expert, b.m_block,
                                     b.n_block, wave, b.valid_m, tb, globaltimer());
         }
         asm volatile("cp.async.wait_all;" ::: "memory");
+        if ((p.fault_inject & 32) && ptid == 0) {
+            progress(p, 8, (uint32_t)((clock64() - c_start) >> 6));
+            progress(p, 9, (uint32_t)(cyc_wait_empty >> 6));
+            progress(p, 10, (uint32_t)(cyc_wait_dep >> 6));
+        }
     }
 };
 
 // ------------------------------------------------------------------ consumer (warps 8-15)
+// Two warpgroups. Per K block: decode E2M1 -> E4M3 (and the stage's UE8M0 scales -> FP32
+// tables) into the stage, proxy fence + consumer barrier, then WGMMA (mma_sm90.cuh).
+// Fragment of warpgroup g: weight rows n = 64 g + 16 wi + lane/4 (+8), tokens m = 8 j +
+// 2 (lane % 4) (+1). In L1 the producer interleaves gate/up every 8 weight rows, so each
+// thread holds the gate (r = 0, 1) and the up (r = 2, 3) of the same intermediate column
+// n_block * 64 + 32 g + 8 wi + lane/4, and warpgroup g owns exactly one 32-wide UE8M0
+// group of the L1 output (n_block * 2 + g).
 template <int BM>
 __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, uint64_t* empty, float* red) {
     using Tile = Sm90Tile<BM>;
-    constexpr int MT = Tile::MT, NT = Tile::NT;
-    constexpr int kWarpsPerGroup = 32 / (NT * 4);  // warps sharing one 32-wide output group (L1)
+    constexpr int NJ = Tile::NJ;
     const int ctid = threadIdx.x - kDispatchThreads - kProducerThreads;
     const int cw = ctid >> 5, lane = ctid & 31;
     const int S = (int)p.num_stages;
-    const int T = (int)p.num_tokens, H = (int)p.hidden, I = (int)p.inter;
+    const int H = (int)p.hidden, I = (int)p.inter;
     Scheduler<BM> sched(p);
     const int wslot = 16 + 8 + cw;  // debug progress slot of this consumer warp
     if (lane == 0) progress(p, wslot, 0x01000000);
     if (!sched.fetch_counts(p, kRoleConsumer)) { if (lane == 0) progress(p, wslot, 0x0E000000); return; }
     sched.set_expert(0);
     Tile tile;
-    tile.init(cw);
+    tile.init(ctid);
+    const int g = tile.wg, wi = tile.wi;
     const bool trace = p.trace_cap > 0 && ctid == 0;
     const float clampv = (float)p.clamp;
     const bool do_clamp = p.clamp < 3.0e38;
     const float clamp_bf = __bfloat162float(__float2bfloat16_rn(clampv));
     int it = 0;
     bool dead = false;
+    // profile (fault_inject bit 32, thread ctid 0): SM cycles waiting for full stages, in
+    // decode + barrier, in the MMA, in the epilogues
+    long long cyc_full = 0, cyc_decode = 0, cyc_mma = 0, cyc_epi = 0;
+    const long long c_start = clock64();
     for (;;) {
         const Block b = sched.next();
         if (b.phase == kPhaseNone) break;
@@ -528,21 +569,27 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
         for (int kb = 0; kb < b.num_k_blocks; ++kb) {
             const int s = it % S;
             // After an error every wait fails fast; keep walking the block list so that all
-            // consumer warps still meet at the epilogue's named barriers (no hang).
+            // consumer warps still meet at the named barriers (no hang).
+            long long c0 = clock64();
             if (!dead && !mbar_wait(p, full + s, (uint32_t)((it / S) & 1), kRoleConsumer)) dead = true;
-            // Lanes leave the spin wait at different times: reconverge before the .aligned
-            // ldmatrix / mma.sync instructions (divergent .aligned ops are undefined).
+            long long c1 = clock64();
+            cyc_full += c1 - c0;
+            // Lanes leave the spin wait at different times: reconverge before .aligned ops.
             __syncwarp();
             dead = __any_sync(0xffffffffu, dead);
             if (lane == 0) progress(p, wslot, 0x03000000 | (dead ? 0x800000 : 0) | (uint32_t)it);
             const Stage st = get_stage<BM>(stages, s);
-            // E2M1 -> E4M3 into the stage's decoded-B buffer: 512 packed 16-byte chunks, two
-            // per consumer thread, then a consumer barrier before the MMA reads them.
+            // Each warpgroup prepares only what it reads: E2M1 -> E4M3 of its 64 weight rows
+            // (256 packed 16-byte chunks, two per thread) into the decoded-B buffer, their
+            // scales into FP32 [4][64], and its own copy of the token scales, FP32 [4][BM].
+            // So the two warpgroups synchronise only within themselves and drift apart: one
+            // promotes while the other's WGMMA runs.
+            const int wtid = ctid & 127;
             if (!(p.fault_inject & 4)) {
                 #pragma unroll
                 for (int q = 0; q < 2; ++q) {
-                    const int c = ctid + kConsumerThreads * q;
-                    const int n = c >> 2, ch = c & 3;
+                    const int c = wtid + 128 * q;
+                    const int n = g * 64 + (c >> 2), ch = c & 3;
                     const uint4 in = *reinterpret_cast<const uint4*>(st.bpk + n * 64 + ch * 16);
                     uint4 lo, hi;
                     decode_e2m1x32(in, lo, hi);
@@ -550,105 +597,129 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
                     *reinterpret_cast<uint4*>(st.bdec + n * 128 + (((2 * ch + 1) ^ (n & 7)) << 4)) = hi;
                 }
             }
-            named_bar_sync(kBarConsumer, kConsumerThreads);
-            if (!dead && !(p.fault_inject & 2)) tile.mma_k_block(st.a, st.bdec, st.sfa, st.sfb);
+            float* fsw = st.fsw + g * 256;
+            float* fsx = st.fsx + g * 4 * BM;
+            #pragma unroll
+            for (int q = 0; q < 2; ++q) {
+                const int c = wtid + 128 * q;  // 256 weight scales: [n][4] -> [4][n]
+                fsw[(c & 3) * 64 + (c >> 2)] = ue8m0_to_float(st.sfb[g * 256 + c]);
+            }
+            for (int c = wtid; c < BM * 4; c += 128) fsx[(c & 3) * BM + (c >> 2)] = ue8m0_to_float(st.sfa[c]);
+            // Generic-proxy writes (decode, tables; cp.async data observed through the full
+            // barrier) must be visible to the async proxy that WGMMA reads through.
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            named_bar_sync(kBarConsumerWg0 + g, 128);
+            c0 = clock64();
+            cyc_decode += c0 - c1;
+            if (!dead && !(p.fault_inject & 2))
+                tile.mma_k_block(st.a, st.bdec + g * 64 * 128, fsx, fsw, !(p.fault_inject & 16));
+            cyc_mma += clock64() - c0;
             __syncwarp();
             if (lane == 0) mbar_arrive(empty + s);
             ++it;
             if (ctid == 0) progress(p, 5, (uint32_t)it);
         }
         const uint64_t tm = globaltimer();
+        const long long ce = clock64();
         const size_t prow0 = (size_t)b.pool_block * BM;
         if (b.phase == kPhaseL1) {
-            float amax[MT][2];
+            // SwiGLU (BF16-rounded gate/up, optional clamp) x top-k weight, per-32 amax. The
+            // top-k weights are loaded up front: one round trip, not one per token.
+            float wt[NJ][2];
             #pragma unroll
-            for (int i = 0; i < MT; ++i) {
-                const float w0 = __ldcg(p.pool_weight + prow0 + tile.row_of(i, 0));
-                const float w1 = __ldcg(p.pool_weight + prow0 + tile.row_of(i, 2));
-                amax[i][0] = 0.0f; amax[i][1] = 0.0f;
+            for (int j = 0; j < NJ; ++j)
                 #pragma unroll
-                for (int jp = 0; jp < NT / 2; ++jp)
-                    #pragma unroll
-                    for (int r = 0; r < 4; ++r) {
-                        float g = __bfloat162float(__float2bfloat16_rn(tile.acc[i][2 * jp][r]));
-                        float u = __bfloat162float(__float2bfloat16_rn(tile.acc[i][2 * jp + 1][r]));
-                        if (do_clamp) { g = fminf(g, clamp_bf); u = fmaxf(fminf(u, clamp_bf), -clamp_bf); }
-                        const float silu = g / (1.0f + expf(-g));
-                        const float v = (silu * u) * (r >= 2 ? w1 : w0);
-                        tile.acc[i][2 * jp][r] = v;  // reuse the gate slot
-                        amax[i][r >> 1] = fmaxf(amax[i][r >> 1], fabsf(v));
-                    }
+                for (int r = 0; r < 2; ++r) wt[j][r] = __ldcg(p.pool_weight + prow0 + tile.tok_of(j, r));
+            #pragma unroll
+            for (int j = 0; j < NJ; ++j)
                 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    amax[i][h] = fmaxf(amax[i][h], __shfl_xor_sync(0xffffffffu, amax[i][h], 1));
-                    amax[i][h] = fmaxf(amax[i][h], __shfl_xor_sync(0xffffffffu, amax[i][h], 2));
-                    if ((lane & 3) == 0) red[tile.warp_n * BM + tile.row_of(i, 2 * h)] = amax[i][h];
+                for (int r = 0; r < 2; ++r) {
+                    const int m = tile.tok_of(j, r);
+                    const float w = wt[j][r];
+                    float gt = __bfloat162float(__float2bfloat16_rn(tile.acc[j][r]));
+                    float up = __bfloat162float(__float2bfloat16_rn(tile.acc[j][2 + r]));
+                    if (do_clamp) { gt = fminf(gt, clamp_bf); up = fmaxf(fminf(up, clamp_bf), -clamp_bf); }
+                    const float silu = gt / (1.0f + expf(-gt));
+                    const float v = (silu * up) * w;
+                    tile.acc[j][r] = v;  // reuse the gate slot
+                    float a = fabsf(v);
+                    a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 4));
+                    a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 8));
+                    a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 16));
+                    if (lane < 4) red[(g * 4 + wi) * BM + m] = a;
                 }
-            }
-            if (ctid == 0) progress(p, 6, 1);
             if (lane == 0) progress(p, wslot, 0x04000000 | (uint32_t)it);
-            named_bar_sync(kBarConsumer, kConsumerThreads);
+            named_bar_sync(kBarConsumerWg0 + g, 128);
             if (lane == 0) progress(p, wslot, 0x05000000 | (uint32_t)it);
-            if (ctid == 0) progress(p, 6, 2);
-            const int group = tile.warp_n / kWarpsPerGroup;
-            const int gidx = b.n_block * 2 + group;  // 32-wide scale group in the intermediate dim
+            const int gidx = b.n_block * 2 + g;  // 32-wide scale group in the intermediate dim
+            const int col = b.n_block * 64 + g * 32 + wi * 8 + lane / 4;
             #pragma unroll
-            for (int i = 0; i < MT; ++i)
+            for (int j = 0; j < NJ; ++j)
                 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int row = tile.row_of(i, 2 * h);
+                for (int r = 0; r < 2; ++r) {
+                    const int m = tile.tok_of(j, r);
                     float a = 0.0f;
                     #pragma unroll
-                    for (int w = 0; w < kWarpsPerGroup; ++w) a = fmaxf(a, red[(group * kWarpsPerGroup + w) * BM + row]);
+                    for (int w = 0; w < 4; ++w) a = fmaxf(a, red[(g * 4 + w) * BM + m]);
                     const float scaled = a * (1.0f / 448.0f);
                     const uint32_t bits = __float_as_uint(scaled);
                     const int l = (int)(bits >> 23) - 127 + ((bits & 0x7fffffu) != 0);
                     const float inv = __uint_as_float((uint32_t)(127 - l) << 23);
-                    uint8_t* dst = p.l2_pool + (prow0 + row) * I + b.n_block * 64;
-                    #pragma unroll
-                    for (int jp = 0; jp < NT / 2; ++jp) {
-                        const int oc = (tile.warp_n * (NT / 2) + jp) * 8 + (lane & 3) * 2;
-                        const __nv_fp8x2_storage_t q = __nv_cvt_float2_to_fp8x2(
-                            make_float2(tile.acc[i][2 * jp][2 * h] * inv, tile.acc[i][2 * jp][2 * h + 1] * inv), __NV_SATFINITE, __NV_E4M3);
-                        *reinterpret_cast<__nv_fp8x2_storage_t*>(dst + oc) = q;
-                    }
-                    if ((tile.warp_n % kWarpsPerGroup) == 0 && (lane & 3) == 0)
-                        p.l2_pool_sf[(((size_t)(gidx >> 2)) * p.pool_rows + prow0 + row) * 4 + (gidx & 3)] = (uint8_t)(l + 127);
+                    p.l2_pool[(prow0 + m) * I + col] =
+                        (uint8_t)__nv_cvt_float_to_fp8(tile.acc[j][r] * inv, __NV_SATFINITE, __NV_E4M3);
+                    if (wi == 0 && lane < 4)
+                        p.l2_pool_sf[(((size_t)(gidx >> 2)) * p.pool_rows + prow0 + m) * 4 + (gidx & 3)] = (uint8_t)(l + 127);
                 }
             __threadfence();
             named_bar_sync(kBarConsumer, kConsumerThreads);
             if (ctid == 0) red_release_or_u64(p.mask + b.pool_block, 1ull << b.n_block);
-            if (ctid == 0) progress(p, 6, 3);
             if (lane == 0) progress(p, wslot, 0x06000000 | (uint32_t)it);
-            (void)H;
         } else {
+            const int n0 = b.n_block * 128 + tile.row_of(0);
+            // Row metadata up front, half the tokens at a time (one round trip per half, few
+            // registers): combine row = slot * combine_rows + token, and the source rank.
+            constexpr int NH = NJ / 2;
             #pragma unroll
-            for (int i = 0; i < MT; ++i)
+            for (int h = 0; h < 2; ++h) {
+                int crow[NH][2], src[NH][2];
                 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int row = tile.row_of(i, 2 * h);
-                    if (row < b.valid_m) {
-                        const int t = __ldcg(p.pool_token + prow0 + row);
-                        const int k = __ldcg(p.pool_slot + prow0 + row);
-                        // EP: straight into the source rank's combine buffer over NVLink
-                        uint16_t* cb = p.num_ranks > 1
-                            ? reinterpret_cast<uint16_t*>(peer_ptr(p, __ldcg(p.pool_rank + prow0 + row), p.off_combine))
-                            : p.combine_buf;
-                        uint16_t* dst = cb + ((size_t)k * p.combine_rows + t) * H + b.n_block * 128;
-                        #pragma unroll
-                        for (int j = 0; j < NT; ++j) {
-                            const __nv_bfloat162 v = __floats2bfloat162_rn(tile.acc[i][j][2 * h], tile.acc[i][j][2 * h + 1]);
-                            *reinterpret_cast<__nv_bfloat162*>(dst + tile.col_of(j, 0)) = v;
-                        }
+                for (int j = 0; j < NH; ++j)
+                    #pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        const int m = tile.tok_of(h * NH + j, r);
+                        const bool ok = m < b.valid_m;
+                        crow[j][r] = ok ? __ldcg(p.pool_slot + prow0 + m) * (int)p.combine_rows + __ldcg(p.pool_token + prow0 + m) : -1;
+                        src[j][r] = (p.num_ranks > 1 && ok) ? __ldcg(p.pool_rank + prow0 + m) : 0;
                     }
-                }
+                #pragma unroll
+                for (int j = 0; j < NH; ++j)
+                    #pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        if (crow[j][r] < 0) continue;
+                        // EP: straight into the source rank's combine buffer over NVLink
+                        __nv_bfloat16* cb = p.num_ranks > 1
+                            ? reinterpret_cast<__nv_bfloat16*>(peer_ptr(p, src[j][r], p.off_combine))
+                            : reinterpret_cast<__nv_bfloat16*>(p.combine_buf);
+                        __nv_bfloat16* dst = cb + (size_t)crow[j][r] * H + n0;
+                        dst[0] = __float2bfloat16_rn(tile.acc[h * NH + j][r]);
+                        dst[8] = __float2bfloat16_rn(tile.acc[h * NH + j][2 + r]);
+                    }
+            }
         }
+        cyc_epi += clock64() - ce;
         if (trace) {
             const uint64_t te = globaltimer();
             const bool l1 = b.phase == kPhaseL1;
             trace_record(p, kRoleConsumer, l1 ? kKindL1Mma : kKindL2Mma, b.expert, b.m_block, b.n_block, wave, b.valid_m, tb, tm);
             trace_record(p, kRoleConsumer, l1 ? kKindL1Epilogue : kKindL2Epilogue, b.expert, b.m_block, b.n_block, wave, b.valid_m, tm, te);
         }
+    }
+    if ((p.fault_inject & 32) && ctid == 0) {
+        progress(p, 11, (uint32_t)((clock64() - c_start) >> 6));
+        progress(p, 12, (uint32_t)(cyc_full >> 6));
+        progress(p, 13, (uint32_t)(cyc_decode >> 6));
+        progress(p, 14, (uint32_t)(cyc_mma >> 6));
+        progress(p, 15, (uint32_t)(cyc_epi >> 6));
     }
 }
 
@@ -673,20 +744,29 @@ __global__ void __launch_bounds__(kThreads, 1) megamoe_sm90_kernel(const __grid_
         }
     }
     __syncthreads();
+    // Register split (setmaxnreg, per warpgroup): dispatch and producer give registers to the
+    // two consumer warpgroups (accumulator + WGMMA partial: BM floats per thread); everyone
+    // returns to the even split for the combine. 128 x (56 + 56) + 256 x 200 = 65536.
     if (warp < 4) {
+        setmaxnreg_dec<kRegsDispatch>();
         if (p.num_ranks > 1) dispatch_role_ep(p, BM, hist, cta_base, off_blk, scan);
         else dispatch_role<BM>(p, hist, cta_base, off_blk, scan);
         __syncwarp();
         if (threadIdx.x == 0) progress(p, 0, 0xD0);
+        setmaxnreg_inc<kRegsEven>();
     } else if (warp < 8) {
+        setmaxnreg_dec<kRegsProducer>();
         Producer<BM> prod(p, stages, full, empty);
         prod.run();
         __syncwarp();
         if (threadIdx.x == kDispatchThreads) progress(p, 3, 0xD0);
+        setmaxnreg_inc<kRegsEven>();
     } else {
+        setmaxnreg_inc<kRegsConsumer>();
         consumer_role<BM>(p, stages, full, empty, red);
         __syncwarp();
         if (threadIdx.x == kDispatchThreads + kProducerThreads) progress(p, 6, 0xD0);
+        setmaxnreg_dec<kRegsEven>();
     }
     __syncthreads();
 

@@ -1,111 +1,114 @@
-// megamoe: the architecture-specific matrix path for SM90 (Hopper).
+// megamoe: the architecture-specific matrix path for SM90 (Hopper): WGMMA.
 //
-// One consumer k-block step: 8 consumer warps, CTA tile BLOCK_M x 128, K = 128 per stage.
-// A (E4M3 pool rows) and B (E2M1 decoded to E4M3 by the producer) sit in shared memory as
-// 128-byte rows with the 16-byte chunk index XOR-swizzled by (row % 8). Each 32-wide K group
-// is one `mma.sync.m16n8k32` E4M3 x E4M3 -> FP32 with a zero accumulator, and the partial sum
-// is promoted into the FP32 accumulator times 2^(sx + sw) (the UE8M0 scales of the row and
-// column for that group). That is the numerics `w_fold_k=None, x_fold_k=None` of
-// megamoe.reference: scales applied per 32-K group on an FP32 partial sum.
+// Two consumer warpgroups per CTA; the CTA tile is 128 weight rows (one N block) x BLOCK_M
+// tokens x 128 K per stage. The GEMM runs "swap AB" (as DeepGEMM's SM90 kernels do for small
+// M): the weights are WGMMA's A operand (M = 64 rows per warpgroup, warpgroup g owns rows
+// [64 g, 64 g + 64) of the N block) and the tokens its B operand (N = BLOCK_M, 16..128), so
+// every block_m the plan picks is one `wgmma.m64nBMk32` per K group without padding rows.
 //
-// An SM100 path replaces this file (tcgen05 block-scaled MMA, TMEM accumulators); the
-// fragment-to-(row, col) map exposed by `Sm90Tile::row_of/col_of` is what the shared
-// epilogue needs.
+// Both operands sit in shared memory K-major as 128-byte rows (one K block of FP8) with the
+// 16-byte chunk index XOR-swizzled by (row % 8) inside 1024-byte atoms: the 128-byte swizzle
+// of a WGMMA shared-memory descriptor (stride between 8-row atoms 1024 B; the K step of 32
+// FP8 = 32 B advances the start address, DeepGEMM's idiom). Atoms must be 1024-B aligned.
+//
+// Numerics (`megamoe.reference.Numerics.sm90(fold_k=None)`): each 32-wide K group is one
+// WGMMA with a zeroed accumulator (scale-d = 0), and its FP32 partial sum is promoted into
+// the FP32 accumulator as acc = fma(d * 2^sw, 2^sx, acc) with the UE8M0 scales of the
+// weight row and the token for that group. The scales arrive in the stage as FP32 tables
+// [4][128] (weights) and [4][BLOCK_M] (tokens), converted once per stage by the decode step.
+//
+// The MMA atoms, the descriptor and the wgmma fences come from CUTLASS/CuTe
+// (cute/arch/mma_sm90_gmma.hpp, cute/arch/mma_sm90_desc.hpp).
 #pragma once
 #include <stdint.h>
+#include <utility>
+#include <cute/arch/mma_sm90_desc.hpp>
+#include <cute/arch/mma_sm90_gmma.hpp>
 
 namespace megamoe {
 
-__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
-}
-
-__device__ __forceinline__ void mma_e4m3_16x8x32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%10,%10,%10,%10};"
-        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(0.0f));
-}
-
 __device__ __forceinline__ float ue8m0_to_float(uint32_t e) { return __uint_as_float(e << 23); }
 
+// Shared-memory descriptor of a K-major operand with the 128-byte swizzle (rows of 128 B).
+__device__ __forceinline__ uint64_t sw128_kmajor_desc(const void* smem_ptr) {
+    cute::GmmaDescriptor d;
+    d.bitfield.start_address_ = (uint16_t)(static_cast<uint32_t>(__cvta_generic_to_shared(smem_ptr)) >> 4);
+    d.bitfield.leading_byte_offset_ = 1;      // unused by swizzled K-major layouts
+    d.bitfield.stride_byte_offset_ = 1024 >> 4;  // 8 rows x 128 B
+    d.bitfield.base_offset_ = 0;              // atoms are 1024-B aligned
+    d.bitfield.layout_type_ = (uint8_t)cute::SM90::GMMA::LayoutType::B128;
+    return d.desc_;
+}
+
+template <int N> struct GmmaE4M3;
+template <> struct GmmaE4M3<16> { using Op = cute::SM90::GMMA::MMA_64x16x32_F32E4M3E4M3_SS_TN<>; };
+template <> struct GmmaE4M3<32> { using Op = cute::SM90::GMMA::MMA_64x32x32_F32E4M3E4M3_SS_TN<>; };
+template <> struct GmmaE4M3<64> { using Op = cute::SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_SS_TN<>; };
+template <> struct GmmaE4M3<128> { using Op = cute::SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_SS_TN<>; };
+
+template <class Op, int... I>
+__device__ __forceinline__ void gmma_zero_acc(uint64_t da, uint64_t db, float* d, std::integer_sequence<int, I...>) {
+    Op::fma(da, db, d[I]..., cute::SM90::GMMA::ScaleOut::Zero);
+}
+
+// One consumer warpgroup's share of a block: 64 weight rows x BLOCK_M tokens.
+// (Measured on the H200: splitting the tokens in two WGMMAs to overlap one half's promotion
+// with the other half's WGMMA was 5-10% slower than this plain loop; the two warpgroups
+// already overlap each other. benchmarks/NOTES_kernel.md.)
 template <int BLOCK_M>
 struct Sm90Tile {
-    static constexpr int kWarpsN = BLOCK_M >= 64 ? 4 : 8;
-    static constexpr int kWarpsM = 8 / kWarpsN;
-    static constexpr int MT = BLOCK_M / kWarpsM / 16;   // m16 tiles per warp
-    static constexpr int NT = 128 / kWarpsN / 8;        // n8 tiles per warp (even: gate/up pairs)
-    static_assert(MT >= 1 && NT % 2 == 0, "bad tile");
+    static constexpr int NJ = BLOCK_M / 8;  // n8 column tiles (tokens)
+    static_assert(BLOCK_M == 16 || BLOCK_M == 32 || BLOCK_M == 64 || BLOCK_M == 128, "bad block_m");
+    using Op = typename GmmaE4M3<BLOCK_M>::Op;
 
-    float acc[MT][NT][4];
-    int warp_m, warp_n;
+    float acc[NJ][4];
+    float part[NJ][4];
+    int wg, wi, lane;
 
-    __device__ __forceinline__ void init(int consumer_warp) {
-        warp_m = consumer_warp / kWarpsN;
-        warp_n = consumer_warp % kWarpsN;
+    __device__ __forceinline__ void init(int consumer_thread) {
+        wg = consumer_thread >> 7;
+        wi = (consumer_thread >> 5) & 3;
+        lane = consumer_thread & 31;
     }
     __device__ __forceinline__ void zero() {
         #pragma unroll
-        for (int i = 0; i < MT; ++i)
+        for (int j = 0; j < NJ; ++j)
             #pragma unroll
-            for (int j = 0; j < NT; ++j)
-                #pragma unroll
-                for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.0f;
+            for (int r = 0; r < 4; ++r) acc[j][r] = 0.0f;
     }
-    // Fragment element (i, j, r) -> tile-local row / column.
-    __device__ __forceinline__ int row_of(int i, int r) const {
-        return warp_m * MT * 16 + i * 16 + (int)(threadIdx.x & 31) / 4 + (r >= 2 ? 8 : 0);
-    }
-    __device__ __forceinline__ int col_of(int j, int r) const {
-        return warp_n * NT * 8 + j * 8 + ((int)(threadIdx.x & 31) % 4) * 2 + (r & 1);
-    }
+    // Fragment element (j, r) -> weight row inside the 128-row N block / token inside the block.
+    __device__ __forceinline__ int row_of(int r) const { return wg * 64 + wi * 16 + lane / 4 + (r >= 2 ? 8 : 0); }
+    __device__ __forceinline__ int tok_of(int j, int r) const { return j * 8 + (lane & 3) * 2 + (r & 1); }
 
-    // One 128-deep K block. a: [BLOCK_M][128] swizzled, b: [128][128] swizzled,
-    // sfa: [BLOCK_M][4] UE8M0, sfb: [128][4] UE8M0.
-    __device__ __forceinline__ void mma_k_block(const uint8_t* a, const uint8_t* b, const uint8_t* sfa,
-                                                const uint8_t* sfb) {
-        const int lane = (int)(threadIdx.x & 31);
-        const uint32_t a_base = smem_u32(a), b_base = smem_u32(b);
-        #pragma unroll(MT >= 4 ? 1 : 4)
+    // One 128-deep K block. a: [BLOCK_M][128] E4M3 tokens, w: this warpgroup's [64][128] E4M3
+    // weight rows, both swizzled and 1024-B aligned; fsx: FP32 [4][BLOCK_M] token scales,
+    // fsw: FP32 [4][64] scales of this warpgroup's weight rows. promote_on = false skips the
+    // FP32 promotion (timing experiments only: fault_inject bit 16).
+    __device__ __forceinline__ void mma_k_block(const uint8_t* a, const uint8_t* w, const float* fsx, const float* fsw,
+                                                bool promote_on = true) {
+        const uint64_t da = sw128_kmajor_desc(w);
+        const uint64_t db = sw128_kmajor_desc(a);
+        const int r0 = wi * 16 + lane / 4;
+        #pragma unroll
         for (int q = 0; q < 4; ++q) {
-            uint32_t af[MT][4], bf[NT][2];
+            cute::warpgroup_arrive();
+            gmma_zero_acc<Op>(da + 2 * q, db + 2 * q, &part[0][0], std::make_integer_sequence<int, NJ * 4>{});
+            cute::warpgroup_commit_batch();
+            cute::warpgroup_wait<0>();
             #pragma unroll
-            for (int i = 0; i < MT; ++i) {
-                const int r = warp_m * MT * 16 + i * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-                const int ch = q * 2 + (lane >> 4);
-                ldmatrix_x4(a_base + r * 128 + ((ch ^ (r & 7)) << 4), af[i][0], af[i][1], af[i][2], af[i][3]);
-            }
-            #pragma unroll
-            for (int jp = 0; jp < NT / 2; ++jp) {
-                const int n = warp_n * NT * 8 + jp * 16 + (lane & 7) + (lane >> 4) * 8;
-                const int ch = q * 2 + ((lane >> 3) & 1);
-                ldmatrix_x4(b_base + n * 128 + ((ch ^ (n & 7)) << 4), bf[2 * jp][0], bf[2 * jp][1],
-                            bf[2 * jp + 1][0], bf[2 * jp + 1][1]);
-            }
-            float sx[MT][2], sw[NT][2];
-            #pragma unroll
-            for (int i = 0; i < MT; ++i) {
-                sx[i][0] = ue8m0_to_float(sfa[row_of(i, 0) * 4 + q]);
-                sx[i][1] = ue8m0_to_float(sfa[row_of(i, 2) * 4 + q]);
-            }
-            #pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                sw[j][0] = ue8m0_to_float(sfb[col_of(j, 0) * 4 + q]);
-                sw[j][1] = ue8m0_to_float(sfb[col_of(j, 1) * 4 + q]);
-            }
-            #pragma unroll
-            for (int i = 0; i < MT; ++i)
+            for (int j = 0; j < NJ; ++j)
                 #pragma unroll
-                for (int j = 0; j < NT; ++j) {
-                    float d[4];
-                    mma_e4m3_16x8x32(d, af[i], bf[j]);
-                    acc[i][j][0] = fmaf(d[0] * sw[j][0], sx[i][0], acc[i][j][0]);
-                    acc[i][j][1] = fmaf(d[1] * sw[j][1], sx[i][0], acc[i][j][1]);
-                    acc[i][j][2] = fmaf(d[2] * sw[j][0], sx[i][1], acc[i][j][2]);
-                    acc[i][j][3] = fmaf(d[3] * sw[j][1], sx[i][1], acc[i][j][3]);
-                }
+                for (int r = 0; r < 4; ++r) cute::warpgroup_fence_operand(part[j][r]);
+            if (!promote_on) continue;
+            const float sw0 = fsw[q * 64 + r0], sw1 = fsw[q * 64 + r0 + 8];
+            #pragma unroll
+            for (int j = 0; j < NJ; ++j) {
+                const float2 sx = *reinterpret_cast<const float2*>(fsx + q * BLOCK_M + tok_of(j, 0));
+                acc[j][0] = fmaf(part[j][0] * sw0, sx.x, acc[j][0]);
+                acc[j][1] = fmaf(part[j][1] * sw0, sx.y, acc[j][1]);
+                acc[j][2] = fmaf(part[j][2] * sw1, sx.x, acc[j][2]);
+                acc[j][3] = fmaf(part[j][3] * sw1, sx.y, acc[j][3]);
+            }
         }
     }
 };
