@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import gc
 import math
-from array import array
 from dataclasses import dataclass, field
+from operator import sub
 
 import numpy as np
 import simpy
@@ -194,10 +194,10 @@ class _Engine:
             rate = hw.nvlink_peer_gbs * hw.nvlink_efficiency
             self.links = [[BandwidthCalendar(rate) for _ in range(R)] for _ in range(R)]
         self.rows: list[tuple] = []      # rank-level intervals (COLUMNS order, codes)
-        # per block, in simulation order, 9 doubles: block id, load start, MMA start, MMA end,
+        # per block, in simulation order, 9 numbers: block id, load start, MMA start, MMA end,
         # epilogue start, epilogue end, dependency, first-touch bytes, ring stage free; the
         # block id indexes self.block_ids (rank, cluster, phase, expert, m, n, wave, valid rows)
-        self.blocks = array("d")
+        self.blocks: list[float] = []
         self.n_events = 0
         # per rank state
         self.arrival = []        # pool block -> arrival time (nan until known)
@@ -257,24 +257,31 @@ class _Engine:
         # L2 write-back targets: tokens of each pool block per source rank (pool order)
         src = [rp.pull_order(e)[:, 0] for e in range(len(tpe)) if tpe[e]]
         if src:
-            tok_pb = np.repeat(pbo[:-1], tpe) + np.concatenate([np.arange(x) for x in tpe]) // bm
+            first_tok = np.repeat(np.cumsum(tpe) - tpe, tpe)  # each token's expert's first pool row
+            tok_pb = np.repeat(pbo[:-1], tpe) + (np.arange(len(first_tok)) - first_tok) // bm
             frac = np.bincount(tok_pb * R + np.concatenate(src), minlength=n_pb * R).reshape(n_pb, R)
         else:
             frac = np.zeros((n_pb, R), dtype=np.int64)
         row_bytes = cs * bn * 2  # BF16 output row of the unit's CTAs
-        ingress = self.ingress
-        wb = []  # (local bytes or None, [(rank, ingress calendar, its lists, bytes)], remote bytes)
-        for row in frac.tolist():
-            local, remote, tot = None, [], 0
-            for j, cnt in enumerate(row):
-                if cnt:
-                    nb = cnt * row_bytes
-                    if j == r:
-                        local = nb
-                    else:
-                        tot += nb
-                        remote.append((j, ingress[j], ingress[j].used, ingress[j].nxt, nb))
-            wb.append((local, remote, tot))
+        irate = self.ingress[0].rate
+        ing = [(cal, cal.used, cal.nxt) for cal in self.ingress]
+        pbs, js = np.nonzero(frac)  # pool blocks ascending, then source ranks ascending
+        nbs = frac[pbs, js] * row_bytes
+        # per pool block: local bytes (or None), remote targets in rank order (ingress calendar,
+        # its lists, bytes, bytes / rate), remote bytes in all, remote targets as (rank, bytes)
+        local = [None] * n_pb
+        here = js == r
+        for p, nb in zip(pbs[here].tolist(), nbs[here].tolist()):
+            local[p] = float(nb)
+        pbs, js, nbs = pbs[~here], js[~here].tolist(), nbs[~here]
+        entries = list(zip([ing[j][0] for j in js], [ing[j][1] for j in js], [ing[j][2] for j in js],
+                           nbs.astype(np.float64).tolist(), (nbs / irate).tolist()))
+        pairs = list(zip(js, nbs.tolist()))
+        tot = np.zeros(n_pb, dtype=np.int64)
+        np.add.at(tot, pbs, nbs)
+        bounds = np.searchsorted(pbs, np.arange(n_pb + 1)).tolist()
+        wb = list(zip(local, [entries[x:y] for x, y in zip(bounds, bounds[1:])],
+                      tot.astype(np.float64).tolist(), [pairs[x:y] for x, y in zip(bounds, bounds[1:])]))
         # per cluster (SMs cs*c .. cs*c+cs-1 run rows cs*c, cs*c + S, ...): loop columns
         blk = rp.blocks().astype(np.int64)
         ph, e, m, n = blk[:, 0], blk[:, 1], blk[:, 2], blk[:, 3]
@@ -283,16 +290,18 @@ class _Engine:
         nbw = max(rp.l1_n_blocks, rp.l2_n_blocks)
         key_w = (ph * e_loc + e) * nbw + n    # (phase, expert, n pair) first touch
         key_a = ph * (n_pb + 1) + pb          # (phase, pool block) first touch
-        valid_a = np.asarray(valid, dtype=np.int64)
-        base = sum(len(x) for x in ids)
+        rows = [np.arange(cs * c, len(blk), S) for c in range(S // cs)]
+        lens = [len(x) for x in rows]
+        rows = np.concatenate(rows)
+        ids.append(np.column_stack([np.full(len(rows), r), np.repeat(np.arange(len(lens)), lens), blk[rows],
+                                    np.asarray(valid, dtype=np.int64)[pb[rows]]]))
+        cols = [x[rows].tolist() for x in (ph, n, pb, key_w, key_a)]
+        base = sum(len(x) for x in ids[:-1])
         clusters = []
-        for c in range(S // cs):
-            sel = slice(cs * c, None, S)
-            k = len(ph[sel])
-            ids.append(np.column_stack([np.full(k, r), np.full(k, c), blk[sel], valid_a[pb[sel]]]).reshape(k, 8))
-            clusters.append((ph[sel].tolist(), n[sel].tolist(), pb[sel].tolist(), key_w[sel].tolist(),
-                             key_a[sel].tolist(), range(base, base + k)))
-            base += k
+        a = 0
+        for k in lens:
+            clusters.append(tuple(x[a:a + k] for x in cols) + (range(base + a, base + a + k),))
+            a += k
         return clusters, act1, act2, l1_out, wb
 
     # -- dispatch ---------------------------------------------------------------
@@ -420,11 +429,12 @@ class _Engine:
         pre1, pre2 = min(stages, kb1) * t_k, min(stages, kb2) * t_k
         w1, w2 = cs * bn * (kb1 * bk) / 2, cs * bn * (kb2 * bk) / 2
         per_kb = 2 * bk // bn  # L1 n blocks (bn/2 SwiGLU outputs each) per L2 K block
+        offs = [i * t_k for i in range(kb2)]
         prev_mma_end = t_ready
         prev_prefetch = 0.0
         prev_epi_end = t_ready
         epi_m2 = epi_m1 = t_ready  # epilogue ends of the two previous blocks (TMEM stages)
-        hbm, egress, links = self.hbm[r], self.egress[r], self.links
+        hbm, egress, ingress, links = self.hbm[r], self.egress[r], self.ingress, self.links
         hbm_reserve, egress_reserve = hbm.reserve, egress.reserve
         # BandwidthCalendar.reserve(t, nbytes) runs inline below for its common case (the
         # bucket of t, or the bucket its skip pointer names, has room for all the bytes) and
@@ -457,11 +467,12 @@ class _Engine:
                     yield ev
                 cached = ready_cache.get(pb)
                 if cached is None:  # the K-block readiness of this pool block, once
-                    vec = l1_done[pb]
-                    ready = [max(vec[i * per_kb:(i + 1) * per_kb]) for i in range(kb2)]
+                    vec = l1_done[pb]  # max over each L2 K block's per_kb L1 n blocks
+                    ready = (list(map(max, *(vec[k:kb2 * per_kb:per_kb] for k in range(per_kb))))
+                             if per_kb > 1 else vec[:kb2])
                     # K block i is consumed no earlier than ready_i + lat and the loop ends
                     # (kb - i) * t_k after that: the latest such end, less lat + kb * t_k
-                    cached = ready_cache[pb] = (ready[0], max(ready), max(x - i * t_k for i, x in enumerate(ready)))
+                    cached = ready_cache[pb] = (ready[0], max(ready), max(map(sub, ready, offs)))
                 if per_k_wait and kb2 > 1:
                     dep, ready_adj = cached[0], cached[2]
                 else:
@@ -498,31 +509,32 @@ class _Engine:
                 # FP8 outputs + scales to HBM: hbm.reserve(epi_start, nb)
                 nb = l1_out[pb]
                 b = int(epi_start / BUCKET_NS)
+                f = None
                 try:
                     x = hnxt[b]
-                    if x != b and hnxt[x] != x:
-                        x = -1
+                    if x == b or hnxt[x] == x:
+                        start = x * BUCKET_NS + hused[x] / hrate
+                        if start < epi_start:
+                            start = epi_start
+                        if ((x + 1) * BUCKET_NS - start) * hrate >= nb:
+                            hbm.total_bytes += nb
+                            u = hused[x] + nb
+                            hused[x] = u
+                            if u >= hfull:
+                                hnxt[x] = x + 1
+                            f = start + nb / hrate
                 except IndexError:
-                    x = -1
-                f = None
-                if x >= 0:
-                    start = x * BUCKET_NS + hused[x] / hrate
-                    if start < epi_start:
-                        start = epi_start
-                    if ((x + 1) * BUCKET_NS - start) * hrate >= nb:
-                        hbm.total_bytes += nb
-                        u = hused[x] + nb
-                        hused[x] = u
-                        if u >= hfull:
-                            hnxt[x] = x + 1
-                        f = start + nb / hrate
+                    pass
                 if f is None:
                     f = hbm_reserve(epi_start, nb)
                 if f > epi_end:
                     epi_end = f
                 done = l1_done[pb]
-                for h in range(cs):
-                    done[n + h] = epi_end
+                done[n] = epi_end
+                if cs == 2:
+                    done[n + 1] = epi_end
+                elif cs > 2:
+                    done[n + 2:n + cs] = [epi_end] * (cs - 2)
                 left = l1_left[pb] = l1_left[pb] - cs
                 if left == 0:
                     ev = l1_ev.pop(pb, None)
@@ -544,59 +556,56 @@ class _Engine:
                 # BF16 rows to each token's source rank: HBM for local rows, else the
                 # destination's NVLink ingress (and the pair's link) plus this GPU's egress
                 fin = epi_end
-                local, remote, remote_bytes = wb[pb]
+                local, remote, remote_bytes, pairs = wb[pb]
                 b = int(epi_start / BUCKET_NS)
                 if local is not None:
                     nb = local
+                    f = None
                     try:
                         x = hnxt[b]
-                        if x != b and hnxt[x] != x:
-                            x = -1
+                        if x == b or hnxt[x] == x:
+                            start = x * BUCKET_NS + hused[x] / hrate
+                            if start < epi_start:
+                                start = epi_start
+                            if ((x + 1) * BUCKET_NS - start) * hrate >= nb:
+                                hbm.total_bytes += nb
+                                u = hused[x] + nb
+                                hused[x] = u
+                                if u >= hfull:
+                                    hnxt[x] = x + 1
+                                f = start + nb / hrate
                     except IndexError:
-                        x = -1
-                    f = None
-                    if x >= 0:
-                        start = x * BUCKET_NS + hused[x] / hrate
-                        if start < epi_start:
-                            start = epi_start
-                        if ((x + 1) * BUCKET_NS - start) * hrate >= nb:
-                            hbm.total_bytes += nb
-                            u = hused[x] + nb
-                            hused[x] = u
-                            if u >= hfull:
-                                hnxt[x] = x + 1
-                            f = start + nb / hrate
+                        pass
                     if f is None:
                         f = hbm_reserve(epi_start, nb)
                     if f > fin:
                         fin = f
                 if links is None:
-                    for j, cal, used, nxt, nb in remote:
+                    for cal, used, nxt, nb, dur in remote:
                         try:
                             x = nxt[b]
-                            if x != b and nxt[x] != x:
-                                x = -1
+                            if x == b or nxt[x] == x:
+                                start = x * BUCKET_NS + used[x] / irate
+                                if start < epi_start:
+                                    start = epi_start
+                                if ((x + 1) * BUCKET_NS - start) * irate >= nb:
+                                    cal.total_bytes += nb
+                                    u = used[x] + nb
+                                    used[x] = u
+                                    if u >= ifull:
+                                        nxt[x] = x + 1
+                                    f = start + dur
+                                    if f > fin:
+                                        fin = f
+                                    continue
                         except IndexError:
-                            x = -1
-                        f = None
-                        if x >= 0:
-                            start = x * BUCKET_NS + used[x] / irate
-                            if start < epi_start:
-                                start = epi_start
-                            if ((x + 1) * BUCKET_NS - start) * irate >= nb:
-                                cal.total_bytes += nb
-                                u = used[x] + nb
-                                used[x] = u
-                                if u >= ifull:
-                                    nxt[x] = x + 1
-                                f = start + nb / irate
-                        if f is None:
-                            f = cal.reserve(epi_start, nb)
+                            pass
+                        f = cal.reserve(epi_start, nb)
                         if f > fin:
                             fin = f
                 else:
-                    for j, cal, used, nxt, nb in remote:
-                        f = cal.reserve(epi_start, nb)
+                    for j, nb in pairs:
+                        f = ingress[j].reserve(epi_start, nb)
                         f2 = links[r][j].reserve(epi_start, nb)
                         if f2 > f:
                             f = f2
@@ -663,7 +672,7 @@ class _Engine:
         rows = Trace.from_rows(np.asarray(self.rows, dtype=np.float64)) if self.rows else None
         if not self.blocks:
             return rows if rows is not None else Trace.from_rows([])
-        b = np.frombuffer(self.blocks, dtype=np.float64).reshape(-1, 9)
+        b = np.array(self.blocks, dtype=np.float64).reshape(-1, 9)
         nblk = len(b)
         ids = self.block_ids[b[:, 0].astype(np.int64)]
         r, c, ph, e, m, n, w, vm = (ids[:, i] for i in range(8))
