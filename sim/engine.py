@@ -346,14 +346,12 @@ class _Engine:
         n = len(src)
         if n == 0:
             return
-        # last global token index of every pool block
-        last = []
-        tok_off = np.concatenate([[0], np.cumsum(rp.tokens_per_expert)])
-        for e in range(len(rp.recv_counts)):
-            ne = int(rp.tokens_per_expert[e])
-            for m in range(int(rp.m_blocks_per_expert[e])):
-                last.append(int(tok_off[e]) + min((m + 1) * bm, ne) - 1)
-        last = np.asarray(last, dtype=np.int64)
+        # last global token index of every pool block, and the round that pulls it
+        tpe = rp.tokens_per_expert
+        mbe = -(-tpe // bm)
+        pb_e = np.repeat(np.arange(len(tpe)), mbe)
+        pb_m = np.arange(len(pb_e)) - np.repeat(np.cumsum(mbe) - mbe, mbe)
+        last = (np.cumsum(tpe) - tpe)[pb_e] + np.minimum((pb_m + 1) * bm, tpe[pb_e]) - 1
         pb_round = last // G
         per_token = H * WITH_SCALES + 4  # FP8 row, scales, top-k weight
         chunks = math.ceil(H / plan.bytes_per_pull)
@@ -361,28 +359,37 @@ class _Engine:
         lat = hw.pull_latency_ns + chunks * plan.bytes_per_pull / warp_rate
         n_rounds = (n + G - 1) // G
         R = plan.num_ranks
+        # per round: tokens from each source rank, and the pool blocks it completes
+        counts = np.bincount(np.arange(n) // G * R + src, minlength=n_rounds * R).reshape(n_rounds, R).tolist()
+        order = np.argsort(pb_round, kind="stable")
+        cut = np.searchsorted(pb_round[order], np.arange(n_rounds + 1)).tolist()
+        order = order.tolist()
+        hbm, ingress, egress, links = self.hbm[r], self.ingress[r], self.egress, self.links
+        arrival, arrival_ev = self.arrival[r], self.arrival_ev[r]
         for q in range(n_rounds):
             t0 = env.now
-            cnt = np.bincount(src[q * G:(q + 1) * G], minlength=R)
+            cnt = counts[q]
             finish = t0 + lat
-            for j in np.nonzero(cnt)[0]:
-                b = float(cnt[j]) * per_token
+            for j, cj in enumerate(cnt):
+                if not cj:
+                    continue
+                b = float(cj) * per_token
                 if j == r:
-                    finish = max(finish, self.hbm[r].reserve(t0, 2 * b))
+                    finish = max(finish, hbm.reserve(t0, 2 * b))
                 else:
-                    f1 = self.egress[j].reserve(t0, b)
-                    f2 = self.ingress[r].reserve(t0, b)
-                    if self.links is not None:
-                        f2 = max(f2, self.links[j][r].reserve(t0, b))
-                    f3 = self.hbm[r].reserve(t0, b)  # write into the local pool
+                    f1 = egress[j].reserve(t0, b)
+                    f2 = ingress.reserve(t0, b)
+                    if links is not None:
+                        f2 = max(f2, links[j][r].reserve(t0, b))
+                    f3 = hbm.reserve(t0, b)  # write into the local pool
                     finish = max(finish, f1, f2, f3)
             yield env.timeout(finish - t0)
-            ntok = int(cnt.sum())
+            ntok = sum(cnt)
             self.rows.append((r, -1, ROLE["dispatch"], KIND["pull"], -1, -1, -1, -1, t0, finish,
                               int(ntok * per_token), ntok))
-            for pb in np.nonzero(pb_round == q)[0].tolist():
-                self.arrival[r][pb] = finish
-                ev = self.arrival_ev[r].pop(int(pb), None)
+            for pb in order[cut[q]:cut[q + 1]]:
+                arrival[pb] = finish
+                ev = arrival_ev.pop(pb, None)
                 if ev is not None:
                     ev.succeed(finish)
 
