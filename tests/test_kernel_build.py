@@ -139,3 +139,36 @@ def test_trace_capacity_by_hand():
     # over 132 CTAs -> 12 each, 4 records per block + 8 fixed + 64 slack
     d = SimpleNamespace(pool_rows=384, block_m=16)
     assert trace_capacity(d, 2048, 4096, 132, fixed=8) == 4 * 12 + 8 + 64
+
+
+def test_l2_pool_agreement_detects_flips_and_layout_errors():
+    """The GPU test's L2-pool checker on a fake kernel workspace filled from the reference:
+    exact -> all equal; one low-bit flip -> a fraction of a top-binade spacing; a row written
+    in the wrong order -> many spacings (what a layout bug looks like)."""
+    import types
+    import torch
+    from megamoe.kernel.check import l2_pool_agreement, make_inputs, make_weights, reference_sm90
+    E, K, H, I, T = 8, 2, 256, 128, 33
+    w = make_weights(E, H, I, "cpu", seed=7)
+    x, xs, idx, tw = make_inputs(T, E, K, H, "cpu", seed=3)
+    _, l2_in = reference_sm90(x, xs, idx, tw, *w, return_l2_input=True)
+    R = 128
+    pool = torch.zeros(R, I, dtype=torch.uint8)
+    sf = torch.zeros(I // 128, R, 4, dtype=torch.uint8)
+    tok = torch.full((R,), -1, dtype=torch.int32)
+    slot = tok.clone()
+    r = 0
+    for t, k, q, qsf in l2_in.values():
+        for i in range(t.numel()):
+            pool[r], tok[r], slot[r] = q[i], int(t[i]), int(k[i])
+            sf[:, r, :] = qsf[i].reshape(I // 128, 4)
+            r += 1
+    fake = types.SimpleNamespace(_ws=dict(l2_pool=pool, l2_pool_sf=sf, pool_token=tok, pool_slot=slot),
+                                 _ws_key=(16, R), I=I)
+    a = l2_pool_agreement(fake, l2_in)
+    assert a == dict(bytes_equal=1.0, max_error_top_ulps=0.0, scales_equal=1.0, rows=int((idx >= 0).sum()))
+    pool[0, 5] ^= 0x01  # lowest mantissa bit: one code
+    a = l2_pool_agreement(fake, l2_in)
+    assert a["bytes_equal"] == 1 - 1 / (r * I) and 0 < a["max_error_top_ulps"] <= 1.0
+    pool[1] = pool[1].flip(0)
+    assert l2_pool_agreement(fake, l2_in)["max_error_top_ulps"] > 1.0

@@ -486,6 +486,8 @@ def _job(out_path: str, part: str = "all") -> None:
 
     def step(msg):  # progress on every rank (locates a hang in the job log)
         print(f"[rank {rank}] dead-rank case: {msg}", flush=True)
+    import faulthandler
+    faulthandler.dump_traceback_later(20, exit=False)  # a hang prints every thread's stack
     try:
         shape = TINY
         w = make_weights(shape["E"], shape["H"], shape["I"], "cuda", seed=7)
@@ -499,6 +501,7 @@ def _job(out_path: str, part: str = "all") -> None:
             t0 = time.time()
             try:
                 ep(x, xs, idx, tw)
+                step("launched")
                 ep.check()
                 dead["raised"] = False
             except KernelError as e:

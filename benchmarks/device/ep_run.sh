@@ -45,3 +45,4 @@ if [ "$NG" -ge 2 ]; then
   stamp "bench rc=$?"; grep -v "^\s*$" $OUT/ep_bench.log | grep -iv "warn" | tail -24 | cut -c1-900 | tee -a $LOG
 fi
 stamp "done"
+(cd $OUT && tar czf ep_logs.tgz *.log *.json *.txt 2>/dev/null)

@@ -28,6 +28,19 @@ case $MODE in
     PYTHONPATH=. timeout 100 python3 benchmarks/device/traces.py 2>&1 | tail -8
     timeout 60 python3 benchmarks/device/profile_stages.py $OUT/profile_stages.json 2>&1 | tee $OUT/profile.log
     (cd $OUT && tar czf session_logs.tgz *.log *.json 2>/dev/null) ;;
+  final2)
+    # end of a session: GPU suite, sanitizers, traces + calibration (issue 7), plan choices,
+    # the side-by-side EP1 benchmark, the per-role profile; everything in one archive
+    timeout 120 python3 -m pytest -q -p no:cacheprovider --timeout 60 tests/test_kernel_gpu.py > $OUT/pytest.log 2>&1; tail -3 $OUT/pytest.log
+    for tool in memcheck racecheck synccheck; do
+      timeout 90 compute-sanitizer --tool $tool --print-limit 20 python3 benchmarks/device/sanitize_small.py > $OUT/sanitizer_$tool.log 2>&1
+      echo "compute-sanitizer $tool rc=$?: $(grep -E "SUMMARY|sanitize_small" $OUT/sanitizer_$tool.log | tr '\n' ' ')"
+    done
+    PYTHONPATH=. timeout 120 python3 benchmarks/device/traces.py > $OUT/traces.log 2>&1; tail -3 $OUT/traces.log
+    PYTHONPATH=. timeout 90 python3 benchmarks/device/plan_choices.py > $OUT/plan_choices.log 2>&1; tail -8 $OUT/plan_choices.log
+    timeout 150 python3 benchmarks/kernel_bench.py --reps 10 --out $OUT/kernel_bench.json > $OUT/bench.log 2>&1; tail -16 $OUT/bench.log
+    timeout 60 python3 benchmarks/device/profile_stages.py $OUT/profile_stages.json > $OUT/profile.log 2>&1; cat $OUT/profile.log
+    (cd $OUT && tar czf final.tgz --exclude final.tgz * && find . -maxdepth 1 -type f ! -name final.tgz -delete) ;;
   profile)
     timeout 200 python3 benchmarks/device/profile_stages.py $OUT/profile_stages.json 2>&1 | tee $OUT/profile.log ;;
   probe)

@@ -102,6 +102,17 @@ __device__ __forceinline__ void named_bar_sync(uint32_t id, uint32_t threads) {
     asm volatile("barrier.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
 }
 
+// Named barrier that also ANDs a predicate over the participating threads: every thread
+// gets the same answer (so a role can leave early only all together, never stranding the
+// others at a later named barrier).
+__device__ __forceinline__ bool named_bar_and(uint32_t id, uint32_t threads, bool pred) {
+    uint32_t out;
+    __syncwarp();
+    asm volatile("{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n barrier.red.and.pred q, %2, %3, p;\n"
+                 " selp.u32 %0, 1, 0, q;\n}" : "=r"(out) : "r"((uint32_t)pred), "r"(id), "r"(threads) : "memory");
+    return out != 0;
+}
+
 // ---------------------------------------------------------------- cp.async (sm_80+)
 __device__ __forceinline__ void cp_async_16_cg(void* smem, const void* gmem) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(smem_u32(smem)), "l"(gmem) : "memory");

@@ -544,7 +544,12 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
     Scheduler<BM> sched(p);
     const int wslot = 16 + 8 + cw;  // debug progress slot of this consumer warp
     if (lane == 0) progress(p, wslot, 0x01000000);
-    if (!sched.fetch_counts(p, kRoleConsumer)) { if (lane == 0) progress(p, wslot, 0x0E000000); return; }
+    // All consumer warps leave together or not at all: a warp that saw the counts complete
+    // must not wait at an epilogue barrier for one that gave up (an error raised meanwhile).
+    if (!named_bar_and(kBarConsumer, kConsumerThreads, sched.fetch_counts(p, kRoleConsumer))) {
+        if (lane == 0) progress(p, wslot, 0x0E000000);
+        return;
+    }
     sched.set_expert(0);
     Tile tile;
     tile.init(ctid);
@@ -622,6 +627,10 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
         const uint64_t tm = globaltimer();
         const long long ce = clock64();
         const size_t prow0 = (size_t)b.pool_block * BM;
+        // After an error (this warp's waits failed, or any role raised one) the pool rows may
+        // never have been pulled: compute nothing into memory, above all no write-back through
+        // a stale source rank (EP). The named barriers below are still met.
+        const bool store = !dead && !aborted(p);
         if (b.phase == kPhaseL1) {
             // SwiGLU (BF16-rounded gate/up, optional clamp) x top-k weight, per-32 amax. The
             // top-k weights are loaded up front: one round trip, not one per token.
@@ -665,6 +674,7 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
                     const uint32_t bits = __float_as_uint(scaled);
                     const int l = (int)(bits >> 23) - 127 + ((bits & 0x7fffffu) != 0);
                     const float inv = __uint_as_float((uint32_t)(127 - l) << 23);
+                    if (!store) continue;
                     p.l2_pool[(prow0 + m) * I + col] =
                         (uint8_t)__nv_cvt_float_to_fp8(tile.acc[j][r] * inv, __NV_SATFINITE, __NV_E4M3);
                     if (wi == 0 && lane < 4)
@@ -687,7 +697,7 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
                     #pragma unroll
                     for (int r = 0; r < 2; ++r) {
                         const int m = tile.tok_of(h * NH + j, r);
-                        const bool ok = m < b.valid_m;
+                        const bool ok = store && m < b.valid_m;
                         crow[j][r] = ok ? __ldcg(p.pool_slot + prow0 + m) * (int)p.combine_rows + __ldcg(p.pool_token + prow0 + m) : -1;
                         src[j][r] = (p.num_ranks > 1 && ok) ? __ldcg(p.pool_rank + prow0 + m) : 0;
                     }
