@@ -154,6 +154,10 @@ def test_trace_block_order():
         assert got.get(cta, []) == expect[cta], cta
     kinds = {r["kind"] for r in recs}
     assert {"count", "pull", "l1_mma", "l1_epilogue", "l2_mma", "l2_epilogue", "combine"} <= kinds
+    # records kept on the GPU and decoded later: the same block order, the same output bits
+    y2 = k(x, xs, idx, tw, trace="device")
+    assert block_order(k.fetch_trace()) == got
+    assert torch.equal(y.view(torch.int16), y2.view(torch.int16))
 
 
 def test_timeout_is_an_error():

@@ -225,10 +225,15 @@ class MegaMoEKernel:
         ws = self._workspace(design)
         y = out if out is not None else torch.empty(T, self.H, dtype=torch.bfloat16, device=self.device)
         cap = 0
+        require(trace in (False, True, "device"), "trace", "False, True or 'device'", trace)
         if trace:
             cap = self.trace_cap_override or trace_capacity(design, self.I, self.H, self.num_sms, fixed=8)
-            tr = torch.zeros(self.num_sms, cap, 6, dtype=torch.int64, device=self.device)
-            trc = torch.zeros(self.num_sms, dtype=torch.int32, device=self.device)
+            if getattr(self, "_tr_key", None) != cap:  # record buffers allocated once per capacity
+                self._tr = (torch.empty(self.num_sms, cap, 6, dtype=torch.int64, device=self.device),
+                            torch.zeros(self.num_sms, dtype=torch.int32, device=self.device))
+                self._tr_key = cap
+            tr, trc = self._tr
+            trc.zero_()  # records past each CTA's count are never read
         w = self.weights
         p = Params(num_tokens=T, hidden=self.H, inter=self.I, num_experts=self.E, topk=self.K,
                    block_m=design.block_m, num_stages=design.num_stages, experts_per_wave=design.experts_per_wave,
@@ -248,12 +253,29 @@ class MegaMoEKernel:
             raise KernelError(f"launch failed: {self.lib.megamoe_sm90_error_string(rc).decode()} (code {rc})")
         self._pending_check = True
         if trace:
-            torch.cuda.synchronize(self.device)
-            self.check()
-            recs = decode_trace(tr.cpu().numpy().view(np.uint64), trc.cpu().numpy(), cap)
-            self.last_trace_dropped = int(np.maximum(trc.cpu().numpy() - cap, 0).sum())
-            return y, recs
+            self._pending_trace = (tr, trc, cap)
+            if trace == "device":  # records stay on the GPU until fetch_trace(): no sync here
+                return y
+            return y, self.fetch_trace()
         return y
+
+    def fetch_trace(self) -> list[dict]:
+        """Synchronize, check, and decode the records of the last ``trace=True`` or
+        ``trace="device"`` call (the shared trace schema, see :mod:`megamoe.kernel.trace`).
+
+        Raises:
+            KernelError: the launch reported an error.
+            InputError: no traced call is pending.
+        """
+        require(getattr(self, "_pending_trace", None) is not None, "trace", "a preceding traced call", None)
+        tr, trc, cap = self._pending_trace
+        self._pending_trace = None
+        self.torch.cuda.synchronize(self.device)
+        self.check()
+        counts = trc.cpu().numpy()
+        recs = decode_trace(tr.cpu().numpy().view(np.uint64), counts, cap)
+        self.last_trace_dropped = int(np.maximum(counts - cap, 0).sum())
+        return recs
 
     def check(self):
         """Synchronize and raise :class:`KernelError` if the last launch reported an error."""
