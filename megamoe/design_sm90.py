@@ -66,7 +66,7 @@ def block_m_for(expected_tokens_per_expert: float) -> int:
 def stage_bytes(block_m: int) -> int:
     """Shared memory of one pipeline stage, rounded up to 1024 B (WGMMA's 128-byte swizzle
     atoms need 1024-B alignment): A tile, decoded B, packed B, B scales, A scales, FP32 scale
-    tables per consumer warpgroup: [2][4][64] (its weight rows) and [2][4][block_m] (tokens)."""
+    tables per consumer warpgroup: ``[2][4][64]`` (its weight rows) and ``[2][4][block_m]`` (tokens)."""
     return _align(block_m * BLOCK_K + 16384 + 8192 + 512 + _align(block_m * 4, 128) + 2048 + block_m * 32, 1024)
 
 

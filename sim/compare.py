@@ -91,6 +91,8 @@ def scenario_from_meta(trace: Trace):
     shape = MoEShape(meta.get("shape", "custom"), int(meta["num_experts"]), int(meta["top_k"]),
                      int(meta["hidden"]), int(meta["intermediate"]))
     plan = meta.get("plan", {})
+    require(isinstance(plan, dict), "trace.meta.plan", "an object (block_m, experts_per_wave, ...)",
+            type(plan).__name__)
     return Scenario(shape=shape, num_ranks=int(meta["num_ranks"]),
                     max_tokens_per_rank=int(meta.get("max_tokens_per_rank") or max(1, max(len(t) for t in trace.topk_idx))),
                     hardware=meta.get("hardware", "h200"), design=meta.get("design", "megamoe-sm90"),

@@ -200,16 +200,16 @@ def test_bad_inputs_name_the_field():
 def test_sm90_design_plan_numbers():
     # V4-Flash EP1 T=512: e = 512*6/256 = 12 -> block_m 16 (smallest of 16/32/64/128 >= e);
     # experts per wave: smallest divisor w of 256 with w * 1 m block * 32 L1 n blocks >= 2*132 -> 16;
-    # stage = 16*128 + align(16*4,128) + 8192 + 512 + 16384 = 27264;
-    # fixed = 1024 + align(256*12+64, 128) + align(8*16*4, 128) = 1024 + 3200 + 512 = 4736;
-    # stages = (232448 - 4736) // 27264 = 8; smem = 4736 + 8*27264 = 222848
+    # stage = align1024(16*128 + 16384 + 8192 + 512 + align(16*4,128) + 2048 + 16*32) = align1024(29824) = 30720;
+    # fixed = align1024(1024 + align(256*12+64, 128) + align(8*16*4, 128)) = align1024(4736) = 5120;
+    # stages = (232448 - 5120) // 30720 = 7; smem = 5120 + 7*30720 = 220160
     ids = generate(RoutingSpec(), 1, [512], 256, 6, 0)
     p = P.build_plan(num_experts=256, top_k=6, hidden=4096, intermediate=2048, num_ranks=1,
                      tokens_per_rank=[512], max_tokens_per_rank=512, topk_idx=ids, num_sms=132,
                      design="megamoe-sm90")
     rp = p.ranks[0]
     assert (rp.config.block_m, rp.config.cluster_size, rp.experts_per_wave) == (16, 1, 16)
-    assert (rp.num_stages, rp.smem_bytes) == (8, 222848)
+    assert (rp.num_stages, rp.smem_bytes) == (7, 220160)
     # one CTA per SM: SM s runs rows s, s+132, ... of the same scheduler list
     assert (rp.sm_blocks(131) == rp.blocks()[131::132]).all()
     with pytest.raises(InputError, match="block_m: expected one of 16, 32, 64, 128"):
