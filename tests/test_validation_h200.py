@@ -1,11 +1,17 @@
 """The simulator against the committed H200 kernel traces (issue 7), on any CPU.
 
-Measured on an H200 on 2026-11-30 (benchmarks/traces, results/kernel_plan_choices_h200.json).
-Asserted here: what the model achieves today (makespan within 10% and median per-kind
-duration error within 15% at 64 and 4096 tokens, within 10% / 25% at 512), the kernel's
-block order per CTA equal to the plan's, and the plan-choice pairs the model ranks like the
-kernel.  Known misses (reported in benchmarks/NOTES.md, not hidden): 1 token (-33%), and
-block_m 64 vs 128 at 4096 tokens (the kernel's block_m 128 spills registers).
+Measured on an H200 on 2026-11-30 with the FP8 WGMMA kernel (benchmarks/traces,
+results/kernel_plan_choices_h200.json); the H200 model's SM90 figures are fitted to the
+EP1 traces at 64, 512 and 4096 tokens (sim.calibrate.fit_sm90_traces, sources in
+sim/hardware/h200.toml); the EP2 traces (2 x H200, 64/512/2048 tokens per rank) were not
+used in the fit.  Asserted here, the issue's targets: makespan within 10% and median
+per-kind duration error within 15% at every token count of the kernel benchmark, EP1 and
+EP2 (EP2 at 2048 tokens is at -10.0%: its dispatch over NVLink is slower than the model's); the
+kernel's block order per CTA equal to the plan's; the simulator ordering two plan choices
+like the kernel whenever the kernel's times differ by more than 5% (closer pairs are not
+asserted).  Known miss (reported in benchmarks/NOTES.md and docs/simulator/validation.md,
+not hidden): 1 token, where the kernel's block scheduler spends 20-40 us per block stepping
+over empty experts and the model has no term for it.
 """
 
 import json
@@ -21,11 +27,18 @@ ROOT = Path(__file__).resolve().parent.parent
 TRACES = ROOT / "benchmarks" / "traces"
 
 
-@pytest.mark.parametrize("tokens,makespan,kind", [(64, 0.10, 0.15), (512, 0.10, 0.25), (4096, 0.10, 0.15)])
-def test_makespan_and_kind_errors(tokens, makespan, kind):
-    r, _, _ = compare_file(str(TRACES / f"kernel_flash_ep1_t{tokens}.npz"))
-    assert abs(r["makespan_error"]) <= makespan, r["makespan_error"]
-    assert r["median_kind_error"] <= kind, r["median_kind_error"]
+T1_MISS = ("1 token: simulated 190 us vs measured 279 us (-32%; median kind error 15.2%). The kernel's scheduler (csrc/megamoe/scheduler.cuh) "
+           "costs ~170 ns per expert it steps over; at 1 token (6 of 256 experts routed) each block starts 20-40 us "
+           "after the previous one ends, against ~2 us at 64+ tokens. The SM90 model has no per-expert scheduler "
+           "term (a structural change in sim/engine.py, not a parameter)")
+
+
+@pytest.mark.parametrize("trace", [pytest.param("ep1_t1", marks=pytest.mark.xfail(strict=True, reason=T1_MISS)),
+                                   "ep1_t64", "ep1_t512", "ep1_t4096", "ep2_t64", "ep2_t512", "ep2_t2048"])
+def test_makespan_and_kind_errors(trace):
+    r, _, _ = compare_file(str(TRACES / f"kernel_flash_{trace}.npz"))
+    assert abs(r["makespan_error"]) <= 0.10, r["makespan_error"]
+    assert r["median_kind_error"] <= 0.15, r["median_kind_error"]
     assert r["unmatched_simulated"] < 0.01 * r["matched_intervals"]
 
 
@@ -47,12 +60,13 @@ def test_plan_choices_ranked_like_the_kernel():
     from sim import simulate
 
     meas = json.loads((ROOT / "benchmarks" / "results" / "kernel_plan_choices_h200.json").read_text())
-    sim = {}
-    for m in meas[:4]:  # the 512-token pairs: block_m 16 vs 64, experts per wave 4 vs 32
-        sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=m["tokens"], max_tokens_per_rank=4096,
-                      design="megamoe-sm90", hardware="h200", **m["override"])
-        sim[json.dumps(m["override"])] = (m["kernel_us"], simulate(sc).trace.makespan_ns / 1e3)
-    for a, b in (('{"block_m": 16}', '{"block_m": 64}'), ('{"experts_per_wave": 4}', '{"experts_per_wave": 32}')):
-        (ka, sa), (kb, sb) = sim[a], sim[b]
-        assert abs(ka / kb - 1) > 0.05  # the kernel tells them apart
-        assert (ka < kb) == (sa < sb)
+    asserted = 0
+    for a, b in zip(meas[::2], meas[1::2]):  # pairs: block_m, then experts per wave, at 512 and 4096 tokens
+        if abs(a["kernel_us"] / b["kernel_us"] - 1) <= 0.05:
+            continue  # the kernel does not tell them apart: no order to match
+        sim = [simulate(Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=m["tokens"],
+                                 max_tokens_per_rank=4096, design="megamoe-sm90", hardware="h200",
+                                 **m["override"])).trace.makespan_ns for m in (a, b)]
+        assert (a["kernel_us"] < b["kernel_us"]) == (sim[0] < sim[1]), (a, b, sim)
+        asserted += 1
+    assert asserted >= 2  # block_m 16 vs 64 at 512 tokens, 64 vs 128 at 4096 (22% and 30% apart)
