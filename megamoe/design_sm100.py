@@ -5,7 +5,9 @@ it never re-derives a scheduling number. :func:`config_from_plan` reads them off
 :class:`megamoe.plan.Plan` (block_m / block_n / block_k, pipeline stages, experts per
 wave, bytes per pull, pool capacity, SMs) and adds only layout facts that follow from them
 (the padded scale-pool rows). Template instances exist for every (block_m, block_k) row of
-the reference block table (:data:`INSTANCES`).
+the reference block table (:data:`INSTANCES`). :func:`design_for` gives the same numbers for
+one EP=1 call from its token count alone (calling the plan's functions, as ``build_plan`` does),
+which is what ``megamoe.kernel.MegaMoEKernel`` launches with on a 10.0 device.
 
 Status: compiled for sm_100a and disassembled (``tests/test_kernel_sm100.py``); **never
 executed** -- no SM100 GPU was available. See ``benchmarks/NOTES_kernel.md`` ("SM100 path").
@@ -124,3 +126,62 @@ def params_type():
                     ("sf_pool_rows", ctypes.c_int64), ("reserved", ctypes.c_int64)]
 
     return Sm100Params
+
+
+def design_for(num_tokens: int, max_tokens: int, hidden: int, inter: int, num_experts: int, topk: int,
+               num_sms: int, *, block_m: int | None = None, num_stages: int | None = None,
+               experts_per_wave: int | None = None, smem_capacity: int | None = None) -> SM100KernelConfig:
+    """The kernel's numbers for one EP=1 call of ``num_tokens`` tokens, without a plan.
+
+    The SM100 counterpart of ``design_sm90.design_for``: the same functions of
+    :mod:`megamoe.plan`, in the same order, that ``build_plan(design="deepgemm-sm100",
+    num_ranks=1, tokens_per_rank=[num_tokens], max_tokens_per_rank=max_tokens, ...)`` calls for
+    its one rank, so the result equals ``config_from_plan`` of that plan field by field
+    (``tests/test_kernel_sm100.py``). Nothing here depends on the routing: block config from the
+    expected tokens per expert, pool capacity from ``max_tokens``, experts per wave from both,
+    stages from the SMEM budget, bytes per pull from ``hidden``.
+
+    Args:
+        num_tokens: tokens of this call (``0 <= num_tokens <= max_tokens``).
+        max_tokens: the kernel's token capacity (the plan's ``max_tokens_per_rank``).
+        hidden, inter, num_experts, topk: the shape.
+        num_sms: the persistent grid (even: 2-CTA clusters).
+        block_m, num_stages, experts_per_wave: overrides, with ``build_plan``'s checks.
+        smem_capacity: SMEM budget of the plan's stage count (default ``plan.SM100_SMEM_CAPACITY``).
+
+    Raises:
+        InputError: a shape the plan or the kernel does not take, an override out of range.
+    """
+    from . import plan as P
+
+    cap_smem = P.SM100_SMEM_CAPACITY if smem_capacity is None else smem_capacity
+    require(max_tokens >= 1, "max_tokens", ">= 1", max_tokens)
+    require(0 <= num_tokens <= max_tokens, "num_tokens", f"in [0, {max_tokens}] (max_tokens)", num_tokens)
+    require(num_sms >= 2 and num_sms % 2 == 0, "num_sms", "an even number >= 2 (2-CTA clusters)", num_sms)
+    require((2 * inter) % 256 == 0 and hidden % 256 == 0, "shape",
+            "2*intermediate and hidden multiples of 256 (even N block counts for 2-CTA pairs)",
+            f"hidden {hidden}, intermediate {inter}")
+    pool = P.pool_capacity_tokens(1, max_tokens, topk, num_experts)
+    pull = P.bytes_per_pull(hidden)
+    cfg = P.sm100_block_config(num_tokens, 1, topk, num_experts, block_m)
+    require(inter % cfg.block_k == 0 and hidden % cfg.block_k == 0, "shape",
+            f"hidden and intermediate multiples of block_k {cfg.block_k}", f"hidden {hidden}, intermediate {inter}")
+    epw = P.sm100_experts_per_wave(num_experts, num_tokens, topk, inter, cfg.block_m, cfg.block_n, num_sms, pool,
+                                   max_tokens, 1)
+    if experts_per_wave is not None:
+        require(1 <= experts_per_wave <= num_experts, "experts_per_wave", f"in [1, {num_experts}] (local experts)",
+                experts_per_wave)
+        epw = experts_per_wave
+    stages, _ = P.sm100_pipeline(cap_smem, num_experts, hidden, cfg, pull)
+    if num_stages is not None:
+        require(2 <= num_stages <= stages, "num_stages", f"in [2, {stages}] (SMEM budget)", num_stages)
+        stages = num_stages
+    require((cfg.block_m, cfg.block_k) in INSTANCES, "block config", f"(block_m, block_k) in {INSTANCES}",
+            (cfg.block_m, cfg.block_k))
+    smem = smem_bytes(cfg.block_m, cfg.block_k, stages, num_experts)
+    require(smem <= SMEM_LIMIT_SM100, "num_stages", f"fitting {SMEM_LIMIT_SM100} B of shared memory",
+            f"{stages} stages = {smem} B")
+    return SM100KernelConfig(
+        block_m=cfg.block_m, block_n=cfg.block_n, block_k=cfg.block_k, num_stages=stages, experts_per_wave=epw,
+        bytes_per_pull=pull, pool_tokens=pool, num_sms=num_sms,
+        sf_pool_rows=pool // cfg.block_m * sf_block_m(cfg.block_m), smem_bytes=smem)

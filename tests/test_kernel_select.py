@@ -35,14 +35,17 @@ def _need_sm100_build():
 # ------------------------------------------------------------------ selection
 
 
-@pytest.mark.parametrize("cc,arch,prefix,launchable", [((9, 0), "sm_90a", "megamoe_sm90", True),
-                                                        ((10, 0), "sm_100a", "megamoe_sm100", False)])
-def test_select_supported_capabilities(monkeypatch, cc, arch, prefix, launchable):
+@pytest.mark.parametrize("cc,arch,prefix,executed", [((9, 0), "sm_90a", "megamoe_sm90", True),
+                                                      ((10, 0), "sm_100a", "megamoe_sm100", False)])
+def test_select_supported_capabilities(monkeypatch, cc, arch, prefix, executed):
     monkeypatch.setattr(select, "device_capability", lambda device=None: cc)
     p = select.path_for_device("cuda:0")
     assert p is select.PATHS[arch]
     assert (p.arch, p.prefix, p.symbol("launch")) == (arch, prefix, f"{prefix}_launch")
-    assert (p.launch_missing is None) == launchable
+    assert p.launch_missing is None  # MegaMoEKernel launches both paths
+    assert (p.unverified is None) == executed  # ... but SM100 has never run
+    if not executed:
+        assert p.unverified == select.SM100_UNVERIFIED and "NEVER EXECUTED" in p.unverified
     want = runtime.Params if arch == "sm_90a" else select._sm100_params()
     assert p.params_type is want
     assert p.entries[f"{prefix}_launch"][0](p) == [ctypes.POINTER(want), ctypes.c_void_p]
@@ -104,21 +107,314 @@ def test_megamoe_kernel_on_sm90_loads_the_sm90_library(monkeypatch, fake_loader)
                         lambda d: SimpleNamespace(major=9, minor=0, multi_processor_count=132))
     k = _kernel()
     assert fake_loader == ["sm_90a"]
+    assert type(k) is runtime.MegaMoEKernel  # not the SM100 subclass
     assert k.path is select.PATHS["sm_90a"] and isinstance(k.lib, _FakeLib)
     assert k.num_sms == 4
+    # positional arguments (device is the 14th) select the same way
+    k = runtime.MegaMoEKernel(8, 2, 256, 128, 16, None, None, 4, None, None, None, 10.0, None, "cuda:0")
+    assert type(k) is runtime.MegaMoEKernel and fake_loader == ["sm_90a", "sm_90a"]
 
 
-def test_megamoe_kernel_on_sm100_binds_then_says_what_is_missing(monkeypatch, fake_loader):
-    pytest.importorskip("torch")
+# ------------------------------------------------------------------ the SM100 launch (no B200: a recording library)
+
+
+class _RecordingSm100Lib:
+    """Stands in for libmegamoe_sm100.so. megamoe_sm100_launch records a copy of the
+    Sm100Params it is given (and the stream) and returns ``rc``; the device-free entry points
+    forward to the real library when one is given (built here with nvcc), else accept."""
+
+    def __init__(self, real=None, rc=0):
+        self.real, self.rc, self.calls = real, rc, []
+
+    def megamoe_sm100_launch(self, q, stream):
+        obj = q._obj  # ctypes.byref(Sm100Params)
+        self.calls.append((type(obj), type(obj).from_buffer_copy(obj), stream.value))
+        return self.rc
+
+    def megamoe_sm100_check_config(self, *args):
+        return self.real.megamoe_sm100_check_config(*args) if self.real is not None else 0
+
+    def megamoe_sm100_error_string(self, rc):
+        return self.real.megamoe_sm100_error_string(rc) if self.real is not None else f"fake error {rc}".encode()
+
+
+STREAM = 0x5A5A0
+
+
+@pytest.fixture(params=["fake", "real-checks"])
+def sm100_env(request, monkeypatch, fresh_libs):
+    """A 10.0 device with 148 SMs (capability and properties monkeypatched), tensors on the CPU,
+    runtime.load_library returning a recording library; "real-checks" answers
+    megamoe_sm100_check_config / error_string with the real sm_100a library."""
+    torch = pytest.importorskip("torch")
+    real = None
+    if request.param == "real-checks":
+        _need_sm100_build()
+        real = runtime.load_library("sm_100a")
+    lib = _RecordingSm100Lib(real)
+    loads = []
     monkeypatch.setattr(select, "device_capability", lambda device=None: (10, 0))
-    with pytest.raises(NotImplementedError) as ei:
-        _kernel()
-    assert fake_loader == ["sm_100a"]  # the library was loaded (built, bound, ABI-checked) first
-    msg = str(ei.value)
-    assert msg == select.SM100_LAUNCH_MISSING
-    for piece in ("design_sm90.design_for", "transform_weights_for_mega_moe", "sf_pool_rows",
-                  "megamoe_sm100_launch", "never executed"):
-        assert piece in msg
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda d: SimpleNamespace(major=10, minor=0, multi_processor_count=148))
+    monkeypatch.setattr(runtime, "load_library", lambda arch="sm_90a": loads.append(arch) or lib)
+    sm100 = importlib.import_module("megamoe.kernel.sm100")
+    monkeypatch.setattr(sm100, "current_stream", lambda torch, device: STREAM)
+    return SimpleNamespace(lib=lib, loads=loads, torch=torch, sm100=sm100, real=real)
+
+
+# (E, K, H, I, max_tokens): small enough for CPU tensors, every shape constraint of the kernel met
+SHAPE = (8, 2, 512, 256, 64)
+
+
+def _ckpt(E, H, I, seed=0):
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randint(0, 256, (E, 2 * I, H // 2), dtype=torch.uint8, generator=g),
+            torch.randint(100, 140, (E, 2 * I, H // 32), dtype=torch.uint8, generator=g),
+            torch.randint(0, 256, (E, H, I // 2), dtype=torch.uint8, generator=g),
+            torch.randint(100, 140, (E, H, I // 32), dtype=torch.uint8, generator=g))
+
+
+def _sm100_kernel(env, shape=SHAPE, **kw):
+    E, K, H, I, T_max = shape
+    ck = _ckpt(E, H, I)
+    with pytest.warns(env.sm100.UnverifiedKernelWarning, match="NEVER EXECUTED"):
+        k = runtime.MegaMoEKernel(E, K, H, I, T_max, runtime.prepare_weights(*ck), device="cpu", **kw)
+    return k, ck
+
+
+def _inputs(torch, T, E, K, H, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 120, (T, H), dtype=torch.uint8, generator=g).view(torch.float8_e4m3fn)
+    x_sf = torch.randint(110, 130, (T, H // 32), dtype=torch.uint8, generator=g)
+    idx = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).to(torch.int32) if T else \
+        torch.zeros(0, K, dtype=torch.int32)
+    w = torch.rand(T, K, generator=g, dtype=torch.float32)
+    return x, x_sf, idx, w
+
+
+def _plan_config(k, T, idx):
+    """config_from_plan of the deepgemm-sm100 plan of this call (same tokens, max tokens, SMs)."""
+    import numpy as np
+
+    from megamoe import design_sm100
+    from megamoe import plan as P
+    plan = P.build_plan(num_experts=k.E, top_k=k.K, hidden=k.H, intermediate=k.I, num_ranks=1, tokens_per_rank=[T],
+                        max_tokens_per_rank=k.max_tokens, topk_idx=[np.asarray(idx, dtype=np.int64)],
+                        num_sms=k.num_sms, design="deepgemm-sm100")
+    return plan, design_sm100.config_from_plan(plan)
+
+
+def _expected_fields(k, cfg, T, x, x_sf, idx, w, y, trace_cap=0, tr=None, trc=None):
+    """Every Sm100Params field (base fields by name) and the value it must hold."""
+    ptr = lambda t: t.data_ptr() or None  # noqa: E731  (ctypes reads a null c_void_p as None; T = 0: empty tensors)
+    ws = k._ws
+    base = dict(
+        num_tokens=T, hidden=k.H, inter=k.I, num_experts=k.E, topk=k.K, block_m=cfg.block_m,
+        num_stages=cfg.num_stages, experts_per_wave=cfg.experts_per_wave, num_sms=cfg.num_sms,
+        pool_rows=cfg.pool_tokens, timeout_ns=k.timeout_ns, trace_cap=trace_cap, fault_inject=0, clamp=k.clamp,
+        x=ptr(x), x_sf=ptr(x_sf), topk_idx=ptr(idx), topk_w=ptr(w),
+        w1=ptr(k.weights.w1), w1_sf=ptr(k.weights.w1_sf), w2=ptr(k.weights.w2), w2_sf=ptr(k.weights.w2_sf),
+        **{n: ptr(ws[n]) for n in ("l1_pool", "l1_pool_sf", "l2_pool", "l2_pool_sf", "pool_token", "pool_slot",
+                                   "pool_weight", "expert_count", "arrival", "mask", "grid_sync", "error",
+                                   "item_pos", "combine_buf")},
+        y=ptr(y), trace=ptr(tr) if tr is not None else None, trace_count=ptr(trc) if trc is not None else None,
+        progress=None, combine_rows=T, device=-1, num_ranks=1, rank=0, epoch=0,
+        off_x=0, off_x_sf=0, off_topk_w=0, off_src_idx=0, off_recv_count=0, off_combine=0, off_flag=0,
+        peer_base=None, send_count=None, cta_hist=None, pool_rank=None)
+    ext = dict(block_k=cfg.block_k, pull_bytes=cfg.bytes_per_pull, sf_pool_rows=cfg.sf_pool_rows, reserved=0)
+    return base, ext
+
+
+def _assert_params(q, base, ext):
+    names = [n for n, _ in runtime.Params._fields_]
+    assert set(base) == set(names), set(names) ^ set(base)  # every field of params.h's Params is checked
+    assert [n for n, _ in type(q)._fields_] == ["base", *ext]
+    for n in names:
+        assert getattr(q.base, n) == base[n], (n, getattr(q.base, n), base[n])
+    for n, v in ext.items():
+        assert getattr(q, n) == v, (n, getattr(q, n), v)
+
+
+def test_megamoe_kernel_on_sm100_is_the_sm100_kernel_and_warns(sm100_env):
+    """On 10.0, MegaMoEKernel(...) loads (builds, binds, ABI-checks) the sm_100a library, returns
+    the SM100 kernel, and warns that the kernel has never executed."""
+    k, _ = _sm100_kernel(sm100_env)
+    assert type(k) is sm100_env.sm100.MegaMoEKernelSm100 and isinstance(k, runtime.MegaMoEKernel)
+    assert sm100_env.loads == ["sm_100a"] and k.lib is sm100_env.lib and k.path is select.PATHS["sm_100a"]
+    assert k.num_sms == 148 and sm100_env.lib.calls == []  # nothing launched at construction
+
+
+@pytest.mark.parametrize("T", [0, 1, 5, 17, 40, 64])
+def test_sm100_launch_fills_every_sm100params_field(sm100_env, T):
+    """One call = one megamoe_sm100_launch(&Sm100Params, stream) with every field equal to what
+    it must be: numbers = the deepgemm-sm100 plan's for this call (config_from_plan, and the
+    plan's fields), shape, pointers = data_ptr() of the inputs, weights, workspace and output;
+    the EP fields those of an EP=1 launch; the current stream."""
+    torch = sm100_env.torch
+    k, _ = _sm100_kernel(sm100_env)
+    E, K, H, _, _ = SHAPE
+    x, x_sf, idx, w = _inputs(torch, T, E, K, H)
+    y = k(x, x_sf, idx, w)
+    assert len(sm100_env.lib.calls) == 1
+    st, q, stream = sm100_env.lib.calls[0]
+    assert st is select.PATHS["sm_100a"].params_type and stream == STREAM
+    plan, cfg = _plan_config(k, T, idx)
+    assert k.last_design == cfg
+    r = plan.ranks[0]
+    assert (q.base.block_m, q.block_k, q.base.num_stages, q.base.experts_per_wave, q.base.num_sms, q.base.pool_rows,
+            q.pull_bytes) == (r.config.block_m, r.config.block_k, r.num_stages, r.experts_per_wave, plan.num_sms,
+                              plan.pool_tokens, plan.bytes_per_pull)
+    assert tuple(y.shape) == (T, H) and y.dtype == torch.bfloat16
+    _assert_params(q, *_expected_fields(k, cfg, T, x, x_sf, idx, w, y))
+
+
+def test_sm100_launch_numbers_follow_the_token_count(sm100_env):
+    """Token counts that pick different block_m: each call's numbers are its own plan's, the
+    workspace follows the config (scale pools re-sized), and the pointers follow."""
+    torch = sm100_env.torch
+    shape = (16, 4, 512, 256, 2048)
+    k, _ = _sm100_kernel(sm100_env, shape)
+    E, K, H, _, _ = shape
+    seen = set()
+    for T in (1, 40, 100, 200, 300, 600, 2048):
+        x, x_sf, idx, w = _inputs(torch, T, E, K, H, seed=T)
+        y = k(x, x_sf, idx, w)
+        _, q, _ = sm100_env.lib.calls[-1]
+        _, cfg = _plan_config(k, T, idx)
+        _assert_params(q, *_expected_fields(k, cfg, T, x, x_sf, idx, w, y))
+        assert tuple(k._ws["l1_pool_sf"].shape) == (H // 128, cfg.sf_pool_rows, 4)
+        seen.add(cfg.block_m)
+    assert seen == {16, 32, 64, 96, 128, 192}
+
+
+def test_sm100_weights_handed_to_the_kernel_are_the_transform(sm100_env):
+    """The memory at Sm100Params.w1 .. w2_sf is, byte for byte, layouts.transform_weights_for_mega_moe
+    of the checkpoint given to prepare_weights (scales in their MN-major storage order: the
+    producer reads int32 word (e * K/128 + kb) * N + row); the inverse transform of what the
+    kernel holds gives the checkpoint back."""
+    torch = sm100_env.torch
+    from megamoe import layouts
+    k, ck = _sm100_kernel(sm100_env)
+    E, K, H, I, _ = SHAPE
+    k(*_inputs(torch, 9, E, K, H))
+    _, q, _ = sm100_env.lib.calls[0]
+    (w1, s1), (w2, s2) = layouts.transform_weights_for_mega_moe((ck[0], ck[1]), (ck[2], ck[3]))
+    for field, want, n, kd in (("w1_sf", s1, 2 * I, H), ("w2_sf", s2, H, I)):
+        raw = ctypes.string_at(getattr(q.base, field), E * (kd // 128) * n * 4)
+        words = torch.frombuffer(bytearray(raw), dtype=torch.int32).view(E, kd // 128, n)
+        assert torch.equal(words.permute(0, 2, 1), want)  # [e][kb][row] storage = MN-major
+    for field, want in (("w1", w1), ("w2", w2)):
+        raw = ctypes.string_at(getattr(q.base, field), want.numel())
+        assert raw == want.contiguous().numpy().tobytes()
+    for got, want in zip((k.weights.w1, k.weights.w1_sf, k.weights.w2, k.weights.w2_sf), (w1, s1, w2, s2)):
+        assert torch.equal(got, want) and got.stride() == want.stride()
+    (b1, bs1), (b2, bs2) = layouts.untransform_weights_for_mega_moe((k.weights.w1, k.weights.w1_sf),
+                                                                     (k.weights.w2, k.weights.w2_sf))
+    for got, want in zip((b1, bs1, b2, bs2), ck):
+        assert torch.equal(got, want)
+
+
+def test_sm100_workspace_is_the_spec(sm100_env):
+    """The allocated workspace is sm100.workspace_spec (sizes derived from kernel_sm100.cu's
+    indexing in tests/test_kernel_sm100.py) -- shapes, dtypes, initial values -- and is reused
+    while the config's pool is unchanged."""
+    torch = sm100_env.torch
+    k, _ = _sm100_kernel(sm100_env)
+    E, K, H, I, T_max = SHAPE
+    k(*_inputs(torch, 3, E, K, H))
+    cfg = k.last_design
+    spec = sm100_env.sm100.workspace_spec(cfg, T_max, H, I, E, K)
+    assert set(k._ws) == set(spec)
+    for n, (shape, dt, init) in spec.items():
+        t = k._ws[n]
+        assert tuple(t.shape) == shape and t.dtype == getattr(torch, dt) and t.is_contiguous(), n
+        if init is not None:
+            assert bool((t == init).all()), n
+    assert tuple(k._ws["l1_pool_sf"].shape) == (H // 128, cfg.sf_pool_rows, 4)
+    assert tuple(k._ws["l2_pool_sf"].shape) == (I // 128, cfg.sf_pool_rows, 4)
+    before = {n: t.data_ptr() for n, t in k._ws.items()}
+    k(*_inputs(torch, 4, E, K, H))
+    assert k.last_design == cfg and {n: t.data_ptr() for n, t in k._ws.items()} == before
+
+
+def test_sm100_launch_with_a_plans_config_and_trace(sm100_env):
+    """design=config_from_plan(plan) is launched as given; trace='device' passes the record
+    buffers ([num_sms, cap, 6] int64, counts [num_sms]) and the capacity."""
+    torch = sm100_env.torch
+    from megamoe import design_sm100
+    k, _ = _sm100_kernel(sm100_env)
+    E, K, H, I, _ = SHAPE
+    x, x_sf, idx, w = _inputs(torch, 12, E, K, H)
+    _, cfg = _plan_config(k, 12, idx)
+    cfg = design_sm100.SM100KernelConfig(**{**cfg.as_dict(), "num_stages": 2, "experts_per_wave": 3})
+    y = k(x, x_sf, idx, w, trace="device", design=cfg)
+    _, q, _ = sm100_env.lib.calls[0]
+    tr, trc = k._tr
+    cap = k._pending_trace[2]
+    assert tuple(tr.shape) == (cfg.num_sms, cap, 6) and tr.dtype == torch.int64 and tuple(trc.shape) == (cfg.num_sms,)
+    blocks = (cfg.pool_tokens // cfg.block_m) * (2 * I // 128 + H // 128)  # trace.trace_capacity's bound
+    assert cap == 8 + 4 * -(-blocks // cfg.num_sms) + 64
+    _assert_params(q, *_expected_fields(k, cfg, 12, x, x_sf, idx, w, y, trace_cap=cap, tr=tr, trc=trc))
+    with pytest.raises(InputError, match="^design"):
+        k(x, x_sf, idx, w, design=runtime.design_sm90.design_for(12, H, I, E, K, num_sms=148))
+
+
+def test_sm100_launch_error_is_a_kernel_error(sm100_env):
+    torch = sm100_env.torch
+    k, _ = _sm100_kernel(sm100_env)
+    sm100_env.lib.rc = -3
+    E, K, H, _, _ = SHAPE
+    with pytest.raises(runtime.KernelError, match=r"^launch failed: .* \(code -3\)$") as ei:
+        k(*_inputs(torch, 2, E, K, H))
+    if sm100_env.real is not None:
+        assert "not every 2-CTA cluster fits" in str(ei.value)
+
+
+@pytest.mark.filterwarnings("ignore:the SM100 .* NEVER EXECUTED")
+def test_sm100_inputs_and_numbers_are_checked_before_launch(sm100_env):
+    torch = sm100_env.torch
+    E, K, H, I, T_max = SHAPE
+    k, _ = _sm100_kernel(sm100_env)
+    x, x_sf, idx, w = _inputs(torch, 3, E, K, H)
+    with pytest.raises(InputError, match="^x_sf"):
+        k(x, x_sf[:, :-1], idx, w)
+    with pytest.raises(InputError, match="^num_tokens|^x"):
+        k(*_inputs(torch, T_max + 1, E, K, H))
+    with pytest.raises(InputError, match="^out"):
+        k(x, x_sf, idx, w, out=torch.empty(3, H, dtype=torch.float32))
+    with pytest.raises(InputError, match="^num_sms"):  # 2-CTA clusters
+        runtime.MegaMoEKernel(E, K, H, I, T_max, None, num_sms=147, device="cpu")
+    with pytest.raises(InputError, match="^weights"):
+        runtime.MegaMoEKernel(E, K, H, I, T_max, runtime.prepare_weights(*_ckpt(E, H, 2 * I)), device="cpu")
+    assert sm100_env.lib.calls == []
+    if sm100_env.real is not None:  # the library's own check: 512 experts is more than its lane cache holds
+        with pytest.raises(InputError, match="unsupported shape or plan numbers"):
+            runtime.MegaMoEKernel(512, K, H, I, T_max, None, device="cpu")
+
+
+def test_sm100_pool_contents_reads_the_utccp_rows(sm100_env):
+    """pool_contents() un-permutes the L1 scale pool: a scale word stored where the dispatch stores
+    it (u32 word kb * sf_pool_rows + UtccpSfRow(row), roles_shared.cuh, transcribed here) comes
+    back at pool row `row`."""
+    torch = sm100_env.torch
+    k, _ = _sm100_kernel(sm100_env)
+    E, K, H, _, _ = SHAPE
+    k(*_inputs(torch, 30, E, K, H))
+    cfg = k.last_design
+    bm, S, sfm = cfg.block_m, cfg.sf_pool_rows, -(-cfg.block_m // 128) * 128
+    words = k._ws["l1_pool_sf"].view(-1).view(torch.int32)
+    want = torch.zeros(cfg.pool_tokens, H // 128, dtype=torch.int32)
+    for row in range(0, cfg.pool_tokens, 7):
+        r = row % bm
+        srow = (row // bm) * sfm + (r & ~127) + (r & 31) * 4 + ((r >> 5) & 3)
+        for kb in range(H // 128):
+            v = (row * 131 + kb * 17) % (1 << 30)
+            words[kb * S + srow] = v
+            want[row, kb] = v
+    _, sf, _, _ = k.pool_contents()
+    got = sf.contiguous().view(torch.int32).view(cfg.pool_tokens, H // 128)
+    assert torch.equal(got[::7], want[::7])
 
 
 @pytest.mark.parametrize("cc", [(8, 0), (12, 0)])

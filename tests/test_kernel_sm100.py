@@ -8,6 +8,7 @@ shared memory, and that every number it would run with comes from megamoe.plan's
 """
 
 import ctypes
+import dataclasses
 import importlib
 import re
 
@@ -17,6 +18,7 @@ import pytest
 from megamoe import design_sm100 as d100
 from megamoe import design_sm90 as d90
 from megamoe import plan as P
+from megamoe.errors import InputError
 
 kbuild = importlib.import_module("megamoe.kernel.build")
 
@@ -214,3 +216,198 @@ def test_weight_scale_addressing_matches_layouts():
         j, i = divmod(n, 16)
         src_row = (j * 8 + i) if i < 8 else (I + j * 8 + i - 8)
         assert torch.equal(w1t[:, n], w1[:, src_row])
+
+
+# ------------------------------------------------------------------ the Python launch (issue 9): numbers,
+# weights, workspace. Nothing below launches anything; tests/test_kernel_select.py checks the
+# parameter struct and the call of megamoe_sm100_launch with a recording stand-in library.
+
+# (E, K, H, I, max_tokens, token counts): every block_m of the table, T = 0 and T = max_tokens
+DESIGN_CASES = [(256, 6, 4096, 2048, 8192, (0, 1, 7, 64, 200, 300, 500, 700, 1024, 2048, 4096, 8192)),
+                (64, 4, 2048, 1024, 1024, (0, 1, 100, 256, 400, 512, 1000, 1024)),
+                (8, 2, 512, 256, 64, (1, 5, 16, 40, 64))]
+
+
+def _plan(E, K, H, I, T, T_max, num_sms=148, **kw):
+    idx = _idx(np.random.default_rng(T), T, E, K) if T else np.zeros((0, K), np.int64)
+    return P.build_plan(num_experts=E, top_k=K, hidden=H, intermediate=I, num_ranks=1, tokens_per_rank=[T],
+                        max_tokens_per_rank=T_max, topk_idx=[idx], num_sms=num_sms, design="deepgemm-sm100", **kw)
+
+
+def _assert_fields_equal(got, want, what):
+    for f in dataclasses.fields(want):
+        assert getattr(got, f.name) == getattr(want, f.name), (what, f.name, getattr(got, f.name), getattr(want, f.name))
+
+
+@pytest.mark.parametrize("E,K,H,I,T_max,tokens", DESIGN_CASES)
+def test_design_for_is_the_plan_for_every_token_count(E, K, H, I, T_max, tokens):
+    """design_sm100.design_for (the per-call numbers MegaMoEKernel launches with on 10.0, no plan)
+    equals, field by field, config_from_plan of build_plan(design="deepgemm-sm100") for the same
+    call, and each field is the plan's own number (not a re-derivation)."""
+    seen_bm = set()
+    for T in tokens:
+        plan = _plan(E, K, H, I, T, T_max)
+        r = plan.ranks[0]
+        got = d100.design_for(T, T_max, H, I, E, K, 148)
+        _assert_fields_equal(got, d100.config_from_plan(plan), f"T={T}")
+        assert (got.block_m, got.block_n, got.block_k) == (r.config.block_m, r.config.block_n, r.config.block_k)
+        assert (got.num_stages, got.experts_per_wave, got.num_sms) == (r.num_stages, r.experts_per_wave, plan.num_sms)
+        assert (got.bytes_per_pull, got.pool_tokens) == (plan.bytes_per_pull, plan.pool_tokens)
+        assert got.sf_pool_rows == plan.pool_tokens // r.config.block_m * -(-r.config.block_m // 128) * 128
+        seen_bm.add(got.block_m)
+    if E == 256:
+        assert seen_bm == {bm for bm, _ in d100.INSTANCES}  # the first case reaches every instance
+
+
+@pytest.mark.parametrize("kw", [dict(block_m=64), dict(block_m=16, num_stages=3), dict(experts_per_wave=5),
+                                dict(block_m=192, experts_per_wave=2, num_stages=2)])
+def test_design_for_overrides_are_build_plans(kw):
+    E, K, H, I, T, T_max = 64, 4, 2048, 1024, 300, 1024
+    _assert_fields_equal(d100.design_for(T, T_max, H, I, E, K, 148, **kw),
+                         d100.config_from_plan(_plan(E, K, H, I, T, T_max, **kw)), kw)
+
+
+@pytest.mark.parametrize("args,field", [((5, 64, 512, 256, 8, 2, 147), "num_sms"),  # odd: 2-CTA clusters
+                                        ((5, 64, 384, 256, 8, 2, 148), "shape"),    # hidden % 256
+                                        ((5, 64, 512, 384, 8, 2, 148), "shape"),    # inter % block_k 256 (block_m 16)
+                                        ((65, 64, 512, 256, 8, 2, 148), "num_tokens"),
+                                        ((5, 0, 512, 256, 8, 2, 148), "max_tokens")])
+def test_design_for_rejects_what_the_plan_or_kernel_cannot_take(args, field):
+    with pytest.raises(InputError) as ei:
+        d100.design_for(*args)
+    assert ei.value.field == field
+    T, T_max, H, I, E, K, sms = args
+    if field in ("num_sms", "shape"):  # build_plan refuses the same call
+        with pytest.raises(InputError):
+            _plan(E, K, H, I, T, T_max, num_sms=sms)
+
+
+@pytest.mark.parametrize("E,K,H,I,T_max,tokens", DESIGN_CASES)
+def test_design_for_numbers_pass_the_compiled_librarys_checks(E, K, H, I, T_max, tokens, sm100_lib):
+    """Cross-check with the sm_100a library's device-free entry points: megamoe_sm100_check_config
+    accepts every per-call config, its shared memory equals ours and fits, TMEM columns fit."""
+    sm100_lib.megamoe_sm100_tmem_cols.restype = ctypes.c_int
+    for T in tokens:
+        c = d100.design_for(T, T_max, H, I, E, K, 148)
+        assert sm100_lib.megamoe_sm100_check_config(c.block_m, c.block_k, c.num_stages, c.experts_per_wave, E, H, I,
+                                                    c.pool_tokens, c.bytes_per_pull, c.num_sms) == 0, (T, c)
+        assert sm100_lib.megamoe_sm100_smem_bytes(c.block_m, c.block_k, c.num_stages, E) == c.smem_bytes
+        assert c.smem_bytes <= d100.SMEM_LIMIT_SM100
+        assert sm100_lib.megamoe_sm100_tmem_cols(c.block_m, c.block_k) == d100.tmem_columns(c.block_m, c.block_k) <= 512
+
+
+def _ckpt(E, H, I, seed=0):
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randint(0, 256, (E, 2 * I, H // 2), dtype=torch.uint8, generator=g),
+            torch.randint(100, 140, (E, 2 * I, H // 32), dtype=torch.uint8, generator=g),
+            torch.randint(0, 256, (E, H, I // 2), dtype=torch.uint8, generator=g),
+            torch.randint(100, 140, (E, H, I // 32), dtype=torch.uint8, generator=g))
+
+
+def test_sm100_weights_are_the_layouts_transform_and_invert():
+    """to_sm100_weights(prepare_weights(checkpoint)) is exactly layouts.transform_weights_for_mega_moe
+    of the checkpoint (values, dtypes, strides); Sm100Weights.checkpoint() and
+    layouts.untransform_weights_for_mega_moe give the checkpoint back; already-transformed
+    Sm100Weights pass through untouched; wrong layouts are refused."""
+    torch = pytest.importorskip("torch")
+    from megamoe import layouts
+    from megamoe.kernel import prepare_weights, sm100
+    E, H, I = 4, 512, 256
+    ck = _ckpt(E, H, I)
+    w = sm100.to_sm100_weights(prepare_weights(*ck), E, H, I)
+    (w1, s1), (w2, s2) = layouts.transform_weights_for_mega_moe((ck[0], ck[1]), (ck[2], ck[3]))
+    for got, want in zip((w.w1, w.w1_sf, w.w2, w.w2_sf), (w1, s1, w2, s2)):
+        assert torch.equal(got, want) and got.dtype == want.dtype and got.stride() == want.stride()
+    assert w.w1_sf.stride() == (H // 128 * 2 * I, 1, 2 * I) and w.w2_sf.stride() == (I // 128 * H, 1, H)
+    back = w.checkpoint()
+    for got, want in zip((back.w1, back.w1_sf, back.w2, back.w2_sf), ck):
+        assert torch.equal(got, want) and got.dtype == want.dtype
+    (b1, bs1), (b2, bs2) = layouts.untransform_weights_for_mega_moe((w.w1, w.w1_sf), (w.w2, w.w2_sf))
+    for got, want in zip((b1, bs1, b2, bs2), ck):
+        assert torch.equal(got, want)
+    assert sm100.to_sm100_weights(w, E, H, I) is w
+    with pytest.raises(InputError, match="weights.w1_sf"):  # K-major int32 scales: not what the kernel reads
+        sm100.to_sm100_weights(sm100.Sm100Weights(w.w1, w.w1_sf.contiguous(), w.w2, w.w2_sf), E, H, I)
+    with pytest.raises(InputError, match="weights.w1"):
+        sm100.to_sm100_weights(prepare_weights(*ck), E, H, 2 * I)
+    with pytest.raises(InputError, match="^weights"):
+        sm100.to_sm100_weights(ck, E, H, I)
+
+
+def _utccp_row(r):  # roles_shared.cuh utccp_row, transcribed
+    return (r & ~127) + (r & 31) * 4 + ((r >> 5) & 3)
+
+
+@pytest.mark.parametrize("bm", [bm for bm, _ in d100.INSTANCES])
+def test_sf_pool_row_is_the_kernels_utccp_sf_row(bm):
+    """sm100.sf_pool_row (used to read the pool scales back) = UtccpSfRow of roles_shared.cuh:
+    (row / bm) * align(bm, 128) + utccp_row(row % bm); one-to-one into [0, sf_pool_rows); inside a
+    pool block it is the layouts module's UTCCP transpose."""
+    torch = pytest.importorskip("torch")
+    from megamoe import layouts
+    from megamoe.kernel import sm100
+    sfm = -(-bm // 128) * 128
+    pool = 384 * 4
+    rows = np.arange(pool)
+    got = sm100.sf_pool_row(rows, bm)
+    assert np.array_equal(got, (rows // bm) * sfm + _utccp_row(rows % bm))
+    assert [sm100.sf_pool_row(int(r), bm) for r in rows[:300]] == got[:300].tolist()
+    assert len(set(got.tolist())) == pool and got.max() < pool // bm * sfm
+    perm = layouts.utccp_transpose_sf(torch.arange(sfm, dtype=torch.int32).view(1, sfm, 1)).view(-1).numpy()
+    assert np.array_equal(perm[got[:bm]], np.arange(bm))  # stored row utccp_row(r) holds logical row r
+
+
+@pytest.mark.parametrize("E,K,H,I,T_max,T", [(256, 6, 4096, 2048, 8192, t) for t in (1, 300, 700, 2048, 4096, 8192)]
+                         + [(8, 2, 512, 256, 64, 64)])
+def test_sm100_workspace_sizes_are_what_the_kernel_indexes(E, K, H, I, T_max, T):
+    """Every SM100 workspace buffer is exactly as large as the largest index kernel_sm100.cu /
+    roles_shared.cuh / common.cuh use with the plan's numbers (R = pool_tokens = Params.pool_rows,
+    S = sf_pool_rows, SFM = align(block_m, 128), nblk = R / block_m, T = max_tokens):
+
+    * l1_pool [R, H] u8: dispatch writes row `row < pool_rows` (the `row >= p.pool_rows` guard),
+      bytes row*H .. row*H+H-1; the producer reads rows pool_block*BM + rank*BM/2 + [0, BM/2) with
+      pool_block < nblk -> last byte (R-1)*H + H-1.    l2_pool [R, I]: the L1 epilogue writes
+      (prow0 + t)*I + n_block*64 + ch, t < BM, n_block < 2I/128, ch < 64 -> last (R-1)*I + I-1.
+    * l1_pool_sf [H/128][S][4]: dispatch stores u32 word kb*S + UtccpSfRow(row), kb < H/128; the
+      producer copies SFM*4 bytes from ((k0/128)*S + pool_block*SFM)*4 -> last byte
+      ((H/128-1)*S + (nblk-1)*SFM)*4 + SFM*4 - 1 = (H/128)*S*4 - 1 since S = nblk*SFM.
+      l2_pool_sf [I/128][S][4]: the L1 epilogue stores byte ((gidx>>2)*S + srow)*4 + (gidx&3),
+      gidx = n_block*2 + (qw>>1) < I/32, srow < S; the producer reads it like l1_pool_sf.
+    * pool_token / pool_slot / pool_weight [R]: indexed by pool rows (< R, see above).
+    * arrival [nblk] u32, mask [nblk] u64: indexed by pool_block; cleared for i < pool_rows/BM.
+    * expert_count [E] u64 (count, scheduler lane cache), grid_sync [1], error [8] (raise_error
+      writes error[0..7]), item_pos [T*K] (item index i < num_tokens*K), combine_buf [K, T, H]
+      bf16 ((slot*num_tokens + tok)*H + ch with slot < K, tok < num_tokens <= T, ch < H).
+    The scale-buffer bounds are also found by enumerating the index expressions below."""
+    from megamoe.kernel import sm100
+    c = d100.design_for(T, T_max, H, I, E, K, 148)
+    R, S, bm, sfm = c.pool_tokens, c.sf_pool_rows, c.block_m, d100.sf_block_m(c.block_m)
+    nblk = R // bm
+    spec = sm100.workspace_spec(c, T_max, H, I, E, K)
+    assert set(spec) == set(sm100.WORKSPACE_FIELDS)
+    size = {n: (int(np.prod(shape)) * np.dtype(dt if dt != "bfloat16" else "uint16").itemsize)
+            for n, (shape, dt, _) in spec.items()}
+    assert size["l1_pool"] == (R - 1) * H + H and size["l2_pool"] == (R - 1) * I + I
+    assert size["l1_pool_sf"] == (H // 128) * S * 4 and size["l2_pool_sf"] == (I // 128) * S * 4
+    assert S == nblk * sfm
+    assert {n: size[n] for n in ("pool_token", "pool_slot", "pool_weight")} == dict.fromkeys(
+        ("pool_token", "pool_slot", "pool_weight"), 4 * R)
+    assert (size["arrival"], size["mask"]) == (4 * nblk, 8 * nblk)
+    assert (size["expert_count"], size["grid_sync"], size["error"]) == (8 * E, 4, 32)
+    assert (size["item_pos"], size["combine_buf"]) == (4 * T_max * K, 2 * K * T_max * H)
+    # enumerate the scale-buffer index expressions (every pool row / block, last K block)
+    rows = np.arange(R)
+    srow = (rows // bm) * sfm + _utccp_row(rows % bm)
+    l1_dispatch_last = 4 * ((H // 128 - 1) * S + srow.max()) + 3
+    l1_producer_last = ((H // 128 - 1) * S + (nblk - 1) * sfm) * 4 + sfm * 4 - 1
+    assert l1_dispatch_last <= l1_producer_last == size["l1_pool_sf"] - 1
+    gidx_last = (2 * I // 128 - 1) * 2 + 1
+    l2_epilogue_last = ((gidx_last >> 2) * S + srow.max()) * 4 + (gidx_last & 3)
+    l2_producer_last = ((I // 128 - 1) * S + (nblk - 1) * sfm) * 4 + sfm * 4 - 1
+    assert l2_epilogue_last <= l2_producer_last == size["l2_pool_sf"] - 1
+    # initial values: counters and scale pools zero, pool metadata -1 (as SM90), data uninitialised
+    init = {n: v for n, (_, _, v) in spec.items()}
+    assert init == dict(l1_pool=None, l1_pool_sf=0, l2_pool=None, l2_pool_sf=0, pool_token=-1, pool_slot=-1,
+                        pool_weight=0, expert_count=0, arrival=0, mask=0, grid_sync=0, error=0, item_pos=None,
+                        combine_buf=None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import inspect
 import math
 from dataclasses import dataclass
 
@@ -112,7 +113,9 @@ class Weights:
     """Kernel weight layout. The SM90 path reads the MXFP4 checkpoint layout directly:
     w1 [E, 2I, H/2] packed E2M1 (gate rows 0..I-1, up rows I..2I-1; element 2i in the low
     nibble), w1_sf [E, 2I, H/32] UE8M0, w2 [E, H, I/2], w2_sf [E, H, I/32]. The gate/up
-    interleave of the SM100 layout is done by address arithmetic in the producer."""
+    interleave of the SM100 layout is done by address arithmetic in the producer. On a
+    compute-capability 10.0 device ``MegaMoEKernel`` transforms them once into the SM100 kernel's
+    layout (:class:`megamoe.kernel.sm100.Sm100Weights`, ``layouts.transform_weights_for_mega_moe``)."""
     w1: "object"
     w1_sf: "object"
     w2: "object"
@@ -136,7 +139,25 @@ def prepare_weights(w1, w1_sf, w2, w2_sf) -> Weights:
 
 class MegaMoEKernel:
     """One EP=1 mega-kernel instance: weights, plan numbers and workspace for up to
-    ``max_tokens`` tokens. ``k(x, x_sf, topk_idx, topk_w)`` returns BF16 ``[T, H]``."""
+    ``max_tokens`` tokens. ``k(x, x_sf, topk_idx, topk_w)`` returns BF16 ``[T, H]``.
+
+    The device's compute capability picks the kernel (:func:`megamoe.kernel.select.path_for_device`):
+    on 9.x this class (the SM90 kernel); on 10.0 the constructor returns a
+    :class:`megamoe.kernel.sm100.MegaMoEKernelSm100` (same arguments and call; the SM100 kernel,
+    **never executed on an SM100 GPU**); anything else raises ``InputError`` before building."""
+
+    def __new__(cls, *args, **kwargs):
+        if cls is not MegaMoEKernel:
+            return super().__new__(cls)
+        try:
+            device = inspect.signature(cls.__init__).bind(None, *args, **kwargs).arguments.get("device")
+        except TypeError:  # __init__ reports the bad arguments
+            return super().__new__(cls)
+        import torch
+        if path_for_device(torch.device(device or "cuda")).arch == "sm_100a":
+            from .sm100 import MegaMoEKernelSm100
+            return super().__new__(MegaMoEKernelSm100)
+        return super().__new__(cls)
 
     def __init__(self, num_experts: int, topk: int, hidden: int, inter: int, max_tokens: int, weights: Weights,
                  clamp: float | None = None, num_sms: int | None = None, block_m: int | None = None,

@@ -4,17 +4,20 @@ A device's compute capability picks the arch (:func:`megamoe.kernel.build.arch_f
 9.x -> ``sm_90a``, 10.0 -> ``sm_100a``); :data:`PATHS` maps the arch to everything the runtime
 needs to load that arch's library (``megamoe.kernel.build.LIBNAMES``): the ``extern "C"`` entry
 points with their ctypes signatures, the ctypes mirror of the C parameter struct (checked
-against the library's ``<prefix>_abi_size()`` when it is loaded) and whether
-:class:`megamoe.kernel.MegaMoEKernel` can launch it. :func:`megamoe.kernel.runtime.load_library`
-binds a library from this table; :class:`~megamoe.kernel.MegaMoEKernel` selects through
-:func:`path_for_device`.
+against the library's ``<prefix>_abi_size()`` when it is loaded), whether
+:class:`megamoe.kernel.MegaMoEKernel` can launch it and what about it was never verified.
+:func:`megamoe.kernel.runtime.load_library` binds a library from this table;
+:class:`~megamoe.kernel.MegaMoEKernel` selects through :func:`path_for_device`.
 
 * ``sm_90a`` (H100/H200): ``megamoe_sm90_*`` with ``megamoe.kernel.runtime.Params``
   (``csrc/megamoe/params.h``); launched by ``MegaMoEKernel`` (EP=1) and ``MegaMoEKernelEP``.
 * ``sm_100a`` (B200): ``megamoe_sm100_*`` with ``megamoe.design_sm100.params_type()`` (the
   ``Sm100Params`` of ``csrc/megamoe/kernel_sm100.cu``: ``Params`` + block_k, pull_bytes,
-  sf_pool_rows, reserved). The library builds and its entry points bind without a GPU; the
-  Python launch is not written (:data:`SM100_LAUNCH_MISSING`), and the kernel has never run.
+  sf_pool_rows, reserved). The library builds and its entry points bind without a GPU;
+  ``MegaMoEKernel`` launches it through :class:`megamoe.kernel.sm100.MegaMoEKernelSm100`
+  (launch numbers, SM100 weight layout, workspace, ``Sm100Params``, ``megamoe_sm100_launch``).
+  **The kernel has never executed** (:data:`SM100_UNVERIFIED`): no SM100 GPU was available;
+  only GPU-free checks of the launch exist.
 """
 
 from __future__ import annotations
@@ -28,19 +31,15 @@ from ..errors import InputError
 from .build import KernelBuildError, arch_for_capability
 
 _c = ctypes
-#: What :class:`megamoe.kernel.MegaMoEKernel` lacks to launch the SM100 library (raised as
-#: ``NotImplementedError`` once the library is loaded and bound).
-SM100_LAUNCH_MISSING = (
-    "the SM100 (sm_100a) library is built, loaded and its entry points bound, but "
-    "MegaMoEKernel cannot launch it yet: missing (1) per-call launch numbers without a plan "
-    "(megamoe.design_sm100 has only config_from_plan on a 'deepgemm-sm100' Plan; there is no "
-    "counterpart of design_sm90.design_for giving block_m/block_k, stages, experts per wave, "
-    "pull bytes and sf_pool_rows from the token count), (2) weights in the SM100 layout through "
-    "prepare_weights (layouts.transform_weights_for_mega_moe exists: gate/up interleave + int32 "
-    "MN-major UTCCP-transposed scales, but prepare_weights/Weights carry the SM90 checkpoint "
-    "layout), (3) a workspace with the SM100 scale pools [K/128][sf_pool_rows][4] in UTCCP row "
-    "order (the runtime allocates SM90's [K/128][pool_rows][4]), (4) packing Sm100Params and "
-    "calling megamoe_sm100_launch; and the kernel has never executed on an SM100 GPU")
+#: What was never verified about the SM100 path (the text of the warning
+#: :class:`megamoe.kernel.sm100.UnverifiedKernelWarning` that constructing it emits).
+SM100_UNVERIFIED = (
+    "the SM100 (sm_100a) MegaMoE kernel has NEVER EXECUTED: no SM100 GPU was available to this "
+    "project, so its correctness and speed are unverified. Verified without a GPU only: it "
+    "compiles (no spills), its SASS holds the tcgen05/TMEM instructions, and the Python launch "
+    "(plan numbers, SM100 weight layout, workspace sizes, every Sm100Params field, the "
+    "megamoe_sm100_launch call) is checked against the plan and the kernel source; see "
+    "docs/kernel.md, 'SM100 path'")
 
 
 @dataclass(frozen=True)
@@ -56,6 +55,7 @@ class KernelPath:
         entries: required ``extern "C"`` symbol -> (argtypes or None to leave unset, restype).
         optional: symbols bound only if the library has them (older builds).
         launch_missing: None if ``MegaMoEKernel`` launches this path, else what is missing.
+        unverified: None if the path has run on its GPU, else what was never verified.
     """
     arch: str
     capability: str
@@ -65,6 +65,7 @@ class KernelPath:
     entries: dict = field(default_factory=dict)
     optional: dict = field(default_factory=dict)
     launch_missing: str | None = None
+    unverified: str | None = None
 
     @property
     def params_type(self) -> type:
@@ -130,7 +131,7 @@ PATHS: dict[str, KernelPath] = {
             "megamoe_sm100_check_config": ([_c.c_int] * 7 + [_c.c_longlong, _c.c_int, _c.c_int], _c.c_int),
             "megamoe_sm100_error_string": ([_c.c_int], _c.c_char_p),
         },
-        launch_missing=SM100_LAUNCH_MISSING),
+        unverified=SM100_UNVERIFIED),
 }
 
 
