@@ -79,9 +79,23 @@ struct Scheduler {
         num_tokens = e < num_experts ? get_num_tokens(e) : 0;
         pool_block_offset = get_pool_block_offset(e);
     }
+    // First expert >= from with at least one token (num_experts if none). Whole warp.
+    __device__ __forceinline__ int next_nonempty(int from) const {
+        #pragma unroll
+        for (int i = 0; i < kMaxExpertsPerLane; ++i) {
+            const int e = i * 32 + (int)lane_id();
+            const uint32_t m = __ballot_sync(0xffffffffu, e >= from && e < num_experts && counts[i] != 0u);
+            if (m) return i * 32 + __ffs(m) - 1;
+        }
+        return num_experts;
+    }
+    // Next expert of this wave, stepping over empty ones at once (they have no blocks and no
+    // pool blocks, so the block sequence is unchanged; stepping one at a time cost ~170 ns
+    // per expert on the H200, 40 us per block walk at 1 token). Stops at the wave's end.
     __device__ __forceinline__ void advance_expert() {
         pool_block_offset += num_m_blocks();
-        expert += 1;
+        const int we = wave_end();
+        expert = min(next_nonempty(expert + 1), we);
         num_tokens = expert < num_experts ? get_num_tokens(expert) : 0;
     }
     __device__ __forceinline__ int wave_end() const {
