@@ -15,11 +15,11 @@ Figures the kernel itself reveals come from its traces (no GPU needed once they 
 * :func:`from_kernel_trace` (one trace, ``--kernel-trace``): the first grid sync's last
   arrival to first release -> ``grid_sync_ns``; the consumers' time per K block (see
   :func:`sm90_k_block_ns`) less the base file's fixed per-K-block cost (E2M1 decode + stage
-  hand-off), against the FP8 GEMM rate -> ``mma_sync_fraction``.
+  hand-off), against the FP8 GEMM rate -> ``sm90_mma_fraction``.
 * :func:`fit_sm90_traces` (several traces of this project's SM90 kernel, at least two
   ``block_m``, and optionally the per-role cycle profile of ``benchmarks/device/profile_stages.py``):
   every SM90 figure of the H200 model — the K-block time as a line in ``block_m`` (slope ->
-  ``mma_sync_fraction``; intercept -> ``e2m1_decode_thread_ns_per_elem`` from the profile's
+  ``sm90_mma_fraction``; intercept -> ``e2m1_decode_thread_ns_per_elem`` from the profile's
   decode share plus ``stage_handoff_ns``), the L1 epilogue as a line in ``block_m``
   (``l1_epilogue_thread_ns_per_elem``, ``block_overhead_ns``), the L2 epilogue through the
   origin (``l2_epilogue_thread_ns_per_elem``), ``pull_latency_ns`` and ``grid_sync_ns``.
@@ -145,7 +145,7 @@ def sm90_k_block_ns(t, with_gap: bool = True) -> float:
 
 
 def _fraction_of_rate(slope_ns_per_row: float, fp8_gemm_tflops: float, num_sms: int) -> float:
-    """``mma_sync_fraction`` from the K-block time's growth per block row (FLOP of one row of
+    """``sm90_mma_fraction`` from the K-block time's growth per block row (FLOP of one row of
     one K block: 2 x 128 weight rows x 128 K) against the GEMM rate spread over the SMs."""
     from megamoe.design_sm90 import BLOCK_K, BLOCK_N
 
@@ -155,7 +155,7 @@ def _fraction_of_rate(slope_ns_per_row: float, fp8_gemm_tflops: float, num_sms: 
 
 def from_kernel_trace(path: str, fp8_gemm_tflops: float, base: str = "h200") -> dict:
     """Figures from one kernel trace (NPZ, :mod:`megamoe.trace`): ``grid_sync_ns`` and
-    ``mma_sync_fraction`` (see module docstring; the fixed per-K-block cost comes from the
+    ``sm90_mma_fraction`` (see module docstring; the fixed per-K-block cost comes from the
     ``base`` preset)."""
     from megamoe.design_sm90 import BLOCK_K, BLOCK_N, CONSUMER_WARPS
     from megamoe.trace import Trace
@@ -174,7 +174,7 @@ def from_kernel_trace(path: str, fp8_gemm_tflops: float, base: str = "h200") -> 
         fixed = hw.e2m1_decode_thread_ns_per_elem * BLOCK_N * BLOCK_K / (32 * CONSUMER_WARPS) + hw.stage_handoff_ns
         mma = sm90_k_block_ns(t) - fixed
         if mma > 0:
-            out["mma_sync_fraction"] = _fraction_of_rate(mma / bm, fp8_gemm_tflops, int(meta.get("num_sms", 132)))
+            out["sm90_mma_fraction"] = _fraction_of_rate(mma / bm, fp8_gemm_tflops, int(meta.get("num_sms", 132)))
     return out
 
 
@@ -240,7 +240,7 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
     how = (f"per-K-block consumer time {a:.0f} ns + {b:.2f} ns per block row ({pts}); the slope is "
            f"{2 * BLOCK_N * BLOCK_K / b * num_sms / 1e3:.0f} TFLOP/s over {num_sms} SMs = this fraction of the "
            f"{rate:.0f} TFLOP/s FP8 GEMM")
-    out["mma_sync_fraction"] = (_fraction_of_rate(b, rate, num_sms), how)
+    out["sm90_mma_fraction"] = (_fraction_of_rate(b, rate, num_sms), how)
     per_thread = BLOCK_N * BLOCK_K / threads  # E2M1 elements one consumer thread decodes per K block
     decode_ns = hw.e2m1_decode_thread_ns_per_elem * per_thread
     if profile:

@@ -412,7 +412,7 @@ class _Engine:
         lat = hw.tma_latency_ns
         stages = rp.num_stages
         sm90 = plan.design == "megamoe-sm90"
-        tc = hw.tc_flops_per_ns_per_sm * (hw.mma_sync_fraction if sm90 else 1.0)
+        tc = hw.tc_flops_per_ns_per_sm * (hw.sm90_mma_fraction if sm90 else 1.0)
         t_mma_k = 2.0 * bm * bn * bk / tc
         # global bytes one SM moves per K block: its share of A (half with 2-CTA multicast),
         # its B tile in FP4, and the scales

@@ -22,8 +22,10 @@ Figures (units in the key names):
   accumulator element per epilogue thread.
 * ``block_overhead_ns`` — fixed cost of one block hand-off (scheduler step, barrier phase
   flips, TMEM full/empty, arrival-mask release), spread over the K loop and the epilogue.
-* ``mma_sync_fraction`` — fraction of the sustained tensor rate that warp-level
-  ``mma.sync`` reaches (the SM90 kernel's MMA path; 1 for WGMMA/UMMA designs).
+* ``sm90_mma_fraction`` — SM90 design: the rate of this project's SM90 kernel's matrix path
+  (FP8 WGMMA plus the per-32-K FP32 promotion of the UE8M0 scales) as a fraction of the
+  sustained FP8 GEMM rate (``fp8_dense_tflops x mma_efficiency``); unused by the SM100
+  reference design, whose UMMA K loop runs at the sustained rate.
 * ``e2m1_decode_thread_ns_per_elem`` — SM90 design: E2M1 -> E4M3 decode in shared memory,
   per element per decoding thread.
 * ``stage_handoff_ns`` — SM90 design: fixed cost of one pipeline stage (barrier waits and
@@ -70,7 +72,7 @@ class Hardware:
     l1_epilogue_thread_ns_per_elem: float
     l2_epilogue_thread_ns_per_elem: float
     block_overhead_ns: float
-    mma_sync_fraction: float
+    sm90_mma_fraction: float
     e2m1_decode_thread_ns_per_elem: float
     stage_handoff_ns: float
     legacy_launch_ns: float
@@ -108,7 +110,7 @@ class Hardware:
 
 _FIGURES = [f.name for f in fields(Hardware) if f.name not in ("name", "sources", "path")]
 _INTS = {"num_sms", "smem_per_block_bytes", "l2_cache_bytes"}
-_FRACTIONS = {"mma_efficiency", "hbm_efficiency", "nvlink_efficiency", "mma_sync_fraction"}
+_FRACTIONS = {"mma_efficiency", "hbm_efficiency", "nvlink_efficiency", "sm90_mma_fraction"}
 
 
 def parse_hardware(data: dict, path: str = "<dict>") -> Hardware:

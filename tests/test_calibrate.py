@@ -57,14 +57,14 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
     prof = json.loads(Path(_root("benchmarks/results/kernel_profile_stages_h200.json")).read_text())
     fit = fit_sm90_traces([_root(p) for p in TRACES], prof)
     hw = load_hardware("h200")
-    assert set(fit) == {"mma_sync_fraction", "e2m1_decode_thread_ns_per_elem", "stage_handoff_ns",
+    assert set(fit) == {"sm90_mma_fraction", "e2m1_decode_thread_ns_per_elem", "stage_handoff_ns",
                         "l1_epilogue_thread_ns_per_elem", "block_overhead_ns", "l2_epilogue_thread_ns_per_elem",
                         "pull_latency_ns", "grid_sync_ns"}
     for key, (value, how) in fit.items():
         assert getattr(hw, key) == pytest.approx(value, rel=2e-3, abs=0.5), key
         assert how in hw.sources[key] and "2026-11-30" in hw.sources[key] and "FP8 WGMMA" in hw.sources[key]
     # the slope: 10.3 ns per block row and K block = 418 TFLOP/s on 132 SMs, 29.5% of the FP8 GEMM
-    assert fit["mma_sync_fraction"][0] == pytest.approx(0.295, abs=0.002)
+    assert fit["sm90_mma_fraction"][0] == pytest.approx(0.295, abs=0.002)
 
 
 def test_one_trace_gives_the_same_mma_fraction():
@@ -72,7 +72,7 @@ def test_one_trace_gives_the_same_mma_fraction():
 
     hw = load_hardware("h200")
     got = from_kernel_trace(_root(TRACES[-1]), hw.fp8_dense_tflops * hw.mma_efficiency)
-    assert got["mma_sync_fraction"] == pytest.approx(hw.mma_sync_fraction, rel=0.01)
+    assert got["sm90_mma_fraction"] == pytest.approx(hw.sm90_mma_fraction, rel=0.01)
     assert got["grid_sync_ns"] == 1696.0
 
 
