@@ -18,16 +18,19 @@ Figures the kernel itself reveals come from its traces (no GPU needed once they 
   hand-off), against the FP8 GEMM rate -> ``sm90_mma_fraction``.
 * :func:`fit_sm90_traces` (several traces of this project's SM90 kernel, at least two
   ``block_m``, and optionally the per-role cycle profile of ``benchmarks/device/profile_stages.py``):
-  every SM90 figure of the H200 model — the K-block time as a line in ``block_m`` (slope ->
-  ``sm90_mma_fraction``; intercept -> ``e2m1_decode_thread_ns_per_elem`` from the profile's
-  decode share plus ``stage_handoff_ns``), the L1 epilogue as a line in ``block_m``
-  (``l1_epilogue_thread_ns_per_elem``, ``block_overhead_ns``), the L2 epilogue through the
-  origin (``l2_epilogue_thread_ns_per_elem``), ``pull_latency_ns`` and ``grid_sync_ns``.
-  ``sim/hardware/h200.toml`` holds its output (``tests/test_calibrate.py`` checks that).
-
-The SM90 model has no term for the consumers' per-block scheduler step (the gap between one
-block's epilogue and the next block's first MMA, 1.6-2.5 us on the H200); the fit spreads it
-over the K blocks of an L1 + L2 block pair, so that the model's block period is the kernel's.
+  every SM90 figure of the H200 model — the K-block time (mean of the median L1 and L2 K
+  loops per K block) as a line in ``block_m`` (slope -> ``sm90_mma_fraction``; intercept ->
+  ``e2m1_decode_thread_ns_per_elem`` from the profile's decode share plus
+  ``stage_handoff_ns``), the consumers' gap between blocks as a line in the scheduler's steps
+  (``sched_block_ns``, ``sched_step_ns``; steps from :func:`sim.engine.sm90_walk_steps`), the
+  L1 epilogue as a line in ``block_m`` (``l1_epilogue_thread_ns_per_elem``,
+  ``block_overhead_ns``), the L2 epilogue as a line in block_m + valid rows
+  (``l2_epilogue_fixed_ns``, ``l2_epilogue_thread_ns_per_elem``), ``pull_latency_ns`` from
+  the pull time per round, ``combine_round_ns`` and ``grid_sync_ns``.
+* :func:`refit_h200` runs that fit on the committed EP1 traces and per-role profile and
+  writes the figures and their sources into ``sim/hardware/h200.toml``
+  (``python -m sim.calibrate``); ``tests/test_calibrate.py`` checks that the file is its
+  output.
 
 Everything else is kept from the base file with its source.  Every measured figure's source
 names the device, the date and the method.
@@ -109,39 +112,66 @@ def _grid_sync_ns(t) -> float | None:
     return float(max(0.0, gs["t_end_ns"][firsts].min() - gs["t_start_ns"][firsts].max()))
 
 
-def _block_gaps_ns(t) -> list:
-    """Consumer idle time between a block's epilogue end and the next block's first MMA, per
-    rank and SM (the kernel's scheduler step and trace records; the SM90 model has no term
-    for it)."""
+def _sm90_plan(t):
+    """The plan of a kernel trace's own scenario (routing and plan numbers from its meta)."""
+    from megamoe.design_sm90 import SMEM_LIMIT_SM90
+
+    from .compare import scenario_from_meta
+
+    return scenario_from_meta(t).plan(int(t.meta["num_sms"]), SMEM_LIMIT_SM90)
+
+
+def _block_gaps(t) -> list:
+    """Consumer idle time between a block's epilogue end and the next block's MMA start (the
+    kernel's scheduler call and trace records), with the scheduler steps between the two
+    blocks (:func:`sim.engine.sm90_walk_steps`): ``[(gap ns, steps)]`` over every rank and
+    CTA of the trace."""
     import numpy as np
 
     from megamoe.trace import KIND
 
-    mma = (KIND["l1_mma"], KIND["l2_mma"])
+    from .engine import sm90_walk_steps
+
+    plan = _sm90_plan(t)
+    mma = {KIND["l1_mma"]: 1, KIND["l2_mma"]: 2}
     epi = (KIND["l1_epilogue"], KIND["l2_epilogue"])
-    c = t.where(role="consumer")
-    gaps = []
-    for rank, sm in sorted(set(zip(c["rank"].tolist(), c["sm"].tolist()))):
-        s = c.where(rank=rank, sm=sm)
-        o = np.argsort(s["t_start_ns"], kind="stable")
-        k, st, en = s["kind"][o], s["t_start_ns"][o], s["t_end_ns"][o]
-        gaps += [float(st[i] - en[i - 1]) for i in range(1, len(o)) if k[i] in mma and k[i - 1] in epi]
-    return gaps
+    out = []
+    for rp in plan.ranks:
+        key, _ = sm90_walk_steps(rp)
+        blk = rp.blocks()
+        c = t.where(role="consumer", rank=rp.rank)
+        for sm in np.unique(c["sm"]).tolist():
+            steps = {tuple(b[:4]): int(k) for b, k in zip(blk[sm::plan.num_sms].tolist(), key[sm::plan.num_sms].tolist())}
+            s = c.where(sm=sm)
+            o = np.argsort(s["t_start_ns"], kind="stable")
+            kd, st, en = s["kind"][o].tolist(), s["t_start_ns"][o], s["t_end_ns"][o]
+            ex, mb, nb = s["expert"][o].tolist(), s["m_block"][o].tolist(), s["n_block"][o].tolist()
+            prev = None
+            for i in range(len(o)):
+                if kd[i] in mma:
+                    k = steps.get((mma[kd[i]], ex[i], mb[i], nb[i]))
+                    if prev is not None and k is not None and kd[i - 1] in epi:
+                        out.append((float(st[i] - en[i - 1]), k - prev))
+                    prev = k
+    return out
 
 
-def sm90_k_block_ns(t, with_gap: bool = True) -> float:
-    """Consumer time per K block of one SM90 kernel trace: the median L1 and L2 K loops (and,
-    with ``with_gap``, the median scheduler gap once per block of each phase) over the K
-    blocks of one L1 + L2 block pair (``hidden / 128 + intermediate / 128``)."""
+def _block_gaps_ns(t) -> list:
+    """The consumer gaps of :func:`_block_gaps` alone."""
+    return [g for g, _ in _block_gaps(t)]
+
+
+def sm90_k_block_ns(t) -> float:
+    """Consumer time per K block of one SM90 kernel trace: the mean of the median L1 K loop
+    per K block (``hidden / 128`` of them) and the median L2 K loop per K block
+    (``intermediate / 128``); the scheduler gaps between blocks are not in it."""
     from megamoe.design_sm90 import BLOCK_K
     from megamoe.trace import KIND
 
     meta = t.meta
     kb1, kb2 = int(meta["hidden"]) // BLOCK_K, int(meta["intermediate"]) // BLOCK_K
     d = t["t_end_ns"] - t["t_start_ns"]
-    loops = sum(_median(d[t["kind"] == KIND[k]]) for k in ("l1_mma", "l2_mma"))
-    gap = 2.0 * _median(_block_gaps_ns(t)) if with_gap else 0.0
-    return (loops + gap) / (kb1 + kb2)
+    return 0.5 * (_median(d[t["kind"] == KIND["l1_mma"]]) / kb1 + _median(d[t["kind"] == KIND["l2_mma"]]) / kb2)
 
 
 def _fraction_of_rate(slope_ns_per_row: float, fp8_gemm_tflops: float, num_sms: int) -> float:
@@ -206,7 +236,7 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
     """
     import numpy as np
 
-    from megamoe.design_sm90 import BLOCK_K, BLOCK_N, CONSUMER_WARPS, block_m_for
+    from megamoe.design_sm90 import BLOCK_K, BLOCK_N, CONSUMER_WARPS, THREADS, block_m_for
     from megamoe.trace import KIND, Trace
 
     from .engine import DISPATCH_WARPS_PER_SM
@@ -220,50 +250,74 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
         t = Trace.load(p)
         meta = t.meta
         d = t["t_end_ns"] - t["t_start_ns"]
-        med = {k: _median(d[t["kind"] == KIND[k]]) for k in ("l1_epilogue", "l2_epilogue", "pull")}
-        rows.append({"tokens": int(meta["tokens_per_rank"][0]), "bm": int(meta["plan"]["block_m"]),
-                     "k": sm90_k_block_ns(t), "loop": sm90_k_block_ns(t, with_gap=False),
-                     "gap": _median(_block_gaps_ns(t)), "epi1": med["l1_epilogue"], "epi2": med["l2_epilogue"],
-                     "pull": med["pull"], "grid_sync": _grid_sync_ns(t), "num_sms": int(meta["num_sms"]),
-                     "kb": (int(meta["hidden"]) + int(meta["intermediate"])) // BLOCK_K,
+        kb1, kb2 = int(meta["hidden"]) // BLOCK_K, int(meta["intermediate"]) // BLOCK_K
+        med = {k: _median(d[t["kind"] == KIND[k]]) for k in ("l1_mma", "l2_mma", "l1_epilogue")}
+        e2 = t.where(kind="l2_epilogue")
+        num_sms, T, H = int(meta["num_sms"]), int(meta["tokens_per_rank"][0]), int(meta["hidden"])
+        pull, comb = t.where(kind="pull"), t.where(kind="combine")
+        # pull rounds of each CTA (EP1: its tokens' items, 4 dispatch warps)
+        t0 = (T * np.arange(num_sms + 1)) // num_sms
+        rounds = -(-np.diff(t0) * int(meta["top_k"]) // DISPATCH_WARPS_PER_SM)
+        rows.append({"tokens": T, "bm": int(meta["plan"]["block_m"]), "k": sm90_k_block_ns(t),
+                     "k1": med["l1_mma"] / kb1, "k2": med["l2_mma"] / kb2,
+                     "gaps": _block_gaps(t), "epi1": med["l1_epilogue"],
+                     "epi2": (d[t["kind"] == KIND["l2_epilogue"]], e2["tokens"].astype(float)),
+                     "pull_round": _median((pull["t_end_ns"] - pull["t_start_ns"]) / np.maximum(rounds[pull["sm"]], 1)),
+                     "pull_rounds": int(rounds.max()),
+                     "combine": float(np.max(comb["t_end_ns"] - comb["t_start_ns"])) if len(comb) else float("nan"),
+                     "combine_rounds": -(-T * H // 8 // (num_sms * THREADS)),
+                     "grid_sync": _grid_sync_ns(t), "num_sms": num_sms, "kb": kb1 + kb2,
                      "top_k": int(meta["top_k"]), "experts": int(meta["num_experts"])})
     bms = sorted({r["bm"] for r in rows})
     require(len(bms) >= 2, "fit_sm90_traces", "traces of at least two block_m", bms)
     num_sms = rows[0]["num_sms"]
     out = {}
-    names = ", ".join(f"T={r['tokens']}" for r in rows)
 
     # K block: a line in block_m (the MMA grows with the tokens, WGMMA's N; the decode does not)
     a, b = _line([r["bm"] for r in rows], [r["k"] for r in rows])
-    pts = "; ".join(f"{r['k']:.0f} ns at block_m {r['bm']} (T={r['tokens']}; K loops {r['loop']:.0f} ns + "
-                    f"scheduler gap {2 * r['gap'] / r['kb']:.0f} ns)" for r in rows)
-    how = (f"per-K-block consumer time {a:.0f} ns + {b:.2f} ns per block row ({pts}); the slope is "
-           f"{2 * BLOCK_N * BLOCK_K / b * num_sms / 1e3:.0f} TFLOP/s over {num_sms} SMs = this fraction of the "
-           f"{rate:.0f} TFLOP/s FP8 GEMM")
+    pts = "; ".join(f"{r['k']:.0f} ns at block_m {r['bm']} (T={r['tokens']}: median L1 K loop {r['k1']:.0f} ns, "
+                    f"L2 {r['k2']:.0f} ns per K block)" for r in rows)
+    how = (f"per-K-block consumer time (mean of the median L1 and L2 K loops per K block) {a:.0f} ns + {b:.2f} ns "
+           f"per block row ({pts}); the slope is {2 * BLOCK_N * BLOCK_K / b * num_sms / 1e3:.0f} TFLOP/s over "
+           f"{num_sms} SMs = this fraction of the {rate:.0f} TFLOP/s FP8 GEMM")
     out["sm90_mma_fraction"] = (_fraction_of_rate(b, rate, num_sms), how)
     per_thread = BLOCK_N * BLOCK_K / threads  # E2M1 elements one consumer thread decodes per K block
     decode_ns = hw.e2m1_decode_thread_ns_per_elem * per_thread
     if profile:
-        a0, b0 = _line([r["bm"] for r in rows], [r["loop"] for r in rows])
         shares = []
         for e in profile.values():
             if e["T"] < 64:
                 continue  # at 1 token the consumer mostly waits (the profile's full-stage share)
             bm = block_m_for(e["T"] * rows[0]["top_k"] / rows[0]["experts"])
             share = e["c_decode_bar_frac"] / (e["c_decode_bar_frac"] + e["c_mma_frac"] + e["c_wait_full_frac"])
-            shares.append((e["T"], share, share * (a0 + b0 * bm)))
+            shares.append((e["T"], share, share * (a + b * bm)))
         if shares:
             decode_ns = float(np.mean([s[2] for s in shares]))
             decode_how = ("decode + warpgroup barrier share of the K loop (c_decode_bar / (c_decode_bar + c_mma + "
-                          "c_wait_full)) x the K-loop time per K block at that block_m: "
+                          "c_wait_full)) x the K-block time at that block_m: "
                           + ", ".join(f"T={T} {100 * s:.1f}% = {ns:.0f} ns" for T, s, ns in shares)
                           + f"; mean {decode_ns:.0f} ns over {per_thread:.0f} elements per thread")
             out["e2m1_decode_thread_ns_per_elem"] = (decode_ns / per_thread, decode_how)
-    gaps = ", ".join(f"{r['gap'] / 1e3:.2f}" for r in rows)
     how = (f"the {a:.0f} ns intercept of the per-K-block time less the decode ({decode_ns:.0f} ns): the fixed "
-           f"part of WGMMA wait + promotion, full-stage waits, and the per-block scheduler gap (median {gaps} us "
-           f"at {names}) spread over the {rows[0]['kb']} K blocks of an L1 + L2 block pair")
+           f"part of WGMMA wait + promotion, full-stage waits and the stage release")
     out["stage_handoff_ns"] = (a - decode_ns, how)
+
+    # scheduler between blocks: consumer gap = fixed + per step, least squares over the gaps
+    # (each trace weighted equally)
+    xs, ys, ws = [], [], []
+    for r in rows:
+        g = np.asarray(r["gaps"], float).reshape(-1, 2)
+        xs.append(g[:, 1]), ys.append(g[:, 0]), ws.append(np.full(len(g), 1.0 / max(1, len(g))))
+    x, y, w = np.concatenate(xs), np.concatenate(ys), np.sqrt(np.concatenate(ws))
+    c0, c1 = np.linalg.lstsq(np.column_stack([np.ones_like(x), x]) * w[:, None], y * w, rcond=None)[0]
+    gap_pts = ", ".join(f"T={r['tokens']} {_median([g for g, _ in r['gaps']]):.0f} ns at a median "
+                        f"{_median([k for _, k in r['gaps']]):.0f} steps" for r in rows)
+    how = (f"consumer gap between a block's epilogue end and the next block's MMA start = {c0:.0f} ns + {c1:.0f} ns "
+           f"per scheduler step (non-empty expert left or phase switch; sim.engine.sm90_walk_steps), least squares "
+           f"over {len(x)} gaps, each trace weighted equally (median gap {gap_pts})")
+    out["sched_block_ns"] = (float(c0), how)
+    out["sched_step_ns"] = (float(c1), how)
+
     # L1 epilogue: a line in block_m; the intercept is the fixed hand-off (amax reduction,
     # fence, 256-thread barrier, arrival-mask release)
     a1, b1 = _line([r["bm"] for r in rows], [r["epi1"] for r in rows])
@@ -273,18 +327,36 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
     how = (f"intercept in block_m of the median L1 epilogue ({epi1}): the fixed hand-off (top-k weight loads, "
            f"amax reduction, fence, 256-thread barrier, arrival-mask release)")
     out["block_overhead_ns"] = (a1, how)
-    # L2 epilogue: through the origin, least squares in relative error
-    c = np.array([r["bm"] * BLOCK_N / threads / r["epi2"] for r in rows])
-    epi2 = ", ".join(f"{r['epi2'] / 1e3:.2f} us at T={r['tokens']} (block_m {r['bm']})" for r in rows)
-    how = f"median L2 epilogue {epi2}, through the origin, least squares in relative error"
-    out["l2_epilogue_thread_ns_per_elem"] = (float(c.sum() / (c * c).sum()), how)
-    # pulls: rounds of num_sms x 4 concurrent warps, each a latency plus one 4 KiB chunk
+
+    # L2 epilogue: fixed + per element of block_m rows and of the valid rows, least squares in
+    # relative error over every interval, each trace weighted equally
+    A, Y = [], []
+    for r in rows:
+        d, v = r["epi2"]
+        wt = 1.0 / np.sqrt(max(1, len(d)))
+        A.append(np.column_stack([np.ones_like(v), (r["bm"] + v) * BLOCK_N / threads]) / d[:, None] * wt)
+        Y.append(np.full(len(d), wt))
+    f0, f1 = np.linalg.lstsq(np.vstack(A), np.concatenate(Y), rcond=None)[0]
+    epi2 = ", ".join(f"{_median(r['epi2'][0]) / 1e3:.2f} us at T={r['tokens']} (block_m {r['bm']}, median "
+                     f"{_median(r['epi2'][1]):.0f} valid rows)" for r in rows)
+    how = (f"L2 epilogue = {f0:.0f} ns + {f1:.1f} ns x (block_m + valid rows) x {BLOCK_N} / {threads} threads, "
+           f"least squares in relative error over every L2 epilogue, each trace weighted equally (median {epi2})")
+    out["l2_epilogue_fixed_ns"] = (float(f0), how)
+    out["l2_epilogue_thread_ns_per_elem"] = (float(f1), how)
+
+    # pulls: each CTA pulls its tokens' items in rounds of 4 (one per dispatch warp), each a
+    # latency plus one 4 KiB chunk
     big = max(rows, key=lambda r: r["tokens"])
-    rounds = -(-big["tokens"] * big["top_k"] // (big["num_sms"] * DISPATCH_WARPS_PER_SM))
     chunk = 4096 / (hw.sm_load_gbs / DISPATCH_WARPS_PER_SM)
-    how = (f"median per-SM pull {big['pull'] / 1e3:.1f} us at T={big['tokens']} = {rounds} rounds of "
-           f"{big['num_sms'] * DISPATCH_WARPS_PER_SM} concurrent pulls, less one 4 KiB chunk ({chunk:.0f} ns) per round")
-    out["pull_latency_ns"] = (big["pull"] / rounds - chunk, how)
+    how = (f"median over CTAs of the pull time per round at T={big['tokens']} ({big['pull_round']:.0f} ns; "
+           f"{big['pull_rounds']} rounds of one item per dispatch warp), less one 4 KiB chunk ({chunk:.0f} ns)")
+    out["pull_latency_ns"] = (big["pull_round"] - chunk, how)
+    # combine: the slowest CTA's time over the rounds of the grid-stride loop
+    cr = [r["combine"] / r["combine_rounds"] for r in rows if r["combine_rounds"] >= 2]
+    how = ("slowest CTA's combine / grid-stride rounds (ceil(tokens x hidden / 8 / (SMs x 512))): "
+           + ", ".join(f"T={r['tokens']} {r['combine'] / 1e3:.1f} us / {r['combine_rounds']}" for r in rows
+                       if r["combine_rounds"] >= 2) + f"; median {np.median(cr):.0f} ns")
+    out["combine_round_ns"] = (float(np.median(cr)), how)
     gss = [r["grid_sync"] for r in rows if r["grid_sync"] is not None]
     if gss:
         out["grid_sync_ns"] = (float(np.median(gss)),
@@ -336,3 +408,71 @@ def calibrated_toml(base: str, measured: dict, kernel: dict | None = None, date:
     text = "\n".join(lines) + "\n"
     parse_hardware(tomllib.loads(text))  # the file must load
     return text
+
+
+#: The committed kernel traces and per-role profile the H200 model's SM90 figures are fitted
+#: to (paths from the repository root); the EP2 traces and the EP1 trace at 1 token are left
+#: out, as checks of the fit.
+SM90_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep1_t{t}.npz" for t in (64, 512, 4096))
+SM90_FIT_PROFILE = "benchmarks/results/kernel_profile_stages_h200.json"
+SM90_FIT_DATE = "2026-11-30"
+SM90_FIT_KERNEL = "FP8 WGMMA + ballot scheduler"
+SM90_PROFILE_KERNEL = "FP8 WGMMA kernel before the ballot scheduler; the decode does not depend on the scheduler"
+
+
+def sm90_fit_sources(fit: dict, traces=SM90_FIT_TRACES, profile_path: str | None = SM90_FIT_PROFILE,
+                     date: str = SM90_FIT_DATE, kernel: str = SM90_FIT_KERNEL,
+                     profile_kernel: str = SM90_PROFILE_KERNEL) -> dict:
+    """figure -> (value rounded to 4 significant digits, source string naming the files, the
+    date, the kernel version and how it was fitted) for the output of :func:`fit_sm90_traces`."""
+    import os
+
+    stems = [os.path.basename(p) for p in traces]
+    common = os.path.commonprefix(stems)
+    tail = os.path.commonprefix([s[::-1] for s in stems])[::-1]
+    mid = [s[len(common):len(s) - len(tail)] for s in stems]
+    files = f"{os.path.dirname(traces[0])}/{common}{{{','.join(mid)}}}{tail}" if len(stems) > 1 else traces[0]
+    where = f"{files} (this project's SM90 kernel, {kernel} version, measured on the lent H200 {date})"
+    out = {}
+    for key, (value, how) in fit.items():
+        if key == "e2m1_decode_thread_ns_per_elem" and profile_path:
+            src = (f"fitted to {profile_path} (per-role cycle profile, {profile_kernel}, lent H200, {date}) and the "
+                   f"K-loop times of {where} by sim.calibrate.fit_sm90_traces: {how}")
+        elif key == "grid_sync_ns":
+            src = f"measured in {where} by sim.calibrate.fit_sm90_traces: {how}"
+        else:
+            src = f"fitted to {where} by sim.calibrate.fit_sm90_traces: {how}"
+        if key == "sm90_mma_fraction":
+            src = src.replace("fit_sm90_traces: ", "fit_sm90_traces: the SM90 kernel's WGMMA m64nBMk32 + wait + "
+                              "FP32 promotion rate as a fraction of the sustained FP8 GEMM rate (mma_efficiency): ", 1)
+        out[key] = (float(f"{value:.4g}"), src)
+    return out
+
+
+def refit_h200(root: str | None = None, toml_path: str | None = None) -> dict:
+    """Fit the SM90 figures to the committed traces and profile (:data:`SM90_FIT_TRACES`,
+    :data:`SM90_FIT_PROFILE`) and write them with their sources into the H200 preset (or
+    ``toml_path``), leaving every other line as it is.  Returns :func:`sm90_fit_sources`."""
+    import re
+    from pathlib import Path
+
+    base = Path(root) if root else Path(__file__).resolve().parent.parent
+    prof = json.loads((base / SM90_FIT_PROFILE).read_text())
+    fit = sm90_fit_sources(fit_sm90_traces([str(base / p) for p in SM90_FIT_TRACES], prof))
+    path = Path(toml_path) if toml_path else PRESET_DIR / "h200.toml"
+    text = path.read_text()
+    head, _, srcs = text.partition("[sources]")
+    for key, (value, src) in fit.items():
+        head, n = re.subn(rf"(?m)^{key} = .*$", f"{key} = {value!r}", head)
+        require(n == 1, "refit_h200", f"one line for {key} in [figures]", n)
+        srcs, n = re.subn(rf"(?m)^{key} = .*$", lambda _m: f"{key} = {json.dumps(src)}", srcs)
+        require(n == 1, "refit_h200", f"one line for {key} in [sources]", n)
+    text = head + "[sources]" + srcs
+    parse_hardware(tomllib.loads(text))  # the file must load
+    path.write_text(text)
+    return fit
+
+
+if __name__ == "__main__":
+    for k, (v, _) in refit_h200().items():
+        print(f"{k} = {v}")

@@ -26,6 +26,16 @@ Granularity (DESIGN.md: block granularity, never per cycle):
 * **Combine**: the final NVLink barrier waits for every cluster's last write on every rank,
   then each rank reduces its valid slots (HBM bound).
 
+The SM90 design (``megamoe-sm90``, this project's kernel, ``csrc/megamoe/kernel_sm90.cu``)
+differs where the kernel does: one CTA per SM (units of one SM); the consumer warps decode,
+run the MMA and both epilogues, so a block's K loop waits for the previous block's epilogue
+and then for the block scheduler's walk (``sched_block_ns`` plus ``sched_step_ns`` per
+scheduler step, :func:`sm90_walk_steps`; the producer pays the same walk after its last copy
+issue, which comes ``min(stages, K blocks)`` K blocks before the K loop's end); the L2
+epilogue grows with the valid rows; each CTA pulls a contiguous range of items (EP1: its
+tokens' items in token order, so pool blocks complete late; EP: pool positions, a remote one
+paying NVLink round trips); the combine takes grid-stride rounds of ``combine_round_ns``.
+
 Shared resources: HBM per GPU, NVLink egress and ingress per GPU (one direction each) and,
 where a GPU pair is slower than a GPU's port (``nvlink_peer_gbs``, e.g. point-to-point
 links without a switch), each directed link, as :class:`BandwidthCalendar`; the
@@ -37,6 +47,7 @@ from __future__ import annotations
 import gc
 import math
 from dataclasses import dataclass, field
+from itertools import repeat
 from operator import sub
 
 import numpy as np
@@ -51,6 +62,11 @@ from .hardware import Hardware, load_hardware
 BUCKET_NS = 250.0
 DISPATCH_WARPS_PER_SM = 4
 WITH_SCALES = 1 + 1 / 32  # FP8 / FP4 data plus one UE8M0 byte per 32 elements
+SM90_THREADS = 512  # threads per CTA of the SM90 kernel (megamoe.design_sm90.THREADS)
+# dependent NVLink round trips of one remote pull in the SM90 kernel's EP dispatch
+# (csrc/megamoe/kernel_sm90.cu dispatch_role_ep): the row in two batches of four 16-byte
+# loads per lane, the scales, the top-k weight
+SM90_REMOTE_ROUND_TRIPS = 4
 
 
 class BandwidthCalendar:
@@ -179,6 +195,34 @@ class SimResult:
     summary: dict = field(default_factory=dict)
 
 
+def sm90_walk_steps(rp) -> tuple[np.ndarray, int]:
+    """Scheduler steps of the SM90 kernel (``csrc/megamoe/scheduler.cuh``) from the start of
+    the block list to each block of ``rp.blocks()``, and to the end of the list.
+
+    The scheduler walks passes, L1 then L2 of each wave, each over the wave's experts.  A
+    step is a call that leaves a non-empty expert (one warp ballot steps over the empty ones
+    after it), a call that leaves a pass's first expert when that one is empty, or a phase
+    switch.  A CTA's walk from one of its blocks to the next is the difference of their
+    counts.
+
+    Returns:
+        int64 ``[N]`` steps from the start to each block, and the steps to the end.
+    """
+    tpe = rp.tokens_per_expert
+    E, epw = len(tpe), rp.experts_per_wave
+    nw = -(-E // epw)
+    wsize = np.minimum(epw, E - np.arange(nw) * epw)
+    pstart = np.concatenate([[0], np.cumsum(np.repeat(wsize, 2))])  # pass 2w: L1 of wave w, 2w + 1: L2
+    e_of = np.concatenate([np.tile(np.arange(w * epw, w * epw + k), 2) for w, k in enumerate(wsize)])
+    weight = (tpe[e_of] > 0).astype(np.int64)
+    weight[pstart[:-1]] = 1
+    cum = np.concatenate([[0], np.cumsum(weight)])
+    blk = rp.blocks().astype(np.int64)
+    w_b = blk[:, 1] // epw
+    p_b = 2 * w_b + blk[:, 0] - 1
+    return cum[pstart[p_b] + blk[:, 1] - w_b * epw] + p_b, int(cum[-1]) + 2 * nw
+
+
 class _Engine:
     def __init__(self, plan: Plan, hw: Hardware):
         self.plan, self.hw = plan, hw
@@ -302,7 +346,36 @@ class _Engine:
         for k in lens:
             clusters.append(tuple(x[a:a + k] for x in cols) + (range(base + a, base + a + k),))
             a += k
-        return clusters, act1, act2, l1_out, wb
+        hw = self.hw
+        threads = cfg.num_epilogue_threads
+        if plan.design == "megamoe-sm90":
+            # the L2 epilogue: a fixed part, then per element of the block's rows and again
+            # per element of its valid rows (only those are stored)
+            c = hw.l2_epilogue_thread_ns_per_elem * bn / threads
+            epi2 = [hw.l2_epilogue_fixed_ns + c * (bm + v) for v in valid]
+            walks = self._sm90_walks(rp, rows, lens)
+        else:
+            epi2 = [hw.l2_epilogue_thread_ns_per_elem * bm * bn / threads] * n_pb
+            walks = [(repeat(0.0), 0.0)] * len(lens)
+        return clusters, act1, act2, l1_out, wb, epi2, walks
+
+    def _sm90_walks(self, rp, rows, lens) -> list:
+        """Per CTA of the SM90 kernel: the scheduler's cost before each of its blocks and after
+        its last one, ``[(gaps, end_gap)]`` (see :func:`sm90_walk_steps`): ``sched_block_ns``
+        plus ``sched_step_ns`` per step."""
+        hw = self.hw
+        key, end_key = sm90_walk_steps(rp)
+        key = key[rows]
+        out = []
+        a = 0
+        for k in lens:
+            ks = key[a:a + k]
+            steps = np.maximum(np.diff(ks, prepend=0), 0)  # a policy's order may walk back: no cost
+            end = end_key - (int(ks[-1]) if k else 0)
+            out.append(((hw.sched_block_ns + hw.sched_step_ns * steps).tolist(),
+                        hw.sched_block_ns + hw.sched_step_ns * max(end, 0)))
+            a += k
+        return out
 
     # -- dispatch ---------------------------------------------------------------
     def dispatch(self, r: int):
@@ -346,21 +419,35 @@ class _Engine:
         n = len(src)
         if n == 0:
             return
-        # last global token index of every pool block, and the round that pulls it
         tpe = rp.tokens_per_expert
-        mbe = -(-tpe // bm)
-        pb_e = np.repeat(np.arange(len(tpe)), mbe)
-        pb_m = np.arange(len(pb_e)) - np.repeat(np.cumsum(mbe) - mbe, mbe)
-        last = (np.cumsum(tpe) - tpe)[pb_e] + np.minimum((pb_m + 1) * bm, tpe[pb_e]) - 1
-        pb_round = last // G
         per_token = H * WITH_SCALES + 4  # FP8 row, scales, top-k weight
         chunks = math.ceil(H / plan.bytes_per_pull)
         warp_rate = hw.sm_load_bytes_per_ns / DISPATCH_WARPS_PER_SM
         lat = hw.pull_latency_ns + chunks * plan.bytes_per_pull / warp_rate
-        n_rounds = (n + G - 1) // G
         R = plan.num_ranks
-        # per round: tokens from each source rank, and the pool blocks it completes
-        counts = np.bincount(np.arange(n) // G * R + src, minlength=n_rounds * R).reshape(n_rounds, R).tolist()
+        lats = None
+        if plan.design == "megamoe-sm90":
+            # the pull round of every item, and the round completing each pool block
+            item_round, pb_round = self._sm90_pull_rounds(rp, src)
+            n_rounds = int(item_round.max()) + 1
+            cnt = np.bincount(item_round * R + src, minlength=n_rounds * R).reshape(n_rounds, R)
+            counts = cnt.tolist()
+            if R > 1:
+                # a warp pulls its items one after another, each from a remote rank paying
+                # SM90_REMOTE_ROUND_TRIPS NVLink round trips: a round's latency grows with
+                # its share of remote items
+                remote = 1.0 - cnt[:, r] / np.maximum(cnt.sum(axis=1), 1)
+                lats = (lat + remote * (SM90_REMOTE_ROUND_TRIPS * hw.nvlink_latency_ns)).tolist()
+        else:
+            # last global token index of every pool block, and the round that pulls it
+            mbe = -(-tpe // bm)
+            pb_e = np.repeat(np.arange(len(tpe)), mbe)
+            pb_m = np.arange(len(pb_e)) - np.repeat(np.cumsum(mbe) - mbe, mbe)
+            last = (np.cumsum(tpe) - tpe)[pb_e] + np.minimum((pb_m + 1) * bm, tpe[pb_e]) - 1
+            pb_round = last // G
+            n_rounds = (n + G - 1) // G
+            # per round: tokens from each source rank, and the pool blocks it completes
+            counts = np.bincount(np.arange(n) // G * R + src, minlength=n_rounds * R).reshape(n_rounds, R).tolist()
         order = np.argsort(pb_round, kind="stable")
         cut = np.searchsorted(pb_round[order], np.arange(n_rounds + 1)).tolist()
         order = order.tolist()
@@ -369,7 +456,7 @@ class _Engine:
         for q in range(n_rounds):
             t0 = env.now
             cnt = counts[q]
-            finish = t0 + lat
+            finish = t0 + (lat if lats is None else lats[q])
             for j, cj in enumerate(cnt):
                 if not cj:
                     continue
@@ -393,6 +480,45 @@ class _Engine:
                 if ev is not None:
                     ev.succeed(finish)
 
+    def _sm90_pull_rounds(self, rp, src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The SM90 kernel's pull order (``csrc/megamoe/kernel_sm90.cu``): CTA ``c`` pulls a
+        contiguous range of items with its 4 dispatch warps, item ``j`` of the range in round
+        ``j // 4``.  EP1: the range is the items (token, top-k slot) of tokens
+        ``[T c / S, T (c + 1) / S)``, in token order; a pool row is the expert's items in
+        ascending order, so a pool block collects rows from many CTAs and completes late.
+        EP: the range is pool positions ``[N c / S, N (c + 1) / S)`` of the rank's ``N`` pool
+        items (experts in order, each in pull order).
+
+        Returns:
+            the round of every pool item (pool order, as ``src``) and the round that completes
+            each pool block (its rows' latest).
+        """
+        S, bm, K = self.plan.num_sms, rp.config.block_m, self.plan.top_k
+        W = DISPATCH_WARPS_PER_SM
+        tpe = rp.tokens_per_expert
+        mbe = -(-tpe // bm)
+        n = len(src)
+        if self.plan.num_ranks == 1:
+            T = rp.num_tokens
+            ids = self.topk_idx[rp.rank].reshape(-1)
+            items = np.nonzero(ids >= 0)[0]
+            t0 = (T * np.arange(S)) // S                       # first token of each CTA
+            cta = np.searchsorted(t0, items // K, side="right") - 1
+            rnd = (items - t0[cta] * K) // W
+            # pool order: experts in order, each expert's items ascending
+            rnd = rnd[np.argsort(ids[items], kind="stable")]
+        else:
+            j0 = (n * np.arange(S)) // S                       # first pool position of each CTA
+            j = np.arange(n)
+            rnd = (j - j0[np.searchsorted(j0, j, side="right") - 1]) // W
+        # pool block of every pool item: its expert's first block + position // block_m
+        first = np.cumsum(tpe) - tpe
+        e_of = np.repeat(np.arange(len(tpe)), tpe)
+        pb = (np.cumsum(mbe) - mbe)[e_of] + (np.arange(n) - first[e_of]) // bm
+        pb_round = np.zeros(int(mbe.sum()), dtype=np.int64)
+        np.maximum.at(pb_round, pb, rnd)
+        return rnd, pb_round
+
     # -- GEMM clusters -----------------------------------------------------------
     def cluster(self, r: int, c: int):
         env, hw, plan = self.env, self.hw, self.plan
@@ -400,13 +526,15 @@ class _Engine:
         cfg = rp.config
         bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
         cs = cfg.cluster_size  # SMs per unit: 2 (2-CTA cluster, lockstep) or 1
-        clusters, act1, act2, l1_out, wb = self.tables[r]
+        clusters, act1, act2, l1_out, wb, epi2, walks = self.tables[r]
         cols = clusters[c]  # phase, n block, pool block, first-touch keys, block id per row
+        # SM90: the scheduler's cost before each block and after the last (0 for SM100)
+        gaps, end_gap = walks[c]
         t_ready = self.counts_ready[r]
         if t_ready is None:
             t_ready = yield self.pre_pull_done
         if not cols[0]:
-            self.cluster_end[r] = max(self.cluster_end[r], t_ready)
+            self.cluster_end[r] = max(self.cluster_end[r], t_ready + end_gap)
             return
         H, I = plan.hidden, plan.intermediate
         lat = hw.tma_latency_ns
@@ -427,9 +555,9 @@ class _Engine:
         else:
             t_k = max(t_mma_k, stage_bytes / load_rate) + hw.block_overhead_ns / max(1, H // bk)
         epi_threads = cfg.num_epilogue_threads
-        # the L1 epilogue pays a fixed hand-off (cross-warp amax reduction, arrival-mask release)
+        # the L1 epilogue pays a fixed hand-off (cross-warp amax reduction, arrival-mask release);
+        # the L2 epilogue's time per pool block is in epi2
         t_epi1 = hw.l1_epilogue_thread_ns_per_elem * bm * bn / epi_threads + hw.block_overhead_ns
-        t_epi2 = hw.l2_epilogue_thread_ns_per_elem * bm * bn / epi_threads
         kb1, kb2 = H // bk, I // bk
         # per-phase constants: K-loop length, the ring's prefetch, FP4 weight bytes of the unit
         loop1, loop2 = kb1 * t_k, kb2 * t_k
@@ -457,7 +585,7 @@ class _Engine:
         record = self.blocks.extend
         timeout = env.timeout
         last_write = float(self.last_write[r])
-        for phase, n, pb, key_w, key_a, bid in zip(*cols):
+        for phase, n, pb, key_w, key_a, bid, gap in zip(*cols, gaps):
             ready_adj = None
             if phase == L1:
                 dep = arrival[pb]
@@ -484,17 +612,19 @@ class _Engine:
                     dep, ready_adj = cached[0], cached[2]
                 else:
                     dep = cached[1]
-            # the loaders may start once the dependency holds and a ring stage is free
-            free = prev_mma_end - prev_prefetch
+            # the loaders may start once the dependency holds and a ring stage is free (SM90:
+            # and the producer has walked the scheduler to this block)
+            free = prev_mma_end - prev_prefetch + gap
             load_start = dep if dep > free else free
             # accumulator stages: TMEM has 2 (block i waits for epilogue i-2); the SM90
-            # consumers hold the accumulators in registers and run the epilogue themselves
+            # consumers hold the accumulators in registers, run the epilogue themselves and
+            # then walk the scheduler to this block
             mma_start = load_start + lat
             if prev_mma_end > mma_start:
                 mma_start = prev_mma_end
-            x = epi_m1 if sm90 else epi_m2
-            if x > mma_start:
-                mma_start = x
+            c_start = epi_m1 + gap if sm90 else epi_m2
+            if c_start > mma_start:
+                mma_start = c_start
             now = env.now
             if load_start > now:
                 yield timeout(load_start - now)
@@ -559,7 +689,7 @@ class _Engine:
                     if f > mma_end:
                         mma_end = f
                 epi_start = mma_end if mma_end > prev_epi_end else prev_epi_end
-                epi_end = epi_start + t_epi2
+                epi_end = epi_start + epi2[pb]
                 # BF16 rows to each token's source rank: HBM for local rows, else the
                 # destination's NVLink ingress (and the pair's link) plus this GPU's egress
                 fin = epi_end
@@ -628,17 +758,22 @@ class _Engine:
                 if fin > last_write:
                     last_write = fin
                 prev_prefetch = pre2
-            record((bid, load_start, mma_start, mma_end, epi_start, epi_end, dep, first, free))
+            if sm90:  # the producer's last copy issue (a ring ahead of the K loop's end) and
+                # the consumers' block start (after their scheduler walk) instead
+                record((bid, mma_end - prev_prefetch, c_start, mma_end, epi_start, epi_end, dep, first, free))
+            else:
+                record((bid, load_start, mma_start, mma_end, epi_start, epi_end, dep, first, free))
             prev_mma_end = mma_end
             prev_epi_end = epi_end
             epi_m2, epi_m1 = epi_m1, epi_end
         self.last_write[r] = max(self.last_write[r], last_write)
-        self.cluster_end[r] = max(self.cluster_end[r], prev_epi_end)
+        self.cluster_end[r] = max(self.cluster_end[r], prev_epi_end + end_gap)
 
     # -- run -----------------------------------------------------------------------
     def run(self, topk_idx: list[np.ndarray]):
         plan, hw = self.plan, self.hw
         self.valid_slots = [int((ids >= 0).sum()) for ids in topk_idx]
+        self.topk_idx = topk_idx
         for r in range(plan.num_ranks):
             self.env.process(self.dispatch(r))
             for c in range(plan.num_sms // plan.ranks[r].config.cluster_size):
@@ -661,6 +796,10 @@ class _Engine:
             T = plan.ranks[r].num_tokens
             nbytes = (self.valid_slots[r] + T) * plan.hidden * 2
             t_red[r] = (hw.tma_latency_ns + nbytes / hw.hbm_bytes_per_ns) if T else 0.0
+            if T and plan.design == "megamoe-sm90":
+                # every thread of the grid sums one 16-byte slice of a token per round
+                rounds = -(-T * plan.hidden // 8 // (plan.num_sms * SM90_THREADS))
+                t_red[r] = max(t_red[r], rounds * hw.combine_round_ns)
             self.hbm[r].total_bytes += nbytes
             self.rows.append((r, -1, ROLE["epilogue"], KIND["combine"], -1, -1, -1, -1,
                               barrier, barrier + t_red[r], nbytes, T))
@@ -693,7 +832,9 @@ class _Engine:
         cs = self.plan.ranks[0].config.cluster_size
         nb = (first / cs).astype(np.int64)
         if self.plan.design == "megamoe-sm90":  # producer / consumer warpgroups
-            lanes = ((ROLE["producer"], load_kind, ls, me), (ROLE["consumer"], mma_kind, ms, me),
+            # the SM90 records hold the producer's last copy issue in place of the load start
+            # and the consumers' block start in place of the MMA start (see cluster)
+            lanes = ((ROLE["producer"], load_kind, free, ls), (ROLE["consumer"], mma_kind, ms, me),
                      (ROLE["consumer"], epi_kind, es, ee))
             wait_role = ROLE["producer"]
         else:

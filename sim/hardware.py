@@ -29,7 +29,19 @@ Figures (units in the key names):
 * ``e2m1_decode_thread_ns_per_elem`` — SM90 design: E2M1 -> E4M3 decode in shared memory,
   per element per decoding thread.
 * ``stage_handoff_ns`` — SM90 design: fixed cost of one pipeline stage (barrier waits and
-  releases between producer and consumers), paid per K block.
+  releases between producer and consumers, the fixed part of the WGMMA wait and promotion),
+  paid per K block.
+* ``sched_block_ns``, ``sched_step_ns`` — SM90 design: the block scheduler between two blocks
+  of one CTA (paid by the producer and by the consumers, each running its own copy): a
+  fixed part per block (the scheduler call, the trace records, the accumulator reset) plus
+  one step for every non-empty expert the scheduler walks past and every phase switch of a
+  wave (``csrc/megamoe/scheduler.cuh``); also after the last block, to the end of the list.
+* ``l2_epilogue_fixed_ns`` — SM90 design: fixed part of the L2 epilogue (the row-metadata
+  round trips); the SM90 L2 epilogue is this plus ``l2_epilogue_thread_ns_per_elem`` per
+  element of the block's rows and again per element of its valid (stored) rows.
+* ``combine_round_ns`` — SM90 design: one grid-stride round of the combine (every thread
+  sums the top-k BF16 copies of one 16-byte slice of a token); the combine takes
+  ``ceil(tokens x hidden / 8 / (SMs x 512 threads))`` rounds, or the HBM time if longer.
 * ``legacy_launch_ns`` — per-kernel launch gap of the unfused path.
 """
 
@@ -75,6 +87,10 @@ class Hardware:
     sm90_mma_fraction: float
     e2m1_decode_thread_ns_per_elem: float
     stage_handoff_ns: float
+    sched_block_ns: float
+    sched_step_ns: float
+    l2_epilogue_fixed_ns: float
+    combine_round_ns: float
     legacy_launch_ns: float
     sources: dict
     path: str = ""

@@ -47,24 +47,33 @@ def _root(p):
 
 
 def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
-    """sim/hardware/h200.toml's SM90 figures are what fit_sm90_traces gives for the committed
-    FP8 WGMMA kernel traces and per-role profile (rounded), and each source names them."""
+    """sim/hardware/h200.toml's SM90 figures and their sources are what ``python -m
+    sim.calibrate`` (refit_h200: fit_sm90_traces on the committed FP8 WGMMA + ballot scheduler
+    traces and the per-role profile) writes: each source names the files, the date and the
+    kernel version."""
     import json
     from pathlib import Path
 
-    from sim.calibrate import fit_sm90_traces
+    from sim.calibrate import SM90_FIT_PROFILE, SM90_FIT_TRACES, fit_sm90_traces, sm90_fit_sources
 
-    prof = json.loads(Path(_root("benchmarks/results/kernel_profile_stages_h200.json")).read_text())
+    assert list(SM90_FIT_TRACES) == TRACES
+    prof = json.loads(Path(_root(SM90_FIT_PROFILE)).read_text())
     fit = fit_sm90_traces([_root(p) for p in TRACES], prof)
     hw = load_hardware("h200")
     assert set(fit) == {"sm90_mma_fraction", "e2m1_decode_thread_ns_per_elem", "stage_handoff_ns",
-                        "l1_epilogue_thread_ns_per_elem", "block_overhead_ns", "l2_epilogue_thread_ns_per_elem",
-                        "pull_latency_ns", "grid_sync_ns"}
-    for key, (value, how) in fit.items():
-        assert getattr(hw, key) == pytest.approx(value, rel=2e-3, abs=0.5), key
-        assert how in hw.sources[key] and "2026-11-30" in hw.sources[key] and "FP8 WGMMA" in hw.sources[key]
-    # the slope: 10.3 ns per block row and K block = 418 TFLOP/s on 132 SMs, 29.5% of the FP8 GEMM
-    assert fit["sm90_mma_fraction"][0] == pytest.approx(0.295, abs=0.002)
+                        "sched_block_ns", "sched_step_ns", "l1_epilogue_thread_ns_per_elem", "block_overhead_ns",
+                        "l2_epilogue_fixed_ns", "l2_epilogue_thread_ns_per_elem", "pull_latency_ns",
+                        "combine_round_ns", "grid_sync_ns"}
+    for key, (value, src) in sm90_fit_sources(fit).items():
+        assert getattr(hw, key) == pytest.approx(fit[key][0], rel=2e-3, abs=0.5), key
+        assert getattr(hw, key) == value and hw.sources[key] == src, key
+        assert fit[key][1] in src and "2026-11-30" in src and "FP8 WGMMA + ballot scheduler" in src, key
+        assert "kernel_flash_ep1_t{64,512,4096}.npz" in src, key
+    # the slope: 11.0 ns per block row and K block = 392 TFLOP/s on 132 SMs, 27.6% of the FP8 GEMM
+    assert fit["sm90_mma_fraction"][0] == pytest.approx(0.276, abs=0.002)
+    # the scheduler: ~1.4 us per block plus ~0.36 us per step
+    assert fit["sched_block_ns"][0] == pytest.approx(1377, abs=30)
+    assert fit["sched_step_ns"][0] == pytest.approx(361, abs=15)
 
 
 def test_one_trace_gives_the_same_mma_fraction():
@@ -73,7 +82,7 @@ def test_one_trace_gives_the_same_mma_fraction():
     hw = load_hardware("h200")
     got = from_kernel_trace(_root(TRACES[-1]), hw.fp8_dense_tflops * hw.mma_efficiency)
     assert got["sm90_mma_fraction"] == pytest.approx(hw.sm90_mma_fraction, rel=0.01)
-    assert got["grid_sync_ns"] == 1696.0
+    assert got["grid_sync_ns"] == 1600.0
 
 
 def test_fit_needs_two_block_m():
@@ -82,3 +91,20 @@ def test_fit_needs_two_block_m():
 
     with pytest.raises(InputError, match="^fit_sm90_traces: expected traces of at least two block_m"):
         fit_sm90_traces([_root(TRACES[0]), _root(TRACES[1])])
+
+
+def test_refit_h200_rewrites_only_the_fitted_lines(tmp_path):
+    """refit_h200 on a copy of the preset leaves it unchanged (the preset is its output) and
+    fails cleanly when a figure line is missing."""
+    from megamoe.errors import InputError
+    from sim.calibrate import refit_h200
+    from sim.hardware import PRESET_DIR
+
+    p = tmp_path / "h200.toml"
+    text = (PRESET_DIR / "h200.toml").read_text()
+    p.write_text(text)
+    refit_h200(toml_path=str(p))
+    assert p.read_text() == text
+    p.write_text(text.replace("sched_step_ns = ", "# sched_step_ns = ", 1))
+    with pytest.raises(InputError, match="^refit_h200: expected one line for sched_step_ns in \\[figures\\]"):
+        refit_h200(toml_path=str(p))

@@ -184,3 +184,152 @@ def test_point_to_point_links_make_pull_order_matter():
     assert pull_us(p2p, "rank-by-rank") > 2 * pull_us(p2p, "round-robin")
     # through a switch (a pair can fill a port) the order changes the pull phase by < 10%
     assert pull_us(hw, "rank-by-rank") < 1.1 * pull_us(hw, "round-robin")
+
+
+# -- the SM90 design (this project's kernel) ------------------------------------------------
+
+def _kernel_scheduler(tpe, epw, num_sms, sm, n1, n2, bm):
+    """A line-by-line port of csrc/megamoe/scheduler.cuh (Scheduler::next with the ballot
+    advance_expert), counting its steps: every advance_expert call and every phase switch.
+    Returns [(block, steps since the previous block)] and the steps after the last one."""
+    E = len(tpe)
+    mb = [-(-int(t) // bm) for t in tpe]
+
+    def wave_end(e):
+        return min((e // epw + 1) * epw, E)
+
+    def next_nonempty(f):
+        return next((e for e in range(f, E) if tpe[e]), E)
+
+    expert, phase, idx, steps, out = 0, 1, sm, 0, []
+    while expert < E:
+        we = wave_end(expert)
+        n = n1 if phase == 1 else n2
+        found = False
+        while expert < we:
+            if idx < mb[expert] * n:
+                found = True
+                break
+            idx -= mb[expert] * n
+            expert = min(next_nonempty(expert + 1), we)
+            steps += 1
+        if found:
+            m = idx // n
+            out.append(((phase, expert, m, idx - m * n), steps))
+            steps = 0
+            idx += num_sms
+            continue
+        if phase == 1:
+            phase, expert = 2, ((expert - 1) // epw) * epw
+        else:
+            phase = 1
+        steps += 1
+    return out, steps
+
+
+@pytest.mark.parametrize("tokens,epw", [(1, 16), (3, 4), (40, 7), (512, 16)])
+def test_sm90_walk_steps_follow_the_kernel_scheduler(tokens, epw):
+    """sim.engine.sm90_walk_steps counts the kernel scheduler's steps between a CTA's blocks
+    (and after its last) exactly, with empty experts, empty waves and a short last wave."""
+    from sim.engine import sm90_walk_steps
+
+    sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=tokens, routing="zipf:1.2",
+                  design="megamoe-sm90", hardware="h200", experts_per_wave=epw, reserved_sms=120)
+    rp = sc.plan(132, 232448).ranks[0]
+    key, end = sm90_walk_steps(rp)
+    S = rp.num_sms
+    for sm in range(S):
+        got, tail = _kernel_scheduler(rp.tokens_per_expert.tolist(), rp.experts_per_wave, S, sm,
+                                      rp.l1_n_blocks, rp.l2_n_blocks, rp.config.block_m)
+        blocks = [tuple(b[:4]) for b in rp.sm_blocks(sm).tolist()]
+        assert [b for b, _ in got] == blocks
+        k = key[sm::S].tolist()
+        assert [s for _, s in got] == [b - a for a, b in zip([0] + k, k)]
+        assert tail == end - (k[-1] if k else 0)
+
+
+def _sm90_flash(tokens, **kw):
+    return simulate(Scenario(shape="deepseek-v4-flash", num_ranks=kw.pop("num_ranks", 1), tokens_per_rank=tokens,
+                             max_tokens_per_rank=4096, design="megamoe-sm90", hardware="h200", **kw))
+
+
+def test_sm90_block_lanes():
+    """Per CTA: the consumers start a block (MMA lane) a scheduler walk after the previous
+    epilogue; the producer starts a walk after its previous last copy issue, which is
+    min(stages, K blocks) K blocks before the K loop's end; the L2 epilogue grows with block_m
+    and with the valid rows; the combine takes its grid-stride rounds."""
+    from sim.engine import sm90_walk_steps
+
+    res = _sm90_flash(64)
+    hw, rp, tr = res.hardware, res.plan.ranks[0], res.trace
+    bm, S, st = rp.config.block_m, rp.num_sms, rp.num_stages
+    t_k = (2.0 * bm * 128 * 128 / (hw.tc_flops_per_ns_per_sm * hw.sm90_mma_fraction)
+           + hw.e2m1_decode_thread_ns_per_elem * 128 * 128 / 256 + hw.stage_handoff_ns)
+    key, _ = sm90_walk_steps(rp)
+    for sm in (0, 7, 131):
+        c, p = tr.where(sm=sm, role="consumer"), tr.where(sm=sm, role="producer")
+        mma = c.select((c["kind"] == KIND["l1_mma"]) | (c["kind"] == KIND["l2_mma"]))
+        epi = c.select((c["kind"] == KIND["l1_epilogue"]) | (c["kind"] == KIND["l2_epilogue"]))
+        load = p.select((p["kind"] == KIND["l1_load"]) | (p["kind"] == KIND["l2_load"]))
+        gap = hw.sched_block_ns + hw.sched_step_ns * np.diff(key[sm::S])
+        assert np.allclose(mma["t_start_ns"][1:], epi["t_end_ns"][:-1] + gap)
+        kb = np.where(mma["kind"] == KIND["l1_mma"], 4096 // 128, 2048 // 128)
+        assert np.allclose(load["t_end_ns"], mma["t_end_ns"] - np.minimum(st, kb) * t_k)
+        assert np.allclose(load["t_start_ns"][1:], load["t_end_ns"][:-1] + gap)
+    e2 = tr.where(kind="l2_epilogue")
+    want = hw.l2_epilogue_fixed_ns + hw.l2_epilogue_thread_ns_per_elem * (bm + e2["tokens"]) * 128 / 256
+    assert np.allclose(e2["t_end_ns"] - e2["t_start_ns"], want) and len(np.unique(e2["tokens"])) > 1
+    comb = tr.where(kind="combine")
+    rounds = -(-64 * 4096 // 8 // (132 * 512))
+    assert float(comb["t_end_ns"][0] - comb["t_start_ns"][0]) == pytest.approx(rounds * hw.combine_round_ns)
+
+
+def test_sm90_pull_rounds_follow_the_kernel_order():
+    """EP1: CTA c pulls the items of tokens [T c / S, T (c + 1) / S) in token order, one per
+    dispatch warp and round; EP: CTA c pulls pool positions [N c / S, N (c + 1) / S).  A pool
+    block completes with the round of its latest row (checked by a direct loop)."""
+    from sim.engine import _Engine
+
+    for ranks, tokens in ((1, 512), (2, 96)):
+        sc = Scenario(shape="deepseek-v4-flash", num_ranks=ranks, tokens_per_rank=tokens, routing="masked:0.2",
+                      design="megamoe-sm90", hardware="h200", reserved_sms=100)
+        hw = load_hardware("h200")
+        plan = sc.plan(hw.num_sms, hw.smem_per_block_bytes)
+        eng = _Engine(plan, hw)
+        eng.topk_idx = sc.routing_ids()
+        S, K = plan.num_sms, plan.top_k
+        for rp in plan.ranks:
+            src = np.concatenate([rp.pull_order(e)[:, 0] for e in range(len(rp.recv_counts))])
+            rnd, pb_round = eng._sm90_pull_rounds(rp, src)
+            bm, tpe = rp.config.block_m, rp.tokens_per_expert.tolist()
+            want_item, want_pb = [], {}
+            pos = 0
+            if ranks == 1:
+                ids = eng.topk_idx[0]
+                rows = {e: [] for e in range(len(tpe))}
+                for c in range(S):
+                    t0, t1 = tokens * c // S, tokens * (c + 1) // S
+                    for j, i in enumerate(range(t0 * K, t1 * K)):
+                        if ids[i // K, i % K] >= 0:
+                            rows[int(ids[i // K, i % K])].append((i, j // 4))
+                for e in range(len(tpe)):
+                    want_item += [q for _, q in sorted(rows[e])]
+            else:
+                n = len(src)
+                for c in range(S):
+                    want_item += [j // 4 for j in range(n * (c + 1) // S - n * c // S)]
+            pb = 0
+            for e, t in enumerate(tpe):
+                for m in range(-(-t // bm)):
+                    want_pb[pb] = max(want_item[pos + m * bm:pos + min(t, (m + 1) * bm)])
+                    pb += 1
+                pos += t
+            assert rnd.tolist() == want_item
+            assert pb_round.tolist() == [want_pb[i] for i in range(pb)]
+    # EP1 at 512 tokens on all 132 SMs (6 rounds): most pool blocks complete in the last round
+    sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=512, design="megamoe-sm90", hardware="h200")
+    plan = sc.plan(hw.num_sms, hw.smem_per_block_bytes)
+    eng = _Engine(plan, hw)
+    eng.topk_idx = sc.routing_ids()
+    rnd, pb_round = eng._sm90_pull_rounds(plan.ranks[0], np.zeros(int(plan.ranks[0].tokens_per_expert.sum()), int))
+    assert rnd.max() == 5 and np.median(pb_round) == 5
