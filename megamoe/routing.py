@@ -60,7 +60,8 @@ class RoutingSpec:
         require(self.kind in KINDS, "routing", f"one of {', '.join(KINDS)}", self.kind)
         require(0.0 <= self.masked_ratio <= 1.0, "routing.masked_ratio", "a ratio in [0, 1]",
                 self.masked_ratio)
-        require(self.zipf_exponent >= 0.0, "routing.zipf_exponent", ">= 0", self.zipf_exponent)
+        require(0.0 <= self.zipf_exponent < float("inf"), "routing.zipf_exponent", "a finite number >= 0",
+                self.zipf_exponent)
         require(0.0 <= self.hot_fraction <= 1.0, "routing.hot_fraction", "a fraction in [0, 1]",
                 self.hot_fraction)
         require(self.hot_experts >= 1, "routing.hot_experts", ">= 1", self.hot_experts)
@@ -175,6 +176,13 @@ def _check_ids(arr: np.ndarray, field: str, num_experts: int, top_k: int) -> np.
         lo, hi = int(arr.min()), int(arr.max())
         require(lo >= -1 and hi < num_experts, field, f"ids in [-1, {num_experts})",
                 f"ids in [{lo}, {hi}]")
+        # a token's top-k experts are distinct (-1 = masked slot may repeat)
+        srt = np.sort(arr, axis=1)
+        dup = (srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)
+        if dup.any():
+            t = int(np.nonzero(dup.any(axis=1))[0][0])
+            raise InputError(field, "distinct expert ids within each token's row (-1 may repeat)",
+                             f"row {t} = {arr[t].tolist()}")
     return arr.astype(np.int64, copy=False)
 
 
@@ -219,7 +227,8 @@ def generate(spec: RoutingSpec, num_ranks: int, tokens_per_rank: list[int], num_
     probs = None
     if spec.kind == "zipf":
         perm = np.random.default_rng([seed, 1_000_003]).permutation(num_experts)
-        w = 1.0 / (np.arange(num_experts) + 1.0) ** spec.zipf_exponent
+        with np.errstate(over="ignore"):  # a huge S underflows weights to 0 (checked below)
+            w = 1.0 / (np.arange(num_experts) + 1.0) ** spec.zipf_exponent
         probs = np.empty(num_experts)
         probs[perm] = w
         probs /= probs.sum()
@@ -230,6 +239,11 @@ def generate(spec: RoutingSpec, num_ranks: int, tokens_per_rank: list[int], num_
         probs[:n] = spec.hot_fraction / n
         if probs.sum() <= 0:
             probs = None
+    if probs is not None:  # sampling k distinct experts needs k with a nonzero probability
+        nz = int(np.count_nonzero(probs))
+        require(nz >= top_k, f"routing.{spec.kind}",
+                f"parameters that leave at least top_k = {top_k} experts with a nonzero probability",
+                f"{spec.describe()} ({nz} left)")
     out = []
     for r in range(num_ranks):
         rng = np.random.default_rng([seed, r])

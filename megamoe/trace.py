@@ -111,6 +111,9 @@ class Trace:
             z = np.load(path, allow_pickle=False)
         except (OSError, ValueError) as exc:
             raise InputError("trace", "an .npz trace file", f"{path} ({type(exc).__name__})") from None
+        if not isinstance(z, np.lib.npyio.NpzFile):  # a plain .npy array
+            raise InputError("trace", "an .npz trace file (columns of the trace schema)",
+                             f"{path} (a single array)")
         with z:
             missing = [c for c in COLUMNS if c not in z.files]
             if missing:

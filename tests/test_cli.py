@@ -101,7 +101,7 @@ def test_all_masked_gives_strict_json(tmp_path):
 
 
 def test_routing_file_tokens_mismatch_and_npz(tmp_path):
-    ids = np.zeros((4, 6), dtype=np.int64)
+    ids = np.tile(np.arange(6, dtype=np.int64), (4, 1))  # 4 tokens, distinct experts per row
     np.save(tmp_path / "a.npy", ids)
     rc, _, err = run("simulate", "--ranks", "1", "--shape", "deepseek-v4-flash", "--routing",
                      f"file:{tmp_path}/a.npy", "--tokens", "100")
@@ -123,3 +123,21 @@ def test_sweep_with_no_valid_point_exits_2(tmp_path):
     rc, _, err = run("sweep", "--shape", "deepseek-v4-flash", "--ranks", "2", "--tokens", "4",
                      "--set", "experts_per_wave=500,600", "--out", str(tmp_path), "--jobs", "1")
     assert rc == 2 and "sweep: expected at least one valid point" in err
+
+
+def test_unwritable_or_wrong_kind_of_path_is_one_line_exit_2(tmp_path):
+    """Paths the OS refuses (a folder given as a file) and a plain .npy given as a trace."""
+    np.save(tmp_path / "a.npy", np.zeros(3))
+    (tmp_path / "d.json").mkdir()
+    for args, needle in ((["simulate", "--tokens", "8", "--json", str(tmp_path / "d.json")], "Is a directory"),
+                         (["simulate", "--tokens", "8", "--hardware", str(tmp_path)], "Is a directory"),
+                         (["compare", str(tmp_path / "a.npy")], "a single array")):
+        rc, out, err = run(*args)
+        assert rc == 2 and "Traceback" not in err and err.count("\n") == 1 and needle in err, (args, err)
+
+
+def test_validate_exit_code_follows_the_verdict(tmp_path):
+    """The PR #316 rows are B200 measurements: on the H200 preset the predictions are far off
+    (the verdict says FAIL), the command says so and exits 1; on B200 it passes, exit 0."""
+    rc, out, err = run("validate", "--hardware", "h200")
+    assert rc == 1 and "FAIL" in out and "measured on B200s" in out, (out, err)

@@ -82,3 +82,21 @@ def test_pt_file(tmp_path):
     torch = pytest.importorskip("torch")
     torch.save(torch.tensor([[1, 0]]), tmp_path / "x.pt")
     assert load_routing_file(str(tmp_path / "x.pt"), 1, 4, 2)[0].tolist() == [[1, 0]]
+
+
+@pytest.mark.parametrize("spec,left", [(RoutingSpec(kind="zipf", zipf_exponent=1e9), 1),
+                                       (RoutingSpec(kind="hot", hot_fraction=1.0, hot_experts=2), 2)])
+def test_degenerate_probabilities_are_an_input_error(spec, left):
+    """k distinct experts per token need k experts with a nonzero probability: zipf with a
+    huge exponent leaves only expert 0's weight (1 / 2^1e9 underflows), hot:1:2 only 2."""
+    with pytest.raises(InputError, match=rf"routing\.{spec.kind}: .*top_k = 6 .*\({left} left\)"):
+        generate(spec, 1, [8], 64, 6, 0)
+    with pytest.raises(InputError, match="routing.zipf_exponent"):
+        RoutingSpec(kind="zipf", zipf_exponent=float("inf"))
+
+
+def test_routing_file_rows_must_name_distinct_experts(tmp_path):
+    p = tmp_path / "dup.npy"
+    np.save(p, np.array([[1, 2, -1, -1], [3, 3, 0, 1]]))
+    with pytest.raises(InputError, match=r"row 1 = \[3, 3, 0, 1\]"):
+        load_routing_file(str(p), 1, 8, 4)
