@@ -125,7 +125,9 @@ def _print_summary(res) -> None:
     t.add_row("time (us)", f"{s['time_us']:.1f}")
     t.add_row("TFLOPS", f"{s['tflops']:.0f}")
     t.add_row("HBM GB/s", f"{s['hbm_gbs']:.0f}")
-    t.add_row("NVLink GB/s", f"{s['nvlink_gbs']:.0f}")
+    t.add_row("NVLink GB/s (PR #316 formula)", f"{s['nvlink_gbs']:.0f}")
+    if sc.num_ranks == 1:  # the formula counts every received token; one rank moves none over NVLink
+        t.add_row("NVLink bytes simulated (EP1)", f"{s.get('nvlink_bytes_simulated', 0):.0f}")
     t.add_row("reduction tail (us)", f"{s['t_reduction_us']:.1f}")
     t.add_row("overlap efficiency", f"{s['overlap_efficiency']:.2f}")
     for role, v in s["busy_fraction"].items():

@@ -93,12 +93,18 @@ class Scenario:
         require(max(toks) <= self.max_tokens_per_rank, "tokens",
                 f"<= max_tokens ({self.max_tokens_per_rank})", max(toks))
         require(self.reserved_sms >= 0, "reserved_sms", ">= 0", self.reserved_sms)
-        from .policies import policies_from_specs
+        from .policies import policies_from_specs, policy_name
 
         self._policies = policies_from_specs(self.policies)
         for name in ("experts_per_wave", "block_m", "pool_tokens", "num_stages"):
             v = getattr(self, name)
             require(v is None or (isinstance(v, int) and v >= 1), name, "a positive integer", v)
+        # one source per decision: a fixed override and a policy for the same choice conflict
+        for name, kind in (("block_m", "block_config"), ("experts_per_wave", "wave")):
+            pol = getattr(self._policies, kind, None)
+            require(getattr(self, name) is None or pol is None, name,
+                    f"either a fixed {name} or a {kind} policy, not both",
+                    f"{getattr(self, name)} and policy {policy_name(pol) if pol else ''}")
 
     def tokens_list(self) -> list[int]:
         """``T_r`` for every rank."""

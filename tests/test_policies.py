@@ -86,3 +86,11 @@ def test_bad_policies_name_policy_and_method(tmp_path, body, msg):
 def test_two_policies_of_one_kind_rejected():
     with pytest.raises(InputError, match="one wave policy"):
         policies_from_specs(["fixed-waves:2", "adaptive-waves"])
+
+
+def test_fixed_override_and_policy_for_the_same_decision_conflict():
+    from megamoe.scenario import Scenario
+    with pytest.raises(InputError, match="block_m: expected either a fixed block_m or a block_config policy"):
+        Scenario(block_m=128, policies=["block-m:64"])
+    with pytest.raises(InputError, match="experts_per_wave: expected either"):
+        Scenario(experts_per_wave=8, policies=["fixed-waves:4"])
