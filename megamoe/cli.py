@@ -70,7 +70,7 @@ def add_scenario_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--routing", default="uniform",
                    help="uniform | masked[:RATIO, default 0.5] | zipf[:S, default 1] | "
                         "hot[:FRACTION[:N], default 0.5:4] | file:PATH (PATH may hold {rank})")
-    g.add_argument("--seed", type=_nonneg, default=0)
+    g.add_argument("--seed", type=_nonneg, default=0, help="routing seed (default 0)")
     g.add_argument("--hardware", default="b200", help="b200 | h200 | h20 | path to a TOML file")
     g.add_argument("--design", default="deepgemm-sm100", help="deepgemm-sm100 | megamoe-sm90")
     g.add_argument("--reserved-sms", type=_nonneg, default=0,
@@ -287,7 +287,8 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="megamoe", description=__doc__.splitlines()[0])
+    p = _Parser(prog="megamoe", description="megamoe: predict (simulate), validate, sweep and run MegaMoE-style "
+                "fused MoE kernels. Bad input: one line on stderr, exit code 2.")
     sub = p.add_subparsers(dest="cmd", parser_class=_Parser)
     s = sub.add_parser("simulate", help="predict one Mega MoE call (the main job)")
     add_scenario_args(s)
@@ -320,16 +321,19 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_compare)
     k = sub.add_parser("calibrate", help="measure this GPU and write a hardware TOML (needs a GPU)")
     k.add_argument("--base", default="h200", help="preset whose datasheet figures and sources are kept")
-    k.add_argument("--out", type=_out_path(".toml"), default="calibrated.toml")
+    k.add_argument("--out", type=_out_path(".toml"), default="calibrated.toml",
+                   help="hardware TOML to write (default calibrated.toml)")
     k.add_argument("--kernel-trace", help="a megamoe kernel trace (.npz) for grid sync and MMA-path figures")
     k.set_defaults(func=cmd_calibrate)
     b = sub.add_parser("build", help="compile the CUDA kernel ahead of time (nvcc; no GPU needed)")
     b.add_argument("--arch", default="sm_90a", choices=("sm_90a", "sm_100a"),
-                   help="sm_90a (H100/H200; runs here) or sm_100a (B200; compile and disassemble only)")
-    b.add_argument("--strict", action="store_true", help="fail on local-memory spills in the hot loops")
+                   help="sm_90a (H100/H200) or sm_100a (B200; never executed in this project)")
+    b.add_argument("--strict", action="store_true",
+                   help="fail on any local-memory load/store between the first and last matrix instruction "
+                        "(the K loop) and on more than 512 B of spills per kernel instance in total")
     b.add_argument("--force", action="store_true", help="rebuild even when cached")
     b.set_defaults(func=cmd_build)
-    r = sub.add_parser("run", help="run one EP=1 scenario on the GPU, check it, time it")
+    r = sub.add_parser("run", help="run one scenario on the GPU(s) (--ranks N launches N processes), check it, time it")
     r.add_argument("--shape", default="deepseek-v4-flash", help="preset or E,k,H,I")
     r.add_argument("--tokens", type=_nonneg, default=64, help="tokens per rank")
     r.add_argument("--ranks", type=_positive, default=1, help="EP size: GPUs, one process each (NVLink)")
@@ -338,12 +342,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--reps", type=_positive, default=10)
     r.add_argument("--trace", type=_out_path(".json"), help="write the kernel's own trace (Chrome JSON)")
     r.add_argument("--no-check", action="store_true", help="skip the reference check")
-    r.add_argument("--seed", type=_nonneg, default=0)
+    r.add_argument("--seed", type=_nonneg, default=0, help="input seed (default 0)")
     r.set_defaults(func=cmd_run)
     v = sub.add_parser("validate", help="simulator vs DeepGEMM PR #316 published rows")
     v.add_argument("--hardware", default="b200",
                    help="hardware preset or TOML (default b200: the rows were measured on B200s)")
-    v.add_argument("--seed", type=_nonneg, default=0)
+    v.add_argument("--seed", type=_nonneg, default=0, help="routing seed (default 0)")
     v.add_argument("--json", type=_out_path(".json"))
     v.set_defaults(func=cmd_validate)
     return p

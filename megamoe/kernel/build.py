@@ -233,8 +233,8 @@ def build(arch: str = "sm_90a", force: bool = False, strict: bool = False, verbo
             inc = find_cutlass_include()
             if inc is None:
                 raise KernelBuildError(
-                    f"{arch} needs the CUTLASS/CuTe headers (cute/arch/mma_sm100_umma.hpp): "
-                    "`pip install nvidia-cutlass` (>= 4.2), or set MEGAMOE_CUTLASS_INCLUDE=/path/to/cutlass/include "
+                    f"{arch} needs the CUTLASS/CuTe headers: `pip install -e '.[kernel]'` (or "
+                    "`pip install 'nvidia-cutlass>=4.2'`), or set MEGAMOE_CUTLASS_INCLUDE=/path/to/cutlass/include "
                     "or CUTLASS_PATH=/path/to/cutlass")
             includes = [f"-I{inc}"]
         out.parent.mkdir(parents=True, exist_ok=True)
