@@ -213,7 +213,7 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     rows = sweep(axes, kw, a.out, jobs=a.jobs, resume=not a.no_resume, address=a.address)
     bad = [r for r in rows if r["error"]]
     print(f"{len(rows)} points ({len(bad)} invalid) -> {a.out}/results.csv, results.parquet, "
-          f"time_us_vs_<axis>.png")
+          + ", ".join(f"time_us_vs_{x}.png" for x in axes))
     if bad and len(bad) == len(rows):
         raise InputError("sweep", "at least one valid point", f"none ({bad[0]['error']})")
     if bad:
@@ -306,7 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_scenario_args(w)
     w.add_argument("--set", action="append", default=[], metavar="AXIS=VALUES",
                    help="swept axis: tokens, ranks, experts_per_wave, block_m, reserved_sms, routing, "
-                        "policy, nvlink_scale, hbm_scale, ... with a,b,c or start:stop[:step]; repeatable")
+                        "policy, nvlink_scale, hbm_scale, ... with a,b,c or start:stop[:step]; shapes are "
+                        "separated by ';' when one is a custom E,k,H,I; repeatable")
     w.add_argument("--out", default="sweep-out", help="output folder (default sweep-out)")
     w.add_argument("--jobs", type=_positive, default=None, help="local worker processes")
     w.add_argument("--no-resume", action="store_true", help="ignore points.jsonl from an earlier run")

@@ -58,7 +58,12 @@ def parse_values(axis: str, text: str) -> list:
         vals = list(range(nums[0], nums[1] + 1, nums[2] if len(nums) == 3 else 1))
         require(bool(vals), f"sweep.{axis}", "a non-empty range", text)
         return vals
-    vals = [v for v in text.split(",") if v != ""]
+    if axis == "shape":  # a custom shape is itself E,k,H,I: shapes are separated by ';'
+        parts = text.split(",")
+        one_custom = ";" not in text and len(parts) == 4 and all(p.strip().isdigit() for p in parts)
+        vals = [text] if one_custom else [v for v in text.split(";" if ";" in text else ",") if v != ""]
+    else:
+        vals = [v for v in text.split(",") if v != ""]
     require(bool(vals), f"sweep.{axis}", "at least one value", text)
     if numeric:
         try:
@@ -81,8 +86,10 @@ def grid(axes: dict[str, list]) -> list[dict]:
     return [dict(zip(names, combo)) for combo in itertools.product(*(axes[n] for n in names))]
 
 
-def point_key(point: dict) -> str:
-    return json.dumps(point, sort_keys=True)
+def point_key(point: dict, base: dict) -> str:
+    """Identity of a finished point for resuming: the point and the base it ran on (a sweep
+    resumed with other base options, e.g. another --hardware, recomputes every point)."""
+    return json.dumps({"base": base, "point": point}, sort_keys=True, default=str)
 
 
 def run_point(point: dict, base: dict) -> dict:
@@ -139,7 +146,11 @@ def _executor_map(points, base, jobs, address):
         except ImportError:
             raise InputError("sweep.address", "the 'dask[distributed]' package installed for a Dask address",
                              address) from None
-        client = Client(address)
+        try:
+            client = Client(address, timeout=10)
+        except (ValueError, OSError, TimeoutError) as exc:
+            raise InputError("sweep.address", "a reachable Dask scheduler (tcp://host:port) or ray://host:port",
+                             f"{address} ({type(exc).__name__})") from None
         try:
             futures = client.map(run_point, points, base=base, pure=False)
             for fut in dask_completed(futures):
@@ -182,25 +193,27 @@ def sweep(axes: dict[str, list], base: dict, out_dir: str, jobs: int | None = No
                     done[row.pop("_key")] = row
     elif os.path.exists(log):
         os.remove(log)
-    todo = [p for p in points if point_key(p) not in done]
+    todo = [p for p in points if point_key(p, base) not in done]
     jobs = jobs or os.cpu_count() or 1
     rows_iter = _executor_map(todo, base, jobs, address)
     if progress and todo:
         from rich.progress import Progress
 
         with Progress(transient=False) as bar, open(log, "a") as f:
-            task = bar.add_task(f"sweep ({len(done)} resumed)", total=len(todo))
+            task = bar.add_task(f"sweep ({len(points) - len(todo)} resumed)", total=len(todo))
             for row in rows_iter:
-                done[point_key({k: row[k] for k in axes})] = row
-                f.write(json.dumps({"_key": point_key({k: row[k] for k in axes}), **row}) + "\n")
+                key = point_key({k: row[k] for k in axes}, base)
+                done[key] = row
+                f.write(json.dumps({"_key": key, **row}) + "\n")
                 f.flush()
                 bar.advance(task)
     else:
         with open(log, "a") as f:
             for row in rows_iter:
-                done[point_key({k: row[k] for k in axes})] = row
-                f.write(json.dumps({"_key": point_key({k: row[k] for k in axes}), **row}) + "\n")
-    rows = [done[point_key(p)] for p in points if point_key(p) in done]
+                key = point_key({k: row[k] for k in axes}, base)
+                done[key] = row
+                f.write(json.dumps({"_key": key, **row}) + "\n")
+    rows = [done[point_key(p, base)] for p in points if point_key(p, base) in done]
     write_outputs(rows, list(axes), out_dir)
     return rows
 

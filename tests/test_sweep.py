@@ -78,3 +78,22 @@ def test_missing_cluster_package_is_a_clear_error(tmp_path):
         pass
     with pytest.raises(InputError, match="sweep.address: expected the 'ray' package"):
         sweep({"tokens": [4]}, BASE, str(tmp_path), address="ray://127.0.0.1:1", progress=False)
+
+
+def test_resume_recomputes_points_of_another_base(tmp_path):
+    """A finished point is reused only for the same base scenario: the same grid resumed with
+    another hardware preset must give that preset's numbers, not the first run's."""
+    from sim.sweep import sweep
+    base = dict(shape="deepseek-v4-flash", num_ranks=2, tokens_per_rank=8, hardware="b200")
+    r1 = sweep({"tokens": [1, 2]}, base, str(tmp_path), jobs=1, progress=False)
+    r2 = sweep({"tokens": [1, 2]}, {**base, "hardware": "h200"}, str(tmp_path), jobs=1, progress=False)
+    r3 = sweep({"tokens": [1, 2]}, {**base, "hardware": "h200"}, str(tmp_path / "fresh"), jobs=1, progress=False)
+    assert [r["time_us"] for r in r2] == [r["time_us"] for r in r3]
+    assert all(a["time_us"] != b["time_us"] for a, b in zip(r1, r2))
+
+
+def test_shape_axis_takes_custom_shapes():
+    from sim.sweep import parse_values
+    assert parse_values("shape", "256,6,4096,2048") == ["256,6,4096,2048"]
+    assert parse_values("shape", "deepseek-v4-flash;256,6,4096,2048") == ["deepseek-v4-flash", "256,6,4096,2048"]
+    assert parse_values("shape", "deepseek-v4-flash,deepseek-v4-pro") == ["deepseek-v4-flash", "deepseek-v4-pro"]
