@@ -80,7 +80,10 @@ def add_scenario_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--block-m", type=_positive, default=None)
     g.add_argument("--pool-tokens", type=_positive, default=None, help="pool (ring) capacity in tokens")
     g.add_argument("--num-stages", type=_positive, default=None)
-    g.add_argument("--l2-wait", default="k_block", help="k_block (PR #304) | pool_block (PR #316)")
+    g.add_argument("--l2-wait", default="k_block",
+                   help="k_block (PR #304) | pool_block (PR #316): what an L2 K block waits for. It "
+                        "rarely changes the time, because the scheduler puts a wave's L2 blocks after "
+                        "all of its L1 blocks (it does with few SMs, e.g. --reserved-sms 100)")
     g.add_argument("--policy", action="append", default=[],
                    help="scheduler policy: built-in name (fixed-waves:N, adaptive-waves, block-m:N, "
                         "rank-by-rank, interleaved, ...), module:Class or file.py:Class; repeatable")
