@@ -207,7 +207,7 @@ def sm100_pipeline(smem_capacity: int, num_experts: int, hidden: int, cfg: Block
     sf_m, sf_n = align(bm, 128), align(bn, 128)
     per_stage = (bm // 2) * bk + bn * bk + sf_m * (bk // GRAN_K) + sf_n * (bk // GRAN_K) + 16
     stages = (smem_capacity - fixed) // per_stage
-    require(stages >= 2, "smem_capacity", f">= {fixed + 2 * per_stage} bytes for 2 pipeline stages",
+    require(stages >= 2, "hardware.smem_per_block_bytes", f">= {fixed + 2 * per_stage} bytes for 2 pipeline stages",
             smem_capacity)
     return stages, fixed + stages * per_stage
 
@@ -529,12 +529,14 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
             from . import design_sm90
 
             stages = design_sm90.num_stages_for(cfg.block_m, num_experts, smem_capacity)
-            require(stages >= 2, "smem_capacity", "room for 2 pipeline stages", smem_capacity)
+            require(stages >= 2, "hardware.smem_per_block_bytes", "room for 2 pipeline stages", smem_capacity)
             smem = design_sm90.smem_bytes(cfg.block_m, stages, num_experts)
         else:
             stages, smem = sm100_pipeline(smem_capacity, num_experts, hidden, cfg, pull)
         if num_stages is not None:
-            require(2 <= num_stages <= stages, "num_stages", f"in [2, {stages}] (SMEM budget)", num_stages)
+            require(2 <= num_stages <= stages, "num_stages",
+                    f"in [2, {stages}] (what {smem_capacity} B of shared memory holds at block_m {cfg.block_m})",
+                    num_stages)
             stages = num_stages
         rp = RankPlan(rank=r, num_tokens=tokens_per_rank[r], config=cfg, experts_per_wave=epw,
                       num_stages=stages, smem_bytes=smem, recv_counts=counts[r], src_items=items[r],
