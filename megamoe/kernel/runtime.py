@@ -171,13 +171,19 @@ class MegaMoEKernel:
         self.lib = load_library(self.path.arch)
         if self.path.launch_missing:
             raise NotImplementedError(self.path.launch_missing)
-        props = torch.cuda.get_device_properties(self.device)
-        self.E, self.K, self.H, self.I = num_experts, topk, hidden, inter
         require(hidden % 128 == 0 and inter % 128 == 0, "shape", "hidden and inter multiples of 128", (hidden, inter))
         require(2 * inter // 128 <= 64, "shape.inter", "<= 4096 (64 L1 N blocks per mask word)", inter)
         require(num_experts <= 256, "shape.num_experts", "<= 256 for EP=1 (scheduler lane cache)", num_experts)
-        self.max_tokens = max_tokens
+        self._set_common(num_experts, topk, hidden, inter, max_tokens, clamp, num_sms, block_m, num_stages,
+                         experts_per_wave, timeout_s, trace_cap)
         self.weights = weights
+
+    def _set_common(self, num_experts, topk, hidden, inter, max_tokens, clamp, num_sms, block_m, num_stages,
+                    experts_per_wave, timeout_s, trace_cap) -> None:
+        """Shape, plan overrides, timeout and empty workspace: the same for every kernel path."""
+        props = self.torch.cuda.get_device_properties(self.device)
+        self.E, self.K, self.H, self.I = num_experts, topk, hidden, inter
+        self.max_tokens = max_tokens
         self.clamp = math.inf if clamp is None else float(clamp)
         self.num_sms = num_sms or props.multi_processor_count
         self.fixed = dict(block_m=block_m, num_stages=num_stages, experts_per_wave=experts_per_wave)
@@ -187,6 +193,35 @@ class MegaMoEKernel:
         self._ws_key = None
         self.trace_cap_override = trace_cap
         self.last_design = None
+
+    def _checked_inputs(self, x, x_sf, topk_idx, topk_w, trace):
+        """Validate one call's inputs (one-line ``InputError`` naming the field) and return them
+        as the kernel reads them: ``(T, x uint8, x_sf uint8, topk_idx int32, topk_w float32)``."""
+        torch = self.torch
+        T = x.shape[0]
+        require(x.dim() == 2 and x.shape[1] == self.H, "x", f"[T, {self.H}] float8_e4m3fn", tuple(x.shape))
+        require(T <= self.max_tokens, "x", f"at most max_tokens={self.max_tokens} rows", T)
+        require(x.dtype in (torch.float8_e4m3fn, torch.uint8), "x.dtype", "float8_e4m3fn", str(x.dtype))
+        require(tuple(x_sf.shape) == (T, self.H // 32) and x_sf.dtype in (torch.uint8, torch.float8_e8m0fnu),
+                "x_sf", f"uint8 [{T}, {self.H // 32}] (UE8M0)", (tuple(x_sf.shape), str(x_sf.dtype)))
+        require(tuple(topk_idx.shape) == (T, self.K), "topk_idx", f"[{T}, {self.K}]", tuple(topk_idx.shape))
+        require(tuple(topk_w.shape) == (T, self.K), "topk_weights", f"[{T}, {self.K}]", tuple(topk_w.shape))
+        for name, t in (("x", x), ("x_sf", x_sf), ("topk_idx", topk_idx), ("topk_weights", topk_w)):
+            require(t.device == self.device or t.device.type == "cuda", name, "a CUDA tensor", str(t.device))
+        require(trace in (False, True, "device"), "trace", "False, True or 'device'", trace)
+        return (T, x.contiguous().view(torch.uint8), x_sf.contiguous().view(torch.uint8),
+                topk_idx.to(torch.int32).contiguous(), topk_w.to(torch.float32).contiguous())
+
+    def _trace_buffers(self, num_ctas: int, cap: int):
+        """Record buffers ``(int64 [num_ctas, cap, 6], int32 [num_ctas])``, allocated once per
+        size; the counts are zeroed (records past each CTA's count are never read)."""
+        torch = self.torch
+        if getattr(self, "_tr_key", None) != (num_ctas, cap):
+            self._tr = (torch.empty(num_ctas, cap, 6, dtype=torch.int64, device=self.device),
+                        torch.zeros(num_ctas, dtype=torch.int32, device=self.device))
+            self._tr_key = (num_ctas, cap)
+        self._tr[1].zero_()
+        return self._tr
 
     # -- workspace
     def _workspace(self, design):
@@ -227,34 +262,15 @@ class MegaMoEKernel:
 
     def __call__(self, x, x_sf, topk_idx, topk_w, trace: bool = False, design=None, out=None):
         torch = self.torch
-        T = x.shape[0]
-        require(x.dim() == 2 and x.shape[1] == self.H, "x", f"[T, {self.H}] float8_e4m3fn", tuple(x.shape))
-        require(T <= self.max_tokens, "x", f"at most max_tokens={self.max_tokens} rows", T)
-        require(x.dtype in (torch.float8_e4m3fn, torch.uint8), "x.dtype", "float8_e4m3fn", str(x.dtype))
-        require(tuple(x_sf.shape) == (T, self.H // 32) and x_sf.dtype in (torch.uint8, torch.float8_e8m0fnu),
-                "x_sf", f"uint8 [{T}, {self.H // 32}] (UE8M0)", (tuple(x_sf.shape), str(x_sf.dtype)))
-        require(tuple(topk_idx.shape) == (T, self.K), "topk_idx", f"[{T}, {self.K}]", tuple(topk_idx.shape))
-        require(tuple(topk_w.shape) == (T, self.K), "topk_weights", f"[{T}, {self.K}]", tuple(topk_w.shape))
-        for name, t in (("x", x), ("x_sf", x_sf), ("topk_idx", topk_idx), ("topk_weights", topk_w)):
-            require(t.device == self.device or t.device.type == "cuda", name, "a CUDA tensor", str(t.device))
-        x = x.contiguous().view(torch.uint8)
-        x_sf = x_sf.contiguous().view(torch.uint8)
-        topk_idx = topk_idx.to(torch.int32).contiguous()
-        topk_w = topk_w.to(torch.float32).contiguous()
+        T, x, x_sf, topk_idx, topk_w = self._checked_inputs(x, x_sf, topk_idx, topk_w, trace)
         design = design or self.design(T)
         self.last_design = design
         ws = self._workspace(design)
         y = out if out is not None else torch.empty(T, self.H, dtype=torch.bfloat16, device=self.device)
         cap = 0
-        require(trace in (False, True, "device"), "trace", "False, True or 'device'", trace)
         if trace:
             cap = self.trace_cap_override or trace_capacity(design, self.I, self.H, self.num_sms, fixed=8)
-            if getattr(self, "_tr_key", None) != cap:  # record buffers allocated once per capacity
-                self._tr = (torch.empty(self.num_sms, cap, 6, dtype=torch.int64, device=self.device),
-                            torch.zeros(self.num_sms, dtype=torch.int32, device=self.device))
-                self._tr_key = cap
-            tr, trc = self._tr
-            trc.zero_()  # records past each CTA's count are never read
+            tr, trc = self._trace_buffers(self.num_sms, cap)
         w = self.weights
         p = Params(num_tokens=T, hidden=self.H, inter=self.I, num_experts=self.E, topk=self.K,
                    block_m=design.block_m, num_stages=design.num_stages, experts_per_wave=design.experts_per_wave,

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import math
 import warnings
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -225,20 +224,10 @@ class MegaMoEKernelSm100(MegaMoEKernel):
                              f"{cc[0]}.{cc[1]}")
         self.lib = _runtime.load_library(ARCH)
         warnings.warn(SM100_UNVERIFIED, UnverifiedKernelWarning, stacklevel=2)
-        props = torch.cuda.get_device_properties(self.device)
-        self.E, self.K, self.H, self.I = num_experts, topk, hidden, inter
         require(max_tokens >= 1, "max_tokens", ">= 1", max_tokens)
-        self.max_tokens = max_tokens
-        self.clamp = math.inf if clamp is None else float(clamp)
-        self.num_sms = num_sms or props.multi_processor_count
-        self.fixed = dict(block_m=block_m, num_stages=num_stages, experts_per_wave=experts_per_wave)
-        self.timeout_ns = int(timeout_s * 1e9)
-        self.fault_inject = 0
-        self._ws = {}
-        self._ws_key = None
+        self._set_common(num_experts, topk, hidden, inter, max_tokens, clamp, num_sms, block_m, num_stages,
+                         experts_per_wave, timeout_s, trace_cap)
         self._ws_cfg = None
-        self.trace_cap_override = trace_cap
-        self.last_design = None
         # the smallest and the largest call (both block_k values, the smallest and largest block_m): InputError
         # now if the compiled library would refuse them
         for t in sorted({1, max_tokens}):
@@ -286,22 +275,8 @@ class MegaMoEKernelSm100(MegaMoEKernel):
     # -- launch
     def __call__(self, x, x_sf, topk_idx, topk_w, trace: bool = False, design=None, out=None):
         torch = self.torch
-        T = x.shape[0]
         require(self.weights is not None, "weights", "prepare_weights(...) given to the constructor", None)
-        require(x.dim() == 2 and x.shape[1] == self.H, "x", f"[T, {self.H}] float8_e4m3fn", tuple(x.shape))
-        require(T <= self.max_tokens, "x", f"at most max_tokens={self.max_tokens} rows", T)
-        require(x.dtype in (torch.float8_e4m3fn, torch.uint8), "x.dtype", "float8_e4m3fn", str(x.dtype))
-        require(tuple(x_sf.shape) == (T, self.H // 32) and x_sf.dtype in (torch.uint8, torch.float8_e8m0fnu),
-                "x_sf", f"uint8 [{T}, {self.H // 32}] (UE8M0)", (tuple(x_sf.shape), str(x_sf.dtype)))
-        require(tuple(topk_idx.shape) == (T, self.K), "topk_idx", f"[{T}, {self.K}]", tuple(topk_idx.shape))
-        require(tuple(topk_w.shape) == (T, self.K), "topk_weights", f"[{T}, {self.K}]", tuple(topk_w.shape))
-        for name, t in (("x", x), ("x_sf", x_sf), ("topk_idx", topk_idx), ("topk_weights", topk_w)):
-            require(t.device == self.device or t.device.type == "cuda", name, "a CUDA tensor", str(t.device))
-        require(trace in (False, True, "device"), "trace", "False, True or 'device'", trace)
-        x = x.contiguous().view(torch.uint8)
-        x_sf = x_sf.contiguous().view(torch.uint8)
-        topk_idx = topk_idx.to(torch.int32).contiguous()
-        topk_w = topk_w.to(torch.float32).contiguous()
+        T, x, x_sf, topk_idx, topk_w = self._checked_inputs(x, x_sf, topk_idx, topk_w, trace)
         if design is None:
             design = self.design(T)
         require(isinstance(design, design_sm100.SM100KernelConfig), "design",
@@ -318,12 +293,7 @@ class MegaMoEKernelSm100(MegaMoEKernel):
             cap = self.trace_cap_override or trace_capacity(
                 SimpleNamespace(pool_rows=design.pool_tokens, block_m=design.block_m), self.I, self.H,
                 design.num_sms, fixed=8)
-            if getattr(self, "_tr_key", None) != (design.num_sms, cap):  # allocated once per (grid, capacity)
-                self._tr = (torch.empty(design.num_sms, cap, 6, dtype=torch.int64, device=self.device),
-                            torch.zeros(design.num_sms, dtype=torch.int32, device=self.device))
-                self._tr_key = (design.num_sms, cap)
-            tr, trc = self._tr
-            trc.zero_()
+            tr, trc = self._trace_buffers(design.num_sms, cap)
         q = pack_params(design, num_tokens=T, hidden=self.H, inter=self.I, num_experts=self.E, topk=self.K,
                         timeout_ns=self.timeout_ns, trace_cap=cap, fault_inject=self.fault_inject, clamp=self.clamp,
                         x=x, x_sf=x_sf, topk_idx=topk_idx, topk_w=topk_w, weights=self.weights, ws=ws, y=y,
