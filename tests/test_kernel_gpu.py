@@ -163,10 +163,13 @@ def test_trace_block_order():
 def test_timeout_is_an_error():
     k, w = _kernel(TINY, 32, timeout_s=0.2)
     x, xs, idx, tw = make_inputs(32, 8, 2, 256, "cuda")
-    k.fault_inject = 1
+    k.fault_inject = 1  # dispatch never bumps the arrival counts
     try:
         k(x, xs, idx, tw)
-        with pytest.raises(KernelError, match="arrival count"):
+        # the first wait to time out names the error: the producer waiting for the arrival
+        # count, or one further down the chain (an L2 block waiting for the L1 mask bits of
+        # that pool block) when it started waiting earlier; both seen on the H200
+        with pytest.raises(KernelError, match="arrival count|arrival-mask bits"):
             k.check()
     finally:
         k.fault_inject = 0
