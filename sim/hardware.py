@@ -43,6 +43,8 @@ Figures (units in the key names):
   sums the top-k BF16 copies of one 16-byte slice of a token); the combine takes
   ``ceil(tokens x hidden / 8 / (SMs x 512 threads))`` rounds, or the HBM time if longer.
 * ``legacy_launch_ns`` — per-kernel launch gap of the unfused path.
+* ``legacy_a2a_latency_ns`` — fixed latency of each DeepEP all-to-all (dispatch, combine) of
+  the unfused path beyond its bytes and barrier: notify round, layout and CPU-side sync.
 """
 
 from __future__ import annotations
@@ -92,6 +94,7 @@ class Hardware:
     l2_epilogue_fixed_ns: float
     combine_round_ns: float
     legacy_launch_ns: float
+    legacy_a2a_latency_ns: float
     sources: dict
     path: str = ""
 

@@ -12,7 +12,8 @@ all-to-alls synchronise ranks), so a stage costs its slowest rank:
 3. SwiGLU + requant: read BF16 ``[recv, 2I]``, write FP8 ``[recv, I]`` + scales;
 4. L2 grouped GEMM (as 2);
 5. combine: BF16 rows back over NVLink, then the top-k reduction over HBM, plus a barrier.
-Every kernel adds ``legacy_launch_ns``.
+Every kernel adds ``legacy_launch_ns``; each all-to-all (dispatch, combine) adds
+``legacy_a2a_latency_ns`` (fitted on B200 to PR #316's speedup column, see the TOML).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def legacy_time_ns(plan: Plan, hw, topk_idx: list[np.ndarray]) -> dict:
     local = np.diag(sent) * row
     nvl, hbm = hw.nvlink_bytes_per_ns, hw.hbm_bytes_per_ns
     launch = hw.legacy_launch_ns
-    dispatch = launch + hw.nvl_barrier_ns + max(
+    dispatch = launch + hw.legacy_a2a_latency_ns + hw.nvl_barrier_ns + max(
         float(np.max(np.maximum(egress, ingress))) / nvl, float(np.max(2 * local)) / hbm)
     tc_gpu = hw.tc_flops_per_ns_per_sm * plan.num_sms
     l1 = l2 = act = 0.0
@@ -51,7 +52,7 @@ def legacy_time_ns(plan: Plan, hw, topk_idx: list[np.ndarray]) -> dict:
     back = remote.T * H * 2  # BF16 rows back to the source ranks
     comb_nvl = float(np.max(np.maximum(back.sum(axis=0), back.sum(axis=1)))) / nvl
     reduce = max((int((ids >= 0).sum()) + len(ids)) * H * 2 / hbm for ids in topk_idx)
-    combine = launch + hw.nvl_barrier_ns + comb_nvl + reduce
+    combine = launch + hw.legacy_a2a_latency_ns + hw.nvl_barrier_ns + comb_nvl + reduce
     stages = {"dispatch_ns": dispatch, "l1_gemm_ns": l1 + launch, "swiglu_ns": act + launch,
               "l2_gemm_ns": l2 + launch, "combine_ns": combine}
     stages["total_ns"] = sum(stages.values())
