@@ -258,7 +258,12 @@ def cmd_compare(a: argparse.Namespace) -> int:
 
 def cmd_calibrate(a: argparse.Namespace) -> int:
     from sim.calibrate import calibrated_toml, from_kernel_trace, measure
+    from sim.hardware import load_hardware
 
+    load_hardware(a.base)  # a bad --base or --kernel-trace is reported before measuring
+    if a.kernel_trace:
+        from megamoe.trace import Trace
+        Trace.load(a.kernel_trace)
     measured = measure()
     kernel = from_kernel_trace(a.kernel_trace, measured["fp8_gemm_tflops"]) if a.kernel_trace else None
     text = calibrated_toml(a.base, measured, kernel)

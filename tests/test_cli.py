@@ -141,3 +141,8 @@ def test_validate_exit_code_follows_the_verdict(tmp_path):
     (the verdict says FAIL), the command says so and exits 1; on B200 it passes, exit 0."""
     rc, out, err = run("validate", "--hardware", "h200")
     assert rc == 1 and "FAIL" in out and "measured on B200s" in out, (out, err)
+
+
+def test_calibrate_checks_its_arguments_before_looking_for_a_gpu():
+    rc, _, err = run("calibrate", "--base", "nope")
+    assert rc == 2 and "hardware: expected a preset" in err and "Traceback" not in err
