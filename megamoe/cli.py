@@ -297,6 +297,12 @@ def cmd_run(a: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="megamoe", description="megamoe: predict (simulate), validate, sweep and run MegaMoE-style "
                 "fused MoE kernels. Bad input: one line on stderr, exit code 2.")
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        ver = version("megamoe")
+    except PackageNotFoundError:  # running from a source tree that was not installed
+        ver = "unknown (not installed)"
+    p.add_argument("--version", action="version", version=f"megamoe {ver}")
     sub = p.add_subparsers(dest="cmd", parser_class=_Parser)
     s = sub.add_parser("simulate", help="predict one Mega MoE call (the main job)")
     add_scenario_args(s)

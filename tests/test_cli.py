@@ -146,3 +146,9 @@ def test_validate_exit_code_follows_the_verdict(tmp_path):
 def test_calibrate_checks_its_arguments_before_looking_for_a_gpu():
     rc, _, err = run("calibrate", "--base", "nope")
     assert rc == 2 and "hardware: expected a preset" in err and "Traceback" not in err
+
+
+def test_version():
+    from importlib.metadata import version
+    rc, out, _ = run("--version")
+    assert rc == 0 and out.strip() == f"megamoe {version('megamoe')}"
