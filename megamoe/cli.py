@@ -174,7 +174,7 @@ def cmd_validate(a: argparse.Namespace) -> int:
     from sim.validate import validate, verdict
 
     rows = validate(a.hardware, seed=a.seed)
-    t = Table(title="simulator vs DeepGEMM PR #316 (V4-Flash, 8 x B200, EP8)")
+    t = Table(title=f"simulator ({a.hardware}) vs DeepGEMM PR #316 (V4-Flash, 8 x B200, EP8)")
     for c in ("tokens/rank", "time us pred", "pub", "err", "TFLOPS pred", "pub", "HBM GB/s pred",
               "pub", "NVL GB/s pred", "pub", "speedup pred", "pub"):
         t.add_column(c, justify="right")
@@ -215,8 +215,10 @@ def cmd_sweep(a: argparse.Namespace) -> int:
           "l2_wait": base.l2_wait, "reserved_sms": base.reserved_sms, "policies": list(a.policy)}
     rows = sweep(axes, kw, a.out, jobs=a.jobs, resume=not a.no_resume, address=a.address)
     bad = [r for r in rows if r["error"]]
-    print(f"{len(rows)} points ({len(bad)} invalid) -> {a.out}/results.csv, results.parquet, "
-          + ", ".join(f"time_us_vs_{x}.png" for x in axes))
+    import os
+    written = [f for f in ["results.csv", "results.parquet", *(f"time_us_vs_{x}.png" for x in axes)]
+               if os.path.exists(os.path.join(a.out, f))]
+    print(f"{len(rows)} points ({len(bad)} invalid) -> {a.out}/" + ", ".join(written))
     if bad and len(bad) == len(rows):
         raise InputError("sweep", "at least one valid point", f"none ({bad[0]['error']})")
     if bad:

@@ -178,9 +178,11 @@ def load_hardware(spec: str) -> Hardware:
         p = Path(spec)
         require(spec.endswith(".toml") or os.sep in spec, "hardware",
                 f"a preset ({', '.join(preset_names())}) or a .toml path", spec)
-        require(p.exists(), "hardware", "an existing .toml file", spec)
+        require(p.is_file(), "hardware", "an existing .toml file", spec)
     try:
         data = tomllib.loads(p.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise InputError("hardware", "valid TOML", f"{p}: {exc}") from None
+    except OSError as exc:
+        raise InputError("hardware", "a readable .toml file", f"{p} ({exc.strerror})") from None
     return parse_hardware(data, str(p))

@@ -130,7 +130,7 @@ def test_unwritable_or_wrong_kind_of_path_is_one_line_exit_2(tmp_path):
     np.save(tmp_path / "a.npy", np.zeros(3))
     (tmp_path / "d.json").mkdir()
     for args, needle in ((["simulate", "--tokens", "8", "--json", str(tmp_path / "d.json")], "Is a directory"),
-                         (["simulate", "--tokens", "8", "--hardware", str(tmp_path)], "Is a directory"),
+                         (["simulate", "--tokens", "8", "--hardware", str(tmp_path)], "hardware: expected an existing .toml file"),
                          (["compare", str(tmp_path / "a.npy")], "a single array")):
         rc, out, err = run(*args)
         assert rc == 2 and "Traceback" not in err and err.count("\n") == 1 and needle in err, (args, err)
