@@ -337,6 +337,18 @@ def _blocks(x: torch.Tensor, block: int) -> torch.Tensor:
     return x.reshape(*x.shape[:-1], x.shape[-1] // block, block)
 
 
+def _scaled_blocks(x: torch.Tensor, block: int, fmt_max: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Checked ``x`` as FP32 blocks ``[..., K/block, block]`` divided by their UE8M0 scale
+    ``ue8m0_ceil(max(amax, 1e-4) / fmt_max)``, and the scale bytes ``[..., K/block]``."""
+    _check_tensor(x, "x", dtypes=_FLOAT_DTYPES, min_ndim=1, contiguous=False)
+    _check_last_dim_multiple(x, "x", block)
+    xb = _blocks(x.float(), block)
+    amax = xb.abs().amax(dim=-1).clamp(min=1e-4)
+    sf = ue8m0_ceil(amax / fmt_max)
+    inv = 1.0 / decode_ue8m0(sf)
+    return xb * inv.unsqueeze(-1), sf
+
+
 def quantize_e4m3_blocks(x: torch.Tensor, block: int = BLOCK_K) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-``block`` E4M3 quantization along the last dim with UE8M0 scales.
 
@@ -352,14 +364,8 @@ def quantize_e4m3_blocks(x: torch.Tensor, block: int = BLOCK_K) -> tuple[torch.T
     Raises:
         InputError: bad dtype or K not a multiple of ``block``.
     """
-    _check_tensor(x, "x", dtypes=_FLOAT_DTYPES, min_ndim=1, contiguous=False)
-    _check_last_dim_multiple(x, "x", block)
-    xb = _blocks(x.float(), block)
-    amax = xb.abs().amax(dim=-1).clamp(min=1e-4)
-    sf = ue8m0_ceil(amax / E4M3_MAX)
-    inv = 1.0 / decode_ue8m0(sf)
-    q = cast_to_e4m3(xb * inv.unsqueeze(-1)).reshape(x.shape)
-    return q, sf
+    scaled, sf = _scaled_blocks(x, block, E4M3_MAX)
+    return cast_to_e4m3(scaled).reshape(x.shape), sf
 
 
 def dequantize_e4m3_blocks(q: torch.Tensor, sf: torch.Tensor,
@@ -400,14 +406,8 @@ def quantize_e2m1_blocks(x: torch.Tensor, block: int = BLOCK_K,
     Raises:
         InputError: bad dtype, K not a multiple of ``block``, unknown rounding.
     """
-    _check_tensor(x, "x", dtypes=_FLOAT_DTYPES, min_ndim=1, contiguous=False)
-    _check_last_dim_multiple(x, "x", block)
-    xb = _blocks(x.float(), block)
-    amax = xb.abs().amax(dim=-1).clamp(min=1e-4)
-    sf = ue8m0_ceil(amax / E2M1_MAX)
-    inv = 1.0 / decode_ue8m0(sf)
-    codes = encode_e2m1(xb * inv.unsqueeze(-1), rounding).reshape(x.shape)
-    return pack_e2m1(codes), sf
+    scaled, sf = _scaled_blocks(x, block, E2M1_MAX)
+    return pack_e2m1(encode_e2m1(scaled, rounding).reshape(x.shape)), sf
 
 
 def dequantize_e2m1_blocks(packed: torch.Tensor, sf: torch.Tensor,
