@@ -172,3 +172,35 @@ def test_l2_pool_agreement_detects_flips_and_layout_errors():
     assert a["bytes_equal"] == 1 - 1 / (r * I) and 0 < a["max_error_top_ulps"] <= 1.0
     pool[1] = pool[1].flip(0)
     assert l2_pool_agreement(fake, l2_in)["max_error_top_ulps"] > 1.0
+
+
+def test_record_buffers_and_fetch_records_on_a_fake_kernel():
+    """The trace plumbing shared by the SM90, SM100 and EP kernels, on CPU tensors: buffers
+    are allocated once per size and their counts zeroed each call; fetch checks, decodes the
+    written records (times relative to the earliest), counts the dropped ones and needs a
+    pending call."""
+    import types
+    import torch
+    from megamoe.errors import InputError
+    from megamoe.kernel.trace import fetch_records, record_buffers
+    checked = []
+    k = types.SimpleNamespace(torch=torch, device=torch.device("cpu"), check=lambda: checked.append(1))
+    tr, trc = record_buffers(k, 2, 3)
+    assert tr.shape == (2, 3, 6) and tr.dtype == torch.int64 and trc.tolist() == [0, 0]
+    trc[:] = 7
+    tr2, trc2 = record_buffers(k, 2, 3)
+    assert tr2 is tr and trc2 is trc and trc.tolist() == [0, 0]  # reused, counts zeroed
+    raw = np.zeros((2, 3), dtype=RECORD_DTYPE)
+    raw[0, 0] = (3, (2 << 16) | 6, 5, 1, 7, 0, 16, 0, 1000, 2000)
+    for i in range(3):
+        raw[1, i] = (9, (2 << 16) | 9, 5, 1, 3 + i, 0, 16, 1, 1500 + 100 * i, 2500 + 100 * i)
+    tr.copy_(torch.from_numpy(raw.view(np.int64).reshape(2, 3, 6)))
+    trc[:] = torch.tensor([1, 5], dtype=torch.int32)  # CTA 1 wrote 5 records into room for 3
+    k._pending_trace = (tr, trc, 3)
+    recs = fetch_records(k, rank=1)
+    assert checked == [1] and k._pending_trace is None and k.last_trace_dropped == 2
+    assert [(r["rank"], r["sm"], r["kind"], r["n_block"], r["t_start_ns"]) for r in recs] == [
+        (1, 3, "l1_mma", 7, 0), (1, 9, "l2_mma", 3, 500), (1, 9, "l2_mma", 4, 600), (1, 9, "l2_mma", 5, 700)]
+    with pytest.raises(InputError, match="a preceding traced call"):
+        fetch_records(k)
+    assert record_buffers(k, 4, 3)[0].shape == (4, 3, 6)  # another size: new buffers

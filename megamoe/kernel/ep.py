@@ -38,7 +38,7 @@ import numpy as np
 
 from .. import design_sm90
 from ..errors import require
-from .trace import trace_capacity
+from .trace import fetch_records, record_buffers, trace_capacity
 
 # Keep NVLink multicast off whatever starts us (the shared GPUs' rule; harmless elsewhere).
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
@@ -260,7 +260,7 @@ class LocalGroup:
             k._workspace(des[r])
             ys[r] = torch.empty(inputs[r][0].shape[0], k.H, dtype=torch.bfloat16, device=k.device)
             if trace:
-                k._trace_buffers(des[r])
+                record_buffers(k, k.num_sms, k._trace_cap(des[r]))  # allocate before the launches
         torch.cuda.synchronize()
         for r in ranks:
             self.streams[r].wait_stream(cur)
@@ -271,7 +271,7 @@ class LocalGroup:
             cur.wait_stream(self.streams[r])
         torch.cuda.synchronize()
         if trace:  # local mode defers decoding (a sync between launches would serialize the ranks)
-            return outs, [self.kernels[r]._finish_trace() if r in ranks else None for r in range(self.R)]
+            return outs, [self.kernels[r].fetch_trace() if r in ranks else None for r in range(self.R)]
         return outs
 
     def check(self):
@@ -431,9 +431,8 @@ class MegaMoEKernelEP:
         y = out if out is not None else torch.empty(T, self.H, dtype=torch.bfloat16, device=self.device)
         cap = 0
         if trace:
-            tr, trc, cap = self._trace_buffers(design)
-            tr.zero_()
-            trc.zero_()
+            cap = self._trace_cap(design)
+            tr, trc = record_buffers(self, self.num_sms, cap)
         self.epoch += 1
         w, L = self.weights, self.layout
         p = Params(num_tokens=T, hidden=self.H, inter=self.I, num_experts=self.E, topk=self.K,
@@ -463,27 +462,16 @@ class MegaMoEKernelEP:
             self._pending_trace = (tr, trc, cap)
             if self._local is not None:
                 return y
-            return y, self._finish_trace()
+            return y, self.fetch_trace()
         return y
 
-    def _trace_buffers(self, design):
-        """Trace record buffers for ``design`` (allocated once per size, reused)."""
-        torch = self.torch
-        cap = trace_capacity(design, self.I, self.H, self.num_sms, fixed=16)  # EP adds barrier records
-        if getattr(self, "_tr_key", None) != cap:
-            self._tr = (torch.zeros(self.num_sms, cap, 6, dtype=torch.int64, device=self.device),
-                        torch.zeros(self.num_sms, dtype=torch.int32, device=self.device))
-            self._tr_key = cap
-        return self._tr[0], self._tr[1], cap
+    def _trace_cap(self, design) -> int:
+        """Records per CTA for ``design`` (EP adds barrier records)."""
+        return trace_capacity(design, self.I, self.H, self.num_sms, fixed=16)
 
-    def _finish_trace(self):
-        from .trace import decode_trace
-        tr, trc, cap = self._pending_trace
-        self._pending_trace = None
-        self.check()
-        recs = decode_trace(tr.cpu().numpy().view(np.uint64), trc.cpu().numpy(), cap, rank=self.rank)
-        self.last_trace_dropped = int(np.maximum(trc.cpu().numpy() - cap, 0).sum())
-        return recs
+    def fetch_trace(self) -> list[dict]:
+        """Check and decode this rank's last traced call (records carry this rank)."""
+        return fetch_records(self, rank=self.rank)
 
     def check(self):
         """Synchronize and raise :class:`KernelError` if this rank's last launch reported an

@@ -13,7 +13,7 @@ from .. import design_sm90
 from ..errors import require
 from .build import KernelBuildError, build
 from .select import PATHS, path_for_device
-from .trace import decode_trace, trace_capacity
+from .trace import fetch_records, record_buffers, trace_capacity
 
 _LIBS: dict = {}  # arch -> loaded, bound ctypes.CDLL
 
@@ -212,17 +212,6 @@ class MegaMoEKernel:
         return (T, x.contiguous().view(torch.uint8), x_sf.contiguous().view(torch.uint8),
                 topk_idx.to(torch.int32).contiguous(), topk_w.to(torch.float32).contiguous())
 
-    def _trace_buffers(self, num_ctas: int, cap: int):
-        """Record buffers ``(int64 [num_ctas, cap, 6], int32 [num_ctas])``, allocated once per
-        size; the counts are zeroed (records past each CTA's count are never read)."""
-        torch = self.torch
-        if getattr(self, "_tr_key", None) != (num_ctas, cap):
-            self._tr = (torch.empty(num_ctas, cap, 6, dtype=torch.int64, device=self.device),
-                        torch.zeros(num_ctas, dtype=torch.int32, device=self.device))
-            self._tr_key = (num_ctas, cap)
-        self._tr[1].zero_()
-        return self._tr
-
     # -- workspace
     def _workspace(self, design):
         torch = self.torch
@@ -270,7 +259,7 @@ class MegaMoEKernel:
         cap = 0
         if trace:
             cap = self.trace_cap_override or trace_capacity(design, self.I, self.H, self.num_sms, fixed=8)
-            tr, trc = self._trace_buffers(self.num_sms, cap)
+            tr, trc = record_buffers(self, self.num_sms, cap)
         w = self.weights
         p = Params(num_tokens=T, hidden=self.H, inter=self.I, num_experts=self.E, topk=self.K,
                    block_m=design.block_m, num_stages=design.num_stages, experts_per_wave=design.experts_per_wave,
@@ -304,15 +293,7 @@ class MegaMoEKernel:
             KernelError: the launch reported an error.
             InputError: no traced call is pending.
         """
-        require(getattr(self, "_pending_trace", None) is not None, "trace", "a preceding traced call", None)
-        tr, trc, cap = self._pending_trace
-        self._pending_trace = None
-        self.torch.cuda.synchronize(self.device)
-        self.check()
-        counts = trc.cpu().numpy()
-        recs = decode_trace(tr.cpu().numpy().view(np.uint64), counts, cap)
-        self.last_trace_dropped = int(np.maximum(counts - cap, 0).sum())
-        return recs
+        return fetch_records(self)
 
     def check(self):
         """Synchronize and raise :class:`KernelError` if the last launch reported an error."""

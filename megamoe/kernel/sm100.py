@@ -40,7 +40,7 @@ from ..errors import InputError, require
 from . import runtime as _runtime
 from .runtime import KernelError, MegaMoEKernel, Weights
 from .select import PATHS, SM100_UNVERIFIED, device_capability, path_for_device
-from .trace import trace_capacity
+from .trace import record_buffers, trace_capacity
 
 ARCH = "sm_100a"
 
@@ -293,7 +293,7 @@ class MegaMoEKernelSm100(MegaMoEKernel):
             cap = self.trace_cap_override or trace_capacity(
                 SimpleNamespace(pool_rows=design.pool_tokens, block_m=design.block_m), self.I, self.H,
                 design.num_sms, fixed=8)
-            tr, trc = self._trace_buffers(design.num_sms, cap)
+            tr, trc = record_buffers(self, design.num_sms, cap)
         q = pack_params(design, num_tokens=T, hidden=self.H, inter=self.I, num_experts=self.E, topk=self.K,
                         timeout_ns=self.timeout_ns, trace_cap=cap, fault_inject=self.fault_inject, clamp=self.clamp,
                         x=x, x_sf=x_sf, topk_idx=topk_idx, topk_w=topk_w, weights=self.weights, ws=ws, y=y,

@@ -86,3 +86,37 @@ def to_chrome(records: list[dict]) -> dict:
     for rank in sorted({r["rank"] for r in records}):
         ev.append({"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank}"}})
     return {"traceEvents": ev, "displayTimeUnit": "ns"}
+
+
+def record_buffers(owner, num_ctas: int, cap: int):
+    """A kernel's trace record buffers ``(int64 [num_ctas, cap, 6], int32 [num_ctas] counts)``
+    on ``owner.device``, allocated once per size and reused (no allocation while ranks launch
+    concurrently); the counts are zeroed, records past a CTA's count are never read."""
+    torch = owner.torch
+    if getattr(owner, "_tr_key", None) != (num_ctas, cap):
+        owner._tr = (torch.empty(num_ctas, cap, 6, dtype=torch.int64, device=owner.device),
+                     torch.zeros(num_ctas, dtype=torch.int32, device=owner.device))
+        owner._tr_key = (num_ctas, cap)
+    owner._tr[1].zero_()
+    return owner._tr
+
+
+def fetch_records(owner, rank: int = 0) -> list[dict]:
+    """Check and decode ``owner``'s last traced launch (``owner._pending_trace`` = the record
+    buffers and capacity it launched with); sets ``owner.last_trace_dropped``.
+
+    Raises:
+        KernelError: the launch reported an error (``owner.check()``, which synchronizes).
+        InputError: no traced launch is pending.
+    """
+    from ..errors import require
+
+    require(getattr(owner, "_pending_trace", None) is not None, "trace", "a preceding traced call", None)
+    tr, trc, cap = owner._pending_trace
+    owner._pending_trace = None
+    owner.check()
+    counts = trc.cpu().numpy()
+    recs = decode_trace(tr.cpu().numpy().view(np.uint64), counts, cap, rank=rank)
+    owner.last_trace_dropped = int(np.maximum(counts - cap, 0).sum())
+    return recs
+
