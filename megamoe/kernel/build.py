@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import subprocess
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -280,21 +281,24 @@ def disassemble(path: Path | str) -> str:
 _SASS_LINE = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[0-9T]\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)")
 
 
-def sass_opcodes(sass: str) -> dict[str, dict[str, int]]:
-    """Opcode (with modifiers) counts per kernel function of a ``cuobjdump -sass`` listing."""
-    out: dict[str, dict[str, int]] = {}
+def sass_functions(sass: str) -> dict[str, list[str]]:
+    """Opcode (with modifiers) sequence per kernel function of a ``cuobjdump -sass`` listing."""
+    out: dict[str, list[str]] = {}
     cur = None
     for line in sass.splitlines():
         m = re.search(r"Function : (\S+)", line)
         if m:
-            cur = m.group(1)
-            out[cur] = {}
+            cur = out.setdefault(m.group(1), [])
             continue
         m = _SASS_LINE.match(line)
         if m and cur is not None:
-            op = m.group(1)
-            out[cur][op] = out[cur].get(op, 0) + 1
+            cur.append(m.group(1))
     return out
+
+
+def sass_opcodes(sass: str) -> dict[str, dict[str, int]]:
+    """Opcode (with modifiers) counts per kernel function of a ``cuobjdump -sass`` listing."""
+    return {fn: dict(Counter(ops)) for fn, ops in sass_functions(sass).items()}
 
 
 def hot_loop_local_memory(arch: str, sass: str) -> dict[str, int]:
@@ -302,26 +306,11 @@ def hot_loop_local_memory(arch: str, sass: str) -> dict[str, int]:
     register spills) between its first and its last matrix instruction (:data:`HOT_LOOP_OPS`):
     the unrolled K-group loop of the MMA path. Spills elsewhere (dispatch, producer address
     set-up, once-per-block epilogue code) are allowed up to :data:`SPILL_LIMIT_BYTES`."""
-    op = HOT_LOOP_OPS[arch]
+    mma = HOT_LOOP_OPS[arch]
     out: dict[str, int] = {}
-    cur, lines = None, []
-
-    def close():
-        if cur is None:
-            return
-        idx = [i for i, o in enumerate(lines) if o.startswith(op)]
-        out[cur] = sum(1 for o in lines[idx[0]:idx[-1] + 1] if o.startswith(("LDL", "STL"))) if idx else 0
-
-    for line in sass.splitlines():
-        m = re.search(r"Function : (\S+)", line)
-        if m:
-            close()
-            cur, lines = m.group(1), []
-            continue
-        m = _SASS_LINE.match(line)
-        if m and cur is not None:
-            lines.append(m.group(1))
-    close()
+    for fn, ops in sass_functions(sass).items():
+        idx = [i for i, o in enumerate(ops) if o.startswith(mma)]
+        out[fn] = sum(1 for o in ops[idx[0]:idx[-1] + 1] if o.startswith(("LDL", "STL"))) if idx else 0
     return out
 
 
