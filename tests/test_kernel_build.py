@@ -76,6 +76,12 @@ def test_trace_decode_roundtrip():
     assert recs[0]["t_start_ns"] == 0 and recs[1]["t_end_ns"] == 1500
     assert block_order(recs) == {0: [(1, 5, 1, 7)], 1: [(2, 5, 1, 3)]}
     assert any(e["ph"] == "X" for e in to_chrome(recs)["traceEvents"])
+    # the shared columnar schema (megamoe compare's input): sm = CTA index, names -> codes
+    from megamoe.kernel.trace import to_schema
+    from megamoe.trace import KIND, ROLE
+    t = to_schema(recs)
+    assert t.cols["sm"].tolist() == [0, 1] and t.cols["role"].tolist() == [ROLE["consumer"]] * 2
+    assert t.cols["kind"].tolist() == [KIND["l1_mma"], KIND["l2_mma"]] and t.cols["t_end_ns"].tolist() == [1000, 1500]
 
 
 def test_build_sm90a_and_resources():

@@ -12,26 +12,18 @@ import os
 import statistics
 import sys
 
-import numpy as np
 import torch
 
 from megamoe.kernel import MegaMoEKernel, design_from_plan, prepare_weights
 from megamoe.kernel.check import make_inputs, make_weights
+from megamoe.kernel.trace import to_schema
 from megamoe.kernel.timing import cuda_times_us
 from megamoe.scenario import Scenario
-from megamoe.trace import KIND, ROLE, Trace
 from sim.calibrate import calibrated_toml, from_kernel_trace, measure
 
 OUT = os.environ.get("OUT", "/tmp/out")
 E, K, H, I = 256, 6, 4096, 2048
 TOKENS = [int(t) for t in (sys.argv[1] if len(sys.argv) > 1 else "1,64,512,4096").split(",")]
-
-
-def to_trace(recs: list[dict]) -> Trace:
-    # the schema's sm is the CTA index (blockIdx.x), which the plan's block order is keyed by
-    rows = [(r["rank"], r["cta"], ROLE[r["role"]], KIND[r["kind"]], r["expert"], r["m_block"], r["n_block"],
-             r["wave"], r["t_start_ns"], r["t_end_ns"], 0, r["tokens"]) for r in recs]
-    return Trace.from_rows(np.asarray(rows, dtype=np.float64)) if rows else Trace.from_rows([])
 
 
 def main() -> None:
@@ -53,7 +45,7 @@ def main() -> None:
         kern.check()
         _, recs = kern(x, xs, idx, tw, trace=True, design=d)
         kern.check()
-        tr = to_trace(recs)
+        tr = to_schema(recs)
         rp = plan.ranks[0]
         tr.meta = {**sc.to_dict(), "source": "kernel", "device": torch.cuda.get_device_name(0),
                    "num_sms": plan.num_sms, "kernel_us_median_untraced": statistics.median(ts),

@@ -16,7 +16,6 @@ import os
 import statistics
 import sys
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -25,8 +24,8 @@ from megamoe.kernel import design_from_plan  # noqa: E402
 from megamoe.kernel.check import make_inputs, make_weights  # noqa: E402
 from megamoe.kernel.ep import MegaMoEKernelEP, local_weights  # noqa: E402
 from megamoe.kernel.timing import cuda_times_us  # noqa: E402
+from megamoe.kernel.trace import to_schema  # noqa: E402
 from megamoe.scenario import Scenario  # noqa: E402
-from megamoe.trace import KIND, ROLE, Trace  # noqa: E402
 
 OUT = os.environ.get("OUT", "/tmp/out")
 E, K, H, I = 256, 6, 4096, 2048
@@ -60,9 +59,7 @@ def main() -> None:
         times = [None] * R
         dist.all_gather_object(times, statistics.median(ts))
         if rank == 0:
-            rows = [(r["rank"], r["cta"], ROLE[r["role"]], KIND[r["kind"]], r["expert"], r["m_block"], r["n_block"],
-                     r["wave"], r["t_start_ns"], r["t_end_ns"], 0, r["tokens"]) for rr in allrecs for r in rr]
-            tr = Trace.from_rows(np.asarray(rows, dtype=np.float64))
+            tr = to_schema([r for rr in allrecs for r in rr])
             tr.meta = {**sc.to_dict(), "source": "kernel", "device": torch.cuda.get_device_name(0),
                        "num_sms": plan.num_sms, "kernel_us_median_untraced_per_rank": times,
                        "plan_per_rank": [{"block_m": rp.config.block_m, "experts_per_wave": rp.experts_per_wave,

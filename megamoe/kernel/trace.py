@@ -120,3 +120,14 @@ def fetch_records(owner, rank: int = 0) -> list[dict]:
     owner.last_trace_dropped = int(np.maximum(counts - cap, 0).sum())
     return recs
 
+
+def to_schema(records: list[dict]):
+    """Decoded kernel records (any ranks) as the shared columnar trace
+    (:class:`megamoe.trace.Trace`), the input of ``megamoe compare``; the schema's ``sm`` is
+    the CTA index (``blockIdx.x``), which the plan's block order is keyed by."""
+    from ..trace import KIND, ROLE, Trace
+
+    rows = [(r["rank"], r["cta"], ROLE[r["role"]], KIND[r["kind"]], r["expert"], r["m_block"], r["n_block"],
+             r["wave"], r["t_start_ns"], r["t_end_ns"], 0, r["tokens"]) for r in records]
+    return Trace.from_rows(np.asarray(rows, dtype=np.float64)) if rows else Trace.from_rows([])
+
