@@ -156,11 +156,6 @@ def _block_gaps(t) -> list:
     return out
 
 
-def _block_gaps_ns(t) -> list:
-    """The consumer gaps of :func:`_block_gaps` alone."""
-    return [g for g, _ in _block_gaps(t)]
-
-
 def sm90_k_block_ns(t) -> float:
     """Consumer time per K block of one SM90 kernel trace: the mean of the median L1 K loop
     per K block (``hidden / 128`` of them) and the median L2 K loop per K block
