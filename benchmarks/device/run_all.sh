@@ -9,25 +9,6 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv 2>&1 | tee $OUT/gpu.txt
 python3 -c "import megamoe.kernel.runtime as r; r.load_library(); import megamoe.kernel as k; print(k.build(verbose=True).path)" 2>&1 | tee $OUT/build.log || exit 1
 case $MODE in
-  round)
-    # one development round: smoke test, the GPU suite, the EP1 benchmark without peers
-    timeout 45 python3 benchmarks/device/debug_kernel.py > $OUT/debug.log 2>&1; tail -3 $OUT/debug.log
-    grep -q "ALL OK" $OUT/debug.log || { grep -v "^cta" $OUT/debug.log | tail -30; exit 3; }
-    timeout 240 python3 -m pytest -q -p no:cacheprovider --timeout 60 tests/test_kernel_gpu.py 2>&1 | tee $OUT/pytest.log | tail -15
-    timeout 200 python3 benchmarks/kernel_bench.py --reps 5 --no-peer --out $OUT/kernel_bench_round.json 2>&1 | tee $OUT/bench.log
-    timeout 100 python3 benchmarks/device/profile_stages.py $OUT/profile_stages.json 2>&1 | tee $OUT/profile.log ;;
-  session)
-    # the GPU suite, compute-sanitizer on a small launch, the side-by-side benchmark, the traces
-    # of issue 7 and the per-role profile, in one call
-    timeout 150 python3 -m pytest -q -p no:cacheprovider --timeout 60 tests/test_kernel_gpu.py 2>&1 | tee $OUT/pytest.log | tail -6
-    for tool in memcheck racecheck synccheck; do
-      timeout 120 compute-sanitizer --tool $tool --print-limit 20 python3 benchmarks/device/sanitize_small.py > $OUT/sanitizer_$tool.log 2>&1
-      echo "compute-sanitizer $tool rc=$?: $(grep -E "ERROR SUMMARY|sanitize_small" $OUT/sanitizer_$tool.log | tr '\n' ' ')"
-    done
-    timeout 200 python3 benchmarks/kernel_bench.py --reps 10 --out $OUT/kernel_bench.json 2>&1 | tee $OUT/bench.log
-    PYTHONPATH=. timeout 100 python3 benchmarks/device/traces.py 2>&1 | tail -8
-    timeout 60 python3 benchmarks/device/profile_stages.py $OUT/profile_stages.json 2>&1 | tee $OUT/profile.log
-    (cd $OUT && tar czf session_logs.tgz *.log *.json 2>/dev/null) ;;
   final2)
     # end of a session: GPU suite, sanitizers, traces + calibration (issue 7), plan choices,
     # the side-by-side EP1 benchmark, the per-role profile; everything in one archive
