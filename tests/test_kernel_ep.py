@@ -92,6 +92,16 @@ def test_kernel_error_text_names_rank_and_barrier():
     assert "NVLink barrier 1" in msg and "rank 1 never arrived" in msg and "on rank 0" in msg and "0.3 s" in msg
 
 
+def test_kernel_error_text_grid_sync_waits_twice_the_timeout():
+    """The final grid sync is downstream of every other wait and waits 2x the timeout, so the
+    wait that is stuck (e.g. an arrival count) names the cause first; its text says so."""
+    from megamoe.kernel.runtime import format_error
+    msg = format_error([4, 83, 0, 0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 60], 200_000_000)
+    assert "grid sync before combine" in msg and msg.endswith("after 0.4 s"), msg
+    msg = format_error([1, 5, 1, 3, 0, 2, 0xFFFFFFFF, 7], 200_000_000)
+    assert "arrival count" in msg and "expert 3" in msg and msg.endswith("after 0.2 s"), msg
+
+
 # ------------------------------------------------------------------ GPU: one torchrun job
 def _num_gpus() -> int:
     try:
@@ -289,9 +299,18 @@ def test_local_ep2_deterministic_and_trace():
     g.check()
     for r in range(2):
         assert torch.equal(y1[r].view(torch.int16), y2[r].view(torch.int16))
+    # inputs written straight into the symmetric buffer (input_buffers): no copies, same bits
+    staged = []
+    for k, (x, xs, idx, tw) in zip(g.kernels, parts):
+        xb, xsb, twb = k.input_buffers(x.shape[0])
+        xb.copy_(x.view(torch.float8_e4m3fn)); xsb.copy_(xs.view(torch.uint8)); twb.copy_(tw)
+        staged.append((xb, xsb, idx, twb))
+    y4 = g(staged)
+    g.check()
     y3, recs = g(parts, trace=True)
     for r in range(2):
         assert torch.equal(y1[r].view(torch.int16), y3[r].view(torch.int16))
+        assert torch.equal(y1[r].view(torch.int16), y4[r].view(torch.int16))
         assert g.kernels[r].last_trace_dropped == 0
         kinds = {x["kind"] for x in recs[r]}
         assert {"count", "index_exchange", "nvl_barrier", "pull", "l1_mma", "l2_epilogue", "combine"} <= kinds, kinds
@@ -541,3 +560,4 @@ if __name__ == "__main__":
     ap.add_argument("--part", default="all", choices=("all", "cases", "dead"))
     a = ap.parse_args()
     _job(a.out, a.part)
+

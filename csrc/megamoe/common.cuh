@@ -31,6 +31,18 @@ __device__ __forceinline__ unsigned long long ld_acquire_u64(const unsigned long
     asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
     return v;
 }
+// Relaxed loads for spin loops: an acquire load invalidates the SM's L1 (CCTL.IVALL) every
+// time it runs, so a spin polls with these and acquires once when the value is there.
+__device__ __forceinline__ uint32_t ld_relaxed_u32(const uint32_t* p) {
+    uint32_t v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ unsigned long long ld_relaxed_u64(const unsigned long long* p) {
+    unsigned long long v;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
 __device__ __forceinline__ void red_release_add_u32(uint32_t* p, uint32_t v) {
     asm volatile("red.release.gpu.global.add.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
 }
@@ -57,8 +69,11 @@ __device__ __forceinline__ void raise_error(const Params& p, uint32_t code, uint
 struct Deadline {
     uint64_t start; int64_t limit; uint32_t iters;
     __device__ __forceinline__ explicit Deadline(int64_t limit_ns) : start(globaltimer()), limit(limit_ns), iters(0) {}
-    // true = keep waiting
+    // true = keep waiting. Each poll backs off briefly so that waiting warps leave the
+    // issue slots to the warps that work (measured with ncu on the H200: spinning warps
+    // executed most of the kernel's instructions).
     __device__ __forceinline__ bool tick(const Params& p) {
+        __nanosleep(64);
         if ((++iters & 255u) != 0) return true;
         if (aborted(p)) return false;
         return (int64_t)(globaltimer() - start) < limit;
@@ -82,11 +97,20 @@ __device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
                  " selp.u32 %0, 1, 0, P;\n}" : "=r"(ok) : "r"(smem_u32(bar)), "r"(parity) : "memory");
     return ok != 0;
 }
+// The same with a suspend-time hint: the warp sleeps in hardware until the phase completes
+// or about `kMbarSuspendNs` passed, instead of spinning on the issue slots.
+constexpr uint32_t kMbarSuspendNs = 20000;
+__device__ __forceinline__ bool mbar_try_wait_suspend(uint64_t* bar, uint32_t parity) {
+    uint32_t ok;
+    asm volatile("{\n .reg .pred P;\n mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 P, [%1], %2, %3;\n"
+                 " selp.u32 %0, 1, 0, P;\n}" : "=r"(ok) : "r"(smem_u32(bar)), "r"(parity), "n"(kMbarSuspendNs) : "memory");
+    return ok != 0;
+}
 // Wait for the phase with `parity` to complete; false on timeout/abort (error raised).
 __device__ __forceinline__ bool mbar_wait(const Params& p, uint64_t* bar, uint32_t parity, uint32_t role) {
     if (mbar_try_wait(bar, parity)) return true;
     Deadline d(p.timeout_ns);
-    while (!mbar_try_wait(bar, parity)) {
+    while (!mbar_try_wait_suspend(bar, parity)) {
         if (!d.tick(p)) {
             if (!aborted(p)) raise_error(p, kErrTimeoutPipeline, role, -1, -1, -1, -1, parity);
             return false;
@@ -141,7 +165,9 @@ __device__ __forceinline__ void cp_async_wait_dyn(int n) {
 
 // ---------------------------------------------------------------- grid sync
 // One 32-bit counter: CTA 0 adds 0x80000000-(n-1), the others add 1, so bit 31 flips once
-// all n CTAs arrived; the counter needs no reset between launches.
+// all n CTAs arrived; the counter needs no reset between launches. Its only use is the last
+// wait of the kernel, downstream of every other one, so it waits twice the timeout: a CTA
+// that finished early must not time out before the wait that is stuck names the cause.
 __device__ __forceinline__ bool grid_sync(const Params& p, uint32_t role) {
     bool ok = true;
     if (threadIdx.x == 0) {
@@ -150,7 +176,7 @@ __device__ __forceinline__ bool grid_sync(const Params& p, uint32_t role) {
         const uint32_t add = blockIdx.x == 0 ? 0x80000000u - (n - 1) : 1u;
         const uint32_t old = atomicAdd(p.grid_sync, add);
         if (((ld_acquire_u32(p.grid_sync) ^ old) & 0x80000000u) == 0) {
-            Deadline d(p.timeout_ns);
+            Deadline d(2 * p.timeout_ns);
             while (((ld_acquire_u32(p.grid_sync) ^ old) & 0x80000000u) == 0) {
                 if (!d.tick(p)) {
                     if (!aborted(p)) raise_error(p, kErrTimeoutGridSync, role, -1, -1, -1, -1, old);

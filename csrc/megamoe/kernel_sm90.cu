@@ -25,6 +25,7 @@
 #include "scheduler.cuh"
 #include "fp4.cuh"
 #include "mma_sm90.cuh"
+#include "roles_shared.cuh"
 
 namespace megamoe {
 
@@ -73,128 +74,6 @@ __device__ __forceinline__ Stage get_stage(uint8_t* base, int s) {
     st.fsw = reinterpret_cast<float*>(st.sfa + align128(BM * 4));
     st.fsx = st.fsw + 512;
     return st;
-}
-
-// ------------------------------------------------------------------ dispatch (warps 0-3)
-template <int BM>
-__device__ void dispatch_role(const Params& p, int* hist, int* cta_base, int* off_blk, int* scan) {
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int T = (int)p.num_tokens, K = (int)p.topk, E = (int)p.num_experts, H = (int)p.hidden;
-    const int c = blockIdx.x, nc = gridDim.x;
-    const int t0 = (int)((int64_t)T * c / nc), t1 = (int)((int64_t)T * (c + 1) / nc);
-    const int i0 = t0 * K, i1 = t1 * K;
-    const bool trace = p.trace_cap > 0 && tid == 0;
-
-    // 1. count: in-order rank of each item among this CTA's items of the same expert.
-    uint64_t ts = globaltimer();
-    for (int e = tid; e < E; e += kDispatchThreads) hist[e] = 0;
-    named_bar_sync(kBarDispatch, kDispatchThreads);
-    if (warp == 0) {
-        for (int base = i0; base < i1; base += 32) {
-            const int i = base + lane;
-            int e = -1;
-            if (i < i1) {
-                e = p.topk_idx[i];
-                if (e < -1 || e >= E) { raise_error(p, kErrBadExpert, kRoleDispatch, e, i / K, i % K, -1, 0); e = -1; }
-            }
-            const uint32_t peers = __match_any_sync(0xffffffffu, e);
-            const int rank = __popc(peers & ((1u << lane) - 1u));
-            const int leader = __ffs(peers) - 1;
-            int b = 0;
-            if (e >= 0) b = hist[e];
-            __syncwarp();
-            if (e >= 0 && lane == leader) hist[e] = b + __popc(peers);
-            __syncwarp();
-            if (e >= 0) p.item_pos[i] = b + rank;
-        }
-    }
-    named_bar_sync(kBarDispatch, kDispatchThreads);
-    // 2. publish: one 64-bit add per expert and CTA; the low half before ours is our base.
-    for (int e = tid; e < E; e += kDispatchThreads) {
-        const unsigned long long old = atomicAdd(p.expert_count + e, (1ull << 32) | (unsigned long long)(uint32_t)hist[e]);
-        cta_base[e] = (int)(uint32_t)old;
-    }
-    if (tid == 0) progress(p, 0, 2);
-    if (trace) trace_record(p, kRoleDispatch, kKindCount, -1, -1, -1, -1, i1 - i0, ts, globaltimer());
-
-    // 3. wait for every CTA's counts (this is the count barrier), then pool block offsets.
-    ts = globaltimer();
-    for (int e = tid; e < E; e += kDispatchThreads) {
-        unsigned long long v = ld_acquire_u64(p.expert_count + e);
-        if ((uint32_t)(v >> 32) != (uint32_t)nc) {
-            Deadline d(p.timeout_ns);
-            while ((uint32_t)((v = ld_acquire_u64(p.expert_count + e)) >> 32) != (uint32_t)nc) {
-                if (!d.tick(p)) {
-                    if (!aborted(p)) raise_error(p, kErrTimeoutCounts, kRoleDispatch, e, -1, -1, -1, (uint32_t)(v >> 32));
-                    break;
-                }
-            }
-        }
-        hist[e] = (int)(uint32_t)v;  // total tokens of expert e
-    }
-    named_bar_sync(kBarDispatch, kDispatchThreads);
-    {
-        const int per = (E + kDispatchThreads - 1) / kDispatchThreads;
-        const int e0 = tid * per, e1 = min(E, e0 + per);
-        int local = 0;
-        for (int e = e0; e < e1; ++e) local += (hist[e] + BM - 1) / BM;
-        int incl = local;
-        #pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const int v = __shfl_up_sync(0xffffffffu, incl, o);
-            if (lane >= o) incl += v;
-        }
-        if (lane == 31) scan[warp] = incl;
-        named_bar_sync(kBarDispatch, kDispatchThreads);
-        int run = incl - local;
-        for (int w = 0; w < warp; ++w) run += scan[w];
-        for (int e = e0; e < e1; ++e) { off_blk[e] = run; run += (hist[e] + BM - 1) / BM; }
-        if (tid == kDispatchThreads - 1 && (int64_t)run * BM > p.pool_rows)
-            raise_error(p, kErrPoolOverflow, kRoleDispatch, -1, run, -1, -1, (uint32_t)p.pool_rows);
-    }
-    named_bar_sync(kBarDispatch, kDispatchThreads);
-    if (tid == 0) progress(p, 0, 4);
-    if (trace) trace_record(p, kRoleDispatch, kKindGridSync, -1, -1, -1, -1, 0, ts, globaltimer());
-    if (aborted(p)) return;
-
-    // 4. pull: one warp per item, rows + scales + metadata, then the arrival count.
-    ts = globaltimer();
-    const int hv = H / 16, hk = H / 128;
-    for (int i = i0 + warp; i < i1; i += 4) {
-        const int e = p.topk_idx[i];
-        if (e < 0 || e >= E) continue;
-        const int row = off_blk[e] * BM + cta_base[e] + p.item_pos[i];
-        if (row >= p.pool_rows) continue;  // overflow already raised
-        const int t = i / K, k = i % K;
-        const uint4* src = reinterpret_cast<const uint4*>(p.x + (size_t)t * H);
-        uint4* dst = reinterpret_cast<uint4*>(p.l1_pool + (size_t)row * H);
-        for (int v0 = 0; v0 < hv; v0 += 32 * 8) {
-            uint4 buf[8];
-            #pragma unroll
-            for (int u = 0; u < 8; ++u) {
-                const int v = v0 + u * 32 + lane;
-                if (v < hv) buf[u] = __ldg(src + v);
-            }
-            #pragma unroll
-            for (int u = 0; u < 8; ++u) {
-                const int v = v0 + u * 32 + lane;
-                if (v < hv) dst[v] = buf[u];
-            }
-        }
-        const uint32_t* sf_src = reinterpret_cast<const uint32_t*>(p.x_sf + (size_t)t * (H / 32));
-        uint32_t* sf_dst = reinterpret_cast<uint32_t*>(p.l1_pool_sf);
-        for (int kb = lane; kb < hk; kb += 32) sf_dst[(size_t)kb * p.pool_rows + row] = __ldg(sf_src + kb);
-        if (lane == 0) {
-            p.pool_token[row] = t;
-            p.pool_slot[row] = k;
-            p.pool_weight[row] = p.topk_w[i];
-        }
-        // The warp barrier orders every lane's stores before lane 0's gpu-scope release.
-        __syncwarp();
-        if (lane == 0 && p.fault_inject != 1) red_release_add_u32(p.arrival + row / BM, 1u);
-    }
-    if (tid == 0) progress(p, 0, 5);
-    if (trace) trace_record(p, kRoleDispatch, kKindPull, -1, -1, -1, -1, 0, ts, globaltimer());
 }
 
 // ------------------------------------------------------------------ EP dispatch (warps 0-3, R > 1)
@@ -480,12 +359,13 @@ struct Producer {
                 if (v != (uint32_t)b.valid_m) {
                     const uint64_t tw = globaltimer();
                     Deadline d(p.timeout_ns);
-                    while ((v = ld_acquire_u32(p.arrival + b.pool_block)) != (uint32_t)b.valid_m) {
+                    while ((v = ld_relaxed_u32(p.arrival + b.pool_block)) != (uint32_t)b.valid_m) {
                         if (!d.tick(p)) {
                             if (!aborted(p)) raise_error(p, kErrTimeoutArrival, kRoleProducer, b.expert, b.m_block, b.n_block, -1, v);
                             return;
                         }
                     }
+                    (void)ld_acquire_u32(p.arrival + b.pool_block);  // acquire the rows the relaxed poll saw
                     if (trace) trace_record(p, kRoleProducer, kKindIdleWait, b.expert, b.m_block, b.n_block, wave, b.valid_m, tw, globaltimer());
                 }
             }
@@ -500,12 +380,13 @@ struct Producer {
                         if ((have & need) != need) {
                                     const uint64_t tw = globaltimer();
                             Deadline d(p.timeout_ns);
-                            while (((have = ld_acquire_u64(p.mask + b.pool_block)) & need) != need) {
+                            while (((have = ld_relaxed_u64(p.mask + b.pool_block)) & need) != need) {
                                 if (!d.tick(p)) {
                                     if (!aborted(p)) raise_error(p, kErrTimeoutMask, kRoleProducer, b.expert, b.m_block, b.n_block, kb, (uint32_t)have);
                                     return;
                                 }
                             }
+                            have = ld_acquire_u64(p.mask + b.pool_block);  // acquire the rows the relaxed poll saw
                             if (trace) trace_record(p, kRoleProducer, kKindIdleWait, b.expert, b.m_block, b.n_block, wave, kb, tw, globaltimer());
                         }
                     }
@@ -756,21 +637,19 @@ __global__ void __launch_bounds__(kThreads, 1) megamoe_sm90_kernel(const __grid_
     __syncthreads();
     // Register split (setmaxnreg, per warpgroup): dispatch and producer give registers to the
     // two consumer warpgroups (accumulator + WGMMA partial: BM floats per thread); everyone
-    // returns to the even split for the combine. 128 x (56 + 56) + 256 x 200 = 65536.
+    // returns to the even split for the combine. 128 x (64 + 96) + 256 x 176 = 65536.
     if (warp < 4) {
         setmaxnreg_dec<kRegsDispatch>();
         if (p.num_ranks > 1) dispatch_role_ep(p, BM, hist, cta_base, off_blk, scan);
-        else dispatch_role<BM>(p, hist, cta_base, off_blk, scan);
+        else dispatch_pull<BM>(p, hist, cta_base, off_blk, scan, IdentitySfRow{p.pool_rows}, (int)p.hidden);  // whole rows
         __syncwarp();
         if (threadIdx.x == 0) progress(p, 0, 0xD0);
-        setmaxnreg_inc<kRegsEven>();
     } else if (warp < 8) {
         setmaxnreg_dec<kRegsProducer>();
         Producer<BM> prod(p, stages, full, empty);
         prod.run();
         __syncwarp();
         if (threadIdx.x == kDispatchThreads) progress(p, 3, 0xD0);
-        setmaxnreg_inc<kRegsEven>();
     } else {
         setmaxnreg_inc<kRegsConsumer>();
         consumer_role<BM>(p, stages, full, empty, red);
@@ -778,67 +657,15 @@ __global__ void __launch_bounds__(kThreads, 1) megamoe_sm90_kernel(const __grid_
         if (threadIdx.x == kDispatchThreads + kProducerThreads) progress(p, 6, 0xD0);
         setmaxnreg_dec<kRegsEven>();
     }
+    // Dispatch and producer take their registers back only after the consumers returned
+    // theirs: a setmaxnreg.inc that cannot be served spins (USETMAXREG.TRY_ALLOC), and the
+    // finished dispatch warps spinning there for the whole kernel executed ~40% of all warp
+    // instructions (ncu on the H200, T = 4096, benchmarks/NOTES_kernel.md).
     __syncthreads();
+    if (warp < 8) setmaxnreg_inc<kRegsEven>();
 
-    // Grid sync, then combine: sum the valid slots in FP32 (slot order), BF16 out.
-    const bool trace = p.trace_cap > 0 && threadIdx.x == 0;
-    if (threadIdx.x == 0) progress(p, 7, 1);
-    uint64_t ts = globaltimer();
-    if (p.num_ranks > 1) {
-        // EP: NVLink barrier 2 (every rank's L2 rows are in their source ranks' combine buffers).
-        __threadfence_system();
-        __syncthreads();
-        if (threadIdx.x == 0) nvl_barrier(p, 2, kRoleDispatch);
-    } else {
-        grid_sync(p, kRoleDispatch);
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) progress(p, 7, 2);
-    if (trace) trace_record(p, kRoleDispatch, p.num_ranks > 1 ? kKindNvlBarrier : kKindGridSync, -1, -1, -1, -1, p.num_ranks > 1 ? 2 : 1, ts, globaltimer());
-    if (aborted(p)) return;
-    ts = globaltimer();
-    const int T = (int)p.num_tokens, H = (int)p.hidden, K = (int)p.topk;
-    const size_t nvec = (size_t)T * (H / 8);
-    for (size_t v = (size_t)blockIdx.x * kThreads + threadIdx.x; v < nvec; v += (size_t)gridDim.x * kThreads) {
-        const int t = (int)(v / (H / 8));
-        const int hv = (int)(v % (H / 8));
-        float acc[8];
-        #pragma unroll
-        for (int u = 0; u < 8; ++u) acc[u] = 0.0f;
-        for (int k = 0; k < K; ++k) {
-            if (__ldg(p.topk_idx + (size_t)t * K + k) < 0) continue;
-            const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(p.combine_buf + ((size_t)k * p.combine_rows + t) * H) + hv);
-            const __nv_bfloat162* b2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
-            #pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                const float2 f = __bfloat1622float2(b2[u]);
-                acc[2 * u] += f.x;
-                acc[2 * u + 1] += f.y;
-            }
-        }
-        uint4 out;
-        __nv_bfloat162* o2 = reinterpret_cast<__nv_bfloat162*>(&out);
-        #pragma unroll
-        for (int u = 0; u < 4; ++u) o2[u] = __floats2bfloat162_rn(acc[2 * u], acc[2 * u + 1]);
-        reinterpret_cast<uint4*>(p.y + (size_t)t * H)[hv] = out;
-    }
-    // Leave the workspace clean for the next call (every reader finished before the grid sync).
-    const size_t nblk = (size_t)p.pool_rows / BM;
-    for (size_t i = (size_t)blockIdx.x * kThreads + threadIdx.x; i < nblk; i += (size_t)gridDim.x * kThreads) {
-        p.arrival[i] = 0;
-        p.mask[i] = 0;
-    }
-    const size_t n_local = (size_t)(p.num_ranks > 1 ? E / p.num_ranks : E);
-    for (size_t i = (size_t)blockIdx.x * kThreads + threadIdx.x; i < n_local; i += (size_t)gridDim.x * kThreads)
-        p.expert_count[i] = 0;
-    if (p.num_ranks > 1)
-        for (size_t i = (size_t)blockIdx.x * kThreads + threadIdx.x; i < (size_t)E; i += (size_t)gridDim.x * kThreads)
-            p.send_count[i] = 0;
-    if (threadIdx.x == 0) progress(p, 7, 3);
-    if (p.trace_cap > 0) {
-        __syncthreads();
-        if (trace) trace_record(p, kRoleDispatch, kKindCombine, -1, -1, -1, -1, 0, ts, globaltimer());
-    }
+    // Grid sync (EP: NVLink barrier 2), then combine and clean up (roles_shared.cuh).
+    combine_and_clean<BM>(p, kThreads);
 }
 
 }  // namespace megamoe
@@ -846,17 +673,27 @@ __global__ void __launch_bounds__(kThreads, 1) megamoe_sm90_kernel(const __grid_
 // ------------------------------------------------------------------ host API (C ABI, ctypes)
 using megamoe::Params;
 
+// Per-device launch state, set once: the host work of a call is on the critical path of
+// every launch (EP ranks wait for the slowest one's launch).
+constexpr int kMaxDevices = 64;
+struct DeviceInfo { int sms = 0, max_smem = 0; };
+static DeviceInfo g_dev[kMaxDevices];
+
 template <int BM>
-static int launch_bm(const Params* p, cudaStream_t stream, size_t smem) {
+static int launch_bm(const Params* p, cudaStream_t stream, size_t smem, int dev) {
     auto kern = megamoe::megamoe_sm90_kernel<BM>;
-    cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (err != cudaSuccess) return (int)err;
-    int blocks = 0;
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kern, megamoe::kThreads, smem);
-    if (err != cudaSuccess) return (int)err;
-    if (blocks < 1) return -3;
+    static size_t configured[kMaxDevices] = {};  // dynamic smem already set and checked, per device
+    if (configured[dev] < smem) {
+        cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (err != cudaSuccess) return (int)err;
+        int blocks = 0;
+        err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kern, megamoe::kThreads, smem);
+        if (err != cudaSuccess) return (int)err;
+        if (blocks < 1) return -3;
+        configured[dev] = smem;
+    }
     void* args[] = {const_cast<Params*>(p)};
-    err = cudaLaunchKernel((const void*)kern, dim3((unsigned)p->num_sms), dim3(megamoe::kThreads), args, smem, stream);
+    const cudaError_t err = cudaLaunchKernel((const void*)kern, dim3((unsigned)p->num_sms), dim3(megamoe::kThreads), args, smem, stream);
     return (int)err;
 }
 
@@ -882,8 +719,13 @@ int megamoe_sm90_launch(const Params* p_in, void* stream) {
         if (e != cudaSuccess) return (int)e;
     }
     cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    if (dev < 0 || dev >= kMaxDevices) return -2;
+    if (g_dev[dev].sms == 0) {
+        cudaDeviceGetAttribute(&g_dev[dev].max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+        cudaDeviceGetAttribute(&g_dev[dev].sms, cudaDevAttrMultiProcessorCount, dev);
+    }
+    sms = g_dev[dev].sms;
+    max_smem = g_dev[dev].max_smem;
     if (p->num_sms < 1 || p->num_sms > sms) return -2;
     if (p->hidden % 128 || p->inter % 128 || 2 * p->inter / 128 > 64 || p->num_experts > 512 ||
         p->num_experts < 1 || p->num_stages < 2 || p->num_stages > 16 || p->experts_per_wave < 1 ||
@@ -898,10 +740,10 @@ int megamoe_sm90_launch(const Params* p_in, void* stream) {
     if (smem > (size_t)max_smem) return -4;
     cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
     switch (p->block_m) {
-        case 16: return launch_bm<16>(p, s, smem);
-        case 32: return launch_bm<32>(p, s, smem);
-        case 64: return launch_bm<64>(p, s, smem);
-        case 128: return launch_bm<128>(p, s, smem);
+        case 16: return launch_bm<16>(p, s, smem, dev);
+        case 32: return launch_bm<32>(p, s, smem, dev);
+        case 64: return launch_bm<64>(p, s, smem, dev);
+        case 128: return launch_bm<128>(p, s, smem, dev);
         default: return -1;
     }
 }

@@ -1,17 +1,16 @@
 // megamoe: architecture-neutral warp roles shared by the SM90 and SM100 kernels: dispatch
 // (count -> count barrier -> pool-block offsets -> pull), the SwiGLU / UE8M0 epilogue math
-// and the combine (+ workspace clean-up). Nothing here issues matrix instructions.
+// and the combine (+ workspace clean-up). Nothing here issues matrix instructions; both
+// kernels call these same functions, so what the H200 runs is what SM100 compiles.
 //
-// Written from the SM90 kernel's proven dispatch/combine (csrc/megamoe/kernel_sm90.cu, v2)
-// with the two things that differ per architecture made parameters:
+// Two things differ per architecture and are parameters:
 //   * where a pulled row's UE8M0 scales go in the pool scale buffer (`SfRow`): SM90 keeps
 //     `[K/128][pool_rows][4]` with the row = pool row; SM100 pads every pool block to
 //     `sf_block_m` rows and stores them UTCCP-transposed (see `UtccpSfRow`);
 //   * the pull chunk (`pull_bytes`, megamoe.plan.bytes_per_pull): a warp copies a row in
 //     chunks of that many bytes.
-// kernel_sm90.cu still carries its own copy of dispatch/combine (owned elsewhere); it can
-// switch to `dispatch_pull<BM>(p, smem, IdentitySfRow{p.pool_rows}, H)` and
-// `combine_and_clean<BM>(p, threads)` unchanged in behaviour.
+// The EP (R > 1) dispatch is SM90's own (kernel_sm90.cu, dispatch_role_ep); the combine here
+// serves both EP1 (grid sync) and EP (NVLink barrier 2).
 #pragma once
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -111,6 +110,7 @@ __device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* of
         const unsigned long long old = atomicAdd(p.expert_count + e, (1ull << 32) | (unsigned long long)(uint32_t)hist[e]);
         cta_base[e] = (int)(uint32_t)old;
     }
+    if (tid == 0) progress(p, 0, 2);
     if (trace) trace_record(p, kRoleDispatch, kKindCount, -1, -1, -1, -1, i1 - i0, ts, globaltimer());
 
     // 3. count barrier (high half == grid size), then pool-block offsets (exclusive scan).
@@ -149,6 +149,7 @@ __device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* of
             raise_error(p, kErrPoolOverflow, kRoleDispatch, -1, run, -1, -1, (uint32_t)p.pool_rows);
     }
     named_bar_sync(kSharedBarDispatch, kThreads);
+    if (tid == 0) progress(p, 0, 4);
     if (trace) trace_record(p, kRoleDispatch, kKindGridSync, -1, -1, -1, -1, 0, ts, globaltimer());
     if (aborted(p)) return;
 
@@ -193,19 +194,31 @@ __device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* of
         __syncwarp();  // every lane's stores before lane 0's gpu-scope release
         if (lane == 0 && p.fault_inject != 1) red_release_add_u32(p.arrival + row / BM, 1u);
     }
+    if (tid == 0) progress(p, 0, 5);
     if (trace) trace_record(p, kRoleDispatch, kKindPull, -1, -1, -1, -1, 0, ts, globaltimer());
 }
 
 // ------------------------------------------------------------------ combine (+ clean-up)
-// Called by every thread of every CTA after all roles finished: grid sync, then sum the
-// valid slots of each token in FP32 (slot order), BF16 out; then zero the counters.
+// Called by every thread of every CTA after all roles finished: grid sync (EP: NVLink
+// barrier 2, every rank's L2 rows are in their source ranks' combine buffers), then sum the
+// valid slots of each token in FP32 (slot order), BF16 out; then zero the counters so the
+// next call starts clean (every reader finished before the barrier).
 template <int BM>
 __device__ void combine_and_clean(const Params& p, int threads) {
     const bool trace = p.trace_cap > 0 && threadIdx.x == 0;
+    const bool ep = p.num_ranks > 1;
+    if (threadIdx.x == 0) progress(p, 7, 1);
     uint64_t ts = globaltimer();
-    grid_sync(p, kRoleDispatch);
+    if (ep) {
+        __threadfence_system();
+        __syncthreads();
+        if (threadIdx.x == 0) nvl_barrier(p, 2, kRoleDispatch);
+    } else {
+        grid_sync(p, kRoleDispatch);
+    }
     __syncthreads();
-    if (trace) trace_record(p, kRoleDispatch, kKindGridSync, -1, -1, -1, -1, 1, ts, globaltimer());
+    if (threadIdx.x == 0) progress(p, 7, 2);
+    if (trace) trace_record(p, kRoleDispatch, ep ? kKindNvlBarrier : kKindGridSync, -1, -1, -1, -1, ep ? 2 : 1, ts, globaltimer());
     if (aborted(p)) return;
     ts = globaltimer();
     const int T = (int)p.num_tokens, H = (int)p.hidden, K = (int)p.topk, E = (int)p.num_experts;
@@ -218,7 +231,7 @@ __device__ void combine_and_clean(const Params& p, int threads) {
         for (int u = 0; u < 8; ++u) acc[u] = 0.0f;
         for (int k = 0; k < K; ++k) {
             if (__ldg(p.topk_idx + (size_t)t * K + k) < 0) continue;
-            const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(p.combine_buf + ((size_t)k * T + t) * H) + hv);
+            const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(p.combine_buf + ((size_t)k * p.combine_rows + t) * H) + hv);
             const __nv_bfloat162* b2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
             #pragma unroll
             for (int u = 0; u < 4; ++u) {
@@ -238,8 +251,13 @@ __device__ void combine_and_clean(const Params& p, int threads) {
         p.arrival[i] = 0;
         p.mask[i] = 0;
     }
-    for (size_t i = (size_t)blockIdx.x * threads + threadIdx.x; i < (size_t)E; i += (size_t)gridDim.x * threads)
+    const size_t n_local = (size_t)(ep ? E / p.num_ranks : E);  // experts this rank owns
+    for (size_t i = (size_t)blockIdx.x * threads + threadIdx.x; i < n_local; i += (size_t)gridDim.x * threads)
         p.expert_count[i] = 0;
+    if (ep)
+        for (size_t i = (size_t)blockIdx.x * threads + threadIdx.x; i < (size_t)E; i += (size_t)gridDim.x * threads)
+            p.send_count[i] = 0;
+    if (threadIdx.x == 0) progress(p, 7, 3);
     if (p.trace_cap > 0) {
         __syncthreads();
         if (trace) trace_record(p, kRoleDispatch, kKindCombine, -1, -1, -1, -1, 0, ts, globaltimer());

@@ -103,46 +103,32 @@ struct Scheduler {
         return end < num_experts ? end : num_experts;
     }
 
-    // Next block of this CTA; phase == kPhaseNone when done.
+    // Next block of this CTA; phase == kPhaseNone when done. One walk for both phases: skip
+    // whole experts while the index is past their m x n blocks, then the block is (m, n) of
+    // the current expert; a wave's L1 blocks are followed by its L2 blocks (the index starts
+    // again at the wave's first expert), then the next wave's L1 blocks.
     __device__ __forceinline__ Block next() {
         while (expert < num_experts) {
-            if (next_phase == kPhaseL1) {
-                const int we = wave_end();
-                bool found = false;
-                int m = 0;
-                while (expert < we) {
-                    m = block_idx / num_l1_n;
-                    if (m < num_m_blocks()) { found = true; break; }
-                    block_idx -= num_m_blocks() * num_l1_n;
-                    advance_expert();
-                }
-                if (found) {
-                    Block b;
-                    b.phase = kPhaseL1; b.expert = expert; b.m_block = m; b.n_block = block_idx - m * num_l1_n;
-                    b.num_k_blocks = num_l1_k; b.pool_block = pool_block_offset + m;
-                    b.valid_m = min(num_tokens - m * BLOCK_M, BLOCK_M);
-                    block_idx += num_sms;
-                    return b;
-                }
+            const bool l1 = next_phase == kPhaseL1;
+            const int num_n = l1 ? num_l1_n : num_l2_n;
+            const int we = wave_end();
+            while (expert < we && block_idx >= num_m_blocks() * num_n) {
+                block_idx -= num_m_blocks() * num_n;
+                advance_expert();
+            }
+            if (expert < we) {
+                Block b;
+                const int m = block_idx / num_n;
+                b.phase = l1 ? kPhaseL1 : kPhaseL2; b.expert = expert; b.m_block = m; b.n_block = block_idx - m * num_n;
+                b.num_k_blocks = l1 ? num_l1_k : num_l2_k; b.pool_block = pool_block_offset + m;
+                b.valid_m = min(num_tokens - m * BLOCK_M, BLOCK_M);
+                block_idx += num_sms;
+                return b;
+            }
+            if (l1) {
                 next_phase = kPhaseL2;
-                set_expert(((expert - 1) / experts_per_wave) * experts_per_wave);
+                set_expert(((expert - 1) / experts_per_wave) * experts_per_wave);  // the wave's first expert
             } else {
-                const int we = wave_end();
-                bool found = false;
-                while (expert < we) {
-                    if (block_idx < num_m_blocks() * num_l2_n) { found = true; break; }
-                    block_idx -= num_m_blocks() * num_l2_n;
-                    advance_expert();
-                }
-                if (found) {
-                    Block b;
-                    const int m = block_idx / num_l2_n;
-                    b.phase = kPhaseL2; b.expert = expert; b.m_block = m; b.n_block = block_idx - m * num_l2_n;
-                    b.num_k_blocks = num_l2_k; b.pool_block = pool_block_offset + m;
-                    b.valid_m = min(num_tokens - m * BLOCK_M, BLOCK_M);
-                    block_idx += num_sms;
-                    return b;
-                }
                 next_phase = kPhaseL1;
             }
         }

@@ -26,7 +26,7 @@ ERROR_NAMES = {
     1: "timeout waiting for a pool block's arrival count (dispatch -> L1)",
     2: "timeout waiting for a pool block's arrival-mask bits (L1 epilogue -> L2)",
     3: "timeout waiting for every CTA's expert counts (count barrier)",
-    4: "timeout in the grid sync before combine",
+    4: "timeout in the grid sync before combine (waits 2x the timeout: downstream of every other wait)",
     5: "timeout in a shared-memory pipeline barrier (producer <-> consumer)",
     6: "pool capacity too small for the routed items",
     7: "topk_idx holds an expert outside [-1, num_experts)",
@@ -47,10 +47,11 @@ def format_error(err, timeout_ns: int) -> str:
                 f"({NVL_BARRIER_NAMES.get(ex(err[3]), '?')}) on rank {ex(err[4])}: rank {ex(err[5])} never arrived "
                 f"({int(err[7])} of its CTAs arrived) [cta {err[1]}, role {role}] after "
                 f"{timeout_ns / 1e9:g} s timeout")
+    waited = 2 * timeout_ns if code == 4 else timeout_ns  # the final grid sync waits twice the timeout
     return (f"megamoe kernel error {code}: {ERROR_NAMES.get(code, 'unknown')} "
             f"[cta {err[1]}, role {role}, expert {ex(err[3])}, m_block {ex(err[4])}, "
             f"n_block {ex(err[5])}, k {ex(err[6])}, observed {err[7]}] after "
-            f"{timeout_ns / 1e9:g} s timeout")
+            f"{waited / 1e9:g} s")
 ROLE_NAMES = ("dispatch", "producer", "consumer")
 
 
