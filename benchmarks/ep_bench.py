@@ -7,8 +7,10 @@ P2P (NVLink) and HBM copy bandwidth in the same run.
 
 V4-Flash shape (E 256, top-6, H 4096, I 2048), uniform random routing, the same tokens per
 rank on every rank. Times: median of CUDA-event-timed calls on each rank, the slower rank
-reported (each call is collective). The kernel's time includes copying x / scales / top-k
-weights into the symmetric buffer (part of its API). Formulas (shared/anchors/README.md):
+reported (each call is collective; a barrier before each call). The kernel's time includes
+copying x / scales / top-k weights into the symmetric buffer; `staged_us` is the same call
+with the inputs already there (`input_buffers`), `back_to_back_us` calls issued without a
+barrier between them (per-call mean), `host_us` the host's own time per call. Formulas (shared/anchors/README.md):
 FLOPs = 2 * routed * H * I * 3 summed over ranks / time; HBM bytes per rank = touched local
 experts' weights (FP4 + scales for the kernel, FP8 for the peer) + routed rows in/out;
 NVLink bytes = routed items that cross ranks * (H + H/32 + 4 in, 2H back).
@@ -40,6 +42,34 @@ E, K, H, I = 256, 6, 4096, 2048
 def time_fn(fn, reps, warmup=1):
     ts = cuda_times_us(fn, reps, warmup, before_each=dist.barrier)
     return statistics.median(ts), min(ts)
+
+
+def back_to_back_us(fn, reps):
+    """Mean time per call of ``reps`` calls issued back to back after one barrier (events
+    around the whole run): the host's work per call hides behind the GPU's when it is shorter."""
+    fn()
+    torch.cuda.synchronize()
+    dist.barrier()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(reps):
+        fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) * 1e3 / reps
+
+
+def host_us(fn, reps):
+    """Median host (Python + launch) time of one call, without waiting for the GPU."""
+    ts = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        dist.barrier()
+        t = time.perf_counter()
+        fn()
+        ts.append((time.perf_counter() - t) * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(ts)
 
 
 class UnfusedEP:
@@ -177,7 +207,20 @@ def main():
             meds = [None] * R
             dist.all_gather_object(meds, (med, best))
             r = row("megamoe_sm90_ep", max(m for m, _ in meds), wb_fp4)
-            r.update(us_per_rank=[m for m, _ in meds], nan=nan, design=kern.last_design.as_dict())
+            # Where the call's time goes: host work per call, the same call with the inputs
+            # already in the symmetric buffer (no copies), and calls issued back to back.
+            xb, xsb, twb = kern.input_buffers(T)
+            xb.copy_(x.view(torch.float8_e4m3fn)); xsb.copy_(xs.view(torch.uint8)); twb.copy_(tw)
+            staged = lambda: kern(xb, xsb, idx, twb)  # noqa: E731
+            diag = dict(host_us=host_us(lambda: kern(x, xs, idx, tw), args.reps),
+                        staged_us=time_fn(staged, args.reps)[0],
+                        back_to_back_us=back_to_back_us(lambda: kern(x, xs, idx, tw), args.reps),
+                        staged_back_to_back_us=back_to_back_us(staged, args.reps))
+            kern.check()
+            diags = [None] * R
+            dist.all_gather_object(diags, diag)
+            r.update(us_per_rank=[m for m, _ in meds], nan=nan, design=kern.last_design.as_dict(),
+                     **{k: max(d[k] for d in diags) for k in diag}, diag_per_rank=diags)
         except Exception as e:  # noqa: BLE001
             r = dict(impl="megamoe_sm90_ep", tokens_per_rank=T, error=f"rank {rank}: {type(e).__name__}: {e}")
             try:
@@ -194,7 +237,9 @@ def main():
                 meds = [None] * R
                 dist.all_gather_object(meds, (med, best))
                 rp = row("unfused_nccl_a2a_torch_grouped_mm_fp8", max(m for m, _ in meds), wb_fp8)
-                rp["us_per_rank"] = [m for m, _ in meds]
+                b2b = [None] * R
+                dist.all_gather_object(b2b, back_to_back_us(lambda: peer(xf8, idx, tw), args.reps))
+                rp.update(us_per_rank=[m for m, _ in meds], back_to_back_us=max(b2b))
             except Exception as e:  # noqa: BLE001
                 rp = dict(impl="unfused_nccl_a2a_torch_grouped_mm_fp8", tokens_per_rank=T,
                           error=f"rank {rank}: {type(e).__name__}: {str(e)[:300]}")
@@ -245,14 +290,15 @@ def main():
 
 
 def print_table(res):
-    print("| tokens/rank | impl | us | TFLOP/s | HBM GB/s/rank | NVLink GB/s |")
-    print("|---|---|---|---|---|---|")
+    print("| tokens/rank | impl | us | TFLOP/s | HBM GB/s/rank | NVLink GB/s | back-to-back us | staged us | host us |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in res["rows"]:
         if "error" in r:
-            print(f"| {r['tokens_per_rank']} | {r['impl']} | error: {r['error'][:80]} | | | |")
+            print(f"| {r['tokens_per_rank']} | {r['impl']} | error: {r['error'][:80]} | | | | | | |")
         else:
+            extra = " | ".join(f"{r[k]:.1f}" if k in r else "" for k in ("back_to_back_us", "staged_us", "host_us"))
             print(f"| {r['tokens_per_rank']} | {r['impl']} | {r['us']:.1f} | {r['tflops']:.1f} | "
-                  f"{r['hbm_gbs_per_rank']:.0f} | {r['nvlink_gbs']:.1f} |")
+                  f"{r['hbm_gbs_per_rank']:.0f} | {r['nvlink_gbs']:.1f} | {extra} |")
 
 
 if __name__ == "__main__":

@@ -410,8 +410,22 @@ class MegaMoEKernelEP:
         return design_ep(num_tokens, self.max_tokens, self.H, self.I, self.E, self.K, self.R, self.num_sms,
                          **self.fixed)
 
+    def input_buffers(self, num_tokens: int):
+        """Views of this rank's inputs inside the symmetric buffer, for a caller that writes its
+        activations there directly (the peers read them over NVLink): ``(x float8_e4m3fn
+        [T, H], x_sf uint8 [T, H/32] UE8M0, topk_weights float32 [T, topk])``. Passing these
+        same views to the call skips its three input copies.
+
+        Raises:
+            InputError: ``num_tokens`` outside ``[0, max_tokens]``.
+        """
+        require(0 <= num_tokens <= self.max_tokens, "num_tokens", f"0..max_tokens={self.max_tokens}", num_tokens)
+        T = num_tokens
+        return (self.x_buf[:T].view(self.torch.float8_e4m3fn), self.x_sf_buf[:T], self.topk_w_buf[:T])
+
     def __call__(self, x, x_sf, topk_idx, topk_w, design=None, trace: bool = False, out=None):
-        """This rank's MoE output BF16 ``[T_r, H]``; every rank must call (same count of calls)."""
+        """This rank's MoE output BF16 ``[T_r, H]``; every rank must call (same count of calls).
+        Inputs already in the symmetric buffer (:meth:`input_buffers`) are not copied."""
         from .runtime import Params, KernelError
         torch = self.torch
         T = x.shape[0]
@@ -421,9 +435,10 @@ class MegaMoEKernelEP:
         require(tuple(topk_idx.shape) == (T, self.K), "topk_idx", f"[{T}, {self.K}]", tuple(topk_idx.shape))
         require(tuple(topk_w.shape) == (T, self.K), "topk_weights", f"[{T}, {self.K}]", tuple(topk_w.shape))
         if T:
-            self.x_buf[:T].copy_(x.reshape(T, self.H).view(torch.uint8))
-            self.x_sf_buf[:T].copy_(x_sf.view(torch.uint8))
-            self.topk_w_buf[:T].copy_(topk_w.to(torch.float32))
+            for dst, src in ((self.x_buf, x.reshape(T, self.H).view(torch.uint8)), (self.x_sf_buf, x_sf.view(torch.uint8)),
+                             (self.topk_w_buf, topk_w.to(torch.float32))):
+                if src.data_ptr() != dst.data_ptr() or not src.is_contiguous():
+                    dst[:T].copy_(src)
         topk_idx = topk_idx.to(torch.int32).contiguous()
         design = design or self.design(T)
         self.last_design = design
