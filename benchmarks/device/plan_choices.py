@@ -1,7 +1,7 @@
 """Device run for issue 7: does the simulator rank plan choices like the kernel does?
 
 V4-Flash EP1, the SM90 kernel with plan overrides (block_m, experts per wave) at a few token
-counts; prints kernel medians (CUDA events, 5 runs) as JSON to $OUT/plan_choices.json.
+counts (pairs: consecutive cases); prints kernel medians (CUDA events, 5 runs) as JSON to $OUT/plan_choices.json.
 """
 
 from __future__ import annotations
@@ -21,15 +21,18 @@ OUT = os.environ.get("OUT", "/tmp/out")
 E, K, H, I = 256, 6, 4096, 2048
 CASES = [(512, {"block_m": 16}), (512, {"block_m": 64}), (512, {"experts_per_wave": 4}),
          (512, {"experts_per_wave": 32}), (4096, {"block_m": 64}), (4096, {"block_m": 128}),
-         (4096, {"experts_per_wave": 4}), (4096, {"experts_per_wave": 32})]
+         (4096, {"experts_per_wave": 4}), (4096, {"experts_per_wave": 32}),
+         (64, {"block_m": 16}), (64, {"block_m": 32}), (1024, {"block_m": 32}), (1024, {"block_m": 64}),
+         (8192, {"block_m": 64}), (8192, {"block_m": 128})]
 
 
 def main() -> None:
     w = make_weights(E, H, I, "cuda", seed=0)
-    kern = MegaMoEKernel(E, K, H, I, 4096, prepare_weights(*w))
+    kern = MegaMoEKernel(E, K, H, I, max(T for T, _ in CASES), prepare_weights(*w))
     out = []
     for T, over in CASES:
-        sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=T, max_tokens_per_rank=4096,
+        mt = max(4096, T)
+        sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=T, max_tokens_per_rank=mt,
                       design="megamoe-sm90", hardware="h200", **over)
         plan = sc.plan(torch.cuda.get_device_properties(0).multi_processor_count, 232448)
         idx = torch.from_numpy(sc.routing_ids()[0]).to("cuda", torch.int32)
@@ -40,7 +43,7 @@ def main() -> None:
         ts = cuda_times_us(lambda: kern(x, xs, idx, tw, design=d), 5)
         kern.check()
         rp = plan.ranks[0]
-        out.append({"tokens": T, "override": over, "block_m": rp.config.block_m,
+        out.append({"tokens": T, "max_tokens": mt, "override": over, "block_m": rp.config.block_m,
                     "experts_per_wave": rp.experts_per_wave, "kernel_us": statistics.median(ts)})
         print(out[-1], flush=True)
     with open(f"{OUT}/plan_choices.json", "w") as f:

@@ -1,7 +1,7 @@
 """Device run for issue 7: kernel traces in the shared schema (with scenario meta and the
 routing the kernel ran) and `megamoe calibrate` measurements, written to $OUT.
 
-V4-Flash, EP1, tokens 1 / 64 / 512 / 4096, uniform routing from megamoe.routing (seed 0),
+V4-Flash, EP1, tokens 1 / 16 / 64 / 256 / 512 / 1024 / 4096 / 8192 (the benchmark's sizes + 512; or argv[1]), uniform routing from megamoe.routing (seed 0),
 the plan of design megamoe-sm90 for 132 SMs passed to the kernel (design_from_plan).
 """
 
@@ -23,7 +23,7 @@ from sim.calibrate import calibrated_toml, from_kernel_trace, measure
 
 OUT = os.environ.get("OUT", "/tmp/out")
 E, K, H, I = 256, 6, 4096, 2048
-TOKENS = [int(t) for t in (sys.argv[1] if len(sys.argv) > 1 else "1,64,512,4096").split(",")]
+TOKENS = [int(t) for t in (sys.argv[1] if len(sys.argv) > 1 else "1,16,64,256,512,1024,4096,8192").split(",")]
 
 
 def main() -> None:
@@ -58,7 +58,7 @@ def main() -> None:
                         "makespan_us": tr.makespan_ns / 1e3})
         print(summary[-1], flush=True)
     m = measure()
-    kernel = from_kernel_trace(f"{OUT}/kernel_flash_ep1_t{max(TOKENS)}.npz", m["fp8_gemm_tflops"])
+    kernel = from_kernel_trace(f"{OUT}/kernel_flash_ep1_t{4096 if 4096 in TOKENS else max(TOKENS)}.npz", m["fp8_gemm_tflops"])
     with open(f"{OUT}/h200_calibrated.toml", "w") as f:
         f.write(calibrated_toml("h200", m, kernel))
     with open(f"{OUT}/traces_summary.json", "w") as f:

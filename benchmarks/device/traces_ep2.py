@@ -2,7 +2,7 @@
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/device/traces_ep2.py
 
-V4-Flash, 2 ranks (one GPU each, NVLink), tokens per rank 64 / 512 / 2048, uniform routing
+V4-Flash, 2 ranks (one GPU each, NVLink), tokens per rank 1 / 64 / 512 / 2048 / 8192 (or argv[1]), uniform routing
 from megamoe.routing (seed 0), each rank's launch numbers from the plan of design
 megamoe-sm90 (design_from_plan). Both ranks launch right after a barrier; each rank's
 records are timed from its own first record (%globaltimer is per GPU), so cross-rank skew of
@@ -29,7 +29,7 @@ from megamoe.scenario import Scenario  # noqa: E402
 
 OUT = os.environ.get("OUT", "/tmp/out")
 E, K, H, I = 256, 6, 4096, 2048
-TOKENS = [64, 512, 2048]
+TOKENS = [int(t) for t in (sys.argv[1] if len(sys.argv) > 1 else "1,64,512,2048,8192").split(",")]
 
 
 def main() -> None:
