@@ -7,6 +7,7 @@ B200, 8192 tokens per rank, uniform routing, seed 0.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,6 +40,10 @@ class Scenario:
         policies: policy specs or objects (:mod:`megamoe.policies`) replacing reference
             heuristics: built-in names, ``module:Class``, ``file.py:Class``.
         topk_idx: explicit ids per rank (Python API; overrides ``routing``).
+        launch_skew_us: when each rank's kernel starts, in microseconds after the first rank's
+            (host launch jitter, outside the kernel): one value per rank, or one number for
+            the last rank (the others at 0). The ranks meet at the first NVLink barrier, so a
+            late rank makes the others wait. Default 0.
 
     Raises:
         InputError: bad field (one-line message naming it).
@@ -60,6 +65,7 @@ class Scenario:
     reserved_sms: int = 0
     policies: list = field(default_factory=list)
     topk_idx: list[np.ndarray] | None = field(default=None, repr=False)
+    launch_skew_us: float | list[float] = 0.0
 
     def __post_init__(self) -> None:
         self.shape = get_shape(self.shape)
@@ -93,6 +99,15 @@ class Scenario:
         require(max(toks) <= self.max_tokens_per_rank, "tokens",
                 f"<= max_tokens ({self.max_tokens_per_rank})", max(toks))
         require(self.reserved_sms >= 0, "reserved_sms", ">= 0", self.reserved_sms)
+        skew = self.launch_skew_us
+        vals = list(skew) if isinstance(skew, (list, tuple, np.ndarray)) else [skew]
+        for v in vals:
+            require(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+                    and math.isfinite(v) and v >= 0, "launch_skew_us", "finite numbers >= 0 (microseconds)", v)
+        require(len(vals) in (1, self.num_ranks), "launch_skew_us",
+                f"one number or {self.num_ranks} values (one per rank)", len(vals))
+        require(self.num_ranks > 1 or vals == [0] or vals == [0.0], "launch_skew_us",
+                "0 with one rank (there is no other rank to be late against)", skew)
         from .policies import policies_from_specs, policy_name
 
         self._policies = policies_from_specs(self.policies)
@@ -110,6 +125,14 @@ class Scenario:
         """``T_r`` for every rank."""
         t = self.tokens_per_rank
         return [int(x) for x in t] if isinstance(t, (list, tuple, np.ndarray)) else [int(t)] * self.num_ranks
+
+    def launch_offsets_us(self) -> list[float]:
+        """Each rank's launch time after the first rank's, microseconds (``launch_skew_us``)."""
+        skew = self.launch_skew_us
+        if isinstance(skew, (list, tuple, np.ndarray)):
+            vals = [float(v) for v in skew]
+            return vals if len(vals) == self.num_ranks else vals * self.num_ranks
+        return [0.0] * (self.num_ranks - 1) + [float(skew)]
 
     def routing_ids(self) -> list[np.ndarray]:
         """``topk_idx`` per rank (int64 ``[T_r, k]``, ``-1`` masked), cached."""
@@ -151,5 +174,5 @@ class Scenario:
             "design": self.design, "experts_per_wave": self.experts_per_wave,
             "block_m": self.block_m, "pool_tokens": self.pool_tokens, "num_stages": self.num_stages,
             "l2_wait": self.l2_wait, "reserved_sms": self.reserved_sms,
-            "policies": self._policies.names(),
+            "policies": self._policies.names(), "launch_skew_us": self.launch_offsets_us(),
         }

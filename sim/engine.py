@@ -224,8 +224,9 @@ def sm90_walk_steps(rp) -> tuple[np.ndarray, int]:
 
 
 class _Engine:
-    def __init__(self, plan: Plan, hw: Hardware):
+    def __init__(self, plan: Plan, hw: Hardware, launch_offsets_ns=None):
         self.plan, self.hw = plan, hw
+        self.launch_offsets_ns = [0.0] * plan.num_ranks if launch_offsets_ns is None else list(launch_offsets_ns)
         self.env = simpy.Environment()
         R = plan.num_ranks
         self.hbm = [BandwidthCalendar(hw.hbm_bytes_per_ns) for _ in range(R)]
@@ -383,7 +384,7 @@ class _Engine:
         rp = plan.ranks[r]
         T, k, H = rp.num_tokens, plan.top_k, plan.hidden
         S = plan.num_sms
-        t = hw.launch_ns
+        t = hw.launch_ns + self.launch_offsets_ns[r]  # a late rank starts late (launch skew)
         items = self.valid_slots[r]
         multi = plan.num_ranks > 1
         steps = (
@@ -907,7 +908,7 @@ def _simulate(scenario: Scenario, hardware: Hardware | None, summarize) -> SimRe
     plan = scenario.plan(hw.num_sms, hw.smem_per_block_bytes)
     for rp in plan.ranks:  # run (and check) scheduler policies before the simulation
         rp.blocks()
-    eng = _Engine(plan, hw)
+    eng = _Engine(plan, hw, [1e3 * v for v in scenario.launch_offsets_us()])
     end, t_red = eng.run(scenario.routing_ids())
     trace = eng.trace()
     trace.meta = {**scenario.to_dict(), "source": "simulator", "hardware_name": hw.name,

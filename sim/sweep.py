@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import itertools
 import json
+import math
 import os
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -28,7 +29,7 @@ SCENARIO_AXES = {"tokens": "tokens_per_rank", "ranks": "num_ranks", "shape": "sh
                  "seed": "seed", "hardware": "hardware", "design": "design",
                  "experts_per_wave": "experts_per_wave", "block_m": "block_m", "pool_tokens": "pool_tokens",
                  "num_stages": "num_stages", "l2_wait": "l2_wait", "reserved_sms": "reserved_sms",
-                 "max_tokens": "max_tokens_per_rank"}
+                 "max_tokens": "max_tokens_per_rank", "launch_skew_us": "launch_skew_us"}
 SCALE_ALIASES = {"nvlink_scale": "nvlink_gbs_per_direction", "hbm_scale": "hbm_gbs",
                  "tc_scale": "fp8_dense_tflops"}
 INT_AXES = {"tokens", "ranks", "seed", "experts_per_wave", "block_m", "pool_tokens", "num_stages",
@@ -70,6 +71,13 @@ def parse_values(axis: str, text: str) -> list:
             return [int(v) for v in vals]
         except ValueError:
             raise InputError(f"sweep.{axis}", "integers", text) from None
+    if axis == "launch_skew_us":  # the last rank's lateness, microseconds
+        try:
+            out = [float(v) for v in vals]
+        except ValueError:
+            raise InputError(f"sweep.{axis}", "numbers (microseconds)", text) from None
+        require(all(math.isfinite(v) and v >= 0 for v in out), f"sweep.{axis}", "microseconds >= 0", text)
+        return out
     if axis.endswith("_scale") or axis in SCALE_ALIASES:
         try:
             out = [float(v) for v in vals]
