@@ -54,7 +54,7 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
     import json
     from pathlib import Path
 
-    from sim.calibrate import SM90_FIT_PROFILE, SM90_FIT_TRACES, fit_sm90_traces, sm90_fit_sources
+    from sim.calibrate import SM90_FIT_KERNEL, SM90_FIT_PROFILE, SM90_FIT_TRACES, fit_sm90_traces, sm90_fit_sources
 
     assert list(SM90_FIT_TRACES) == TRACES
     prof = json.loads(Path(_root(SM90_FIT_PROFILE)).read_text())
@@ -67,13 +67,14 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
     for key, (value, src) in sm90_fit_sources(fit).items():
         assert getattr(hw, key) == pytest.approx(fit[key][0], rel=2e-3, abs=0.5), key
         assert getattr(hw, key) == value and hw.sources[key] == src, key
-        assert fit[key][1] in src and "2026-11-30" in src and "FP8 WGMMA + ballot scheduler" in src, key
+        assert fit[key][1] in src and "2026-11-30" in src and SM90_FIT_KERNEL in src, key
         assert "kernel_flash_ep1_t{64,512,4096}.npz" in src, key
-    # the slope: 11.0 ns per block row and K block = 392 TFLOP/s on 132 SMs, 27.6% of the FP8 GEMM
-    assert fit["sm90_mma_fraction"][0] == pytest.approx(0.276, abs=0.002)
-    # the scheduler: ~1.4 us per block plus ~0.36 us per step
-    assert fit["sched_block_ns"][0] == pytest.approx(1377, abs=30)
-    assert fit["sched_step_ns"][0] == pytest.approx(361, abs=15)
+    # the slope: 9.68 ns per block row and K block; 128 weight rows x 128 K x 2 = 32768 FLOP
+    # per row and K block -> 3.39 TFLOP/s per SM, 447 TFLOP/s on 132 SMs, 31.5% of 1419 TFLOP/s
+    assert fit["sm90_mma_fraction"][0] == pytest.approx(32768 / 9.68e-9 * 132 / 1419e12, abs=0.002)
+    # the scheduler: ~1.3 us per block plus ~0.35 us per step
+    assert fit["sched_block_ns"][0] == pytest.approx(1285, abs=30)
+    assert fit["sched_step_ns"][0] == pytest.approx(350, abs=15)
 
 
 def test_one_trace_gives_the_same_mma_fraction():
@@ -82,7 +83,7 @@ def test_one_trace_gives_the_same_mma_fraction():
     hw = load_hardware("h200")
     got = from_kernel_trace(_root(TRACES[-1]), hw.fp8_dense_tflops * hw.mma_efficiency)
     assert got["sm90_mma_fraction"] == pytest.approx(hw.sm90_mma_fraction, rel=0.01)
-    assert got["grid_sync_ns"] == 1600.0
+    assert got["grid_sync_ns"] == 1216.0  # last arrival to first release in that trace
 
 
 def test_fit_needs_two_block_m():
