@@ -525,12 +525,7 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
                 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
                     const int m = tile.tok_of(j, r);
-                    const float w = wt[j][r];
-                    float gt = __bfloat162float(__float2bfloat16_rn(tile.acc[j][r]));
-                    float up = __bfloat162float(__float2bfloat16_rn(tile.acc[j][2 + r]));
-                    if (do_clamp) { gt = fminf(gt, clamp_bf); up = fmaxf(fminf(up, clamp_bf), -clamp_bf); }
-                    const float silu = gt / (1.0f + expf(-gt));
-                    const float v = (silu * up) * w;
+                    const float v = swiglu_weighted(tile.acc[j][r], tile.acc[j][2 + r], wt[j][r], do_clamp, clamp_bf);
                     tile.acc[j][r] = v;  // reuse the gate slot
                     float a = fabsf(v);
                     a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 4));
@@ -551,13 +546,10 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
                     float a = 0.0f;
                     #pragma unroll
                     for (int w = 0; w < 4; ++w) a = fmaxf(a, red[(g * 4 + w) * BM + m]);
-                    const float scaled = a * (1.0f / 448.0f);
-                    const uint32_t bits = __float_as_uint(scaled);
-                    const int l = (int)(bits >> 23) - 127 + ((bits & 0x7fffffu) != 0);
-                    const float inv = __uint_as_float((uint32_t)(127 - l) << 23);
+                    float inv;
+                    const int l = ue8m0_exponent(a, inv);
                     if (!store) continue;
-                    p.l2_pool[(prow0 + m) * I + col] =
-                        (uint8_t)__nv_cvt_float_to_fp8(tile.acc[j][r] * inv, __NV_SATFINITE, __NV_E4M3);
+                    p.l2_pool[(prow0 + m) * I + col] = to_e4m3(tile.acc[j][r] * inv);
                     if (wi == 0 && lane < 4)
                         p.l2_pool_sf[(((size_t)(gidx >> 2)) * p.pool_rows + prow0 + m) * 4 + (gidx & 3)] = (uint8_t)(l + 127);
                 }
