@@ -1,0 +1,19 @@
+#!/bin/bash
+# One x2 device call: the whole GPU correctness suite after a kernel change, no benchmarks:
+# EP1 suite + one-GPU EP tests, compute-sanitizer (memcheck / racecheck / synccheck) on a
+# small launch, the EP2 job (cases + dead rank) and its pytest, and where the EP call's host
+# time goes (cProfile). Packed into $OUT/verify.tgz after every step.
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-/tmp/out}; W=/tmp/verify; mkdir -p $OUT $W
+T0=$(date +%s); stamp() { echo "[$(( $(date +%s) - T0 )) s] $*"; (cd $W && tar czf $OUT/verify.tgz .); }
+python3 -c "import megamoe.kernel as k; print(k.build().path)" > $W/build.log 2>&1; stamp "build: $(tail -1 $W/build.log)"
+timeout 100 python3 -m pytest -q -p no:cacheprovider --timeout 60 tests/test_kernel_gpu.py > $W/pytest.log 2>&1; stamp "EP1 suite: $(tail -1 $W/pytest.log)"
+timeout 60 python3 -m pytest -q -p no:cacheprovider --timeout 40 tests/test_kernel_ep.py -k local > $W/ep_local.log 2>&1; stamp "EP local: $(tail -1 $W/ep_local.log)"
+for tool in memcheck racecheck synccheck; do
+  timeout 90 compute-sanitizer --tool $tool --print-limit 20 python3 benchmarks/device/sanitize_small.py > $W/sanitizer_$tool.log 2>&1
+  stamp "compute-sanitizer $tool rc=$?: $(grep -E "SUMMARY|sanitize_small" $W/sanitizer_$tool.log | tr '\n' ' ')"
+done
+timeout 80 python3 -m torch.distributed.run --standalone --nproc-per-node 2 tests/test_kernel_ep.py --part cases --out $W/kernel_ep2_tests.json > $W/ep_job.log 2>&1; stamp "EP job rc=$?"
+timeout 40 python3 -m torch.distributed.run --standalone --nproc-per-node 2 tests/test_kernel_ep.py --part dead --out $W/kernel_ep2_tests_dead.json >> $W/ep_job.log 2>&1; stamp "EP dead rc=$?"
+MEGAMOE_EP_REPORT=$W/kernel_ep2_tests.json timeout 30 python3 -m pytest -q -p no:cacheprovider tests/test_kernel_ep.py -k "not local" > $W/ep_pytest.log 2>&1; stamp "EP pytest: $(tail -1 $W/ep_pytest.log)"
+timeout 60 python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/device/ep_host_profile.py $W/ep_host_profile.txt > $W/ep_host.log 2>&1; stamp "EP host profile rc=$?"; head -30 $W/ep_host_profile.txt
