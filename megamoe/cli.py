@@ -349,7 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_skew_arg(w)
     w.add_argument("--set", action="append", default=[], metavar="AXIS=VALUES",
                    help="swept axis: tokens, ranks, experts_per_wave, block_m, reserved_sms, routing, "
-                        "policy, nvlink_scale, hbm_scale, ... with a,b,c or start:stop[:step]; shapes are "
+                        "policy, launch_skew_us, nvlink_scale, hbm_scale, ... with a,b,c or start:stop[:step]; shapes are "
                         "separated by ';' when one is a custom E,k,H,I; repeatable")
     w.add_argument("--out", default="sweep-out", help="output folder (default sweep-out)")
     w.add_argument("--jobs", type=_positive, default=None, help="local worker processes")
@@ -374,7 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sm_90a (H100/H200) or sm_100a (B200; never executed in this project)")
     b.add_argument("--strict", action="store_true",
                    help="fail on any local-memory load/store between the first and last matrix instruction "
-                        "(the K loop) and on more than 512 B of spills per kernel instance in total")
+                        "(the K loop) and on more than 512 B of spill stores per kernel instance")
     b.add_argument("--force", action="store_true", help="rebuild even when cached")
     b.set_defaults(func=cmd_build)
     r = sub.add_parser("run", help="run one scenario on the GPU(s) (--ranks N launches N processes), check it, time it")

@@ -40,10 +40,10 @@ class Scenario:
         policies: policy specs or objects (:mod:`megamoe.policies`) replacing reference
             heuristics: built-in names, ``module:Class``, ``file.py:Class``.
         topk_idx: explicit ids per rank (Python API; overrides ``routing``).
-        launch_skew_us: when each rank's kernel starts, in microseconds after the first rank's
-            (host launch jitter, outside the kernel): one value per rank, or one number for
-            the last rank (the others at 0). The ranks meet at the first NVLink barrier, so a
-            late rank makes the others wait. Default 0.
+        launch_skew_us: when each rank's kernel starts, in microseconds (host launch jitter,
+            outside the kernel): a list of one value per rank (only differences matter), or
+            one number: how late the last rank starts (the others at 0). The ranks meet at
+            the first NVLink barrier, so a late rank makes the others wait. Default 0.
 
     Raises:
         InputError: bad field (one-line message naming it).
@@ -100,14 +100,17 @@ class Scenario:
                 f"<= max_tokens ({self.max_tokens_per_rank})", max(toks))
         require(self.reserved_sms >= 0, "reserved_sms", ">= 0", self.reserved_sms)
         skew = self.launch_skew_us
-        vals = list(skew) if isinstance(skew, (list, tuple, np.ndarray)) else [skew]
+        is_list = isinstance(skew, (list, tuple)) or (isinstance(skew, np.ndarray) and skew.ndim > 0)
+        vals = list(skew) if is_list else [skew.item() if isinstance(skew, np.ndarray) else skew]
         for v in vals:
             require(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
                     and math.isfinite(v) and v >= 0, "launch_skew_us", "finite numbers >= 0 (microseconds)", v)
-        require(len(vals) in (1, self.num_ranks), "launch_skew_us",
-                f"one number or {self.num_ranks} values (one per rank)", len(vals))
-        require(self.num_ranks > 1 or vals == [0] or vals == [0.0], "launch_skew_us",
-                "0 with one rank (there is no other rank to be late against)", skew)
+        R = self.num_ranks
+        require(not is_list or len(vals) == R, "launch_skew_us",
+                f"one number or a list of {R} value{'s' if R > 1 else ''} (one per rank)",
+                f"{len(vals)} value{'s' if len(vals) != 1 else ''}")
+        require(R > 1 or vals[0] == 0, "launch_skew_us",
+                "0 with one rank (there is no other rank to be late against)", vals[0])
         from .policies import policies_from_specs, policy_name
 
         self._policies = policies_from_specs(self.policies)
@@ -127,11 +130,12 @@ class Scenario:
         return [int(x) for x in t] if isinstance(t, (list, tuple, np.ndarray)) else [int(t)] * self.num_ranks
 
     def launch_offsets_us(self) -> list[float]:
-        """Each rank's launch time after the first rank's, microseconds (``launch_skew_us``)."""
+        """Each rank's launch time after the earliest rank's, microseconds
+        (``launch_skew_us``; only differences matter, so a list is shifted to start at 0)."""
         skew = self.launch_skew_us
-        if isinstance(skew, (list, tuple, np.ndarray)):
+        if isinstance(skew, (list, tuple)) or (isinstance(skew, np.ndarray) and skew.ndim > 0):
             vals = [float(v) for v in skew]
-            return vals if len(vals) == self.num_ranks else vals * self.num_ranks
+            return [v - min(vals) for v in vals]
         return [0.0] * (self.num_ranks - 1) + [float(skew)]
 
     def routing_ids(self) -> list[np.ndarray]:

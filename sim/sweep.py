@@ -255,6 +255,8 @@ def plot_axes(rows: list[dict], axis_names: list[str], out_dir: str) -> None:
     import matplotlib.pyplot as plt
 
     ok = [r for r in rows if r["time_us"] is not None]
+    if not ok:  # nothing valid to plot
+        return
     for axis in axis_names:
         vals = []
         for r in ok:
