@@ -98,3 +98,24 @@ def test_cli_skew_runs(tmp_path):
     assert d["scenario"]["launch_skew_us"] == [0.0, 80.0]
     base = simulate(Scenario(**BASE)).summary["per_rank"]
     assert np.isclose(d["per_rank"][0]["time_us"], base[0]["time_us"] + 80.0)
+
+
+def test_sweep_skew_axis_and_all_invalid(tmp_path):
+    """The sweep axis runs (time grows with the skew: rank 0 waits for the late rank); a sweep
+    whose every point is invalid exits 2 with one line and writes no plot."""
+    out = tmp_path / "sw"
+    base = ["--shape", "64,4,512,256", "--tokens", "24", "--max-tokens", "64", "--hardware", "h200",
+            "--design", "megamoe-sm90", "--out", str(out)]
+    p = subprocess.run([sys.executable, "-m", "megamoe.cli", "sweep", "--ranks", "2", "--set", "launch_skew_us=0,40",
+                        *base], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    import csv
+
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    t = {float(r["launch_skew_us"]): float(r["time_us"]) for r in rows}
+    assert t[40.0] == pytest.approx(t[0.0] + 40.0 / 2, rel=1e-9)  # mean over 2 ranks: rank 0 +40, rank 1 +0
+    out2 = tmp_path / "bad"
+    p = subprocess.run([sys.executable, "-m", "megamoe.cli", "sweep", "--ranks", "1", "--set", "launch_skew_us=10",
+                        *base[:-1], str(out2)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "launch_skew_us" in p.stderr and "Traceback" not in p.stderr
+    assert not list(out2.glob("*.png"))
