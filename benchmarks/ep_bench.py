@@ -10,7 +10,9 @@ rank on every rank. Times: median of CUDA-event-timed calls on each rank, the sl
 reported (each call is collective; a barrier before each call). The kernel's time includes
 copying x / scales / top-k weights into the symmetric buffer; `staged_us` is the same call
 with the inputs already there (`input_buffers`), `back_to_back_us` calls issued without a
-barrier between them (per-call mean), `host_us` the host's own time per call. Formulas (shared/anchors/README.md):
+barrier between them (per-call mean), `host_us` the host's own time per call; the
+`megamoe_sm90_ep_cuda_graph` row replays the call captured as a CUDA graph
+(`MegaMoEKernelEP.capture`, inputs filled in place; checked bitwise against the eager call). Formulas (shared/anchors/README.md):
 FLOPs = 2 * routed * H * I * 3 summed over ranks / time; HBM bytes per rank = touched local
 experts' weights (FP4 + scales for the kernel, FP8 for the peer) + routed rows in/out;
 NVLink bytes = routed items that cross ranks * (H + H/32 + 4 in, 2H back).
@@ -230,6 +232,32 @@ def main():
         res["rows"].append(r)
         if rank == 0:
             print(json.dumps({k: v for k, v in r.items() if k != "design"}), flush=True)
+        # the same call captured as a CUDA graph (MegaMoEKernelEP.capture): no host work per call
+        if "error" not in r:
+            try:
+                g = kern.capture(T)
+                g.x.copy_(x.view(torch.float8_e4m3fn)); g.x_sf.copy_(xs.view(torch.uint8))
+                g.topk_idx.copy_(idx.to(torch.int32)); g.topk_weights.copy_(tw)
+                same = bool(torch.equal(g.replay().view(torch.int16), kern(x, xs, idx, tw).view(torch.int16)))
+                kern.check()
+                med, best = time_fn(g.replay, args.reps)
+                b2b = back_to_back_us(g.replay, args.reps)
+                kern.check()
+                meds = [None] * R
+                dist.all_gather_object(meds, (med, b2b, same))
+                rg = row("megamoe_sm90_ep_cuda_graph", max(m for m, _, _ in meds), wb_fp4)
+                rg.update(us_per_rank=[m for m, _, _ in meds], back_to_back_us=max(b for _, b, _ in meds),
+                          bitwise_vs_eager=all(sm for _, _, sm in meds))
+                del g
+            except Exception as e:  # noqa: BLE001
+                rg = dict(impl="megamoe_sm90_ep_cuda_graph", tokens_per_rank=T, error=f"rank {rank}: {type(e).__name__}: {e}")
+                try:
+                    kern.reset()
+                except Exception:  # noqa: BLE001
+                    pass
+            res["rows"].append(rg)
+            if rank == 0:
+                print(json.dumps(rg), flush=True)
         if peer is not None:
             try:
                 xf8 = x.view(torch.float8_e4m3fn)

@@ -187,6 +187,16 @@ def test_ep2_deterministic(ep_report):
 
 @gpu2
 @pytest.mark.gpu
+def test_ep2_cuda_graph_replays_bitwise(ep_report):
+    """A captured call replayed twice gives the eager call's bits on every rank, and eager calls
+    after the replays still do (the call number lives in device memory)."""
+    g = ep_report["graph"]
+    assert all(r["replays_bitwise"] and r["eager_after_bitwise"] for r in g), g
+    assert len({r["epoch_counter"] for r in g}) == 1  # every rank counted the same calls
+
+
+@gpu2
+@pytest.mark.gpu
 def test_ep2_trace(ep_report):
     t = ep_report["trace"]
     assert t["dropped"] == 0
@@ -473,6 +483,26 @@ def _job(out_path: str, part: str = "all") -> None:
                 report["trace"] = {"dropped": sum(t["dropped"] for t in trs), "kinds": sorted(set(trs[0]["kinds"]) &
                                                                                               set(trs[1]["kinds"])),
                                    "per_rank": trs}
+                # a captured CUDA graph of the call: inputs filled in place, replayed twice (the
+                # call number advances in device memory) -> the eager call's bits; then eager
+                # calls still work after the replays
+                g = ep.capture(int(x.shape[0]), design=ep.last_design)
+                g.x.copy_(x.view(torch.float8_e4m3fn)); g.x_sf.copy_(xs.view(torch.uint8))
+                g.topk_idx.copy_(idx.to(torch.int32)); g.topk_weights.copy_(tw.float())
+                dist.barrier()
+                outs = []
+                for _ in range(2):
+                    outs.append(g.replay().clone())
+                torch.cuda.synchronize()
+                ep.check()
+                y4 = ep(x, xs, idx, tw)
+                ep.check()
+                gr = {"replays_bitwise": all(bool(torch.equal(o.view(torch.int16), y.view(torch.int16))) for o in outs),
+                      "eager_after_bitwise": bool(torch.equal(y4.view(torch.int16), y.view(torch.int16))),
+                      "epoch_counter": int(ep.epoch_counter.item())}
+                grs = [None] * R
+                dist.all_gather_object(grs, gr)
+                report["graph"] = grs
         except Exception as e:  # noqa: BLE001
             import traceback
             res["error"] = f"rank {rank}: {type(e).__name__}: {e}\n{traceback.format_exc()[-2000:]}"

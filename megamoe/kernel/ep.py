@@ -17,7 +17,8 @@ field are at ``peer_base[j] + offset`` (torch ``_symmetric_memory`` rendezvous, 
 CUDA IPC handles as a fallback). No NVLink multicast API is used. Pools and counters that
 only this rank touches are ordinary allocations.
 
-Per call (all ranks call in lockstep; ``epoch`` numbers the calls): count per expert, write
+Per call (all ranks call in lockstep; the call number lives in device memory, so a CUDA
+graph of the call replays correctly, see :meth:`MegaMoEKernelEP.capture`): count per expert, write
 each item's ``token*K+slot`` into the owner's source-index table (ascending order, the
 ``src_items`` of :func:`megamoe.plan.route_to_ranks`) and the send counts into the owner's
 ``recv_count``, NVLink barrier 1 (every CTA of every rank; timeout names rank and barrier),
@@ -354,6 +355,7 @@ class MegaMoEKernelEP:
         self.grid_sync = torch.zeros(1, dtype=i32, device=d)
         self.error = torch.zeros(8, dtype=i32, device=d)
         self.item_pos = torch.empty(T * topk, dtype=i32, device=d)
+        self.epoch_counter = torch.zeros(1, dtype=torch.int64, device=d)  # calls completed (the kernel adds one)
         self._ws, self._ws_key = {}, None
         self.epoch = 0
         self.last_design = None
@@ -377,7 +379,8 @@ class MegaMoEKernelEP:
 
     def _zero(self):
         torch = self.torch
-        for t in (self.flag, self.recv_count, self.send_count, self.expert_count, self.grid_sync, self.error):
+        for t in (self.flag, self.recv_count, self.send_count, self.expert_count, self.grid_sync, self.error,
+                  self.epoch_counter):
             t.zero_()
         for k in ("arrival", "mask"):
             if k in self._ws:
@@ -423,6 +426,30 @@ class MegaMoEKernelEP:
         T = num_tokens
         return (self.x_buf[:T].view(self.torch.float8_e4m3fn), self.x_sf_buf[:T], self.topk_w_buf[:T])
 
+    def capture(self, num_tokens: int, design=None) -> "EPGraph":
+        """Collective: a CUDA graph of one call with ``num_tokens`` tokens on this rank.
+
+        The graph reads its inputs from fixed tensors (``EPGraph.x``, ``x_sf``,
+        ``topk_weights`` are views of the symmetric buffer, ``topk_idx`` a fixed int32
+        tensor) and writes ``EPGraph.y``; the caller fills the inputs, then every rank calls
+        ``replay()`` (the same number of times, like calls). One eager call with every slot
+        masked runs first on every rank (workspace and launch set-up are not capturable).
+
+        Raises:
+            InputError: ``num_tokens`` outside ``[0, max_tokens]``.
+        """
+        torch = self.torch
+        x, x_sf, topk_w = self.input_buffers(num_tokens)
+        idx = torch.full((num_tokens, self.K), -1, dtype=torch.int32, device=self.device)
+        y = torch.empty(num_tokens, self.H, dtype=torch.bfloat16, device=self.device)
+        design = design or self.design(num_tokens)
+        self(x, x_sf, idx, topk_w, design=design, out=y)
+        self.check()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.device(self.device), torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            self(x, x_sf, idx, topk_w, design=design, out=y)
+        return EPGraph(graph, x, x_sf, idx, topk_w, y, self)
+
     def __call__(self, x, x_sf, topk_idx, topk_w, design=None, trace: bool = False, out=None):
         """This rank's MoE output BF16 ``[T_r, H]``; every rank must call (same count of calls).
         Inputs already in the symmetric buffer (:meth:`input_buffers`) are not copied."""
@@ -464,7 +491,8 @@ class MegaMoEKernelEP:
                    combine_buf=self.combine_buf.data_ptr(), y=y.data_ptr(),
                    trace=tr.data_ptr() if trace else 0, trace_count=trc.data_ptr() if trace else 0, progress=0,
                    combine_rows=self.max_tokens, device=self.device.index, num_ranks=self.R, rank=self.rank,
-                   epoch=self.epoch, off_x=L["x"], off_x_sf=L["x_sf"], off_topk_w=L["topk_w"],
+                   epoch=0, epoch_counter=self.epoch_counter.data_ptr(),  # the call number from device memory
+                   off_x=L["x"], off_x_sf=L["x_sf"], off_topk_w=L["topk_w"],
                    off_src_idx=L["src_idx"], off_recv_count=L["recv_count"], off_combine=L["combine"],
                    off_flag=L["flag"], peer_base=self.peer_base.data_ptr(), send_count=self.send_count.data_ptr(),
                    cta_hist=self.cta_hist.data_ptr())
@@ -510,6 +538,28 @@ class MegaMoEKernelEP:
         R = self._ws_key[1]
         sf = ws["l1_pool_sf"].permute(1, 0, 2).reshape(R, self.H // 32)
         return ws["l1_pool"], sf, ws["pool_token"], ws["pool_slot"], ws["pool_rank"]
+
+
+@dataclass
+class EPGraph:
+    """A captured EP call (:meth:`MegaMoEKernelEP.capture`): fill ``x`` (float8_e4m3fn
+    ``[T, H]``), ``x_sf`` (uint8 UE8M0 ``[T, H/32]``), ``topk_idx`` (int32 ``[T, k]``, -1
+    masked) and ``topk_weights`` (float32 ``[T, k]``) in place, then ``replay()`` on every rank;
+    the output is ``y`` (BF16 ``[T, H]``). Errors surface through the kernel's ``check()``."""
+
+    graph: object
+    x: object
+    x_sf: object
+    topk_idx: object
+    topk_weights: object
+    y: object
+    kernel: object
+
+    def replay(self):
+        """Launch the captured call on the current stream; returns ``y``."""
+        self.graph.replay()
+        self.kernel.epoch += 1
+        return self.y
 
 
 def p2p_bandwidth(src_device: int = 0, dst_device: int = 1, nbytes: int = 1 << 30, reps: int = 10) -> dict:

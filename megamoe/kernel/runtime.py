@@ -67,7 +67,7 @@ class Params(ctypes.Structure):
         (n, ctypes.c_int64) for n in (
             "combine_rows", "device", "num_ranks", "rank", "epoch", "off_x", "off_x_sf", "off_topk_w", "off_src_idx",
             "off_recv_count", "off_combine", "off_flag")] + [
-        (n, ctypes.c_void_p) for n in ("peer_base", "send_count", "cta_hist", "pool_rank")]
+        (n, ctypes.c_void_p) for n in ("peer_base", "send_count", "cta_hist", "pool_rank", "epoch_counter")]
 
 
 def cuda_available() -> bool:
