@@ -865,14 +865,18 @@ class Gen:
             for r in d["rows"]:  # EP benchmarks say tokens_per_rank
                 by.setdefault(int(r.get("tokens", r.get("tokens_per_rank", -1))), {})[r["impl"]] = r
             impls = sorted({r["impl"] for r in d["rows"]})
-            ours = next((i for i in impls if "megamoe" in i), impls[0])
-            base = [i for i in impls if i != ours]
+            ours = min((i for i in impls if "megamoe" in i), key=len, default=impls[0])
+            variants = [i for i in impls if i != ours and i.startswith(ours)]  # e.g. the CUDA-graph replay
+            base = [i for i in impls if i != ours and i not in variants]
             ranks = int(d.get("ranks", 1))
             sim_ok = True
             rows = []
             for T in sorted(by):
                 r = by[T].get(ours, {})
                 row = [T, f"{r.get('us', float('nan')):.1f}", f"{r.get('tflops', float('nan')):.1f}"]
+                for v in variants:
+                    vu = by[T].get(v, {}).get("us")
+                    row.append(f"{vu:.1f}" if vu else "-")
                 for b in base:
                     bu = by[T].get(b, {}).get("us")
                     row += [f"{bu:.1f}" if bu else "-", f"{bu / r['us']:.2f}x" if bu and r.get("us") else "-"]
@@ -890,7 +894,7 @@ class Gen:
                 else:
                     row.append("-")
                 rows.append(row)
-            head = ["tokens", f"`{ours}` (us)", "TFLOPS"]
+            head = ["tokens", f"`{ours}` (us)", "TFLOPS"] + [f"`{v}` (us)" for v in variants]
             for b in base:
                 head += [f"`{b}` (us)", "its time / ours (>1: ours faster)"]
             head += ["rel. L2 error vs reference", "simulator, `megamoe-sm90` on `h200` (us)"]
