@@ -77,7 +77,7 @@ def test_design_ep_equals_plan():
 def test_params_abi_has_ep_fields():
     from megamoe.kernel.runtime import Params
     names = [f[0] for f in Params._fields_]
-    for n in ("num_ranks", "rank", "epoch", "peer_base", "off_combine", "off_flag", "pool_rank", "combine_rows"):
+    for n in ("num_ranks", "rank", "epoch_counter", "peer_base", "off_combine", "off_flag", "pool_rank", "combine_rows"):
         assert n in names
     header = (ROOT / "csrc" / "megamoe" / "params.h").read_text()
     body = header[header.index("struct Params"):header.index("};", header.index("struct Params"))]

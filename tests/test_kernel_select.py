@@ -219,7 +219,7 @@ def _expected_fields(k, cfg, T, x, x_sf, idx, w, y, trace_cap=0, tr=None, trc=No
                                    "pool_weight", "expert_count", "arrival", "mask", "grid_sync", "error",
                                    "item_pos", "combine_buf")},
         y=ptr(y), trace=ptr(tr) if tr is not None else None, trace_count=ptr(trc) if trc is not None else None,
-        progress=None, combine_rows=T, device=-1, num_ranks=1, rank=0, epoch=0,
+        progress=None, combine_rows=T, device=-1, num_ranks=1, rank=0,
         off_x=0, off_x_sf=0, off_topk_w=0, off_src_idx=0, off_recv_count=0, off_combine=0, off_flag=0,
         peer_base=None, send_count=None, cta_hist=None, pool_rank=None, epoch_counter=None)
     ext = dict(block_k=cfg.block_k, pull_bytes=cfg.bytes_per_pull, sf_pool_rows=cfg.sf_pool_rows, reserved=0)

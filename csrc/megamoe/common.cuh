@@ -203,6 +203,16 @@ __device__ __forceinline__ void red_release_sys_add_u64(unsigned long long* p, u
     asm volatile("red.release.sys.global.add.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
 }
 
+// This call's number: the calls this rank completed + 1, kept in device memory (so a CUDA
+// graph of the call replays correctly). Every CTA reads it before it arrives at a barrier,
+// and CTA 0 adds one only after the last barrier has seen every CTA of every rank arrive, so
+// all CTAs of a call read the same number.
+__device__ __forceinline__ int64_t call_epoch(const Params& p) {
+    int64_t v;
+    asm volatile("ld.relaxed.gpu.global.s64 %0, [%1];" : "=l"(v) : "l"(p.epoch_counter) : "memory");
+    return v + 1;
+}
+
 // One CTA's arrival at NVLink barrier `which` (1 = after the source-index exchange, 2 = before
 // combine) and its wait for every CTA of every rank. Called by ONE thread per CTA after the
 // arriving threads made their stores visible (__threadfence_system + a CTA barrier). Each rank
@@ -210,17 +220,6 @@ __device__ __forceinline__ void red_release_sys_add_u64(unsigned long long* p, u
 // `epoch` completes when flag[j] >= (2*(epoch-1) + which) * CTAs for every j (this rank
 // included, so it is also the grid sync). Gives up after timeout_ns with kErrTimeoutNvlBarrier
 // naming this rank, the barrier and the first rank that did not arrive.
-// This call's number: the host's (p.epoch > 0), or the calls this rank completed + 1 (p.epoch
-// == 0: kept in device memory, so a CUDA graph replays correctly). Every CTA reads it before
-// it arrives at a barrier, and CTA 0 adds one only after the last barrier has seen every CTA
-// of every rank arrive, so all CTAs of a call read the same number.
-__device__ __forceinline__ int64_t call_epoch(const Params& p) {
-    if (p.epoch > 0) return p.epoch;
-    int64_t v;
-    asm volatile("ld.relaxed.gpu.global.s64 %0, [%1];" : "=l"(v) : "l"(p.epoch_counter) : "memory");
-    return v + 1;
-}
-
 __device__ __forceinline__ bool nvl_barrier(const Params& p, int which, uint32_t role) {
     const int R = (int)p.num_ranks, me = (int)p.rank;
     const unsigned long long n = gridDim.x;

@@ -725,7 +725,7 @@ int megamoe_sm90_launch(const Params* p_in, void* stream) {
         return -5;
     if (p->num_ranks < 1 || p->num_experts % p->num_ranks || p->num_experts / p->num_ranks > 256 ||
         p->rank < 0 || p->rank >= p->num_ranks || p->combine_rows < p->num_tokens ||
-        (p->num_ranks > 1 && (p->peer_base == nullptr || p->epoch < 0 || (p->epoch == 0 && p->epoch_counter == nullptr) ||
+        (p->num_ranks > 1 && (p->peer_base == nullptr || p->epoch_counter == nullptr ||
                               p->send_count == nullptr ||
                               p->cta_hist == nullptr || p->pool_rank == nullptr)))
         return -6;
@@ -748,7 +748,7 @@ const char* megamoe_sm90_error_string(int code) {
         case -3: return "kernel does not fit one CTA per SM";
         case -4: return "shared memory for these stages exceeds the device limit";
         case -5: return "unsupported shape (hidden, inter multiples of 128; 2*inter/128 <= 64; E <= 512; 2 <= stages <= 16)";
-        case -6: return "bad expert-parallel parameters (R divides E, E/R <= 256, rank < R, combine_rows >= T, EP buffers set, epoch >= 1 or an epoch counter)";
+        case -6: return "bad expert-parallel parameters (R divides E, E/R <= 256, rank < R, combine_rows >= T, EP buffers and the call counter set)";
         default: return cudaGetErrorString((cudaError_t)code);
     }
 }

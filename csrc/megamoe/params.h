@@ -63,16 +63,14 @@ struct Params {
     int64_t device;            // CUDA device to launch on (-1: the current one)
     int64_t num_ranks;         // R (1 = single GPU)
     int64_t rank;              // this rank
-    int64_t epoch;             // call number (1, 2, ...; the same on every rank): NVLink barrier targets;
-                               // 0: read it from epoch_counter (below)
     int64_t off_x, off_x_sf, off_topk_w, off_src_idx, off_recv_count, off_combine, off_flag;
     const unsigned long long* peer_base;  // [R] base address of every rank's symmetric buffer
     unsigned long long* send_count;       // [E] (CTAs that reported << 32) | items this rank sends to expert e
     int32_t* cta_hist;                    // [num_sms, E] items of each CTA per expert (ascending source order)
     int32_t* pool_rank;                   // [pool_rows] source rank of each pool row (token source metadata)
-    int64_t* epoch_counter;               // [1] calls this rank completed (device memory); with epoch == 0
-                                          // the call's epoch is *epoch_counter + 1 and CTA 0 adds one after
-                                          // the last NVLink barrier, so a captured CUDA graph can replay it
+    int64_t* epoch_counter;               // [1] calls this rank completed (device memory): the call's number
+                                          // (NVLink barrier targets) is *epoch_counter + 1, and CTA 0 adds one
+                                          // after the last NVLink barrier, so a captured CUDA graph replays it
     // Symmetric buffer fields (byte offsets above):
     //   flag       u64 [R]              NVLink barrier arrivals of each rank's CTAs (monotonic)
     //   recv_count i32 [E/R, R]         items source rank s sends to local expert e

@@ -212,7 +212,7 @@ __device__ void combine_and_clean(const Params& p, int threads) {
     if (ep) {
         __threadfence_system();
         __syncthreads();
-        if (threadIdx.x == 0 && nvl_barrier(p, 2, kRoleDispatch) && blockIdx.x == 0 && p.epoch == 0)
+        if (threadIdx.x == 0 && nvl_barrier(p, 2, kRoleDispatch) && blockIdx.x == 0)
             atomicAdd(reinterpret_cast<unsigned long long*>(p.epoch_counter), 1ull);  // this call is done
     } else {
         grid_sync(p, kRoleDispatch);

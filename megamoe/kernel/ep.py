@@ -357,7 +357,6 @@ class MegaMoEKernelEP:
         self.item_pos = torch.empty(T * topk, dtype=i32, device=d)
         self.epoch_counter = torch.zeros(1, dtype=torch.int64, device=d)  # calls completed (the kernel adds one)
         self._ws, self._ws_key = {}, None
-        self.epoch = 0
         self.last_design = None
         if _local is None:
             self.reset()
@@ -386,7 +385,6 @@ class MegaMoEKernelEP:
             if k in self._ws:
                 self._ws[k].zero_()
         torch.cuda.synchronize(self.device)
-        self.epoch = 0
 
     def _workspace(self, design):
         torch = self.torch
@@ -475,7 +473,6 @@ class MegaMoEKernelEP:
         if trace:
             cap = self._trace_cap(design)
             tr, trc = record_buffers(self, self.num_sms, cap)
-        self.epoch += 1
         w, L = self.weights, self.layout
         p = Params(num_tokens=T, hidden=self.H, inter=self.I, num_experts=self.E, topk=self.K,
                    block_m=design.block_m, num_stages=design.num_stages, experts_per_wave=design.experts_per_wave,
@@ -491,7 +488,7 @@ class MegaMoEKernelEP:
                    combine_buf=self.combine_buf.data_ptr(), y=y.data_ptr(),
                    trace=tr.data_ptr() if trace else 0, trace_count=trc.data_ptr() if trace else 0, progress=0,
                    combine_rows=self.max_tokens, device=self.device.index, num_ranks=self.R, rank=self.rank,
-                   epoch=0, epoch_counter=self.epoch_counter.data_ptr(),  # the call number from device memory
+                   epoch_counter=self.epoch_counter.data_ptr(),  # the call number lives in device memory
                    off_x=L["x"], off_x_sf=L["x_sf"], off_topk_w=L["topk_w"],
                    off_src_idx=L["src_idx"], off_recv_count=L["recv_count"], off_combine=L["combine"],
                    off_flag=L["flag"], peer_base=self.peer_base.data_ptr(), send_count=self.send_count.data_ptr(),
@@ -558,7 +555,6 @@ class EPGraph:
     def replay(self):
         """Launch the captured call on the current stream; returns ``y``."""
         self.graph.replay()
-        self.kernel.epoch += 1
         return self.y
 
 

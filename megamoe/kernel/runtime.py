@@ -65,7 +65,7 @@ class Params(ctypes.Structure):
             "l2_pool_sf", "pool_token", "pool_slot", "pool_weight", "expert_count", "arrival", "mask",
             "grid_sync", "error", "item_pos", "combine_buf", "y", "trace", "trace_count", "progress")] + [
         (n, ctypes.c_int64) for n in (
-            "combine_rows", "device", "num_ranks", "rank", "epoch", "off_x", "off_x_sf", "off_topk_w", "off_src_idx",
+            "combine_rows", "device", "num_ranks", "rank", "off_x", "off_x_sf", "off_topk_w", "off_src_idx",
             "off_recv_count", "off_combine", "off_flag")] + [
         (n, ctypes.c_void_p) for n in ("peer_base", "send_count", "cta_hist", "pool_rank", "epoch_counter")]
 
@@ -273,7 +273,7 @@ class MegaMoEKernel:
                                                     "grid_sync", "error", "item_pos", "combine_buf")},
                    y=y.data_ptr(), trace=tr.data_ptr() if trace else 0, trace_count=trc.data_ptr() if trace else 0,
                    progress=self.progress.data_ptr() if getattr(self, "progress", None) is not None else 0,
-                   combine_rows=T, device=-1, num_ranks=1, rank=0, epoch=0)
+                   combine_rows=T, device=-1, num_ranks=1, rank=0)
         stream = torch.cuda.current_stream(self.device).cuda_stream
         rc = self.lib.megamoe_sm90_launch(ctypes.byref(p), ctypes.c_void_p(stream))
         if rc != 0:

@@ -184,7 +184,7 @@ def pack_params(cfg, *, num_tokens: int, hidden: int, inter: int, num_experts: i
         w1=ptr(weights.w1), w1_sf=ptr(weights.w1_sf), w2=ptr(weights.w2), w2_sf=ptr(weights.w2_sf),
         **{k: ptr(ws[k]) for k in WORKSPACE_FIELDS},
         y=ptr(y), trace=ptr(trace), trace_count=ptr(trace_count), progress=ptr(progress),
-        combine_rows=num_tokens, device=-1, num_ranks=1, rank=0, epoch=0)
+        combine_rows=num_tokens, device=-1, num_ranks=1, rank=0)
     q.block_k, q.pull_bytes, q.sf_pool_rows, q.reserved = cfg.block_k, cfg.bytes_per_pull, cfg.sf_pool_rows, 0
     return q
 
