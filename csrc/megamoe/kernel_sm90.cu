@@ -39,6 +39,8 @@ static_assert(kRegsDispatch + kRegsProducer + 2 * kRegsConsumer == 4 * kRegsEven
 template <uint32_t R> __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(R)); }
 template <uint32_t R> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(R)); }
 constexpr uint32_t kBarDispatch = 1, kBarConsumer = 2, kBarConsumerWg0 = 3;  // 3, 4: one per consumer warpgroup
+static_assert(kDispatchThreads == kSharedDispatchThreads && kBarDispatch == kSharedBarDispatch,
+              "the dispatch warps run roles_shared.cuh's count_items / dispatch_pull with its barrier");
 
 __host__ __device__ constexpr size_t align128(size_t x) { return (x + 127) & ~size_t(127); }
 
@@ -102,28 +104,7 @@ __device__ __forceinline__ void dispatch_role_ep(const Params& p, const int BM, 
 
     // 1. count (as EP1): in-order rank of each item among this CTA's items of the same expert.
     uint64_t ts = globaltimer();
-    for (int e = tid; e < E; e += kDispatchThreads) hist[e] = 0;
-    named_bar_sync(kBarDispatch, kDispatchThreads);
-    if (warp == 0) {
-        for (int base = i0; base < i1; base += 32) {
-            const int i = base + lane;
-            int e = -1;
-            if (i < i1) {
-                e = p.topk_idx[i];
-                if (e < -1 || e >= E) { raise_error(p, kErrBadExpert, kRoleDispatch, e, i / K, i % K, -1, 0); e = -1; }
-            }
-            const uint32_t peers = __match_any_sync(0xffffffffu, e);
-            const int rank = __popc(peers & ((1u << lane) - 1u));
-            const int leader = __ffs(peers) - 1;
-            int b = 0;
-            if (e >= 0) b = hist[e];
-            __syncwarp();
-            if (e >= 0 && lane == leader) hist[e] = b + __popc(peers);
-            __syncwarp();
-            if (e >= 0) p.item_pos[i] = b + rank;
-        }
-    }
-    named_bar_sync(kBarDispatch, kDispatchThreads);
+    count_items(p, hist, i0, i1);
     // 2. publish this CTA's histogram, then the count (release through the fence + atomic).
     for (int e = tid; e < E; e += kDispatchThreads) {
         p.cta_hist[(size_t)c * E + e] = hist[e];

@@ -69,22 +69,14 @@ __device__ __forceinline__ uint8_t to_e4m3(float v) {
 }
 
 // ------------------------------------------------------------------ dispatch (128 threads)
-// Scratch in shared memory: hist[E], cta_base[E], off_blk[E], scan[4].
-template <int BM, class SfRow>
-__device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* off_blk, int* scan, SfRow sf_row,
-                              int pull_bytes) {
-    constexpr int kThreads = kSharedDispatchThreads;
+// Step 1 of every dispatch (EP1 here, EP in kernel_sm90.cu): hist[e] = this CTA's items of
+// expert e in [i0, i1), item_pos[i] = the item's rank among them in item order; a bad
+// expert id raises kErrBadExpert and the item is skipped. All 128 dispatch threads call it.
+__device__ __forceinline__ void count_items(const Params& p, int* hist, int i0, int i1) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int T = (int)p.num_tokens, K = (int)p.topk, E = (int)p.num_experts, H = (int)p.hidden;
-    const int c = blockIdx.x, nc = gridDim.x;
-    const int t0 = (int)((int64_t)T * c / nc), t1 = (int)((int64_t)T * (c + 1) / nc);
-    const int i0 = t0 * K, i1 = t1 * K;
-    const bool trace = p.trace_cap > 0 && tid == 0;
-
-    // 1. count: in-order rank of each item among this CTA's items of the same expert.
-    uint64_t ts = globaltimer();
-    for (int e = tid; e < E; e += kThreads) hist[e] = 0;
-    named_bar_sync(kSharedBarDispatch, kThreads);
+    const int K = (int)p.topk, E = (int)p.num_experts;
+    for (int e = tid; e < E; e += kSharedDispatchThreads) hist[e] = 0;
+    named_bar_sync(kSharedBarDispatch, kSharedDispatchThreads);
     if (warp == 0) {
         for (int base = i0; base < i1; base += 32) {
             const int i = base + lane;
@@ -104,7 +96,24 @@ __device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* of
             if (e >= 0) p.item_pos[i] = b + rank;
         }
     }
-    named_bar_sync(kSharedBarDispatch, kThreads);
+    named_bar_sync(kSharedBarDispatch, kSharedDispatchThreads);
+}
+
+// Scratch in shared memory: hist[E], cta_base[E], off_blk[E], scan[4].
+template <int BM, class SfRow>
+__device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* off_blk, int* scan, SfRow sf_row,
+                              int pull_bytes) {
+    constexpr int kThreads = kSharedDispatchThreads;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int T = (int)p.num_tokens, K = (int)p.topk, E = (int)p.num_experts, H = (int)p.hidden;
+    const int c = blockIdx.x, nc = gridDim.x;
+    const int t0 = (int)((int64_t)T * c / nc), t1 = (int)((int64_t)T * (c + 1) / nc);
+    const int i0 = t0 * K, i1 = t1 * K;
+    const bool trace = p.trace_cap > 0 && tid == 0;
+
+    // 1. count: in-order rank of each item among this CTA's items of the same expert.
+    uint64_t ts = globaltimer();
+    count_items(p, hist, i0, i1);
     // 2. publish: one 64-bit add per (CTA, expert); the low half before ours is our base.
     for (int e = tid; e < E; e += kThreads) {
         const unsigned long long old = atomicAdd(p.expert_count + e, (1ull << 32) | (unsigned long long)(uint32_t)hist[e]);
