@@ -195,6 +195,21 @@ def main():
         flops = 2 * routed * H * I * 3
         nvl_bytes = cross * (H + H // 32 + 4 + 2 * H)
 
+        def failed(impl, e, kernel=None, limit=None):
+            """The row of an implementation that raised (this rank's message); the kernel is
+            reset so that the next size starts from clean barrier state."""
+            if kernel is not None:
+                try:
+                    kernel.reset()
+                except Exception:  # noqa: BLE001
+                    pass
+            return dict(impl=impl, tokens_per_rank=T, error=f"rank {rank}: {type(e).__name__}: {str(e)[:limit]}")
+
+        def emit(r):
+            res["rows"].append(r)
+            if rank == 0:
+                print(json.dumps({k: v for k, v in r.items() if k != "design"}), flush=True)
+
         def row(impl, us, wb):
             hbm = max(touched[r] * wb + recv[r] * (H + 2 * I + 2 * H) for r in range(R))
             return dict(impl=impl, tokens_per_rank=T, routed=routed, recv_per_rank=recv, cross_rank_items=cross,
@@ -224,20 +239,13 @@ def main():
             r.update(us_per_rank=[m for m, _ in meds], nan=nan, design=kern.last_design.as_dict(),
                      **{k: max(d[k] for d in diags) for k in diag}, diag_per_rank=diags)
         except Exception as e:  # noqa: BLE001
-            r = dict(impl="megamoe_sm90_ep", tokens_per_rank=T, error=f"rank {rank}: {type(e).__name__}: {e}")
-            try:
-                kern.reset()
-            except Exception:  # noqa: BLE001
-                pass
-        res["rows"].append(r)
-        if rank == 0:
-            print(json.dumps({k: v for k, v in r.items() if k != "design"}), flush=True)
+            r = failed("megamoe_sm90_ep", e, kern)
+        emit(r)
         # the same call captured as a CUDA graph (MegaMoEKernelEP.capture): no host work per call
         if "error" not in r:
             try:
                 g = kern.capture(T)
-                g.x.copy_(x.view(torch.float8_e4m3fn)); g.x_sf.copy_(xs.view(torch.uint8))
-                g.topk_idx.copy_(idx.to(torch.int32)); g.topk_weights.copy_(tw)
+                g.fill(x, xs, idx, tw)
                 same = bool(torch.equal(g.replay().view(torch.int16), kern(x, xs, idx, tw).view(torch.int16)))
                 kern.check()
                 med, best = time_fn(g.replay, args.reps)
@@ -250,14 +258,8 @@ def main():
                           bitwise_vs_eager=all(sm for _, _, sm in meds))
                 del g
             except Exception as e:  # noqa: BLE001
-                rg = dict(impl="megamoe_sm90_ep_cuda_graph", tokens_per_rank=T, error=f"rank {rank}: {type(e).__name__}: {e}")
-                try:
-                    kern.reset()
-                except Exception:  # noqa: BLE001
-                    pass
-            res["rows"].append(rg)
-            if rank == 0:
-                print(json.dumps(rg), flush=True)
+                rg = failed("megamoe_sm90_ep_cuda_graph", e, kern)
+            emit(rg)
         if peer is not None:
             try:
                 xf8 = x.view(torch.float8_e4m3fn)
@@ -269,11 +271,8 @@ def main():
                 dist.all_gather_object(b2b, back_to_back_us(lambda: peer(xf8, idx, tw), args.reps))
                 rp.update(us_per_rank=[m for m, _ in meds], back_to_back_us=max(b2b))
             except Exception as e:  # noqa: BLE001
-                rp = dict(impl="unfused_nccl_a2a_torch_grouped_mm_fp8", tokens_per_rank=T,
-                          error=f"rank {rank}: {type(e).__name__}: {str(e)[:300]}")
-            res["rows"].append(rp)
-            if rank == 0:
-                print(json.dumps(rp), flush=True)
+                rp = failed("unfused_nccl_a2a_torch_grouped_mm_fp8", e, limit=300)
+            emit(rp)
         if rank == 0:
             out.write_text(json.dumps(res, indent=1))
     # one traced call: pull intervals vs L1 intervals (NVLink traffic overlapped with L1 MMA?)

@@ -424,6 +424,24 @@ class MegaMoEKernelEP:
         T = num_tokens
         return (self.x_buf[:T].view(self.torch.float8_e4m3fn), self.x_sf_buf[:T], self.topk_w_buf[:T])
 
+    def _stage(self, x, x_sf, topk_idx, topk_w) -> int:
+        """Check one call's inputs (one-line ``InputError`` naming the field) and copy x, its
+        scales and the top-k weights into this rank's symmetric buffer, unless they are already
+        there (:meth:`input_buffers`). Returns the token count."""
+        torch = self.torch
+        T = x.shape[0]
+        require(x.dim() == 2 and x.shape[1] == self.H, "x", f"[T, {self.H}] float8_e4m3fn", tuple(x.shape))
+        require(T <= self.max_tokens, "x", f"at most max_tokens={self.max_tokens} rows", T)
+        require(tuple(x_sf.shape) == (T, self.H // 32), "x_sf", f"[{T}, {self.H // 32}] UE8M0", tuple(x_sf.shape))
+        require(tuple(topk_idx.shape) == (T, self.K), "topk_idx", f"[{T}, {self.K}]", tuple(topk_idx.shape))
+        require(tuple(topk_w.shape) == (T, self.K), "topk_weights", f"[{T}, {self.K}]", tuple(topk_w.shape))
+        if T:
+            for dst, src in ((self.x_buf, x.reshape(T, self.H).view(torch.uint8)), (self.x_sf_buf, x_sf.view(torch.uint8)),
+                             (self.topk_w_buf, topk_w.to(torch.float32))):
+                if src.data_ptr() != dst.data_ptr() or not src.is_contiguous():
+                    dst[:T].copy_(src)
+        return T
+
     def capture(self, num_tokens: int, design=None) -> "EPGraph":
         """Collective: a CUDA graph of one call with ``num_tokens`` tokens on this rank.
 
@@ -453,17 +471,7 @@ class MegaMoEKernelEP:
         Inputs already in the symmetric buffer (:meth:`input_buffers`) are not copied."""
         from .runtime import Params, KernelError
         torch = self.torch
-        T = x.shape[0]
-        require(x.dim() == 2 and x.shape[1] == self.H, "x", f"[T, {self.H}] float8_e4m3fn", tuple(x.shape))
-        require(T <= self.max_tokens, "x", f"at most max_tokens={self.max_tokens} rows", T)
-        require(tuple(x_sf.shape) == (T, self.H // 32), "x_sf", f"[{T}, {self.H // 32}] UE8M0", tuple(x_sf.shape))
-        require(tuple(topk_idx.shape) == (T, self.K), "topk_idx", f"[{T}, {self.K}]", tuple(topk_idx.shape))
-        require(tuple(topk_w.shape) == (T, self.K), "topk_weights", f"[{T}, {self.K}]", tuple(topk_w.shape))
-        if T:
-            for dst, src in ((self.x_buf, x.reshape(T, self.H).view(torch.uint8)), (self.x_sf_buf, x_sf.view(torch.uint8)),
-                             (self.topk_w_buf, topk_w.to(torch.float32))):
-                if src.data_ptr() != dst.data_ptr() or not src.is_contiguous():
-                    dst[:T].copy_(src)
+        T = self._stage(x, x_sf, topk_idx, topk_w)
         topk_idx = topk_idx.to(torch.int32).contiguous()
         design = design or self.design(T)
         self.last_design = design
@@ -539,9 +547,9 @@ class MegaMoEKernelEP:
 
 @dataclass
 class EPGraph:
-    """A captured EP call (:meth:`MegaMoEKernelEP.capture`): fill ``x`` (float8_e4m3fn
-    ``[T, H]``), ``x_sf`` (uint8 UE8M0 ``[T, H/32]``), ``topk_idx`` (int32 ``[T, k]``, -1
-    masked) and ``topk_weights`` (float32 ``[T, k]``) in place, then ``replay()`` on every rank;
+    """A captured EP call (:meth:`MegaMoEKernelEP.capture`): ``fill(...)`` (or write ``x``
+    float8_e4m3fn ``[T, H]``, ``x_sf`` uint8 UE8M0 ``[T, H/32]``, ``topk_idx`` int32 ``[T, k]``
+    with -1 masked, ``topk_weights`` float32 ``[T, k]`` in place), then ``replay()`` on every rank;
     the output is ``y`` (BF16 ``[T, H]``). Errors surface through the kernel's ``check()``."""
 
     graph: object
@@ -551,6 +559,14 @@ class EPGraph:
     topk_weights: object
     y: object
     kernel: object
+
+    def fill(self, x, x_sf, topk_idx, topk_weights) -> None:
+        """Copy one call's inputs (the shapes this graph was captured for, else a one-line
+        ``InputError``) into the graph's input tensors, as an eager call would."""
+        require(x.shape[0] == self.x.shape[0], "x", f"{self.x.shape[0]} rows (the captured token count)",
+                x.shape[0])
+        self.kernel._stage(x, x_sf, topk_idx, topk_weights)
+        self.topk_idx.copy_(topk_idx.to(self.topk_idx.dtype))
 
     def replay(self):
         """Launch the captured call on the current stream; returns ``y``."""
