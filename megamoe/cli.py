@@ -59,12 +59,15 @@ def _out_path(*suffixes: str):
 def _skew(text: str) -> float | list[float]:
     import math
 
+    from .scenario import MAX_LAUNCH_SKEW_US
+
     try:
         vals = [float(x) for x in text.split(",")]
     except ValueError:
         vals = [float("nan")]
-    if not all(math.isfinite(v) and v >= 0 for v in vals):
-        raise argparse.ArgumentTypeError(f"expected microseconds >= 0 (one number or one per rank), got {text!r}")
+    if not all(math.isfinite(v) and 0 <= v <= MAX_LAUNCH_SKEW_US for v in vals):
+        raise argparse.ArgumentTypeError(f"expected microseconds in [0, {MAX_LAUNCH_SKEW_US:g}] (one number or one "
+                                         f"per rank), got {text!r}")
     return vals[0] if len(vals) == 1 else vals
 
 
@@ -136,7 +139,8 @@ def _print_summary(res) -> None:
     con.print(f"[bold]{shape.name}[/] (E={shape.num_experts}, k={shape.top_k}, H={shape.hidden}, "
               f"I={shape.intermediate})  EP{sc.num_ranks}  tokens/rank={sc.tokens_per_rank}  "
               f"routing={sc.routing.describe()}  seed={sc.seed}  hardware={res.hardware.name}  "
-              f"design={plan.design}")
+              f"design={plan.design}"
+              + (f"  launch skew (us)={sc.launch_offsets_us()}" if any(sc.launch_offsets_us()) else ""))
     con.print(f"plan (rank 0): block_m={rp.config.block_m} block_n={rp.config.block_n} "
               f"block_k={rp.config.block_k} experts/wave={rp.experts_per_wave} waves={rp.num_waves} "
               f"stages={rp.num_stages} SMs={plan.num_sms} pool={plan.pool_tokens} tokens "
@@ -259,7 +263,8 @@ def cmd_compare(a: argparse.Namespace) -> int:
               f"{report['makespan_simulated_us']:.1f} us, makespan error {100 * report['makespan_error']:+.1f}%, "
               f"median kind error {100 * report['median_kind_error']:.1f}%")
     if any(report["launch_skew_us"]):
-        con.print("ranks' launch skew read off the trace (simulated with it; host jitter is not modelled): "
+        con.print("ranks' launch skew read off the trace (host launch jitter: an input of the model, which it "
+                  "does not predict; simulated with it): "
                   + ", ".join(f"{v:.1f}" for v in report["launch_skew_us"]) + " us; makespan error without it "
                   f"{100 * report['makespan_error_no_skew']:+.1f}%")
     t = Table(title="per-kind duration error (matched intervals)")

@@ -18,6 +18,7 @@ from .routing import RoutingSpec, generate
 from .shapes import MoEShape, get_shape
 
 DEFAULT_MAX_TOKENS = 8192  # DeepGEMM tests/test_mega_moe.py default num_max_tokens_per_rank
+MAX_LAUNCH_SKEW_US = 100_000.0  # 0.1 s: far beyond launch jitter, and bounded memory (see Scenario)
 
 
 @dataclass
@@ -43,7 +44,9 @@ class Scenario:
         launch_skew_us: when each rank's kernel starts, in microseconds (host launch jitter,
             outside the kernel): a list of one value per rank (only differences matter), or
             one number: how late the last rank starts (the others at 0). The ranks meet at
-            the first NVLink barrier, so a late rank makes the others wait. Default 0.
+            the first NVLink barrier, so a late rank makes the others wait. Default 0; at most
+            ``MAX_LAUNCH_SKEW_US`` (the bandwidth model keeps a time slot from 0 to the end of
+            the latest rank, so memory grows with the skew: 1 s of skew takes ~1.3 GB).
 
     Raises:
         InputError: bad field (one-line message naming it).
@@ -104,7 +107,8 @@ class Scenario:
         vals = list(skew) if is_list else [skew.item() if isinstance(skew, np.ndarray) else skew]
         for v in vals:
             require(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
-                    and math.isfinite(v) and v >= 0, "launch_skew_us", "finite numbers >= 0 (microseconds)", v)
+                    and math.isfinite(v) and 0 <= v <= MAX_LAUNCH_SKEW_US, "launch_skew_us",
+                    f"numbers in [0, {MAX_LAUNCH_SKEW_US:g}] (microseconds)", v)
         R = self.num_ranks
         require(not is_list or len(vals) == R, "launch_skew_us",
                 f"one number or a list of {R} value{'s' if R > 1 else ''} (one per rank)",

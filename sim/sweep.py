@@ -76,7 +76,10 @@ def parse_values(axis: str, text: str) -> list:
             out = [float(v) for v in vals]
         except ValueError:
             raise InputError(f"sweep.{axis}", "numbers (microseconds)", text) from None
-        require(all(math.isfinite(v) and v >= 0 for v in out), f"sweep.{axis}", "microseconds >= 0", text)
+        from megamoe.scenario import MAX_LAUNCH_SKEW_US
+
+        require(all(math.isfinite(v) and 0 <= v <= MAX_LAUNCH_SKEW_US for v in out), f"sweep.{axis}",
+                f"microseconds in [0, {MAX_LAUNCH_SKEW_US:g}]", text)
         return out
     if axis.endswith("_scale") or axis in SCALE_ALIASES:
         try:

@@ -64,7 +64,8 @@ def test_offsets_spelling():
     assert sc.to_dict()["launch_skew_us"] == [0.0, 1.0]
 
 
-@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), [1.0, 2.0, 3.0], [1.0], "5", True])
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), 1e9, [0.0, 100_001.0], [1.0, 2.0, 3.0], [1.0],
+                                 "5", True])
 def test_bad_skew_is_a_one_line_error(bad):
     with pytest.raises(InputError, match="^launch_skew_us: expected"):
         Scenario(**BASE, launch_skew_us=bad)
@@ -76,7 +77,7 @@ def test_skew_needs_two_ranks():
     assert Scenario(**{**BASE, "num_ranks": 1}, launch_skew_us=0.0).launch_offsets_us() == [0.0]
 
 
-@pytest.mark.parametrize("arg", ["-3", "abc", "1,,2", "nan"])
+@pytest.mark.parametrize("arg", ["-3", "abc", "1,,2", "nan", "1e9"])
 def test_cli_bad_skew_exit_2(arg):
     p = subprocess.run([sys.executable, "-m", "megamoe.cli", "simulate", "--shape", "64,4,512,256", "--ranks", "2",
                         "--tokens", "8", f"--launch-skew-us={arg}"], capture_output=True, text=True, timeout=120)
