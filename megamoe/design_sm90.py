@@ -10,9 +10,9 @@ of the 227 KB of shared memory, so two CTAs would halve the stages; one CTA also
 dispatch warps and the grid sync simple), 512 threads in three warp-specialized roles —
 dispatch (warps 0-3), producer (warps 4-7: cp.async of activation tiles and packed E2M1
 weight tiles, completion through the stage's mbarrier) and consumer (warps 8-15, two
-warpgroups: E2M1 -> E4M3 decode into shared memory, FP8 WGMMA ``m64n{block_m}k32`` with the
-weights as the A operand ("swap AB", 64 weight rows per warpgroup) and per-32-K UE8M0
-promotion in FP32, then the epilogues). ``setmaxnreg`` moves registers from the dispatch and
+warpgroups: E2M1 -> E4M3 decode straight into the registers of FP8 WGMMA ``m64n{block_m}k32``
+with the weights as the register A operand ("swap AB", 64 weight rows per warpgroup) and
+per-32-K UE8M0 promotion in FP32, then the epilogues). ``setmaxnreg`` moves registers from the dispatch and
 producer warpgroups to the consumers. Block tile ``128 weight rows x block_m tokens x 128``;
 the block order is DeepGEMM's MegaMoEScheduler rule.
 """
@@ -65,9 +65,11 @@ def block_m_for(expected_tokens_per_expert: float) -> int:
 
 def stage_bytes(block_m: int) -> int:
     """Shared memory of one pipeline stage, rounded up to 1024 B (WGMMA's 128-byte swizzle
-    atoms need 1024-B alignment): A tile, decoded B, packed B, B scales, A scales, FP32 scale
-    tables per consumer warpgroup: ``[2][4][64]`` (its weight rows) and ``[2][4][block_m]`` (tokens)."""
-    return _align(block_m * BLOCK_K + 16384 + 8192 + 512 + _align(block_m * 4, 128) + 2048 + block_m * 32, 1024)
+    atoms need 1024-B alignment): token tile ``[block_m][128]`` E4M3, packed weights
+    ``[128][64]`` (decoded into registers, never into shared memory), weight scales
+    ``[128][4]``, token scales ``[block_m][4]`` (128-B aligned), and one FP32 token-scale table
+    ``[4][block_m]`` per consumer warpgroup."""
+    return _align(block_m * BLOCK_K + 8192 + 512 + _align(block_m * 4, 128) + block_m * 32, 1024)
 
 
 def fixed_bytes(block_m: int, num_experts: int) -> int:

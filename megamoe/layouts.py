@@ -30,10 +30,12 @@ SM100 kernel layout (DeepGEMM ``fp8_fp4_mega_moe``; sources at commit 891d57b):
    ``int8`` (``torch.int8`` in ``tests/test_mega_moe.py``): ``t.view(torch.int8)``.
 
 SM90 layout (this project's Hopper kernel, see :func:`transform_weights_for_sm90`): Hopper
-has no FP4 or block-scaled MMA and ``wgmma`` needs FP8 operands K-major in shared memory, so
-the kernel loads the packed E2M1 bytes (K-major, unchanged) and their UE8M0 bytes, and
-decodes them into E4M3 in shared memory.  The only reordering it needs is the same 8-row
-gate/up interleave, so its epilogue pairs gate/up exactly like SM100's.  Scales stay
+has no FP4 or block-scaled MMA, so the kernel loads the packed E2M1 bytes and their UE8M0
+bytes and decodes E2M1 into E4M3 ``wgmma`` register fragments.  It needs the same 8-row
+gate/up interleave, so its epilogue pairs gate/up exactly like SM100's (the producer does it
+by address arithmetic on the checkpoint rows), and one byte permutation inside every 64-byte
+K block of a row (:func:`permute_e2m1_for_sm90_rs`, applied once when the kernel object is
+built), so that a thread's fragment of all four k32 steps is one 16-byte chunk.  Scales stay
 ``uint8`` bytes, K-major ``[E, N, K/32]`` (one contiguous row of scale bytes per weight
 row, which a producer warp reads alongside the row's weights); no UTCCP transpose (no
 TMEM).
@@ -56,6 +58,7 @@ __all__ = [
     "to_mn_major", "to_k_major", "is_mn_major",
     "transform_weights_for_mega_moe", "untransform_weights_for_mega_moe",
     "transform_weights_for_sm90", "untransform_weights_for_sm90",
+    "permute_e2m1_for_sm90_rs", "unpermute_e2m1_for_sm90_rs",
     "check_mxfp4_weights",
 ]
 
@@ -288,3 +291,40 @@ def untransform_weights_for_sm90(
     return ((deinterleave_gate_up(w1.contiguous(), name="l1_weights"),
              deinterleave_gate_up(sf1.contiguous(), name="l1_weights_sf")),
             (w2.contiguous().clone(), sf2.contiguous().clone()))
+
+
+def _rs_view(w: torch.Tensor, name: str) -> torch.Tensor:
+    _check_tensor(w, name, dtypes=(torch.uint8, torch.int8), contiguous=False)
+    if w.dim() < 1 or w.shape[-1] % 64:
+        raise InputError(name, "packed E2M1 [..., K/2] with K a multiple of 128", tuple(w.shape))
+    return w.contiguous()
+
+
+def permute_e2m1_for_sm90_rs(w: torch.Tensor, name: str = "weights") -> torch.Tensor:
+    """Packed E2M1 rows -> the SM90 kernel's register-fragment byte order.
+
+    ``wgmma.m64nNk32`` with A in registers (8-bit types, CuTe ``ALayout_64x32``) gives the
+    thread with ``t = lane % 4`` the K elements ``[4t, 4t+4)`` and ``[16+4t, 16+4t+4)`` of each
+    k32 step, i.e. the packed bytes ``8p + 2t`` and ``8p + 2t + 1`` of every 8-byte piece
+    ``p`` of a row's 64-byte (128-element) K block.  This moves byte ``8p + 2t + b`` of every K
+    block to ``16t + 2p + b``: thread ``t`` reads its whole fragment as 16-byte chunk ``t``,
+    and word ``q`` of that chunk decodes into its registers of step ``q``.
+
+    Args:
+        w: ``uint8``/``int8`` ``[..., K/2]`` packed E2M1 (element ``2i`` in the low nibble of
+            byte ``i``), K a multiple of 128; e.g. ``[E, 2I, H/2]``.
+    Returns:
+        a new contiguous tensor of the same shape and dtype.
+    Raises:
+        InputError: not a byte tensor, or K/2 not a multiple of 64.
+    """
+    w = _rs_view(w, name)
+    kb = w.shape[-1] // 64
+    return w.view(*w.shape[:-1], kb, 8, 4, 2).transpose(-3, -2).contiguous().view(w.shape)
+
+
+def unpermute_e2m1_for_sm90_rs(w: torch.Tensor, name: str = "weights") -> torch.Tensor:
+    """Inverse of :func:`permute_e2m1_for_sm90_rs` (same arguments and errors)."""
+    w = _rs_view(w, name)
+    kb = w.shape[-1] // 64
+    return w.view(*w.shape[:-1], kb, 4, 8, 2).transpose(-3, -2).contiguous().view(w.shape)

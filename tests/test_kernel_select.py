@@ -95,8 +95,11 @@ def fake_loader(monkeypatch):
     return calls
 
 
-def _kernel(device="cuda:0"):
-    return runtime.MegaMoEKernel(num_experts=8, topk=2, hidden=256, inter=128, max_tokens=16, weights=None,
+def _kernel(device="cuda:0", weights="small"):
+    if weights == "small":
+        from megamoe.kernel.check import make_weights
+        weights = runtime.prepare_weights(*make_weights(8, 256, 128, "cpu"))
+    return runtime.MegaMoEKernel(num_experts=8, topk=2, hidden=256, inter=128, max_tokens=16, weights=weights,
                                  num_sms=4, device=device)
 
 
@@ -108,11 +111,21 @@ def test_megamoe_kernel_on_sm90_loads_the_sm90_library(monkeypatch, fake_loader)
     k = _kernel()
     assert fake_loader == ["sm_90a"]
     assert type(k) is runtime.MegaMoEKernel  # not the SM100 subclass
+    # the SM90 object keeps the packed weights in the register-fragment order, scales as given
+    from megamoe.kernel.check import make_weights
+    from megamoe import layouts
+    ck = make_weights(8, 256, 128, "cpu")
+    assert torch.equal(layouts.unpermute_e2m1_for_sm90_rs(k.weights.w1), ck[0])
+    assert torch.equal(layouts.unpermute_e2m1_for_sm90_rs(k.weights.w2), ck[2])
+    assert not torch.equal(k.weights.w1, ck[0]) and torch.equal(k.weights.w1_sf, ck[1])
     assert k.path is select.PATHS["sm_90a"] and isinstance(k.lib, _FakeLib)
     assert k.num_sms == 4
     # positional arguments (device is the 14th) select the same way
-    k = runtime.MegaMoEKernel(8, 2, 256, 128, 16, None, None, 4, None, None, None, 10.0, None, "cuda:0")
+    w = runtime.prepare_weights(*make_weights(8, 256, 128, "cpu"))
+    k = runtime.MegaMoEKernel(8, 2, 256, 128, 16, w, None, 4, None, None, None, 10.0, None, "cuda:0")
     assert type(k) is runtime.MegaMoEKernel and fake_loader == ["sm_90a", "sm_90a"]
+    with pytest.raises(InputError, match=r"^weights: expected prepare_weights\(\.\.\.\) \(checkpoint layout\), got NoneType"):
+        _kernel(weights=None)
 
 
 # ------------------------------------------------------------------ the SM100 launch (no B200: a recording library)

@@ -115,3 +115,38 @@ def test_bad_inputs_name_the_tensor():
     with pytest.raises(InputError, match=r"^l1_weights: expected K = 2 \* shape\[2\] a multiple of 32"):
         L.check_mxfp4_weights(torch.zeros(1, 32, 24, dtype=torch.uint8),
                               torch.zeros(1, 32, 1, dtype=torch.uint8), "l1_weights")
+
+
+def test_sm90_rs_permutation_by_hand():
+    # one row, one K block: bytes 0..63. Thread t's chunk = bytes 8p + 2t, 8p + 2t + 1, p = 0..7
+    row = torch.arange(64, dtype=torch.uint8).view(1, 64)
+    got = L.permute_e2m1_for_sm90_rs(row)[0].tolist()
+    assert got[:16] == [0, 1, 8, 9, 16, 17, 24, 25, 32, 33, 40, 41, 48, 49, 56, 57]
+    assert got[16:32] == [2, 3, 10, 11, 18, 19, 26, 27, 34, 35, 42, 43, 50, 51, 58, 59]
+    assert got[48:] == [6, 7, 14, 15, 22, 23, 30, 31, 38, 39, 46, 47, 54, 55, 62, 63]
+
+
+def test_sm90_rs_permutation_gives_each_thread_its_wgmma_fragment():
+    """Word q of chunk t, nibble by nibble, holds the K elements of registers a0 / a2 of k32
+    step q for t = lane % 4: [32q + 4t, +4) then [32q + 16 + 4t, +4) (CuTe ALayout_64x32)."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randint(0, 256, (3, 5, 128), dtype=torch.uint8, generator=g)  # K = 256: two K blocks
+    nib = torch.stack([w & 15, w >> 4], -1).reshape(3, 5, 256)              # element k of each row
+    pw = L.permute_e2m1_for_sm90_rs(w)
+    for kb in range(2):
+        for t in range(4):
+            chunk = pw[..., kb * 64 + 16 * t: kb * 64 + 16 * t + 16]
+            for q in range(4):
+                word = chunk[..., 4 * q: 4 * q + 4]
+                got = torch.stack([word & 15, word >> 4], -1).reshape(3, 5, 8)
+                k0 = kb * 128 + 32 * q + 4 * t
+                want = torch.cat([nib[..., k0:k0 + 4], nib[..., k0 + 16:k0 + 20]], -1)
+                assert torch.equal(got, want), (kb, t, q)
+    assert torch.equal(L.unpermute_e2m1_for_sm90_rs(pw), w)
+
+
+def test_sm90_rs_permutation_bad_input():
+    with pytest.raises(InputError, match=r"^weights: expected packed E2M1 \[\.\.\., K/2\] with K a multiple of 128"):
+        L.permute_e2m1_for_sm90_rs(torch.zeros(2, 96, dtype=torch.uint8))
+    with pytest.raises(InputError, match=r"^w1"):
+        L.permute_e2m1_for_sm90_rs(torch.zeros(2, 64), name="w1")

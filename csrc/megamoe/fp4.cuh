@@ -21,12 +21,4 @@ __device__ __forceinline__ uint2 decode_e2m1x8(uint32_t w) {
     return make_uint2(mag0 | sign0, mag1 | sign1);
 }
 
-// 32 packed values (16 bytes) -> 32 E4M3 bytes.
-__device__ __forceinline__ void decode_e2m1x32(const uint4& in, uint4& lo, uint4& hi) {
-    const uint2 a = decode_e2m1x8(in.x), b = decode_e2m1x8(in.y);
-    const uint2 c = decode_e2m1x8(in.z), d = decode_e2m1x8(in.w);
-    lo = make_uint4(a.x, a.y, b.x, b.y);
-    hi = make_uint4(c.x, c.y, d.x, d.y);
-}
-
 }  // namespace megamoe

@@ -6,14 +6,16 @@
 //                          the expert-contiguous L1 pool, bump per-pool-block arrival counts;
 //                          at the end grid sync + combine (all 16 warps help).
 //   warps 4-7   producer : cp.async A tiles (pool rows + UE8M0 scales) and packed E2M1
-//                          weight tiles (+ scales) into a `num_stages` ring; each stage's full
-//                          barrier completes when the copies land (cp.async.mbarrier.arrive).
+//                          weight tiles (+ scales; bytes in the register-fragment order of
+//                          megamoe.layouts.permute_e2m1_for_sm90_rs) into a `num_stages`
+//                          ring; each stage's full barrier completes when the copies land
+//                          (cp.async.mbarrier.arrive).
 //                          Waits on free stages, arrival counts (L1) and arrival masks (L2,
 //                          per K block).
-//   warps 8-15  consumer : E2M1 -> E4M3 decode into shared memory, the matrix path
-//                          (mma_sm90.cuh) and both epilogues (SwiGLU + clamp + top-k weight +
-//                          per-32 UE8M0 requantization into the L2 pool and the arrival-mask
-//                          bit; BF16 rows into the combine buffer).
+//   warps 8-15  consumer : the matrix path (mma_sm90.cuh: E2M1 -> E4M3 decode into WGMMA
+//                          registers, FP8 WGMMA, FP32 promotion) and both epilogues (SwiGLU +
+//                          clamp + top-k weight + per-32 UE8M0 requantization into the L2
+//                          pool and the arrival-mask bit; BF16 rows into the combine buffer).
 // The block order is the scheduler's (scheduler.cuh, DeepGEMM MegaMoEScheduler rule).
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -45,13 +47,14 @@ static_assert(kDispatchThreads == kSharedDispatchThreads && kBarDispatch == kSha
 __host__ __device__ constexpr size_t align128(size_t x) { return (x + 127) & ~size_t(127); }
 
 // Shared-memory layout (mirrored by megamoe.design_sm90.smem_bytes). Every stage starts on a
-// 1024-B boundary, and so do its two WGMMA operands (A tokens, decoded B weights): the
-// 128-byte swizzle atoms of the descriptors (mma_sm90.cuh) must be 1024-B aligned.
+// 1024-B boundary, and so does its shared-memory WGMMA operand (the token tile): the 128-byte
+// swizzle atoms of the descriptor (mma_sm90.cuh) must be 1024-B aligned. The weights stay
+// packed in the stage (the consumers decode them into registers).
 __host__ __device__ constexpr size_t align1024(size_t x) { return (x + 1023) & ~size_t(1023); }
 __host__ __device__ constexpr size_t stage_bytes(int bm) {
-    // a [bm][128] | bdec [128][128] | bpk [128][64] | sfb [128][4] | sfa [bm][4] | fsw f32 [2][4][64] |
-    // fsx f32 [2][4][bm] (one table per consumer warpgroup)
-    return align1024((size_t)bm * 128 + 16384 + 8192 + 512 + align128((size_t)bm * 4) + 2048 + (size_t)bm * 32);
+    // a [bm][128] | bpk [128][64] | sfb [128][4] | sfa [bm][4] | fsx f32 [2][4][bm] (token scales,
+    // one table per consumer warpgroup)
+    return align1024((size_t)bm * 128 + 8192 + 512 + align128((size_t)bm * 4) + (size_t)bm * 32);
 }
 __host__ __device__ constexpr size_t fixed_bytes(int bm, int num_experts) {
     // barriers | dispatch scratch | per-warp amax [8][bm] f32
@@ -62,19 +65,17 @@ __host__ __device__ constexpr size_t smem_bytes(int bm, int stages, int num_expe
 }
 
 struct Stage {
-    uint8_t *a, *bdec, *bpk, *sfb, *sfa;
-    float *fsw, *fsx;
+    uint8_t *a, *bpk, *sfb, *sfa;
+    float* fsx;
 };
 template <int BM>
 __device__ __forceinline__ Stage get_stage(uint8_t* base, int s) {
     Stage st;
     st.a = base + (size_t)s * stage_bytes(BM);
-    st.bdec = st.a + BM * 128;
-    st.bpk = st.bdec + 16384;
+    st.bpk = st.a + BM * 128;
     st.sfb = st.bpk + 8192;
     st.sfa = st.sfb + 512;
-    st.fsw = reinterpret_cast<float*>(st.sfa + align128(BM * 4));
-    st.fsx = st.fsw + 512;
+    st.fsx = reinterpret_cast<float*>(st.sfa + align128(BM * 4));
     return st;
 }
 
@@ -304,7 +305,6 @@ struct Producer {
             if (l1) { const int i8 = n >> 3; gr = ((i8 & 1) ? I : 0) + b.n_block * 64 + (i8 >> 1) * 8 + (n & 7); }
             else gr = b.n_block * 128 + n;
             cp_async_16_cg(st.bpk + n * 64 + ch * 16, w + (size_t)gr * (kd / 2) + ch * 16);
-            if (q == 0 && ch == 0) {}
         }
         {
             const int n = ptid;
@@ -388,8 +388,8 @@ struct Producer {
 };
 
 // ------------------------------------------------------------------ consumer (warps 8-15)
-// Two warpgroups. Per K block: decode E2M1 -> E4M3 (and the stage's UE8M0 scales -> FP32
-// tables) into the stage, proxy fence + consumer barrier, then WGMMA (mma_sm90.cuh).
+// Two warpgroups. Per K block: the token scales -> an FP32 table per warpgroup, proxy fence +
+// warpgroup barrier, then the matrix path (mma_sm90.cuh decodes the weights into registers).
 // Fragment of warpgroup g: weight rows n = 64 g + 16 wi + lane/4 (+8), tokens m = 8 j +
 // 2 (lane % 4) (+1). In L1 the producer interleaves gate/up every 8 weight rows, so each
 // thread holds the gate (r = 0, 1) and the up (r = 2, 3) of the same intermediate column
@@ -446,40 +446,26 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
             dead = __any_sync(0xffffffffu, dead);
             if (lane == 0) progress(p, wslot, 0x03000000 | (dead ? 0x800000 : 0) | (uint32_t)it);
             const Stage st = get_stage<BM>(stages, s);
-            // Each warpgroup prepares only what it reads: E2M1 -> E4M3 of its 64 weight rows
-            // (256 packed 16-byte chunks, two per thread) into the decoded-B buffer, their
-            // scales into FP32 [4][64], and its own copy of the token scales, FP32 [4][BM].
-            // So the two warpgroups synchronise only within themselves and drift apart: one
-            // promotes while the other's WGMMA runs.
+            // Each warpgroup builds its own FP32 table of the token scales, [4][BM] (so the two
+            // warpgroups synchronise only within themselves and drift apart: one promotes while
+            // the other's WGMMA runs); each thread reads its two weight rows' packed chunk and
+            // scale bytes and decodes them into WGMMA registers (mma_sm90.cuh).
             const int wtid = ctid & 127;
-            if (!(p.fault_inject & 4)) {
-                #pragma unroll
-                for (int q = 0; q < 2; ++q) {
-                    const int c = wtid + 128 * q;
-                    const int n = g * 64 + (c >> 2), ch = c & 3;
-                    const uint4 in = *reinterpret_cast<const uint4*>(st.bpk + n * 64 + ch * 16);
-                    uint4 lo, hi;
-                    decode_e2m1x32(in, lo, hi);
-                    *reinterpret_cast<uint4*>(st.bdec + n * 128 + (((2 * ch) ^ (n & 7)) << 4)) = lo;
-                    *reinterpret_cast<uint4*>(st.bdec + n * 128 + (((2 * ch + 1) ^ (n & 7)) << 4)) = hi;
-                }
-            }
-            float* fsw = st.fsw + g * 256;
             float* fsx = st.fsx + g * 4 * BM;
-            #pragma unroll
-            for (int q = 0; q < 2; ++q) {
-                const int c = wtid + 128 * q;  // 256 weight scales: [n][4] -> [4][n]
-                fsw[(c & 3) * 64 + (c >> 2)] = ue8m0_to_float(st.sfb[g * 256 + c]);
-            }
             for (int c = wtid; c < BM * 4; c += 128) fsx[(c & 3) * BM + (c >> 2)] = ue8m0_to_float(st.sfa[c]);
-            // Generic-proxy writes (decode, tables; cp.async data observed through the full
-            // barrier) must be visible to the async proxy that WGMMA reads through.
+            const int n0 = tile.row_of(0);
+            const uint32_t* w0 = reinterpret_cast<const uint32_t*>(st.bpk + n0 * 64 + (lane & 3) * 16);
+            const uint32_t* w8 = w0 + 8 * 16;  // row n0 + 8
+            const uint32_t sw0 = *reinterpret_cast<const uint32_t*>(st.sfb + n0 * 4);
+            const uint32_t sw8 = *reinterpret_cast<const uint32_t*>(st.sfb + (n0 + 8) * 4);
+            // cp.async data observed through the full barrier must be visible to the async
+            // proxy that WGMMA reads the token tile through.
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
             named_bar_sync(kBarConsumerWg0 + g, 128);
             c0 = clock64();
             cyc_decode += c0 - c1;
             if (!dead && !(p.fault_inject & 2))
-                tile.mma_k_block(st.a, st.bdec + g * 64 * 128, fsx, fsw, !(p.fault_inject & 16));
+                tile.mma_k_block(w0, w8, sw0, sw8, st.a, fsx, !(p.fault_inject & 4), !(p.fault_inject & 16));
             cyc_mma += clock64() - c0;
             __syncwarp();
             if (lane == 0) mbar_arrive(empty + s);

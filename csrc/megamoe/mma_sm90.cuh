@@ -1,4 +1,5 @@
-// megamoe: the architecture-specific matrix path for SM90 (Hopper): WGMMA.
+// megamoe: the architecture-specific matrix path for SM90 (Hopper): WGMMA with the weights
+// decoded straight into registers.
 //
 // Two consumer warpgroups per CTA; the CTA tile is 128 weight rows (one N block) x BLOCK_M
 // tokens x 128 K per stage. The GEMM runs "swap AB" (as DeepGEMM's SM90 kernels do for small
@@ -6,7 +7,17 @@
 // [64 g, 64 g + 64) of the N block) and the tokens its B operand (N = BLOCK_M, 16..128), so
 // every block_m the plan picks is one `wgmma.m64nBMk32` per K group without padding rows.
 //
-// Both operands sit in shared memory K-major as 128-byte rows (one K block of FP8) with the
+// A comes from registers (the "RS" form): Hopper has no FP4 MMA, so each thread decodes the
+// E2M1 values of exactly its fragment into E4M3 registers (fp4.cuh) -- no decoded copy in
+// shared memory, no proxy fence or warpgroup barrier for it. Fragment of one k32 step
+// (CuTe's ALayout_64x32): lane l of warp w holds rows 16 w + l/4 (registers a0, a2) and
+// +8 (a1, a3), K elements [4 t, 4 t + 4) (a0, a1) and [16 + 4 t, 16 + 4 t + 4) (a2, a3) with
+// t = l % 4. The weights are stored so that those elements of all four k32 steps of a
+// 128-K block are one 16-byte chunk per row and thread (megamoe.layouts.
+// permute_e2m1_for_sm90_rs): chunk t of a row's 64-byte K block; its word q decodes to
+// (a0 or a1, a2 or a3) of step q.
+//
+// B (tokens) sits in shared memory K-major as 128-byte rows (one K block of FP8) with the
 // 16-byte chunk index XOR-swizzled by (row % 8) inside 1024-byte atoms: the 128-byte swizzle
 // of a WGMMA shared-memory descriptor (stride between 8-row atoms 1024 B; the K step of 32
 // FP8 = 32 B advances the start address, DeepGEMM's idiom). Atoms must be 1024-B aligned.
@@ -14,8 +25,8 @@
 // Numerics (`megamoe.reference.Numerics.sm90(fold_k=None)`): each 32-wide K group is one
 // WGMMA with a zeroed accumulator (scale-d = 0), and its FP32 partial sum is promoted into
 // the FP32 accumulator as acc = fma(d * 2^sw, 2^sx, acc) with the UE8M0 scales of the
-// weight row and the token for that group. The scales arrive in the stage as FP32 tables
-// [4][128] (weights) and [4][BLOCK_M] (tokens), converted once per stage by the decode step.
+// weight row and the token for that group. The weight scales are read as bytes (4 per row
+// and K block), the token scales from an FP32 table [4][BLOCK_M] the warpgroup builds per stage.
 //
 // The MMA atoms, the descriptor and the wgmma fences come from CUTLASS/CuTe
 // (cute/arch/mma_sm90_gmma.hpp, cute/arch/mma_sm90_desc.hpp).
@@ -24,6 +35,7 @@
 #include <utility>
 #include <cute/arch/mma_sm90_desc.hpp>
 #include <cute/arch/mma_sm90_gmma.hpp>
+#include "fp4.cuh"
 
 namespace megamoe {
 
@@ -41,28 +53,33 @@ __device__ __forceinline__ uint64_t sw128_kmajor_desc(const void* smem_ptr) {
 }
 
 template <int N> struct GmmaE4M3;
-template <> struct GmmaE4M3<16> { using Op = cute::SM90::GMMA::MMA_64x16x32_F32E4M3E4M3_SS_TN<>; };
-template <> struct GmmaE4M3<32> { using Op = cute::SM90::GMMA::MMA_64x32x32_F32E4M3E4M3_SS_TN<>; };
-template <> struct GmmaE4M3<64> { using Op = cute::SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_SS_TN<>; };
-template <> struct GmmaE4M3<128> { using Op = cute::SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_SS_TN<>; };
+template <> struct GmmaE4M3<16> { using Op = cute::SM90::GMMA::MMA_64x16x32_F32E4M3E4M3_RS_TN<>; };
+template <> struct GmmaE4M3<32> { using Op = cute::SM90::GMMA::MMA_64x32x32_F32E4M3E4M3_RS_TN<>; };
+template <> struct GmmaE4M3<64> { using Op = cute::SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_RS_TN<>; };
+template <> struct GmmaE4M3<128> { using Op = cute::SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_RS_TN<>; };
 
 template <class Op, int... I>
-__device__ __forceinline__ void gmma_zero_acc(uint64_t da, uint64_t db, float* d, std::integer_sequence<int, I...>) {
-    Op::fma(da, db, d[I]..., cute::SM90::GMMA::ScaleOut::Zero);
+__device__ __forceinline__ void gmma_rs_zero_acc(const uint2& r0, const uint2& r8, uint64_t db, float* d,
+                                                 std::integer_sequence<int, I...>) {
+    Op::fma(r0.x, r8.x, r0.y, r8.y, db, d[I]..., cute::SM90::GMMA::ScaleOut::Zero);
 }
 
 // One consumer warpgroup's share of a block: 64 weight rows x BLOCK_M tokens.
-// (Measured on the H200: splitting the tokens in two WGMMAs to overlap one half's promotion
-// with the other half's WGMMA was 5-10% slower than this plain loop; the two warpgroups
-// already overlap each other. benchmarks/NOTES_kernel.md.)
+// Up to block_m 64 the four k32 steps of a K block are pipelined: step q + 1's WGMMA (into the
+// other of two partial accumulators) is issued before step q is waited for and promoted, and
+// the decode of step q + 2 runs meanwhile. At block_m 128 the accumulator and one partial take
+// 128 registers, a second partial would spill: there the steps run one after another and the
+// two warpgroups overlap each other (one promotes while the other's WGMMA runs).
 template <int BLOCK_M>
 struct Sm90Tile {
     static constexpr int NJ = BLOCK_M / 8;  // n8 column tiles (tokens)
     static_assert(BLOCK_M == 16 || BLOCK_M == 32 || BLOCK_M == 64 || BLOCK_M == 128, "bad block_m");
     using Op = typename GmmaE4M3<BLOCK_M>::Op;
+    static constexpr bool kPipe = BLOCK_M <= 64;
+    static constexpr int NP = kPipe ? 2 : 1;  // partial accumulators
 
     float acc[NJ][4];
-    float part[NJ][4];
+    float part[NP][NJ][4];
     int wg, wi, lane;
 
     __device__ __forceinline__ void init(int consumer_thread) {
@@ -80,34 +97,71 @@ struct Sm90Tile {
     __device__ __forceinline__ int row_of(int r) const { return wg * 64 + wi * 16 + lane / 4 + (r >= 2 ? 8 : 0); }
     __device__ __forceinline__ int tok_of(int j, int r) const { return j * 8 + (lane & 3) * 2 + (r & 1); }
 
-    // One 128-deep K block. a: [BLOCK_M][128] E4M3 tokens, w: this warpgroup's [64][128] E4M3
-    // weight rows, both swizzled and 1024-B aligned; fsx: FP32 [4][BLOCK_M] token scales,
-    // fsw: FP32 [4][64] scales of this warpgroup's weight rows. promote_on = false skips the
-    // FP32 promotion (timing experiments only: fault_inject bit 16).
-    __device__ __forceinline__ void mma_k_block(const uint8_t* a, const uint8_t* w, const float* fsx, const float* fsw,
-                                                bool promote_on = true) {
-        const uint64_t da = sw128_kmajor_desc(w);
-        const uint64_t db = sw128_kmajor_desc(a);
-        const int r0 = wi * 16 + lane / 4;
+    __device__ __forceinline__ void issue(const uint2& r0, const uint2& r8, uint64_t db, int pb) {
+        cute::warpgroup_arrive();
+        gmma_rs_zero_acc<Op>(r0, r8, db, &part[pb][0][0], std::make_integer_sequence<int, NJ * 4>{});
+        cute::warpgroup_commit_batch();
+    }
+    __device__ __forceinline__ void fence_step(uint2& r0, uint2& r8, int pb) {
+        cute::warpgroup_fence_operand(r0.x); cute::warpgroup_fence_operand(r0.y);
+        cute::warpgroup_fence_operand(r8.x); cute::warpgroup_fence_operand(r8.y);
         #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            cute::warpgroup_arrive();
-            gmma_zero_acc<Op>(da + 2 * q, db + 2 * q, &part[0][0], std::make_integer_sequence<int, NJ * 4>{});
-            cute::warpgroup_commit_batch();
-            cute::warpgroup_wait<0>();
+        for (int j = 0; j < NJ; ++j)
             #pragma unroll
-            for (int j = 0; j < NJ; ++j)
-                #pragma unroll
-                for (int r = 0; r < 4; ++r) cute::warpgroup_fence_operand(part[j][r]);
-            if (!promote_on) continue;
-            const float sw0 = fsw[q * 64 + r0], sw1 = fsw[q * 64 + r0 + 8];
+            for (int r = 0; r < 4; ++r) cute::warpgroup_fence_operand(part[pb][j][r]);
+    }
+    // acc += part * 2^sw(row) * 2^sx(token) for K group q
+    __device__ __forceinline__ void promote(int pb, int q, uint32_t sw0, uint32_t sw8, const float* fsx) {
+        const float s0 = ue8m0_to_float((sw0 >> (8 * q)) & 0xFFu), s8 = ue8m0_to_float((sw8 >> (8 * q)) & 0xFFu);
+        #pragma unroll
+        for (int j = 0; j < NJ; ++j) {
+            const float2 sx = *reinterpret_cast<const float2*>(fsx + q * BLOCK_M + tok_of(j, 0));
+            acc[j][0] = fmaf(part[pb][j][0] * s0, sx.x, acc[j][0]);
+            acc[j][1] = fmaf(part[pb][j][1] * s0, sx.y, acc[j][1]);
+            acc[j][2] = fmaf(part[pb][j][2] * s8, sx.x, acc[j][2]);
+            acc[j][3] = fmaf(part[pb][j][3] * s8, sx.y, acc[j][3]);
+        }
+    }
+
+    // One 128-deep K block. w0 / w8: this thread's 16-byte chunk of packed E2M1 (shared
+    // memory, read one word per k32 step) for its rows row_of(0) and row_of(2) (see the file
+    // comment); sw0 / sw8: those rows' 4 UE8M0 scale bytes (byte q = K group q); a:
+    // [BLOCK_M][128] E4M3 tokens, swizzled and 1024-B aligned; fsx: FP32 [4][BLOCK_M] token
+    // scales. decode_on = false feeds the packed bytes undecoded, promote_on = false skips the
+    // FP32 promotion (timing experiments only: fault_inject bits 4 and 16).
+    __device__ __forceinline__ void mma_k_block(const uint32_t* w0, const uint32_t* w8, uint32_t sw0, uint32_t sw8,
+                                                const uint8_t* a, const float* fsx, bool decode_on = true,
+                                                bool promote_on = true) {
+        const uint64_t db = sw128_kmajor_desc(a);
+        auto dec = [&](uint32_t v) { return decode_on ? decode_e2m1x8(v) : make_uint2(v, v); };
+        if constexpr (kPipe) {
+            // A registers of two steps: step q's live in set q % 2 until its wait
+            uint2 r0[2], r8[2];
+            r0[0] = dec(w0[0]); r8[0] = dec(w8[0]);
+            issue(r0[0], r8[0], db, 0);
+            r0[1] = dec(w0[1]); r8[1] = dec(w8[1]);
             #pragma unroll
-            for (int j = 0; j < NJ; ++j) {
-                const float2 sx = *reinterpret_cast<const float2*>(fsx + q * BLOCK_M + tok_of(j, 0));
-                acc[j][0] = fmaf(part[j][0] * sw0, sx.x, acc[j][0]);
-                acc[j][1] = fmaf(part[j][1] * sw0, sx.y, acc[j][1]);
-                acc[j][2] = fmaf(part[j][2] * sw1, sx.x, acc[j][2]);
-                acc[j][3] = fmaf(part[j][3] * sw1, sx.y, acc[j][3]);
+            for (int q = 0; q < 4; ++q) {
+                const int c = q & 1, n = c ^ 1;
+                if (q < 3) {
+                    issue(r0[n], r8[n], db + 2 * (q + 1), n);
+                    cute::warpgroup_wait<1>();  // step q done, step q + 1 in flight
+                } else {
+                    cute::warpgroup_wait<0>();
+                }
+                fence_step(r0[c], r8[c], c);
+                if (q < 2) { r0[c] = dec(w0[q + 2]); r8[c] = dec(w8[q + 2]); }
+                if (promote_on) promote(c, q, sw0, sw8, fsx);
+            }
+        } else {
+            uint2 r0 = dec(w0[0]), r8 = dec(w8[0]);
+            #pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                issue(r0, r8, db + 2 * q, 0);
+                cute::warpgroup_wait<0>();
+                fence_step(r0, r8, 0);
+                if (q < 3) { r0 = dec(w0[q + 1]); r8 = dec(w8[q + 1]); }
+                if (promote_on) promote(0, q, sw0, sw8, fsx);
             }
         }
     }

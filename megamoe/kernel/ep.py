@@ -298,7 +298,7 @@ class MegaMoEKernelEP:
                  experts_per_wave: int | None = None, num_stages: int | None = None, _local=None):
         import torch
         import torch.distributed as dist
-        from .runtime import load_library
+        from .runtime import load_library, sm90_weights
         self.torch = torch
         self.group = group
         self._local = _local  # (LocalGroup, rank): R ranks in this process (see local_group)
@@ -320,7 +320,7 @@ class MegaMoEKernelEP:
                 "hidden, inter multiples of 128 and inter <= 4096", (hidden, inter))
         require(tuple(weights.w1.shape[:1]) == (self.EL,), "weights", f"{self.EL} local experts", tuple(weights.w1.shape))
         self.max_tokens = max(int(max_tokens), 1)
-        self.weights = weights
+        self.weights = sm90_weights(weights)
         self.clamp = math.inf if clamp is None else float(clamp)
         self.num_sms = num_sms or props.multi_processor_count
         if _local is None:

@@ -111,10 +111,12 @@ def load_library(arch: str = "sm_90a"):
 
 @dataclass
 class Weights:
-    """Kernel weight layout. The SM90 path reads the MXFP4 checkpoint layout directly:
+    """Kernel weights. ``prepare_weights`` gives the MXFP4 checkpoint layout:
     w1 [E, 2I, H/2] packed E2M1 (gate rows 0..I-1, up rows I..2I-1; element 2i in the low
-    nibble), w1_sf [E, 2I, H/32] UE8M0, w2 [E, H, I/2], w2_sf [E, H, I/32]. The gate/up
-    interleave of the SM100 layout is done by address arithmetic in the producer. On a
+    nibble), w1_sf [E, 2I, H/32] UE8M0, w2 [E, H, I/2], w2_sf [E, H, I/32]. The SM90 kernel
+    object keeps a copy of w1 / w2 in the register-fragment byte order
+    (:func:`sm90_weights`); the gate/up interleave of the SM100 layout is done by address
+    arithmetic in its producer. On a
     compute-capability 10.0 device ``MegaMoEKernel`` transforms them once into the SM100 kernel's
     layout (:class:`megamoe.kernel.sm100.Sm100Weights`, ``layouts.transform_weights_for_mega_moe``)."""
     w1: "object"
@@ -136,6 +138,21 @@ def prepare_weights(w1, w1_sf, w2, w2_sf) -> Weights:
     require(tuple(w2.shape) == (E, H, I // 2), "weights.w2", f"[{E}, {H}, {I // 2}]", tuple(w2.shape))
     require(tuple(w2_sf.shape) == (E, H, I // 32), "weights.w2_sf", f"[{E}, {H}, {I // 32}]", tuple(w2_sf.shape))
     return Weights(*(t.contiguous().view(torch.uint8) for t in (w1, w1_sf, w2, w2_sf)))
+
+
+def sm90_weights(weights: Weights) -> Weights:
+    """Checkpoint-layout weights -> what the SM90 kernel reads: w1 and w2 with every row's
+    64-byte K blocks in the register-fragment order of
+    :func:`megamoe.layouts.permute_e2m1_for_sm90_rs` (a new copy on the same device: the
+    packed weights' memory once more), the scale bytes unchanged (same tensors).
+
+    Raises:
+        InputError: ``weights`` is not a :class:`Weights` (``prepare_weights``), or its packed
+            tensors are not bytes with K a multiple of 128."""
+    from megamoe.layouts import permute_e2m1_for_sm90_rs
+    require(isinstance(weights, Weights), "weights", "prepare_weights(...) (checkpoint layout)", type(weights).__name__)
+    return Weights(permute_e2m1_for_sm90_rs(weights.w1, "weights.w1"), weights.w1_sf,
+                   permute_e2m1_for_sm90_rs(weights.w2, "weights.w2"), weights.w2_sf)
 
 
 class MegaMoEKernel:
@@ -177,7 +194,7 @@ class MegaMoEKernel:
         require(num_experts <= 256, "shape.num_experts", "<= 256 for EP=1 (scheduler lane cache)", num_experts)
         self._set_common(num_experts, topk, hidden, inter, max_tokens, clamp, num_sms, block_m, num_stages,
                          experts_per_wave, timeout_s, trace_cap)
-        self.weights = weights
+        self.weights = sm90_weights(weights)
 
     def _set_common(self, num_experts, topk, hidden, inter, max_tokens, clamp, num_sms, block_m, num_stages,
                     experts_per_wave, timeout_s, trace_cap) -> None:
