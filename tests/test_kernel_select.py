@@ -112,8 +112,8 @@ def test_megamoe_kernel_on_sm90_loads_the_sm90_library(monkeypatch, fake_loader)
     assert fake_loader == ["sm_90a"]
     assert type(k) is runtime.MegaMoEKernel  # not the SM100 subclass
     # the SM90 object keeps the packed weights in the register-fragment order, scales as given
-    from megamoe.kernel.check import make_weights
     from megamoe import layouts
+    from megamoe.kernel.check import make_weights
     ck = make_weights(8, 256, 128, "cpu")
     assert torch.equal(layouts.unpermute_e2m1_for_sm90_rs(k.weights.w1), ck[0])
     assert torch.equal(layouts.unpermute_e2m1_for_sm90_rs(k.weights.w2), ck[2])
