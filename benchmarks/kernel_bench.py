@@ -103,6 +103,9 @@ def main():
     tokens = [int(t) for t in args.tokens.split(",")]
     res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, shape=dict(E=E, K=K, H=H, I=I),
                date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), rows=[])
+    from megamoe.kernel.build import _source_hash
+    res["build"] = _source_hash("sm_90a")
+    print(f"kernel build {res['build']}", flush=True)
     res["copy_gbs"] = copy_bandwidth()
     res["fp8_gemm_tflops"] = fp8_gemm_rate()
     print(f"copy {res['copy_gbs']:.0f} GB/s, FP8 GEMM {res['fp8_gemm_tflops']:.0f} TFLOP/s", flush=True)
