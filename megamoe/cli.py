@@ -243,7 +243,7 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     import os
     written = [f for f in ["results.csv", "results.parquet", *(f"time_us_vs_{x}.png" for x in axes)]
                if os.path.exists(os.path.join(a.out, f))]
-    print(f"{len(rows)} points ({len(bad)} invalid) -> {a.out}/" + ", ".join(written))
+    print(f"{len(rows)} point{'s' * (len(rows) != 1)} ({len(bad)} invalid) -> {a.out}/" + ", ".join(written))
     if bad and len(bad) == len(rows):
         raise InputError("sweep", "at least one valid point", f"none ({bad[0]['error']})")
     if bad:

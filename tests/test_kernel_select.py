@@ -562,3 +562,14 @@ def test_abi_mismatch_is_a_kernel_error(monkeypatch, fresh_libs):
 def test_unknown_arch():
     with pytest.raises(kbuild.KernelBuildError, match="expected one of"):
         runtime.load_library("sm_80")
+
+
+def test_megamoe_kernel_without_a_cuda_device_is_an_input_error(monkeypatch):
+    """No CUDA device visible (a CPU-only torch): one-line InputError naming the device, not
+    torch's AssertionError from inside the capability query (found by a fresh-user pass)."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(InputError, match=r"^device: expected a CUDA GPU visible to torch \(9\.x \(sm_90a.*got none"):
+        runtime.MegaMoEKernel(8, 2, 256, 128, 16, weights=None)
+    with pytest.raises(InputError, match=r"^device: expected a CUDA GPU"):
+        select.path_for_device()

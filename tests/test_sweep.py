@@ -56,6 +56,10 @@ def test_cli_sweep_and_bad_set(tmp_path, capsys):
                  "--out", str(tmp_path), "--jobs", "1"]) == 0
     rows = [json.loads(x) for x in (tmp_path / "points.jsonl").read_text().splitlines()]
     assert len(rows) == 4
+    assert "4 points (0 invalid) -> " in capsys.readouterr().out
+    assert main(["sweep", "--shape", "deepseek-v4-flash", "--ranks", "2", "--set", "tokens=4",
+                 "--out", str(tmp_path / "one"), "--jobs", "1"]) == 0
+    assert "1 point (0 invalid) -> " in capsys.readouterr().out
     assert main(["sweep", "--set", "tokens"]) == 2
     assert "--set: expected AXIS=VALUES" in capsys.readouterr().err
 

@@ -154,12 +154,25 @@ def select_path(major: int, minor: int) -> KernelPath:
 
 
 def device_capability(device=None) -> tuple[int, int]:
-    """``(major, minor)`` of a CUDA device (torch); tests replace this function."""
+    """``(major, minor)`` of a CUDA device (torch); tests replace this function.
+
+    Raises:
+        InputError: torch sees no CUDA device (a CPU-only torch, no GPU, or a bad index)."""
     import torch
-    return tuple(torch.cuda.get_device_capability(device))
+    if not torch.cuda.is_available():
+        raise InputError("device", f"a CUDA GPU visible to torch ({supported()})",
+                         f"none (torch {torch.__version__}, CUDA available: no)")
+    try:
+        return tuple(torch.cuda.get_device_capability(device))
+    except (AssertionError, RuntimeError, ValueError) as e:
+        raise InputError("device", f"a CUDA GPU visible to torch ({supported()})",
+                         f"{device} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
 
 
 def path_for_device(device=None) -> KernelPath:
-    """:func:`select_path` for a CUDA device's compute capability."""
+    """:func:`select_path` for a CUDA device's compute capability.
+
+    Raises:
+        InputError: no CUDA device, or no kernel for its compute capability."""
     major, minor = device_capability(device)
     return select_path(major, minor)
