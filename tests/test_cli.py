@@ -152,3 +152,18 @@ def test_version():
     from importlib.metadata import version
     rc, out, _ = run("--version")
     assert rc == 0 and out.strip() == f"megamoe {version('megamoe')}"
+
+
+def test_run_without_a_gpu_is_one_line(monkeypatch, capsys):
+    """`megamoe run` on a machine without a CUDA GPU: exit 2 and one line in the CLI's error
+    format, for one rank and for --ranks 2 (the fresh-user pass found two other formats)."""
+    torch = pytest.importorskip("torch")
+    from megamoe.kernel import runtime
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(runtime, "cuda_available", lambda: False)
+    assert main(["run", "--tokens", "4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["megamoe: error: device: expected a CUDA GPU with compute capability >= 9.0 (sm_90a), got none"]
+    assert main(["run", "--tokens", "4", "--ranks", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["megamoe: error: ranks: expected 2 CUDA GPUs (one per rank), got 0"]

@@ -630,8 +630,8 @@ def run_ep_main(ranks: int = 2, num_experts: int = 256, topk: int = 6, hidden: i
     if "RANK" not in os.environ:
         import torch
         if not torch.cuda.is_available() or torch.cuda.device_count() < ranks:
-            print(f"megamoe run --ranks {ranks}: needs {ranks} CUDA GPUs (found "
-                  f"{torch.cuda.device_count() if torch.cuda.is_available() else 0})", file=sys.stderr)
+            print(f"megamoe: error: ranks: expected {ranks} CUDA GPUs (one per rank), got "
+                  f"{torch.cuda.device_count() if torch.cuda.is_available() else 0}", file=sys.stderr)
             return 2
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
                "-m", "megamoe.kernel.ep", "--experts", str(num_experts), "--topk", str(topk), "--hidden", str(hidden),
