@@ -85,8 +85,9 @@ class Numerics:
         arch: ``"sm100"`` (DeepGEMM's ``tcgen05.mma ... block_scale``: E4M3 x E2M1 with one
             UE8M0 per 32 K elements per operand, scales applied by the MMA) or ``"sm90"``
             (Hopper ``wgmma`` has neither FP4 nor block scales: the kernel decodes E2M1
-            into E4M3 in shared memory and applies scales itself, either per 32-wide
-            ``wgmma`` K step on the partial sum -- ``fold_k=None``, same numbers as SM100 --
+            into E4M3 -- this project's into the WGMMA registers -- and applies scales
+            itself, either per 32-wide ``wgmma`` K step on the partial sum --
+            ``fold_k=None``, same numbers as SM100 --
             or folded into the operands per G-wide group -- ``fold_k=G``).  Informational:
             the numbers depend only on the fields below.
         w_fold_k: None: weight scales applied per 32-element K group on that group's FP32
