@@ -26,8 +26,10 @@ Figures (units in the key names):
   (FP8 WGMMA plus the per-32-K FP32 promotion of the UE8M0 scales) as a fraction of the
   sustained FP8 GEMM rate (``fp8_dense_tflops x mma_efficiency``); unused by the SM100
   reference design, whose UMMA K loop runs at the sustained rate.
-* ``e2m1_decode_thread_ns_per_elem`` — SM90 design: E2M1 -> E4M3 decode in shared memory,
-  per element per decoding thread.
+* ``e2m1_decode_thread_ns_per_elem`` — SM90 design: the consumers' per-stage preparation
+  before the MMA, per element per consumer thread (kernel v4: the E2M1 -> E4M3 decode into
+  shared memory; v5 decodes into the WGMMA registers inside the MMA phase, and this term is
+  the token-scale table and the warpgroup barrier, fitted from the per-role profile).
 * ``stage_handoff_ns`` — SM90 design: fixed cost of one pipeline stage (barrier waits and
   releases between producer and consumers, the fixed part of the WGMMA wait and promotion),
   paid per K block.

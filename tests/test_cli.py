@@ -163,7 +163,7 @@ def test_run_without_a_gpu_is_one_line(monkeypatch, capsys):
     monkeypatch.setattr(runtime, "cuda_available", lambda: False)
     assert main(["run", "--tokens", "4"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["megamoe: error: device: expected a CUDA GPU with compute capability >= 9.0 (sm_90a), got none"]
+    assert err == ["megamoe: error: device: expected a CUDA GPU with compute capability 9.x (sm_90a), got none"]
     assert main(["run", "--tokens", "4", "--ranks", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["megamoe: error: ranks: expected 2 CUDA GPUs (one per rank), got 0"]

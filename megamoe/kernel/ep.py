@@ -311,7 +311,8 @@ class MegaMoEKernelEP:
             self.rank, self.R = _local[1], _local[0].R
         self.device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
         props = torch.cuda.get_device_properties(self.device)
-        require(props.major >= 9, "device", "compute capability >= 9.0 (sm_90a)", f"{props.major}.{props.minor}")
+        require(props.major == 9, "device", "compute capability 9.x (sm_90a: the EP kernel is the SM90 one)",
+                f"{props.major}.{props.minor}")
         require(num_experts % self.R == 0, "num_ranks", f"a divisor of num_experts = {num_experts}", self.R)
         self.E, self.K, self.H, self.I = num_experts, topk, hidden, inter
         self.EL = num_experts // self.R
