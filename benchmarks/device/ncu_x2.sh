@@ -1,0 +1,17 @@
+#!/bin/bash
+# One device call: Nsight Compute on the SM90 kernel (3rd launch) at the token counts in
+# $TOKENS (default "256 4096"): warp-state and scheduler statistics and per-instruction stall
+# samples (SourceCounters), as text in $OUT/ncu.tgz. --clock-control none keeps the GPU's own
+# clocks (never change GPU settings on the lent machines).
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+OUT=${OUT:-/tmp/out}; W=/tmp/ncu; mkdir -p $OUT $W
+for T in ${TOKENS:-256 4096}; do
+  timeout 240 ncu --clock-control none --kernel-name regex:megamoe_sm90 --launch-skip 2 --launch-count 1 \
+    --section WarpStateStats --section SchedulerStats --section SourceCounters --section LaunchStats \
+    -o $W/t$T -f python3 benchmarks/device/ncu_launch.py $T > $W/run_t$T.log 2>&1
+  echo "T=$T ncu rc=$?"; tail -2 $W/run_t$T.log
+  ncu --import $W/t$T.ncu-rep --page details > $W/details_t$T.txt 2>&1
+  ncu --import $W/t$T.ncu-rep --page source --csv --print-source sass > $W/sass_t$T.csv 2>/dev/null
+  grep -E "Warp Cycles Per Issued|Issue Slots Busy|No Eligible|Active Warps|Stall" $W/details_t$T.txt | head -20
+  (cd $W && tar czf $OUT/ncu.tgz --exclude '*.ncu-rep' .)
+done
