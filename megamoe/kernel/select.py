@@ -159,13 +159,13 @@ def device_capability(device=None) -> tuple[int, int]:
     Raises:
         InputError: torch sees no CUDA device (a CPU-only torch, no GPU, or a bad index)."""
     import torch
+    expected = f"a CUDA GPU visible to torch ({supported()})"
     if not torch.cuda.is_available():
-        raise InputError("device", f"a CUDA GPU visible to torch ({supported()})",
-                         f"none (torch {torch.__version__}, CUDA available: no)")
+        raise InputError("device", expected, f"none (torch {torch.__version__}, CUDA available: no)")
     try:
         return tuple(torch.cuda.get_device_capability(device))
     except (AssertionError, RuntimeError, ValueError) as e:
-        raise InputError("device", f"a CUDA GPU visible to torch ({supported()})",
+        raise InputError("device", expected,
                          f"{device} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
 
 
