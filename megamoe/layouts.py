@@ -32,13 +32,13 @@ SM100 kernel layout (DeepGEMM ``fp8_fp4_mega_moe``; sources at commit 891d57b):
 SM90 layout (this project's Hopper kernel, see :func:`transform_weights_for_sm90`): Hopper
 has no FP4 or block-scaled MMA, so the kernel loads the packed E2M1 bytes and their UE8M0
 bytes and decodes E2M1 into E4M3 ``wgmma`` register fragments.  It needs the same 8-row
-gate/up interleave, so its epilogue pairs gate/up exactly like SM100's (the producer does it
-by address arithmetic on the checkpoint rows), and one byte permutation inside every 64-byte
-K block of a row (:func:`permute_e2m1_for_sm90_rs`, applied once when the kernel object is
-built), so that a thread's fragment of all four k32 steps is one 16-byte chunk.  Scales stay
-``uint8`` bytes, K-major ``[E, N, K/32]`` (one contiguous row of scale bytes per weight
-row, which a producer warp reads alongside the row's weights); no UTCCP transpose (no
-TMEM).
+gate/up interleave, so its epilogue pairs gate/up exactly like SM100's; one byte permutation
+inside every 64-byte K block of a row (:func:`permute_e2m1_for_sm90_rs`), so that a thread's
+fragment of all four k32 steps is one 16-byte chunk; and **tiles**: the bytes of one
+128-row N block x one 128-element K block are contiguous (``[E, N/128, K/128, 128, 64]``,
+scales ``[E, N/128, K/128, 128, 4]``), so the producer loads a stage's weights and scales
+with two TMA bulk copies (``cp.async.bulk``).  Scales stay ``uint8`` UE8M0 bytes; no UTCCP
+transpose (no TMEM).  Applied once when the SM90 kernel object is built.
 
 Every transform has an inverse and round-trips bit-exactly; all raise
 :class:`megamoe.errors.InputError` naming the tensor on a bad shape or dtype.
@@ -52,7 +52,7 @@ from megamoe.errors import InputError
 from megamoe.formats import BLOCK_K, _check_tensor, pack_ue8m0, unpack_ue8m0
 
 __all__ = [
-    "GATE_UP_GRANULARITY", "UTCCP_ROWS",
+    "GATE_UP_GRANULARITY", "UTCCP_ROWS", "SM90_TILE_N", "SM90_TILE_K",
     "interleave_gate_up", "deinterleave_gate_up",
     "utccp_transpose_sf", "utccp_untranspose_sf",
     "to_mn_major", "to_k_major", "is_mn_major",
@@ -256,20 +256,44 @@ def untransform_weights_for_mega_moe(
             (w2.contiguous().clone(), unpack_ue8m0(sf2u.contiguous())))
 
 
+#: Rows (N) and K elements of one SM90 weight tile: one stage's weights, one bulk copy.
+SM90_TILE_N = 128
+SM90_TILE_K = 128
+
+
+def _sm90_tiles(t: torch.Tensor, row_bytes: int) -> torch.Tensor:
+    """``[E, N, K*row_bytes/128]`` rows -> ``[E, N/128, K/128, 128, row_bytes]`` tiles."""
+    e, n, c = t.shape
+    return t.view(e, n // SM90_TILE_N, SM90_TILE_N, c // row_bytes, row_bytes).permute(0, 1, 3, 2, 4).contiguous()
+
+
+def _sm90_untiles(t: torch.Tensor) -> torch.Tensor:
+    e, nb, kb, rows, row_bytes = t.shape
+    return t.permute(0, 1, 3, 2, 4).reshape(e, nb * rows, kb * row_bytes)
+
+
 def transform_weights_for_sm90(
     l1_weights: tuple[torch.Tensor, torch.Tensor],
     l2_weights: tuple[torch.Tensor, torch.Tensor],
 ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
-    """MXFP4 checkpoint -> this project's SM90 kernel layout (see the module docstring).
+    """MXFP4 checkpoint -> the SM90 kernel's weight tiles (see the module docstring).
+
+    For each GEMM: rows gate/up-interleaved every 8 (L1 only, :func:`interleave_gate_up`),
+    bytes of every 64-byte K block in register-fragment order
+    (:func:`permute_e2m1_for_sm90_rs`), then cut into tiles of 128 rows x 128 K elements
+    stored contiguously, N block major, then K block: tile ``(e, j, kb)`` is the stage the
+    producer loads for expert ``e``, N block ``j``, K block ``kb`` (8192 weight bytes, 512
+    scale bytes, each one ``cp.async.bulk``).
 
     Args:
         l1_weights: ``(w1 [E, 2I, H/2] uint8|int8, sf1 [E, 2I, H/32] uint8)``.
         l2_weights: ``(w2 [E, H, I/2], sf2 [E, H, I/32] uint8)``.
     Returns:
-        ``((w1', sf1'), (w2, sf2))``: L1 weights and scale bytes gate/up-interleaved every
-        8 rows, all contiguous K-major; L2 unchanged (contiguous copies).
+        ``((w1t [E, 2I/128, H/128, 128, 64], sf1t [E, 2I/128, H/128, 128, 4]),
+        (w2t [E, H/128, I/128, 128, 64], sf2t [E, H/128, I/128, 128, 4]))``, new contiguous
+        tensors on the inputs' device, dtypes kept.
     Raises:
-        InputError: shapes/dtypes.
+        InputError: shapes/dtypes, or N (2I, H) or K (H, I) not multiples of 128.
     """
     (w1, sf1), (w2, sf2) = l1_weights, l2_weights
     check_mxfp4_weights(w1, sf1, "l1_weights")
@@ -277,20 +301,34 @@ def transform_weights_for_sm90(
     for nm, t in (("l1_weights_sf", sf1), ("l2_weights_sf", sf2)):
         if t.dtype != torch.uint8:
             raise InputError(nm, "uint8 UE8M0 bytes (checkpoint layout)", str(t.dtype))
-    return ((interleave_gate_up(w1.contiguous(), name="l1_weights"),
-             interleave_gate_up(sf1.contiguous(), name="l1_weights_sf")),
-            (w2.contiguous().clone(), sf2.contiguous().clone()))
+    for nm, t in (("l1_weights", w1), ("l2_weights", w2)):
+        if t.shape[1] % SM90_TILE_N or (2 * t.shape[2]) % SM90_TILE_K:
+            raise InputError(nm, f"[E, N, K/2] with N and K multiples of {SM90_TILE_N}", tuple(t.shape))
+    w1 = interleave_gate_up(w1.contiguous(), name="l1_weights")
+    sf1 = interleave_gate_up(sf1.contiguous(), name="l1_weights_sf")
+    return tuple((_sm90_tiles(permute_e2m1_for_sm90_rs(w, nm), 64), _sm90_tiles(sf.contiguous(), 4))
+                 for nm, w, sf in (("l1_weights", w1, sf1), ("l2_weights", w2, sf2)))
 
 
 def untransform_weights_for_sm90(
     l1_weights: tuple[torch.Tensor, torch.Tensor],
     l2_weights: tuple[torch.Tensor, torch.Tensor],
 ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
-    """Inverse of :func:`transform_weights_for_sm90`."""
-    (w1, sf1), (w2, sf2) = l1_weights, l2_weights
-    return ((deinterleave_gate_up(w1.contiguous(), name="l1_weights"),
-             deinterleave_gate_up(sf1.contiguous(), name="l1_weights_sf")),
-            (w2.contiguous().clone(), sf2.contiguous().clone()))
+    """Inverse of :func:`transform_weights_for_sm90`: tiles -> checkpoint ``[E, N, K/2]``,
+    ``[E, N, K/32]`` (new tensors).
+
+    Raises:
+        InputError: a tensor that is not 5-dimensional ``[E, N/128, K/128, 128, 64 | 4]``.
+    """
+    out = []
+    for nm, (w, sf) in (("l1_weights", l1_weights), ("l2_weights", l2_weights)):
+        for tn, t, rb in ((nm, w, 64), (nm + "_sf", sf, 4)):
+            if t.dim() != 5 or tuple(t.shape[3:]) != (SM90_TILE_N, rb):
+                raise InputError(tn, f"SM90 tiles [E, N/128, K/128, 128, {rb}]", tuple(t.shape))
+        out.append((unpermute_e2m1_for_sm90_rs(_sm90_untiles(w), nm), _sm90_untiles(sf)))
+    (w1, sf1), (w2, sf2) = out
+    return ((deinterleave_gate_up(w1, name="l1_weights"), deinterleave_gate_up(sf1, name="l1_weights_sf")),
+            (w2, sf2))
 
 
 def _rs_view(w: torch.Tensor, name: str) -> torch.Tensor:

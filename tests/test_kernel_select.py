@@ -111,13 +111,15 @@ def test_megamoe_kernel_on_sm90_loads_the_sm90_library(monkeypatch, fake_loader)
     k = _kernel()
     assert fake_loader == ["sm_90a"]
     assert type(k) is runtime.MegaMoEKernel  # not the SM100 subclass
-    # the SM90 object keeps the packed weights in the register-fragment order, scales as given
+    # the SM90 object keeps the weights and scales in its TMA tile layout
     from megamoe import layouts
     from megamoe.kernel.check import make_weights
     ck = make_weights(8, 256, 128, "cpu")
-    assert torch.equal(layouts.unpermute_e2m1_for_sm90_rs(k.weights.w1), ck[0])
-    assert torch.equal(layouts.unpermute_e2m1_for_sm90_rs(k.weights.w2), ck[2])
-    assert not torch.equal(k.weights.w1, ck[0]) and torch.equal(k.weights.w1_sf, ck[1])
+    w = k.weights
+    assert tuple(w.w1.shape) == (8, 2, 2, 128, 64) and tuple(w.w2_sf.shape) == (8, 2, 1, 128, 4)
+    back = layouts.untransform_weights_for_sm90((w.w1, w.w1_sf), (w.w2, w.w2_sf))
+    for got, want in zip((*back[0], *back[1]), ck):
+        assert torch.equal(got, want)
     assert k.path is select.PATHS["sm_90a"] and isinstance(k.lib, _FakeLib)
     assert k.num_sms == 4
     # positional arguments (device is the 14th) select the same way

@@ -85,14 +85,42 @@ def test_transform_for_mega_moe_matches_index_formulas_and_inverts():
     assert w1i.dtype == torch.int8 and torch.equal(w1i.view(torch.uint8), w1t)
 
 
-def test_sm90_transform_round_trip():
-    (w1, s1), (w2, s2) = _ckpt(seed=1)
+def test_sm90_tiles_element_by_element():
+    """Tile (e, j, kb) row r byte c holds, for L1, checkpoint row interleaved_source_row(128 j + r)
+    and, for L2, row 128 j + r; byte c of the tile row is byte 64 kb + src(c) of that row, where
+    the register-fragment order puts source byte 8p + 2t + b at 16t + 2p + b."""
+    inter, h = 128, 256
+    (w1, s1), (w2, s2) = _ckpt(inter=inter, h=h, seed=1)
     (w1t, s1t), (w2t, s2t) = L.transform_weights_for_sm90((w1, s1), (w2, s2))
-    assert s1t.dtype == torch.uint8 and s1t.is_contiguous()
-    assert torch.equal(s1t, L.interleave_gate_up(s1)) and torch.equal(w1t, L.interleave_gate_up(w1))
+    assert tuple(w1t.shape) == (2, 2 * inter // 128, h // 128, 128, 64) and tuple(s1t.shape) == (2, 2, 2, 128, 4)
+    assert tuple(w2t.shape) == (2, h // 128, inter // 128, 128, 64) and tuple(s2t.shape) == (2, 2, 1, 128, 4)
+    src_byte = [0] * 64
+    for t in range(4):
+        for p in range(8):
+            for b in range(2):
+                src_byte[16 * t + 2 * p + b] = 8 * p + 2 * t + b
+    for (w, s, wt, st, l1) in ((w1, s1, w1t, s1t, True), (w2, s2, w2t, s2t, False)):
+        E, NB, KB = wt.shape[:3]
+        for e in range(E):
+            for j in range(NB):
+                for kb in range(KB):
+                    for r in (0, 7, 8, 15, 16, 63, 64, 127):
+                        row = interleaved_source_row(128 * j + r, inter) if l1 else 128 * j + r
+                        want = [int(w[e, row, 64 * kb + src_byte[c]]) for c in range(64)]
+                        assert wt[e, j, kb, r].tolist() == want, (l1, e, j, kb, r)
+                        assert st[e, j, kb, r].tolist() == s[e, row, 4 * kb: 4 * kb + 4].tolist()
     (a, b), (c, d) = L.untransform_weights_for_sm90((w1t, s1t), (w2t, s2t))
     for x, y in ((a, w1), (b, s1), (c, w2), (d, s2)):
         assert torch.equal(x, y)
+
+
+def test_sm90_tiles_bad_input():
+    (w1, s1), (w2, s2) = _ckpt(inter=64, h=256)  # 2I = 128 fine, L2 K = I = 64: not a tile
+    with pytest.raises(InputError, match=r"^l2_weights: expected \[E, N, K/2\] with N and K multiples of 128"):
+        L.transform_weights_for_sm90((w1, s1), (w2, s2))
+    with pytest.raises(InputError, match=r"^l1_weights_sf: expected SM90 tiles"):
+        L.untransform_weights_for_sm90((torch.zeros(1, 1, 1, 128, 64, dtype=torch.uint8),
+                                        torch.zeros(1, 128, 4, dtype=torch.uint8)), (None, None))
 
 
 def test_pack_then_interleave_commutes():

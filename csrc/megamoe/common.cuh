@@ -141,26 +141,22 @@ __device__ __forceinline__ bool named_bar_and(uint32_t id, uint32_t threads, boo
 __device__ __forceinline__ void cp_async_16_cg(void* smem, const void* gmem) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(smem_u32(smem)), "l"(gmem) : "memory");
 }
-__device__ __forceinline__ void cp_async_4(void* smem, const void* gmem) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(smem_u32(smem)), "l"(gmem) : "memory");
-}
-// Arrive on `bar` once every cp.async this thread issued so far has landed (no pending-count
-// increment: the barrier's expected count covers it).
-__device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(smem_u32(bar)) : "memory");
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
-__device__ __forceinline__ void cp_async_wait_dyn(int n) {
-    // wait_group needs an immediate: dispatch over the small range used here.
-    switch (n) {
-        case 0: cp_async_wait<0>(); break;  case 1: cp_async_wait<1>(); break;
-        case 2: cp_async_wait<2>(); break;  case 3: cp_async_wait<3>(); break;
-        case 4: cp_async_wait<4>(); break;  case 5: cp_async_wait<5>(); break;
-        case 6: cp_async_wait<6>(); break;  case 7: cp_async_wait<7>(); break;
-        case 8: cp_async_wait<8>(); break;  default: cp_async_wait<0>(); break;
-    }
+
+// ---------------------------------------------------------------- TMA (sm_90+)
+// Arrive on `bar` (one of its expected arrivals) and add `bytes` to the transaction count the
+// phase waits for: the TMA copies issued against `bar` complete them (complete_tx::bytes).
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+    asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 st, [%0], %1;\n}"
+                 :: "r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+// Global memory written through the generic proxy (st.global) and read by TMA (the async
+// proxy) in another CTA: the writer fences before its release, the reader after its acquire
+// (PTX ISA, memory consistency model: proxies).
+__device__ __forceinline__ void fence_proxy_async_global() {
+    asm volatile("fence.proxy.async.global;" ::: "memory");
 }
 
 // ---------------------------------------------------------------- grid sync

@@ -5,18 +5,21 @@
 //   warps 0-3   dispatch : count items per expert, publish counts, pull rows + scales into
 //                          the expert-contiguous L1 pool, bump per-pool-block arrival counts;
 //                          at the end grid sync + combine (all 16 warps help).
-//   warps 4-7   producer : cp.async A tiles (pool rows + UE8M0 scales) and packed E2M1
-//                          weight tiles (+ scales; bytes in the register-fragment order of
-//                          megamoe.layouts.permute_e2m1_for_sm90_rs) into a `num_stages`
-//                          ring; each stage's full barrier completes when the copies land
-//                          (cp.async.mbarrier.arrive).
-//                          Waits on free stages, arrival counts (L1) and arrival masks (L2,
-//                          per K block).
+//   warps 4-7   producer : one lane of warp 4 issues the TMA loads of each stage of a
+//                          `num_stages` ring: the token tile (pool rows, a 2-D tensor map with
+//                          the 128-byte swizzle WGMMA reads), its UE8M0 scales, and the packed
+//                          E2M1 weight tile + scales (bulk copies of the contiguous tiles of
+//                          megamoe.layouts.transform_weights_for_sm90); each stage's full
+//                          barrier completes when the bytes land (complete_tx). Warp 4 waits on
+//                          free stages, arrival counts (L1) and arrival masks (L2, per K
+//                          block); warps 5-7 only lend their registers.
 //   warps 8-15  consumer : the matrix path (mma_sm90.cuh: E2M1 -> E4M3 decode into WGMMA
 //                          registers, FP8 WGMMA, FP32 promotion) and both epilogues (SwiGLU +
 //                          clamp + top-k weight + per-32 UE8M0 requantization into the L2
 //                          pool and the arrival-mask bit; BF16 rows into the combine buffer).
 // The block order is the scheduler's (scheduler.cuh, DeepGEMM MegaMoEScheduler rule).
+#include <cuda.h>  // CUtensorMap (types only: the encoder comes through cudaGetDriverEntryPointByVersion)
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -28,8 +31,19 @@
 #include "fp4.cuh"
 #include "mma_sm90.cuh"
 #include "roles_shared.cuh"
+#include <cute/arch/copy_sm90_desc.hpp>
+#include <cute/arch/copy_sm90_tma.hpp>
 
 namespace megamoe {
+
+// The kernel's one parameter: the plan and buffers (Params, mirrored by ctypes) and the two
+// TMA descriptors of the token tiles, encoded by the host launcher from Params (pool address,
+// rows, K, block_m): L1 pool [pool_rows, H] and L2 pool [pool_rows, I], box 128 B x block_m
+// rows, 128-byte swizzle (the layout of the WGMMA shared-memory descriptor, mma_sm90.cuh).
+struct Sm90Args {
+    CUtensorMap pool_map[2];
+    Params p;
+};
 
 constexpr int kThreads = 512;
 constexpr int kDispatchThreads = 128, kProducerThreads = 128, kConsumerThreads = 256;
@@ -251,6 +265,7 @@ __device__ __forceinline__ void dispatch_role_ep(const Params& p, const int BM, 
             p.pool_rank[row] = s;
             p.pool_weight[row] = __ldcg(reinterpret_cast<const float*>(peer_ptr(p, s, p.off_topk_w)) + item);
         }
+        fence_proxy_async_global();  // the row is read by TMA (the async proxy)
         __syncwarp();
         if (lane == 0 && p.fault_inject != 1) red_release_add_u32(p.arrival + row / BM, 1u);
     }
@@ -258,18 +273,21 @@ __device__ __forceinline__ void dispatch_role_ep(const Params& p, const int BM, 
     if (trace) trace_record(p, kRoleDispatch, kKindPull, -1, -1, -1, -1, j1 - j0, ts, globaltimer());
 }
 
-// ------------------------------------------------------------------ producer (warps 4-7)
+// ------------------------------------------------------------------ producer (warp 4)
+// The whole warp walks the block list and waits (arrival counts, masks, free stages); lane 0
+// issues the stage's four TMA loads against its full barrier.
 template <int BM>
 struct Producer {
     const Params& p;
+    const CUtensorMap* pool_map;
     uint8_t* stages;
     uint64_t *full, *empty;
     int S, ptid;
     int it = 0;
     long long cyc_wait_empty = 0;  // profile (fault_inject bit 32): SM cycles waiting for a free stage
 
-    __device__ __forceinline__ Producer(const Params& p_, uint8_t* st, uint64_t* f, uint64_t* e)
-        : p(p_), stages(st), full(f), empty(e) {
+    __device__ __forceinline__ Producer(const Params& p_, const CUtensorMap* maps, uint8_t* st, uint64_t* f, uint64_t* e)
+        : p(p_), pool_map(maps), stages(st), full(f), empty(e) {
         S = (int)p.num_stages;
         ptid = threadIdx.x - kDispatchThreads;
     }
@@ -279,49 +297,42 @@ struct Producer {
         const long long c0 = clock64();
         if (r > 0 && !mbar_wait(p, empty + s, (uint32_t)((r - 1) & 1), kRoleProducer)) return false;
         cyc_wait_empty += clock64() - c0;
-        const Stage st = get_stage<BM>(stages, s);
-        const bool l1 = b.phase == kPhaseL1;
-        const int H = (int)p.hidden, I = (int)p.inter;
-        const size_t prow0 = (size_t)b.pool_block * BM;
-        const uint8_t* a_src = l1 ? p.l1_pool + prow0 * H + kb * 128 : p.l2_pool + prow0 * I + kb * 128;
-        const size_t a_ld = l1 ? H : I;
-        const uint8_t* sfa_src = (l1 ? p.l1_pool_sf : p.l2_pool_sf) + ((size_t)kb * p.pool_rows + prow0) * 4;
-        #pragma unroll 1
-        for (int c = ptid; c < BM * 8; c += kProducerThreads) {
-            const int row = c >> 3, ch = c & 7;
-            cp_async_16_cg(st.a + row * 128 + ((ch ^ (row & 7)) << 4), a_src + row * a_ld + ch * 16);
+        __syncwarp();
+        if (ptid == 0) {
+            const Stage st = get_stage<BM>(stages, s);
+            const bool l1 = b.phase == kPhaseL1;
+            const int kd = l1 ? (int)p.hidden : (int)p.inter;               // K extent of this GEMM
+            const int nb = l1 ? 2 * (int)p.inter / 128 : (int)p.hidden / 128;  // N blocks per expert
+            const size_t tile = ((size_t)b.expert * nb + b.n_block) * (kd / 128) + kb;
+            const bool weights = !(p.fault_inject & 8);
+            mbar_arrive_expect_tx(full + s, (uint32_t)(BM * 128 + BM * 4 + (weights ? 8192 + 512 : 0)));
+            // token tile: rows pool_block * BM .. + BM, K elements kb * 128 .. + 128
+            cute::SM90_TMA_LOAD_2D::copy(pool_map + (l1 ? 0 : 1), full + s,
+                                         static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL), st.a,
+                                         kb * 128, b.pool_block * BM);
+            const uint8_t* sfa = (l1 ? p.l1_pool_sf : p.l2_pool_sf) + ((size_t)kb * p.pool_rows + (size_t)b.pool_block * BM) * 4;
+            cute::SM90_BULK_COPY_G2S::copy(sfa, full + s, st.sfa, BM * 4);
+            if (weights) {
+                cute::SM90_BULK_COPY_G2S::copy((l1 ? p.w1 : p.w2) + tile * 8192, full + s, st.bpk, 8192);
+                cute::SM90_BULK_COPY_G2S::copy((l1 ? p.w1_sf : p.w2_sf) + tile * 512, full + s, st.sfb, 512);
+            }
         }
-        for (int c = ptid; c < BM / 4; c += kProducerThreads) cp_async_16_cg(st.sfa + c * 16, sfa_src + c * 16);
-        const int kd = l1 ? H : I;           // K extent of this GEMM
-        const size_t nr = l1 ? 2 * (size_t)I : (size_t)H;  // weight rows per expert
-        const uint8_t* w = (l1 ? p.w1 : p.w2) + (size_t)b.expert * nr * (kd / 2) + kb * 64;
-        const uint8_t* wsf = (l1 ? p.w1_sf : p.w2_sf) + (size_t)b.expert * nr * (kd / 32) + kb * 4;
-        #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            if (p.fault_inject & 8) break;
-            const int c = ptid + kProducerThreads * q;
-            const int n = c >> 2, ch = c & 3;
-            int gr;
-            if (l1) { const int i8 = n >> 3; gr = ((i8 & 1) ? I : 0) + b.n_block * 64 + (i8 >> 1) * 8 + (n & 7); }
-            else gr = b.n_block * 128 + n;
-            cp_async_16_cg(st.bpk + n * 64 + ch * 16, w + (size_t)gr * (kd / 2) + ch * 16);
-        }
-        {
-            const int n = ptid;
-            int gr;
-            if (l1) { const int i8 = n >> 3; gr = ((i8 & 1) ? I : 0) + b.n_block * 64 + (i8 >> 1) * 8 + (n & 7); }
-            else gr = b.n_block * 128 + n;
-            cp_async_4(st.sfb + n * 4, wsf + (size_t)gr * (kd / 32));
-        }
-        // The stage's full barrier (128 arrivals) completes when every producer thread's
-        // copies have landed: the producer never waits for its own loads.
-        cp_async_arrive_noinc(full + s);
         ++it;
         if (ptid == 0) progress(p, 2, (uint32_t)it);
         return true;
     }
 
+    // Every stage's last TMA loads have landed (the CTA must not exit with copies in flight
+    // into its shared memory, e.g. after an error made the consumers stop waiting). The loads
+    // read valid addresses and complete by themselves: bounded by the timeout, not by aborts.
     __device__ void run() {
+        run_blocks();
+        const uint64_t t0 = globaltimer();
+        for (int i = it > S ? it - S : 0; i < it; ++i)
+            while (!mbar_try_wait(full + i % S, (uint32_t)((i / S) & 1)) && (int64_t)(globaltimer() - t0) < p.timeout_ns) {}
+    }
+
+    __device__ void run_blocks() {
         Scheduler<BM> sched(p);
         if (!sched.fetch_counts(p, kRoleProducer)) return;
         sched.set_expert(0);
@@ -349,6 +360,7 @@ struct Producer {
                     (void)ld_acquire_u32(p.arrival + b.pool_block);  // acquire the rows the relaxed poll saw
                     if (trace) trace_record(p, kRoleProducer, kKindIdleWait, b.expert, b.m_block, b.n_block, wave, b.valid_m, tw, globaltimer());
                 }
+                fence_proxy_async_global();  // the pulled rows, to the TMA loads below
             }
             cyc_wait_dep += clock64() - cd;
             unsigned long long have = 0;
@@ -370,6 +382,7 @@ struct Producer {
                             have = ld_acquire_u64(p.mask + b.pool_block);  // acquire the rows the relaxed poll saw
                             if (trace) trace_record(p, kRoleProducer, kKindIdleWait, b.expert, b.m_block, b.n_block, wave, kb, tw, globaltimer());
                         }
+                        fence_proxy_async_global();  // the L1 epilogue's rows, to the TMA loads below
                     }
                 }
                 cyc_wait_dep += clock64() - cd;
@@ -378,7 +391,6 @@ struct Producer {
             if (trace) trace_record(p, kRoleProducer, b.phase == kPhaseL1 ? kKindL1Load : kKindL2Load, b.expert, b.m_block,
                                     b.n_block, wave, b.valid_m, tb, globaltimer());
         }
-        asm volatile("cp.async.wait_all;" ::: "memory");
         if ((p.fault_inject & 32) && ptid == 0) {
             progress(p, 8, (uint32_t)((clock64() - c_start) >> 6));
             progress(p, 9, (uint32_t)(cyc_wait_empty >> 6));
@@ -458,9 +470,8 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
             const uint32_t* w8 = w0 + 8 * 16;  // row n0 + 8
             const uint32_t sw0 = *reinterpret_cast<const uint32_t*>(st.sfb + n0 * 4);
             const uint32_t sw8 = *reinterpret_cast<const uint32_t*>(st.sfb + (n0 + 8) * 4);
-            // cp.async data observed through the full barrier must be visible to the async
-            // proxy that WGMMA reads the token tile through.
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            // (The token tile was written by TMA, the async proxy WGMMA reads it through: no
+            // proxy fence; the full barrier's completion makes it visible.)
             named_bar_sync(kBarConsumerWg0 + g, 128);
             c0 = clock64();
             cyc_decode += c0 - c1;
@@ -520,6 +531,7 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
                     if (wi == 0 && lane < 4)
                         p.l2_pool_sf[(((size_t)(gidx >> 2)) * p.pool_rows + prow0 + m) * 4 + (gidx & 3)] = (uint8_t)(l + 127);
                 }
+            fence_proxy_async_global();  // the rows are read by other CTAs' TMA loads
             __threadfence();
             named_bar_sync(kBarConsumer, kConsumerThreads);
             if (ctid == 0) red_release_or_u64(p.mask + b.pool_block, 1ull << b.n_block);
@@ -575,7 +587,8 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
 
 // ------------------------------------------------------------------ the kernel
 template <int BM>
-__global__ void __launch_bounds__(kThreads, 1) megamoe_sm90_kernel(const __grid_constant__ Params p) {
+__global__ void __launch_bounds__(kThreads, 1) megamoe_sm90_kernel(const __grid_constant__ Sm90Args args) {
+    const Params& p = args.p;
     extern __shared__ __align__(1024) uint8_t smem[];
     const int S = (int)p.num_stages, E = (int)p.num_experts;
     uint64_t* full = reinterpret_cast<uint64_t*>(smem);
@@ -589,7 +602,7 @@ __global__ void __launch_bounds__(kThreads, 1) megamoe_sm90_kernel(const __grid_
     const int warp = threadIdx.x >> 5;
     if (threadIdx.x == 0) {
         for (int s = 0; s < S; ++s) {
-            mbar_init(full + s, kProducerThreads);
+            mbar_init(full + s, 1);  // the producer lane's arrive.expect_tx; the TMA bytes complete it
             mbar_init(empty + s, kConsumerWarps);
         }
     }
@@ -605,8 +618,10 @@ __global__ void __launch_bounds__(kThreads, 1) megamoe_sm90_kernel(const __grid_
         if (threadIdx.x == 0) progress(p, 0, 0xD0);
     } else if (warp < 8) {
         setmaxnreg_dec<kRegsProducer>();
-        Producer<BM> prod(p, stages, full, empty);
-        prod.run();
+        if (warp == 4) {
+            Producer<BM> prod(p, args.pool_map, stages, full, empty);
+            prod.run();
+        }
         __syncwarp();
         if (threadIdx.x == kDispatchThreads) progress(p, 3, 0xD0);
     } else {
@@ -638,6 +653,41 @@ constexpr int kMaxDevices = 64;
 struct DeviceInfo { int sms = 0, max_smem = 0; };
 static DeviceInfo g_dev[kMaxDevices];
 
+// TMA descriptors of the two pools (megamoe::Sm90Args), encoded once per (device, pool, address,
+// shape, block_m): the workspace of a kernel object keeps its address across calls.
+static PFN_cuTensorMapEncodeTiled_v12000 g_encode_tiled = nullptr;
+struct PoolMapKey { const void* base = nullptr; int64_t rows = 0, cols = 0, bm = 0; };
+static PoolMapKey g_map_key[kMaxDevices][2];
+static CUtensorMap g_map[kMaxDevices][2];
+
+// Returns 0, -7 (no encoder from the driver) or -8 (the driver refused the descriptor).
+static int pool_map(int dev, int which, const void* base, int64_t rows, int64_t cols, int64_t bm, CUtensorMap* out) {
+    PoolMapKey& k = g_map_key[dev][which];
+    if (k.base != base || k.rows != rows || k.cols != cols || k.bm != bm) {
+        if (g_encode_tiled == nullptr) {
+            void* fn = nullptr;
+            cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+            if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+                q != cudaDriverEntryPointSuccess || fn == nullptr)
+                return -7;
+            g_encode_tiled = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+        }
+        const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};  // bytes (E4M3) per row, rows
+        const cuuint64_t strides[1] = {(cuuint64_t)cols};                 // row pitch in bytes
+        const cuuint32_t box[2] = {128, (cuuint32_t)bm};                  // one K block x block_m rows
+        const cuuint32_t elem[2] = {1, 1};
+        if (g_encode_tiled(&g_map[dev][which], CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides,
+                           box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                           CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+            k = PoolMapKey{};
+            return -8;
+        }
+        k = PoolMapKey{base, rows, cols, bm};
+    }
+    *out = g_map[dev][which];
+    return 0;
+}
+
 template <int BM>
 static int launch_bm(const Params* p, cudaStream_t stream, size_t smem, int dev) {
     auto kern = megamoe::megamoe_sm90_kernel<BM>;
@@ -651,7 +701,12 @@ static int launch_bm(const Params* p, cudaStream_t stream, size_t smem, int dev)
         if (blocks < 1) return -3;
         configured[dev] = smem;
     }
-    void* args[] = {const_cast<Params*>(p)};
+    megamoe::Sm90Args a;
+    a.p = *p;
+    int rc = pool_map(dev, 0, p->l1_pool, p->pool_rows, p->hidden, BM, &a.pool_map[0]);
+    if (rc == 0) rc = pool_map(dev, 1, p->l2_pool, p->pool_rows, p->inter, BM, &a.pool_map[1]);
+    if (rc != 0) return rc;
+    void* args[] = {&a};
     const cudaError_t err = cudaLaunchKernel((const void*)kern, dim3((unsigned)p->num_sms), dim3(megamoe::kThreads), args, smem, stream);
     return (int)err;
 }
@@ -665,7 +720,8 @@ long long megamoe_sm90_smem_bytes(int block_m, int stages, int num_experts) {
 }
 
 // Returns 0 or a cudaError_t; -1 bad block_m, -2 too many SMs, -3 does not fit one CTA/SM,
-// -4 shared memory over the device limit, -5 shape not supported.
+// -4 shared memory over the device limit, -5 shape not supported, -6 bad EP parameters,
+// -7 / -8 TMA descriptor encoding (pool_map).
 int megamoe_sm90_launch(const Params* p_in, void* stream) {
     // Callers that zero the EP fields (an older mirror of Params) get the EP=1 meaning.
     Params q = *p_in;
@@ -715,6 +771,8 @@ const char* megamoe_sm90_error_string(int code) {
         case -3: return "kernel does not fit one CTA per SM";
         case -4: return "shared memory for these stages exceeds the device limit";
         case -5: return "unsupported shape (hidden, inter multiples of 128; 2*inter/128 <= 64; E <= 512; 2 <= stages <= 16)";
+        case -7: return "cuTensorMapEncodeTiled not available from the CUDA driver (TMA descriptors need driver 12.0+)";
+        case -8: return "the driver refused a TMA descriptor (pool address not 16-byte aligned, or hidden/inter/pool_rows out of range)";
         case -6: return "bad expert-parallel parameters (R divides E, E/R <= 256, rank < R, combine_rows >= T, EP buffers and the call counter set)";
         default: return cudaGetErrorString((cudaError_t)code);
     }

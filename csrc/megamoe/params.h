@@ -29,10 +29,14 @@ struct Params {
     const uint8_t* x_sf;       // [T, H/32] UE8M0
     const int32_t* topk_idx;   // [T, K], -1 = masked slot
     const float* topk_w;       // [T, K]
-    const uint8_t* w1;         // [E, 2I, H/2] packed E2M1 (low nibble = even k)
-    const uint8_t* w1_sf;      // [E, 2I, H/32] UE8M0
-    const uint8_t* w2;         // [E, H, I/2]
-    const uint8_t* w2_sf;      // [E, H, I/32]
+    // Weights: SM90 the tiles of megamoe.layouts.transform_weights_for_sm90 (w1 [E, 2I/128,
+    // H/128, 128, 64], w1_sf [.., 128, 4]; w2, w2_sf the same over [E, H/128, I/128]); SM100 the
+    // layout of megamoe.kernel.sm100. Checkpoint shapes: w1 [E, 2I, H/2] packed E2M1 (low
+    // nibble = even k), w1_sf [E, 2I, H/32] UE8M0, w2 [E, H, I/2], w2_sf [E, H, I/32].
+    const uint8_t* w1;
+    const uint8_t* w1_sf;
+    const uint8_t* w2;
+    const uint8_t* w2_sf;
     // Workspace (zeroed once at allocation; the kernel leaves it clean)
     uint8_t* l1_pool;          // [pool_rows, H]
     uint8_t* l1_pool_sf;       // [H/128][pool_rows][4]  (k-block major)

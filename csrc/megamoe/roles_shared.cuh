@@ -200,6 +200,7 @@ __device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* of
             p.pool_slot[row] = k;
             p.pool_weight[row] = p.topk_w[i];
         }
+        fence_proxy_async_global();  // the row is read by TMA (the async proxy)
         __syncwarp();  // every lane's stores before lane 0's gpu-scope release
         if (lane == 0 && p.fault_inject != 1) red_release_add_u32(p.arrival + row / BM, 1u);
     }

@@ -114,9 +114,7 @@ class Weights:
     """Kernel weights. ``prepare_weights`` gives the MXFP4 checkpoint layout:
     w1 [E, 2I, H/2] packed E2M1 (gate rows 0..I-1, up rows I..2I-1; element 2i in the low
     nibble), w1_sf [E, 2I, H/32] UE8M0, w2 [E, H, I/2], w2_sf [E, H, I/32]. The SM90 kernel
-    object keeps a copy of w1 / w2 in the register-fragment byte order
-    (:func:`sm90_weights`); the gate/up interleave of the SM100 layout is done by address
-    arithmetic in its producer. On a
+    object keeps a copy in its TMA tile layout (:func:`sm90_weights`). On a
     compute-capability 10.0 device ``MegaMoEKernel`` transforms them once into the SM100 kernel's
     layout (:class:`megamoe.kernel.sm100.Sm100Weights`, ``layouts.transform_weights_for_mega_moe``)."""
     w1: "object"
@@ -141,18 +139,19 @@ def prepare_weights(w1, w1_sf, w2, w2_sf) -> Weights:
 
 
 def sm90_weights(weights: Weights) -> Weights:
-    """Checkpoint-layout weights -> what the SM90 kernel reads: w1 and w2 with every row's
-    64-byte K blocks in the register-fragment order of
-    :func:`megamoe.layouts.permute_e2m1_for_sm90_rs` (a new copy on the same device: the
-    packed weights' memory once more), the scale bytes unchanged (same tensors).
+    """Checkpoint-layout weights -> what the SM90 kernel reads: every tensor cut into the
+    tiles of :func:`megamoe.layouts.transform_weights_for_sm90` (gate/up interleave, bytes in
+    register-fragment order, one contiguous 8192 + 512-byte tile per 128 rows x 128 K), so
+    the producer loads a stage's weights and scales with two TMA bulk copies. A new copy on
+    the same device: the weights' memory once more.
 
     Raises:
-        InputError: ``weights`` is not a :class:`Weights` (``prepare_weights``), or its packed
-            tensors are not bytes with K a multiple of 128."""
-    from megamoe.layouts import permute_e2m1_for_sm90_rs
+        InputError: ``weights`` is not a :class:`Weights` (``prepare_weights``), or N / K are
+            not multiples of 128."""
+    from megamoe.layouts import transform_weights_for_sm90
     require(isinstance(weights, Weights), "weights", "prepare_weights(...) (checkpoint layout)", type(weights).__name__)
-    return Weights(permute_e2m1_for_sm90_rs(weights.w1, "weights.w1"), weights.w1_sf,
-                   permute_e2m1_for_sm90_rs(weights.w2, "weights.w2"), weights.w2_sf)
+    (w1, s1), (w2, s2) = transform_weights_for_sm90((weights.w1, weights.w1_sf), (weights.w2, weights.w2_sf))
+    return Weights(w1, s1, w2, s2)
 
 
 class MegaMoEKernel:
