@@ -8,8 +8,9 @@ re-derives it. Shared-memory formulas mirror ``csrc/megamoe/kernel_sm90.cu`` exa
 Design, in one paragraph: one persistent CTA per SM (the pipeline ring needs more than half
 of the 227 KB of shared memory, so two CTAs would halve the stages; one CTA also keeps the
 dispatch warps and the grid sync simple), 512 threads in three warp-specialized roles —
-dispatch (warps 0-3), producer (warps 4-7: cp.async of activation tiles and packed E2M1
-weight tiles, completion through the stage's mbarrier) and consumer (warps 8-15, two
+dispatch (warps 0-3), producer (warps 4-7: one lane issues the TMA loads of each stage, a
+tensor-map load of the activation tile and bulk copies of the packed E2M1 weight tile and
+the scales, completing the stage's mbarrier by their bytes) and consumer (warps 8-15, two
 warpgroups: E2M1 -> E4M3 decode straight into the registers of FP8 WGMMA ``m64n{block_m}k32``
 with the weights as the register A operand ("swap AB", 64 weight rows per warpgroup) and
 per-32-K UE8M0 promotion in FP32, then the epilogues). ``setmaxnreg`` moves registers from the dispatch and

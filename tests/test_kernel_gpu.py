@@ -116,6 +116,31 @@ def test_l2_pool_matches_reference(shape, T):
     assert a["bytes_equal"] >= 0.99 and a["max_error_top_ulps"] <= 1.0 and a["scales_equal"] >= 0.999, a
 
 
+@pytest.mark.parametrize("case", ["one_row_wide", "all_wide"])
+def test_wide_weight_scales(case):
+    """Weight scales far apart: one row per GEMM with a K group 20 binades below the rest, or
+    every scale drawn from [100, 121] instead of [119, 121]. Same checks as the other cases, and
+    the L2 pool byte by byte (a scale applied to the wrong row or group breaks them)."""
+    shape, T = TINY, 64
+    w = list(make_weights(shape["E"], shape["H"], shape["I"], "cuda", seed=7,
+                          **({} if case == "one_row_wide" else {"sf_lo": 100, "sf_hi": 121})))
+    if case == "one_row_wide":
+        w[1][1, 37, 2] -= 20  # L1 row 37 (gate) of expert 1, K group 2
+        w[3][2, 200, 1] -= 20  # L2 row 200 of expert 2, K group 1
+    k = MegaMoEKernel(shape["E"], shape["K"], shape["H"], shape["I"], T, prepare_weights(*w))
+    x, xs, idx, tw = make_inputs(T, shape["E"], shape["K"], shape["H"], "cuda", seed=5)
+    y = k(x, xs, idx, tw)
+    k.check()
+    ref, l2_in = reference_sm90(x, xs, idx, tw, *w, return_l2_input=True)
+    c = compare(y, ref)
+    assert c["nan"] == 0 and c["rel_l2"] <= REL_L2_TOL, c
+    e_kernel = compare(y, reference_exact(x, xs, idx, tw, *w))["rel_l2"]
+    e_ref = compare(ref, reference_exact(x, xs, idx, tw, *w))["rel_l2"]
+    assert e_kernel <= e_ref * 1.05 + 1e-6, (e_kernel, e_ref)
+    a = l2_pool_agreement(k, l2_in)
+    assert a["bytes_equal"] >= 0.99 and a["max_error_top_ulps"] <= 1.0 and a["scales_equal"] >= 0.999, a
+
+
 def test_deterministic_and_pool():
     k, inp, y1 = _check(TINY, 150)
     y2 = k(*inp)

@@ -48,9 +48,10 @@ struct Sm90Args {
 constexpr int kThreads = 512;
 constexpr int kDispatchThreads = 128, kProducerThreads = 128, kConsumerThreads = 256;
 constexpr int kConsumerWarps = 8;
-// Register split per warpgroup (setmaxnreg), chosen among 80/80/176, 64/96/176, 72/104/168 and
-// 56/120/168 by timing on the H200 (benchmarks/NOTES_kernel.md).
-constexpr uint32_t kRegsEven = 128, kRegsDispatch = 64, kRegsProducer = 96, kRegsConsumer = 176;
+// Register split per warpgroup (setmaxnreg), chosen by timing on the H200 (benchmarks/NOTES_kernel.md):
+// 64/96/176 while the producer copied with cp.async; with TMA one producer lane issues the loads
+// and 48 registers do (64/48/200: -2..-4% at block_m 128).
+constexpr uint32_t kRegsEven = 128, kRegsDispatch = 64, kRegsProducer = 48, kRegsConsumer = 200;
 static_assert(kRegsDispatch + kRegsProducer + 2 * kRegsConsumer == 4 * kRegsEven, "register split");
 template <uint32_t R> __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(R)); }
 template <uint32_t R> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(R)); }
@@ -609,7 +610,7 @@ __global__ void __launch_bounds__(kThreads, 1) megamoe_sm90_kernel(const __grid_
     __syncthreads();
     // Register split (setmaxnreg, per warpgroup): dispatch and producer give registers to the
     // two consumer warpgroups (accumulator + WGMMA partial: BM floats per thread); everyone
-    // returns to the even split for the combine. 128 x (64 + 96) + 256 x 176 = 65536.
+    // returns to the even split for the combine. 128 x (64 + 48) + 256 x 200 = 65536.
     if (warp < 4) {
         setmaxnreg_dec<kRegsDispatch>();
         if (p.num_ranks > 1) dispatch_role_ep(p, BM, hist, cta_base, off_blk, scan);

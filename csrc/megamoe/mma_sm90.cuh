@@ -68,8 +68,9 @@ __device__ __forceinline__ void gmma_rs_zero_acc(const uint2& r0, const uint2& r
 // Up to block_m 64 the four k32 steps of a K block are pipelined: step q + 1's WGMMA (into the
 // other of two partial accumulators) is issued before step q is waited for and promoted, and
 // the decode of step q + 2 runs meanwhile. At block_m 128 the accumulator and one partial take
-// 128 registers, a second partial would spill: there the steps run one after another and the
-// two warpgroups overlap each other (one promotes while the other's WGMMA runs).
+// 128 registers, a second partial would spill: there the WGMMAs run one after another (step
+// q + 1 decoded while step q's runs) and the two warpgroups overlap each other (one promotes
+// while the other's WGMMA runs).
 template <int BLOCK_M>
 struct Sm90Tile {
     static constexpr int NJ = BLOCK_M / 8;  // n8 column tiles (tokens)
@@ -154,13 +155,17 @@ struct Sm90Tile {
                 if (promote_on) promote(c, q, sw0, sw8, fsx);
             }
         } else {
-            uint2 r0 = dec(w0[0]), r8 = dec(w8[0]);
+            // one partial; step q + 1 is decoded (into the other A register set) while step q's
+            // WGMMA runs, so only the promotion lies between two WGMMAs
+            uint2 r0[2], r8[2];
+            r0[0] = dec(w0[0]); r8[0] = dec(w8[0]);
             #pragma unroll
             for (int q = 0; q < 4; ++q) {
-                issue(r0, r8, db + 2 * q, 0);
+                const int c = q & 1;
+                issue(r0[c], r8[c], db + 2 * q, 0);
+                if (q < 3) { r0[c ^ 1] = dec(w0[q + 1]); r8[c ^ 1] = dec(w8[q + 1]); }
                 cute::warpgroup_wait<0>();
-                fence_step(r0, r8, 0);
-                if (q < 3) { r0 = dec(w0[q + 1]); r8 = dec(w8[q + 1]); }
+                fence_step(r0[c], r8[c], 0);
                 if (promote_on) promote(0, q, sw0, sw8, fsx);
             }
         }
