@@ -411,8 +411,8 @@ def calibrated_toml(base: str, measured: dict, kernel: dict | None = None, date:
 SM90_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep1_t{t}.npz" for t in (64, 512, 4096))
 SM90_FIT_PROFILE = "benchmarks/results/kernel_profile_stages_h200.json"
 SM90_FIT_DATE = "2026-11-30"
-SM90_FIT_KERNEL = "FP8 WGMMA v5 (E2M1 decoded into WGMMA registers)"
-SM90_PROFILE_KERNEL = "FP8 WGMMA v5 kernel"
+SM90_FIT_KERNEL = "FP8 WGMMA v6 (TMA loads, E2M1 decoded into WGMMA registers)"
+SM90_PROFILE_KERNEL = "FP8 WGMMA v6 kernel"
 
 
 def sm90_fit_sources(fit: dict, traces=SM90_FIT_TRACES, profile_path: str | None = SM90_FIT_PROFILE,

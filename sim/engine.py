@@ -549,7 +549,7 @@ class _Engine:
         # load rate of one SM: its engine limit, or Little's law on the stage ring
         load_rate = min(hw.sm_load_bytes_per_ns, stages * stage_bytes / lat)
         if sm90:
-            # the consumer warps prepare the stage (kernel v5: the token-scale table and a
+            # the consumer warps prepare the stage (kernel v5 and v6: the token-scale table and a
             # warpgroup barrier; the E2M1 -> E4M3 decode goes into the WGMMA registers), run
             # the MMA of the stage, then hand the stage back: serial per K block
             t_k = max(t_mma_k + hw.e2m1_decode_thread_ns_per_elem * bn * bk / cfg.num_epilogue_threads

@@ -69,14 +69,14 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
         assert getattr(hw, key) == value and hw.sources[key] == src, key
         assert fit[key][1] in src and "2026-11-30" in src and SM90_FIT_KERNEL in src, key
         assert "kernel_flash_ep1_t{64,512,4096}.npz" in src, key
-    # the slope: (2221 - 930 ns) / (128 - 16) rows = 11.52 ns per block row and K block (the
+    # the slope: (1850 - 939.5 ns) / (128 - 16) rows = 8.13 ns per block row and K block (the
     # K-block times at block_m 16 and 128 quoted in the source); 128 weight rows x 128 K x 2 =
-    # 32768 FLOP per row and K block -> 2.84 TFLOP/s per SM, 375 TFLOP/s on 132 SMs, 26.5% of
+    # 32768 FLOP per row and K block -> 4.03 TFLOP/s per SM, 532 TFLOP/s on 132 SMs, 37.5% of
     # 1419 TFLOP/s
-    assert fit["sm90_mma_fraction"][0] == pytest.approx(32768 / 11.52e-9 * 132 / 1419e12, abs=0.002)
-    # the scheduler: ~1.4 us per block plus ~0.34 us per step
-    assert fit["sched_block_ns"][0] == pytest.approx(1394, abs=30)
-    assert fit["sched_step_ns"][0] == pytest.approx(343, abs=15)
+    assert fit["sm90_mma_fraction"][0] == pytest.approx(32768 / 8.13e-9 * 132 / 1419e12, abs=0.002)
+    # the scheduler: ~0.75 us per block plus ~0.33 us per step
+    assert fit["sched_block_ns"][0] == pytest.approx(748, abs=30)
+    assert fit["sched_step_ns"][0] == pytest.approx(333, abs=15)
 
 
 def test_one_trace_gives_the_same_mma_fraction():
@@ -85,7 +85,7 @@ def test_one_trace_gives_the_same_mma_fraction():
     hw = load_hardware("h200")
     got = from_kernel_trace(_root(TRACES[-1]), hw.fp8_dense_tflops * hw.mma_efficiency)
     assert got["sm90_mma_fraction"] == pytest.approx(hw.sm90_mma_fraction, rel=0.01)
-    assert got["grid_sync_ns"] == 1632.0  # last arrival to first release in that trace
+    assert got["grid_sync_ns"] == 1568.0  # last arrival to first release in that trace
 
 
 def test_fit_needs_two_block_m():

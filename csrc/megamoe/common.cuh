@@ -246,10 +246,13 @@ __device__ __forceinline__ void progress(const Params& p, int slot, uint32_t v) 
 // ---------------------------------------------------------------- trace
 // 48-byte record: u32 sm, u32 (role<<16|kind), i32 expert, m_block, n_block, wave, tokens,
 // extra, u64 t_start_ns, u64 t_end_ns (globaltimer).
-__device__ __forceinline__ void trace_record(const Params& p, uint32_t role, uint32_t kind, int expert, int m,
-                                             int n, int wave, int tokens, uint64_t t0, uint64_t t1) {
-    if (p.trace_cap == 0) return;
-    const uint32_t idx = atomicAdd(p.trace_count + blockIdx.x, 1u);
+// Slots for n records of this CTA. Issued early (e.g. when a block starts) the atomic's round
+// trip overlaps the block's work instead of stalling the recording warp at its end.
+__device__ __forceinline__ uint32_t trace_reserve(const Params& p, uint32_t n) {
+    return atomicAdd(p.trace_count + blockIdx.x, n);
+}
+__device__ __forceinline__ void trace_write(const Params& p, uint32_t idx, uint32_t role, uint32_t kind, int expert,
+                                            int m, int n, int wave, int tokens, uint64_t t0, uint64_t t1) {
     if (idx >= (uint32_t)p.trace_cap) return;
     uint32_t* rec = reinterpret_cast<uint32_t*>(p.trace + ((size_t)blockIdx.x * p.trace_cap + idx) * 6);
     uint4 a = make_uint4(smid(), (role << 16) | kind, (uint32_t)expert, (uint32_t)m);
@@ -258,6 +261,11 @@ __device__ __forceinline__ void trace_record(const Params& p, uint32_t role, uin
     *reinterpret_cast<uint4*>(rec + 4) = b;
     *reinterpret_cast<uint2*>(rec + 8) = make_uint2((uint32_t)t0, (uint32_t)(t0 >> 32));
     *reinterpret_cast<uint2*>(rec + 10) = make_uint2((uint32_t)t1, (uint32_t)(t1 >> 32));
+}
+__device__ __forceinline__ void trace_record(const Params& p, uint32_t role, uint32_t kind, int expert, int m,
+                                             int n, int wave, int tokens, uint64_t t0, uint64_t t1) {
+    if (p.trace_cap == 0) return;
+    trace_write(p, trace_reserve(p, 1), role, kind, expert, m, n, wave, tokens, t0, t1);
 }
 
 }  // namespace megamoe

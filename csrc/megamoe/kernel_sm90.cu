@@ -344,42 +344,47 @@ struct Producer {
             const Block b = sched.next();
             if (b.phase == kPhaseNone) break;
             const uint64_t tb = globaltimer();
+            const uint32_t tslot = trace ? trace_reserve(p, 1) : 0;  // the block's load record
             const int wave = b.expert / (int)p.experts_per_wave;
             if (ptid == 0) progress(p, 1, (uint32_t)((b.phase << 28) | (b.expert << 16) | (b.m_block << 8) | b.n_block));
+            bool ok = true;  // false: a wait gave up (error raised); the record is still written
             long long cd = clock64();
             if (b.phase == kPhaseL1) {
                 uint32_t v = ld_acquire_u32(p.arrival + b.pool_block);
                 if (v != (uint32_t)b.valid_m) {
                     const uint64_t tw = globaltimer();
                     Deadline d(p.timeout_ns);
-                    while ((v = ld_relaxed_u32(p.arrival + b.pool_block)) != (uint32_t)b.valid_m) {
+                    while (ok && (v = ld_relaxed_u32(p.arrival + b.pool_block)) != (uint32_t)b.valid_m) {
                         if (!d.tick(p)) {
                             if (!aborted(p)) raise_error(p, kErrTimeoutArrival, kRoleProducer, b.expert, b.m_block, b.n_block, -1, v);
-                            return;
+                            ok = false;
                         }
                     }
-                    (void)ld_acquire_u32(p.arrival + b.pool_block);  // acquire the rows the relaxed poll saw
-                    if (trace) trace_record(p, kRoleProducer, kKindIdleWait, b.expert, b.m_block, b.n_block, wave, b.valid_m, tw, globaltimer());
+                    if (ok) {
+                        (void)ld_acquire_u32(p.arrival + b.pool_block);  // acquire the rows the relaxed poll saw
+                        if (trace) trace_record(p, kRoleProducer, kKindIdleWait, b.expert, b.m_block, b.n_block, wave, b.valid_m, tw, globaltimer());
+                    }
                 }
                 fence_proxy_async_global();  // the pulled rows, to the TMA loads below
             }
             cyc_wait_dep += clock64() - cd;
             unsigned long long have = 0;
-            for (int kb = 0; kb < b.num_k_blocks; ++kb) {
+            for (int kb = 0; ok && kb < b.num_k_blocks; ++kb) {
                 cd = clock64();
                 if (b.phase == kPhaseL2) {
                     const unsigned long long need = 3ull << (2 * kb);
                     if ((have & need) != need) {
                         have = ld_acquire_u64(p.mask + b.pool_block);
                         if ((have & need) != need) {
-                                    const uint64_t tw = globaltimer();
+                            const uint64_t tw = globaltimer();
                             Deadline d(p.timeout_ns);
-                            while (((have = ld_relaxed_u64(p.mask + b.pool_block)) & need) != need) {
+                            while (ok && ((have = ld_relaxed_u64(p.mask + b.pool_block)) & need) != need) {
                                 if (!d.tick(p)) {
                                     if (!aborted(p)) raise_error(p, kErrTimeoutMask, kRoleProducer, b.expert, b.m_block, b.n_block, kb, (uint32_t)have);
-                                    return;
+                                    ok = false;
                                 }
                             }
+                            if (!ok) break;
                             have = ld_acquire_u64(p.mask + b.pool_block);  // acquire the rows the relaxed poll saw
                             if (trace) trace_record(p, kRoleProducer, kKindIdleWait, b.expert, b.m_block, b.n_block, wave, kb, tw, globaltimer());
                         }
@@ -387,10 +392,11 @@ struct Producer {
                     }
                 }
                 cyc_wait_dep += clock64() - cd;
-                if (!issue(b, kb)) return;
+                ok = issue(b, kb);
             }
-            if (trace) trace_record(p, kRoleProducer, b.phase == kPhaseL1 ? kKindL1Load : kKindL2Load, b.expert, b.m_block,
-                                    b.n_block, wave, b.valid_m, tb, globaltimer());
+            if (trace) trace_write(p, tslot, kRoleProducer, b.phase == kPhaseL1 ? kKindL1Load : kKindL2Load, b.expert, b.m_block,
+                                   b.n_block, wave, b.valid_m, tb, globaltimer());
+            if (!ok) return;
         }
         if ((p.fault_inject & 32) && ptid == 0) {
             progress(p, 8, (uint32_t)((clock64() - c_start) >> 6));
@@ -444,6 +450,7 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
         if (b.phase == kPhaseNone) break;
         const int wave = b.expert / (int)p.experts_per_wave;
         const uint64_t tb = globaltimer();
+        const uint32_t tslot = trace ? trace_reserve(p, 2) : 0;  // the block's two records (MMA, epilogue)
         if (ctid == 0) progress(p, 4, (uint32_t)((b.phase << 28) | (b.expert << 16) | (b.m_block << 8) | b.n_block));
         tile.zero();
         for (int kb = 0; kb < b.num_k_blocks; ++kb) {
@@ -573,8 +580,8 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
         if (trace) {
             const uint64_t te = globaltimer();
             const bool l1 = b.phase == kPhaseL1;
-            trace_record(p, kRoleConsumer, l1 ? kKindL1Mma : kKindL2Mma, b.expert, b.m_block, b.n_block, wave, b.valid_m, tb, tm);
-            trace_record(p, kRoleConsumer, l1 ? kKindL1Epilogue : kKindL2Epilogue, b.expert, b.m_block, b.n_block, wave, b.valid_m, tm, te);
+            trace_write(p, tslot, kRoleConsumer, l1 ? kKindL1Mma : kKindL2Mma, b.expert, b.m_block, b.n_block, wave, b.valid_m, tb, tm);
+            trace_write(p, tslot + 1, kRoleConsumer, l1 ? kKindL1Epilogue : kKindL2Epilogue, b.expert, b.m_block, b.n_block, wave, b.valid_m, tm, te);
         }
     }
     if ((p.fault_inject & 32) && ctid == 0) {
