@@ -293,11 +293,14 @@ def transform_weights_for_sm90(
         (w2t [E, H/128, I/128, 128, 64], sf2t [E, H/128, I/128, 128, 4]))``, new contiguous
         tensors on the inputs' device, dtypes kept.
     Raises:
-        InputError: shapes/dtypes, or N (2I, H) or K (H, I) not multiples of 128.
+        InputError: shapes/dtypes, L2 not ``[E, H, I/2]`` for L1's ``[E, 2I, H/2]`` (same E),
+            or N (2I, H) or K (H, I) not multiples of 128.
     """
     (w1, sf1), (w2, sf2) = l1_weights, l2_weights
-    check_mxfp4_weights(w1, sf1, "l1_weights")
-    check_mxfp4_weights(w2, sf2, "l2_weights")
+    e, n1, h = check_mxfp4_weights(w1, sf1, "l1_weights")
+    e2, _, _ = check_mxfp4_weights(w2, sf2, "l2_weights", rows=h, k=n1 // 2)  # [E, H, I/2]
+    if e2 != e:
+        raise InputError("l2_weights", f"{e} experts (as l1_weights)", f"shape {tuple(w2.shape)}")
     for nm, t in (("l1_weights_sf", sf1), ("l2_weights_sf", sf2)):
         if t.dtype != torch.uint8:
             raise InputError(nm, "uint8 UE8M0 bytes (checkpoint layout)", str(t.dtype))

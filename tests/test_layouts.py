@@ -118,6 +118,15 @@ def test_sm90_tiles_bad_input():
     (w1, s1), (w2, s2) = _ckpt(inter=64, h=256)  # 2I = 128 fine, L2 K = I = 64: not a tile
     with pytest.raises(InputError, match=r"^l2_weights: expected \[E, N, K/2\] with N and K multiples of 128"):
         L.transform_weights_for_sm90((w1, s1), (w2, s2))
+    (w1, s1), (w2, s2) = _ckpt(inter=128, h=256)
+    with pytest.raises(InputError, match=r"^l2_weights: expected shape \(E, 256, K/2\), got shape \(2, 384, 64\)"):
+        L.transform_weights_for_sm90((w1, s1), (torch.zeros(2, 384, 64, dtype=torch.uint8),
+                                                torch.zeros(2, 384, 4, dtype=torch.uint8)))
+    with pytest.raises(InputError, match=r"^l2_weights: expected shape \(E, N, 64\)"):
+        L.transform_weights_for_sm90((w1, s1), (torch.zeros(2, 256, 128, dtype=torch.uint8),
+                                                torch.zeros(2, 256, 8, dtype=torch.uint8)))
+    with pytest.raises(InputError, match=r"^l2_weights: expected 2 experts \(as l1_weights\)"):
+        L.transform_weights_for_sm90((w1, s1), (w2[:1].contiguous(), s2[:1].contiguous()))
     with pytest.raises(InputError, match=r"^l1_weights_sf: expected SM90 tiles"):
         L.untransform_weights_for_sm90((torch.zeros(1, 1, 1, 128, 64, dtype=torch.uint8),
                                         torch.zeros(1, 128, 4, dtype=torch.uint8)), (None, None))
