@@ -57,15 +57,13 @@ def _out_path(*suffixes: str):
 
 
 def _skew(text: str) -> float | list[float]:
-    import math
-
-    from .scenario import MAX_LAUNCH_SKEW_US
+    from .scenario import MAX_LAUNCH_SKEW_US, skew_in_range
 
     try:
         vals = [float(x) for x in text.split(",")]
     except ValueError:
         vals = [float("nan")]
-    if not all(math.isfinite(v) and 0 <= v <= MAX_LAUNCH_SKEW_US for v in vals):
+    if not all(skew_in_range(v) for v in vals):
         raise argparse.ArgumentTypeError(f"expected microseconds in [0, {MAX_LAUNCH_SKEW_US:g}] (one number or one "
                                          f"per rank), got {text!r}")
     return vals[0] if len(vals) == 1 else vals

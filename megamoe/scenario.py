@@ -21,6 +21,19 @@ DEFAULT_MAX_TOKENS = 8192  # DeepGEMM tests/test_mega_moe.py default num_max_tok
 MAX_LAUNCH_SKEW_US = 100_000.0  # 0.1 s: far beyond launch jitter, and bounded memory (see Scenario)
 
 
+def skew_in_range(v: float) -> bool:
+    """A launch skew the model takes: finite microseconds in ``[0, MAX_LAUNCH_SKEW_US]``
+    (the CLI, the sweep and :class:`Scenario` check with this)."""
+    return math.isfinite(v) and 0 <= v <= MAX_LAUNCH_SKEW_US
+
+
+def _skew_values(skew) -> tuple[bool, list]:
+    """``launch_skew_us`` as (given as a list?, its values): a list, tuple or 1-D array, or one number."""
+    if isinstance(skew, (list, tuple)) or (isinstance(skew, np.ndarray) and skew.ndim > 0):
+        return True, list(skew)
+    return False, [skew.item() if isinstance(skew, np.ndarray) else skew]
+
+
 @dataclass
 class Scenario:
     """Inputs of one call.
@@ -102,12 +115,10 @@ class Scenario:
         require(max(toks) <= self.max_tokens_per_rank, "tokens",
                 f"<= max_tokens ({self.max_tokens_per_rank})", max(toks))
         require(self.reserved_sms >= 0, "reserved_sms", ">= 0", self.reserved_sms)
-        skew = self.launch_skew_us
-        is_list = isinstance(skew, (list, tuple)) or (isinstance(skew, np.ndarray) and skew.ndim > 0)
-        vals = list(skew) if is_list else [skew.item() if isinstance(skew, np.ndarray) else skew]
+        is_list, vals = _skew_values(self.launch_skew_us)
         for v in vals:
             require(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
-                    and math.isfinite(v) and 0 <= v <= MAX_LAUNCH_SKEW_US, "launch_skew_us",
+                    and skew_in_range(v), "launch_skew_us",
                     f"numbers in [0, {MAX_LAUNCH_SKEW_US:g}] (microseconds)", v)
         R = self.num_ranks
         require(not is_list or len(vals) == R, "launch_skew_us",
@@ -136,11 +147,11 @@ class Scenario:
     def launch_offsets_us(self) -> list[float]:
         """Each rank's launch time after the earliest rank's, microseconds
         (``launch_skew_us``; only differences matter, so a list is shifted to start at 0)."""
-        skew = self.launch_skew_us
-        if isinstance(skew, (list, tuple)) or (isinstance(skew, np.ndarray) and skew.ndim > 0):
-            vals = [float(v) for v in skew]
+        is_list, vals = _skew_values(self.launch_skew_us)
+        if is_list:
+            vals = [float(v) for v in vals]
             return [v - min(vals) for v in vals]
-        return [0.0] * (self.num_ranks - 1) + [float(skew)]
+        return [0.0] * (self.num_ranks - 1) + [float(vals[0])]
 
     def routing_ids(self) -> list[np.ndarray]:
         """``topk_idx`` per rank (int64 ``[T_r, k]``, ``-1`` masked), cached."""

@@ -19,7 +19,6 @@ from __future__ import annotations
 import csv
 import itertools
 import json
-import math
 import os
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -76,9 +75,9 @@ def parse_values(axis: str, text: str) -> list:
             out = [float(v) for v in vals]
         except ValueError:
             raise InputError(f"sweep.{axis}", "numbers (microseconds)", text) from None
-        from megamoe.scenario import MAX_LAUNCH_SKEW_US
+        from megamoe.scenario import MAX_LAUNCH_SKEW_US, skew_in_range
 
-        require(all(math.isfinite(v) and 0 <= v <= MAX_LAUNCH_SKEW_US for v in out), f"sweep.{axis}",
+        require(all(skew_in_range(v) for v in out), f"sweep.{axis}",
                 f"microseconds in [0, {MAX_LAUNCH_SKEW_US:g}]", text)
         return out
     if axis.endswith("_scale") or axis in SCALE_ALIASES:

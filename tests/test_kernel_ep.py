@@ -589,4 +589,3 @@ if __name__ == "__main__":
     ap.add_argument("--part", default="all", choices=("all", "cases", "dead"))
     a = ap.parse_args()
     _job(a.out, a.part)
-

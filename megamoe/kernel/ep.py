@@ -429,13 +429,9 @@ class MegaMoEKernelEP:
         """Check one call's inputs (one-line ``InputError`` naming the field) and copy x, its
         scales and the top-k weights into this rank's symmetric buffer, unless they are already
         there (:meth:`input_buffers`). Returns the token count."""
+        from .runtime import check_call_shapes
         torch = self.torch
-        T = x.shape[0]
-        require(x.dim() == 2 and x.shape[1] == self.H, "x", f"[T, {self.H}] float8_e4m3fn", tuple(x.shape))
-        require(T <= self.max_tokens, "x", f"at most max_tokens={self.max_tokens} rows", T)
-        require(tuple(x_sf.shape) == (T, self.H // 32), "x_sf", f"[{T}, {self.H // 32}] UE8M0", tuple(x_sf.shape))
-        require(tuple(topk_idx.shape) == (T, self.K), "topk_idx", f"[{T}, {self.K}]", tuple(topk_idx.shape))
-        require(tuple(topk_w.shape) == (T, self.K), "topk_weights", f"[{T}, {self.K}]", tuple(topk_w.shape))
+        T = check_call_shapes(x, x_sf, topk_idx, topk_w, self.H, self.K, self.max_tokens)
         if T:
             for dst, src in ((self.x_buf, x.reshape(T, self.H).view(torch.uint8)), (self.x_sf_buf, x_sf.view(torch.uint8)),
                              (self.topk_w_buf, topk_w.to(torch.float32))):

@@ -154,6 +154,21 @@ def sm90_weights(weights: Weights) -> Weights:
     return Weights(w1, s1, w2, s2)
 
 
+def check_call_shapes(x, x_sf, topk_idx, topk_w, hidden: int, topk: int, max_tokens: int) -> int:
+    """The shapes of one kernel call's inputs (EP1 and EP): ``x [T, hidden]`` with ``T <=
+    max_tokens``, ``x_sf [T, hidden/32]``, ``topk_idx`` and ``topk_w [T, topk]``. Returns T.
+
+    Raises:
+        InputError: the first field whose shape is wrong (one line naming it)."""
+    T = x.shape[0]
+    require(x.dim() == 2 and x.shape[1] == hidden, "x", f"[T, {hidden}] float8_e4m3fn", tuple(x.shape))
+    require(T <= max_tokens, "x", f"at most max_tokens={max_tokens} rows", T)
+    require(tuple(x_sf.shape) == (T, hidden // 32), "x_sf", f"[{T}, {hidden // 32}] UE8M0", tuple(x_sf.shape))
+    require(tuple(topk_idx.shape) == (T, topk), "topk_idx", f"[{T}, {topk}]", tuple(topk_idx.shape))
+    require(tuple(topk_w.shape) == (T, topk), "topk_weights", f"[{T}, {topk}]", tuple(topk_w.shape))
+    return T
+
+
 class MegaMoEKernel:
     """One EP=1 mega-kernel instance: weights, plan numbers and workspace for up to
     ``max_tokens`` tokens. ``k(x, x_sf, topk_idx, topk_w)`` returns BF16 ``[T, H]``.
@@ -215,14 +230,9 @@ class MegaMoEKernel:
         """Validate one call's inputs (one-line ``InputError`` naming the field) and return them
         as the kernel reads them: ``(T, x uint8, x_sf uint8, topk_idx int32, topk_w float32)``."""
         torch = self.torch
-        T = x.shape[0]
-        require(x.dim() == 2 and x.shape[1] == self.H, "x", f"[T, {self.H}] float8_e4m3fn", tuple(x.shape))
-        require(T <= self.max_tokens, "x", f"at most max_tokens={self.max_tokens} rows", T)
+        T = check_call_shapes(x, x_sf, topk_idx, topk_w, self.H, self.K, self.max_tokens)
         require(x.dtype in (torch.float8_e4m3fn, torch.uint8), "x.dtype", "float8_e4m3fn", str(x.dtype))
-        require(tuple(x_sf.shape) == (T, self.H // 32) and x_sf.dtype in (torch.uint8, torch.float8_e8m0fnu),
-                "x_sf", f"uint8 [{T}, {self.H // 32}] (UE8M0)", (tuple(x_sf.shape), str(x_sf.dtype)))
-        require(tuple(topk_idx.shape) == (T, self.K), "topk_idx", f"[{T}, {self.K}]", tuple(topk_idx.shape))
-        require(tuple(topk_w.shape) == (T, self.K), "topk_weights", f"[{T}, {self.K}]", tuple(topk_w.shape))
+        require(x_sf.dtype in (torch.uint8, torch.float8_e8m0fnu), "x_sf.dtype", "uint8 (UE8M0)", str(x_sf.dtype))
         for name, t in (("x", x), ("x_sf", x_sf), ("topk_idx", topk_idx), ("topk_weights", topk_w)):
             require(t.device == self.device or t.device.type == "cuda", name, "a CUDA tensor", str(t.device))
         require(trace in (False, True, "device"), "trace", "False, True or 'device'", trace)
