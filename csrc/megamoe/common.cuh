@@ -80,6 +80,24 @@ struct Deadline {
     }
 };
 
+// The count barrier on one 64-bit counter (high half: CTAs that published, low half: items):
+// wait until all gridDim.x CTAs published, polling with acquire loads for at most limit_ns.
+// v holds the last value read. False after the timeout (kErrTimeoutCounts raised for `role`,
+// naming counter e) or when another error aborted the call.
+__device__ __forceinline__ bool wait_published(const Params& p, const unsigned long long* ctr, unsigned long long& v,
+                                               int e, uint32_t role, int64_t limit_ns) {
+    v = ld_acquire_u64(ctr);
+    if ((uint32_t)(v >> 32) == gridDim.x) return true;
+    Deadline d(limit_ns);
+    while ((uint32_t)((v = ld_acquire_u64(ctr)) >> 32) != gridDim.x) {
+        if (!d.tick(p)) {
+            if (!aborted(p)) raise_error(p, kErrTimeoutCounts, role, e, -1, -1, -1, (uint32_t)(v >> 32));
+            return false;
+        }
+    }
+    return true;
+}
+
 // ---------------------------------------------------------------- mbarrier
 __device__ __forceinline__ uint32_t smem_u32(const void* ptr) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));

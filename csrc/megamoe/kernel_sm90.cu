@@ -113,9 +113,9 @@ __device__ __forceinline__ void dispatch_role_ep(const Params& p, const int BM, 
     const int T = (int)p.num_tokens, K = (int)p.topk, E = (int)p.num_experts, H = (int)p.hidden;
     const int R = (int)p.num_ranks, me = (int)p.rank, EL = E / R;
     const int cap = (int)p.combine_rows;  // source-index capacity per (local expert, source rank)
-    const int c = blockIdx.x, nc = gridDim.x;
-    const int t0 = (int)((int64_t)T * c / nc), t1 = (int)((int64_t)T * (c + 1) / nc);
-    const int i0 = t0 * K, i1 = t1 * K;
+    const int c = blockIdx.x;
+    const int2 tr = cta_range(T);  // this CTA's tokens; its items (token, slot) in token order
+    const int i0 = tr.x * K, i1 = tr.y * K;
     const bool trace = p.trace_cap > 0 && tid == 0;
 
     // 1. count (as EP1): in-order rank of each item among this CTA's items of the same expert.
@@ -131,21 +131,13 @@ __device__ __forceinline__ void dispatch_role_ep(const Params& p, const int BM, 
     // 3. wait for every CTA of this rank; this CTA's base = items of earlier CTAs (ascending order).
     ts = globaltimer();
     for (int e = tid; e < E; e += kDispatchThreads) {
-        unsigned long long v = ld_acquire_u64(p.send_count + e);
-        if ((uint32_t)(v >> 32) != (uint32_t)nc) {
-            Deadline d(p.timeout_ns);
-            while ((uint32_t)((v = ld_acquire_u64(p.send_count + e)) >> 32) != (uint32_t)nc) {
-                if (!d.tick(p)) {
-                    if (!aborted(p)) raise_error(p, kErrTimeoutCounts, kRoleDispatch, e, -1, -1, -1, (uint32_t)(v >> 32));
-                    break;
-                }
-            }
-        }
+        unsigned long long v;
+        wait_published(p, p.send_count + e, v, e, kRoleDispatch, p.timeout_ns);
+        const int total = (int)(uint32_t)v;
         int base = 0;
         #pragma unroll 8
         for (int c2 = 0; c2 < c; ++c2) base += __ldcg(p.cta_hist + (size_t)c2 * E + e);
         cta_base[e] = base;
-        const int total = (int)(uint32_t)v;
         if (total > cap) raise_error(p, kErrSrcOverflow, kRoleDispatch, e, me, -1, -1, (uint32_t)total);
         if (c == 0) {  // send counts into the owner's receive table
             const int dst = e / EL, el = e - dst * EL;
@@ -213,7 +205,8 @@ __device__ __forceinline__ void dispatch_role_ep(const Params& p, const int BM, 
     // 7. pull: this CTA's share of the pool positions, one warp per item.
     ts = globaltimer();
     const int N = scan[0];
-    const int j0 = (int)((int64_t)N * c / nc), j1 = (int)((int64_t)N * (c + 1) / nc);
+    const int2 jr = cta_range(N);  // this CTA's pool positions
+    const int j0 = jr.x, j1 = jr.y;
     const int hv = H / 16, hk = H / 128;
     const int32_t* tab = reinterpret_cast<const int32_t*>(peer_ptr(p, me, p.off_src_idx));
     for (int j = j0 + warp; j < j1; j += 4) {
@@ -407,7 +400,7 @@ struct Producer {
 };
 
 // ------------------------------------------------------------------ consumer (warps 8-15)
-// Two warpgroups. Per K block: the token scales -> an FP32 table per warpgroup, proxy fence +
+// Two warpgroups. Per K block: the token scales -> an FP32 table per warpgroup, then the
 // warpgroup barrier, then the matrix path (mma_sm90.cuh decodes the weights into registers).
 // Fragment of warpgroup g: weight rows n = 64 g + 16 wi + lane/4 (+8), tokens m = 8 j +
 // 2 (lane % 4) (+1). In L1 the producer interleaves gate/up every 8 weight rows, so each

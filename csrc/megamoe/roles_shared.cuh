@@ -69,6 +69,11 @@ __device__ __forceinline__ uint8_t to_e4m3(float v) {
 }
 
 // ------------------------------------------------------------------ dispatch (128 threads)
+// An even split of n things over the grid: this CTA's [n c / C, n (c + 1) / C).
+__device__ __forceinline__ int2 cta_range(int64_t n) {
+    return make_int2((int)(n * blockIdx.x / gridDim.x), (int)(n * (blockIdx.x + 1) / gridDim.x));
+}
+
 // Step 1 of every dispatch (EP1 here, EP in kernel_sm90.cu): hist[e] = this CTA's items of
 // expert e in [i0, i1), item_pos[i] = the item's rank among them in item order; a bad
 // expert id raises kErrBadExpert and the item is skipped. All 128 dispatch threads call it.
@@ -106,9 +111,8 @@ __device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* of
     constexpr int kThreads = kSharedDispatchThreads;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int T = (int)p.num_tokens, K = (int)p.topk, E = (int)p.num_experts, H = (int)p.hidden;
-    const int c = blockIdx.x, nc = gridDim.x;
-    const int t0 = (int)((int64_t)T * c / nc), t1 = (int)((int64_t)T * (c + 1) / nc);
-    const int i0 = t0 * K, i1 = t1 * K;
+    const int2 tr = cta_range(T);  // this CTA's tokens; its items (token, slot) in token order
+    const int i0 = tr.x * K, i1 = tr.y * K;
     const bool trace = p.trace_cap > 0 && tid == 0;
 
     // 1. count: in-order rank of each item among this CTA's items of the same expert.
@@ -125,16 +129,8 @@ __device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* of
     // 3. count barrier (high half == grid size), then pool-block offsets (exclusive scan).
     ts = globaltimer();
     for (int e = tid; e < E; e += kThreads) {
-        unsigned long long v = ld_acquire_u64(p.expert_count + e);
-        if ((uint32_t)(v >> 32) != (uint32_t)nc) {
-            Deadline d(p.timeout_ns);
-            while ((uint32_t)((v = ld_acquire_u64(p.expert_count + e)) >> 32) != (uint32_t)nc) {
-                if (!d.tick(p)) {
-                    if (!aborted(p)) raise_error(p, kErrTimeoutCounts, kRoleDispatch, e, -1, -1, -1, (uint32_t)(v >> 32));
-                    break;
-                }
-            }
-        }
+        unsigned long long v;
+        wait_published(p, p.expert_count + e, v, e, kRoleDispatch, p.timeout_ns);
         hist[e] = (int)(uint32_t)v;
     }
     named_bar_sync(kSharedBarDispatch, kThreads);

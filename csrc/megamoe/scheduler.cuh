@@ -40,20 +40,9 @@ struct Scheduler {
         for (int i = 0; i < kMaxExpertsPerLane; ++i) {
             const int e = i * 32 + (int)lane_id();
             unsigned long long v = 0;
-            if (e < num_experts && ok) {
-                v = ld_acquire_u64(p.expert_count + e);
-                if ((uint32_t)(v >> 32) != gridDim.x) {
-                    // EP: the counts come after the NVLink barrier, whose own timeout must fire first.
-                    Deadline d(p.num_ranks > 1 ? 2 * p.timeout_ns : p.timeout_ns);
-                    while ((uint32_t)((v = ld_acquire_u64(p.expert_count + e)) >> 32) != gridDim.x) {
-                        if (!d.tick(p)) {
-                            if (!aborted(p)) raise_error(p, kErrTimeoutCounts, role, e, -1, -1, -1, (uint32_t)(v >> 32));
-                            ok = false;
-                            break;
-                        }
-                    }
-                }
-            }
+            // EP: the counts come after the NVLink barrier, whose own timeout must fire first.
+            if (e < num_experts && ok)
+                ok = wait_published(p, p.expert_count + e, v, e, role, p.num_ranks > 1 ? 2 * p.timeout_ns : p.timeout_ns);
             counts[i] = (uint32_t)v;
         }
         return __all_sync(0xffffffffu, ok);
