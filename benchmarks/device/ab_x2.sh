@@ -31,6 +31,5 @@ for tree in ${TREES:-out/ab_old}; do
   (cd $T && PYTHONPATH=$T timeout 60 python3 $ROOT/benchmarks/device/profile_stages.py $W/profile_stages_$n.json > $W/profile_$n.log 2>&1); stamp "profile ($n) rc=$?"; tail -4 $W/profile_$n.log
 done
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && [ -z "$NO_EP2" ]; then
-  timeout 80 python3 -m torch.distributed.run --standalone --nproc-per-node 2 tests/test_kernel_ep.py --part cases --out $W/kernel_ep2_tests.json > $W/ep_job.log 2>&1; stamp "EP job rc=$?"
-  MEGAMOE_EP_REPORT=$W/kernel_ep2_tests.json timeout 30 python3 -m pytest -q -p no:cacheprovider tests/test_kernel_ep.py -k "not local" > $W/ep_pytest.log 2>&1; stamp "EP pytest: $(tail -1 $W/ep_pytest.log)"
+  . $ROOT/benchmarks/device/ep2_checks.sh  # EP job (cases, dead rank) and its pytest
 fi

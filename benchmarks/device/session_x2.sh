@@ -11,7 +11,5 @@ timeout 100 python3 -m pytest -q -p no:cacheprovider --timeout 60 tests/test_ker
 timeout 60 python3 -m pytest -q -p no:cacheprovider --timeout 40 tests/test_kernel_ep.py -k local > $W/ep_local.log 2>&1; stamp "EP local: $(tail -1 $W/ep_local.log)"
 OUT=$W timeout 120 python3 benchmarks/device/traces.py > $W/traces.log 2>&1; stamp "EP1 traces rc=$?"; grep "^{'tokens" $W/traces.log
 OUT=$W timeout 80 python3 benchmarks/device/plan_choices.py > $W/plan_choices.log 2>&1; stamp "plan choices rc=$?"
-timeout 80 python3 -m torch.distributed.run --standalone --nproc-per-node 2 tests/test_kernel_ep.py --part cases --out $W/kernel_ep2_tests.json > $W/ep_job.log 2>&1; stamp "EP job rc=$?"
-timeout 40 python3 -m torch.distributed.run --standalone --nproc-per-node 2 tests/test_kernel_ep.py --part dead --out $W/kernel_ep2_tests_dead.json >> $W/ep_job.log 2>&1; stamp "EP dead rc=$?"
-MEGAMOE_EP_REPORT=$W/kernel_ep2_tests.json timeout 30 python3 -m pytest -q -p no:cacheprovider tests/test_kernel_ep.py -k "not local" > $W/ep_pytest.log 2>&1; stamp "EP pytest: $(tail -1 $W/ep_pytest.log)"
+. benchmarks/device/ep2_checks.sh  # EP job (cases, dead rank) and its pytest
 OUT=$W timeout 100 python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/device/traces_ep2.py > $W/traces_ep2.log 2>&1; stamp "EP2 traces rc=$?"; grep "^{'tokens" $W/traces_ep2.log

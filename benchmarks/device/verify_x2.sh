@@ -13,7 +13,5 @@ for tool in memcheck racecheck synccheck; do
   timeout 90 compute-sanitizer --tool $tool --print-limit 20 python3 benchmarks/device/sanitize_small.py > $W/sanitizer_$tool.log 2>&1
   stamp "compute-sanitizer $tool rc=$?: $(grep -E "SUMMARY|sanitize_small" $W/sanitizer_$tool.log | tr '\n' ' ')"
 done
-timeout 80 python3 -m torch.distributed.run --standalone --nproc-per-node 2 tests/test_kernel_ep.py --part cases --out $W/kernel_ep2_tests.json > $W/ep_job.log 2>&1; stamp "EP job rc=$?"
-timeout 40 python3 -m torch.distributed.run --standalone --nproc-per-node 2 tests/test_kernel_ep.py --part dead --out $W/kernel_ep2_tests_dead.json >> $W/ep_job.log 2>&1; stamp "EP dead rc=$?"
-MEGAMOE_EP_REPORT=$W/kernel_ep2_tests.json timeout 30 python3 -m pytest -q -p no:cacheprovider tests/test_kernel_ep.py -k "not local" > $W/ep_pytest.log 2>&1; stamp "EP pytest: $(tail -1 $W/ep_pytest.log)"
+. benchmarks/device/ep2_checks.sh  # EP job (cases, dead rank) and its pytest
 timeout 60 python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/device/ep_host_profile.py $W/ep_host_profile.txt > $W/ep_host.log 2>&1; stamp "EP host profile rc=$?"; head -30 $W/ep_host_profile.txt
