@@ -433,6 +433,10 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
     const bool do_clamp = p.clamp < 3.0e38;
     const float clamp_bf = __bfloat162float(__float2bfloat16_rn(clampv));
     int it = 0;
+    // the stage of K block `it` and its full barrier's parity, it % S and (it / S) & 1 kept
+    // incrementally (a division per K block costs the consumers ~20 dependent instructions)
+    int s = 0;
+    uint32_t parity = 0;
     bool dead = false;
     // profile (fault_inject bit 32, thread ctid 0): SM cycles waiting for full stages, in
     // decode + barrier, in the MMA, in the epilogues
@@ -447,11 +451,10 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
         if (ctid == 0) progress(p, 4, (uint32_t)((b.phase << 28) | (b.expert << 16) | (b.m_block << 8) | b.n_block));
         tile.zero();
         for (int kb = 0; kb < b.num_k_blocks; ++kb) {
-            const int s = it % S;
             // After an error every wait fails fast; keep walking the block list so that all
             // consumer warps still meet at the named barriers (no hang).
             long long c0 = clock64();
-            if (!dead && !mbar_wait(p, full + s, (uint32_t)((it / S) & 1), kRoleConsumer)) dead = true;
+            if (!dead && !mbar_wait(p, full + s, parity, kRoleConsumer)) dead = true;
             long long c1 = clock64();
             cyc_full += c1 - c0;
             // Lanes leave the spin wait at different times: reconverge before .aligned ops.
@@ -463,9 +466,14 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
             // warpgroups synchronise only within themselves and drift apart: one promotes while
             // the other's WGMMA runs); each thread reads its two weight rows' packed chunk and
             // scale bytes and decodes them into WGMMA registers (mma_sm90.cuh).
+            // (st.sfa is [BM][4] bytes: one 32-bit word per token, byte q = K group q)
             const int wtid = ctid & 127;
             float* fsx = st.fsx + g * 4 * BM;
-            for (int c = wtid; c < BM * 4; c += 128) fsx[(c & 3) * BM + (c >> 2)] = ue8m0_to_float(st.sfa[c]);
+            for (int m = wtid; m < BM; m += 128) {
+                const uint32_t v = reinterpret_cast<const uint32_t*>(st.sfa)[m];
+                #pragma unroll
+                for (int q = 0; q < 4; ++q) fsx[q * BM + m] = ue8m0_to_float((v >> (8 * q)) & 0xFFu);
+            }
             const int n0 = tile.row_of(0);
             const uint32_t* w0 = reinterpret_cast<const uint32_t*>(st.bpk + n0 * 64 + (lane & 3) * 16);
             const uint32_t* w8 = w0 + 8 * 16;  // row n0 + 8
@@ -482,6 +490,7 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
             __syncwarp();
             if (lane == 0) mbar_arrive(empty + s);
             ++it;
+            if (++s == S) { s = 0; parity ^= 1u; }
             if (ctid == 0) progress(p, 5, (uint32_t)it);
         }
         const uint64_t tm = globaltimer();
