@@ -69,15 +69,8 @@ def _skew(text: str) -> float | list[float]:
     return vals[0] if len(vals) == 1 else vals
 
 
-def add_skew_arg(p: argparse.ArgumentParser) -> None:
-    """``--launch-skew-us`` (simulate / sweep): host launch jitter between the ranks."""
-    p.add_argument("--launch-skew-us", type=_skew, default=0.0,
-                   help="how much later the ranks' kernels start, microseconds: one number (the last "
-                        "rank is that late) or one value per rank (default 0)")
-
-
 def add_scenario_args(p: argparse.ArgumentParser) -> None:
-    """Scenario and plan options shared by simulate / sweep / run."""
+    """Scenario and plan options shared by simulate / sweep (``megamoe run`` has its own)."""
     g = p.add_argument_group("scenario")
     g.add_argument("--shape", default="deepseek-v4-pro",
                    help="preset (deepseek-v4-pro, deepseek-v4-flash) or E,k,H,I")
@@ -88,13 +81,16 @@ def add_scenario_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-tokens", type=_positive, default=None,
                    help="num_max_tokens_per_rank (default max(8192, tokens))")
     g.add_argument("--routing", default="uniform",
-                   help="uniform | masked[:RATIO, default 0.5] | zipf[:S, default 1] | "
-                        "hot[:FRACTION[:N], default 0.5:4] | file:PATH (PATH may hold {rank})")
+                   help="uniform | masked[:RATIO, default 0.5] | zipf[:S, default 1] | hot[:FRACTION[:N], "
+                        "default 0.5:4] | one_expert (every token to expert 3) | file:PATH (PATH may hold {rank})")
     g.add_argument("--seed", type=_nonneg, default=0, help="routing seed (default 0)")
     g.add_argument("--hardware", default="b200", help="b200 | h200 | h20 | path to a TOML file")
     g.add_argument("--design", default="deepgemm-sm100", help="deepgemm-sm100 | megamoe-sm90")
     g.add_argument("--reserved-sms", type=_nonneg, default=0,
                    help="SMs taken away from the kernel")
+    g.add_argument("--launch-skew-us", type=_skew, default=0.0,
+                   help="host launch jitter: how much later the ranks' kernels start, microseconds: one "
+                        "number (the last rank is that late) or one value per rank (default 0)")
     g = p.add_argument_group("plan overrides")
     g.add_argument("--experts-per-wave", type=_positive, default=None)
     g.add_argument("--block-m", type=_positive, default=None)
@@ -117,7 +113,7 @@ def scenario_from_args(a: argparse.Namespace):
                     hardware=a.hardware, design=a.design, experts_per_wave=a.experts_per_wave,
                     block_m=a.block_m, pool_tokens=a.pool_tokens, num_stages=a.num_stages,
                     l2_wait=a.l2_wait, reserved_sms=a.reserved_sms, policies=a.policy,
-                    launch_skew_us=getattr(a, "launch_skew_us", 0.0))
+                    launch_skew_us=a.launch_skew_us)
 
 
 def _console():
@@ -125,6 +121,19 @@ def _console():
     from rich.console import Console
 
     return Console() if sys.stdout.isatty() else Console(width=200)
+
+
+def _undefined_metrics(summary: dict) -> set[str]:
+    """Summary keys whose value is 0 / 0 for this call, shown as n/a (JSON null).
+
+    With no routed (token, slot) pair on any rank (``--tokens 0``, ``masked:1.0``, an all -1
+    routing file) there is no MMA interval, so overlap efficiency
+    (``|comm ∩ compute| / min(|comm|, |compute|)``) has nothing to divide; ``sim.metrics``
+    returns 0.0 for it.  Every other figure stays defined: the call still takes time
+    (count exchange, grid syncs, NVLink barriers), so TFLOPS and GB/s are 0 work over that
+    time, busy fractions are that synchronisation's share, and the legacy path has its own
+    fixed cost (5 launches, 2 all-to-all latencies, 2 barriers)."""
+    return {"overlap_efficiency"} if sum(summary["num_recv_tokens"]) == 0 else set()
 
 
 def _print_summary(res) -> None:
@@ -154,11 +163,16 @@ def _print_summary(res) -> None:
     if sc.num_ranks == 1:  # the formula counts every received token; one rank moves none over NVLink
         t.add_row("NVLink bytes simulated (EP1)", f"{s.get('nvlink_bytes_simulated', 0):.0f}")
     t.add_row("reduction tail (us)", f"{s['t_reduction_us']:.1f}")
-    t.add_row("overlap efficiency", f"{s['overlap_efficiency']:.2f}")
+    undefined = _undefined_metrics(s)
+    t.add_row("overlap efficiency", "n/a" if "overlap_efficiency" in undefined else f"{s['overlap_efficiency']:.2f}")
     for role, v in s["busy_fraction"].items():
         t.add_row(f"busy: {role}", f"{v:.2f}")
     t.add_row("speedup vs legacy", f"{s['speedup_vs_legacy']:.2f}x")
     con.print(t)
+    if undefined:
+        con.print("empty call (no token routed to an expert): time, busy fractions and speedup describe the "
+                  "call's fixed cost (count exchange, grid syncs, barriers); overlap efficiency: n/a (no compute; "
+                  "null in --json)", highlight=False)
 
 
 def cmd_simulate(a: argparse.Namespace) -> int:
@@ -167,7 +181,8 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     res = simulate(scenario_from_args(a))
     _print_summary(res)
     if a.json:
-        out = {k: v for k, v in res.summary.items()}
+        undefined = _undefined_metrics(res.summary)  # 0 / 0 figures: null, as n/a in the table
+        out = {k: (None if k in undefined else v) for k, v in res.summary.items()}
         out["plan"] = res.plan.to_dict()
         out["scenario"] = res.scenario.to_dict()
         out["hardware"] = {"name": res.hardware.name, "path": res.hardware.path}
@@ -312,15 +327,17 @@ def cmd_build(a: argparse.Namespace) -> int:
 
 def cmd_run(a: argparse.Namespace) -> int:
     from .kernel.cli_support import run_main
+    from .routing import kernel_routing_name
     from .shapes import get_shape
 
-    s = get_shape(a.shape)
+    s = get_shape(a.shape)  # bad --shape / --routing are reported before looking for a GPU
+    routing = kernel_routing_name(a.routing)  # simulate's vocabulary -> the kernel generator's name
     if a.ranks > 1:  # one process per GPU (starts torchrun, or joins an existing process group)
         from .kernel.ep import run_ep_main
 
-        return run_ep_main(a.ranks, s.num_experts, s.top_k, s.hidden, s.intermediate, a.tokens, a.routing,
+        return run_ep_main(a.ranks, s.num_experts, s.top_k, s.hidden, s.intermediate, a.tokens, routing,
                            a.clamp, a.reps, a.trace, not a.no_check, a.seed)
-    return run_main(s.num_experts, s.top_k, s.hidden, s.intermediate, a.tokens, a.routing, a.clamp, a.reps,
+    return run_main(s.num_experts, s.top_k, s.hidden, s.intermediate, a.tokens, routing, a.clamp, a.reps,
                     a.trace, not a.no_check, a.seed)
 
 
@@ -336,7 +353,6 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", parser_class=_Parser)
     s = sub.add_parser("simulate", help="predict one Mega MoE call (the main job)")
     add_scenario_args(s)
-    add_skew_arg(s)
     s.add_argument("--json", type=_out_path(".json"),
                    help="write the summary metrics (top-level keys), plan and scenario as JSON")
     s.add_argument("--trace", type=_out_path(".json", ".json.gz"),
@@ -349,7 +365,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_simulate)
     w = sub.add_parser("sweep", help="simulate a grid of scenario / plan / hardware choices")
     add_scenario_args(w)
-    add_skew_arg(w)
     w.add_argument("--set", action="append", default=[], metavar="AXIS=VALUES",
                    help="swept axis: tokens, ranks, experts_per_wave, block_m, reserved_sms, routing, "
                         "policy, launch_skew_us, nvlink_scale, hbm_scale, ... with a,b,c or start:stop[:step]; shapes are "
@@ -384,7 +399,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--shape", default="deepseek-v4-flash", help="preset or E,k,H,I")
     r.add_argument("--tokens", type=_nonneg, default=64, help="tokens per rank")
     r.add_argument("--ranks", type=_positive, default=1, help="EP size: GPUs, one process each (NVLink)")
-    r.add_argument("--routing", default="uniform", choices=("uniform", "zipf", "one_expert"))
+    r.add_argument("--routing", default="uniform",
+                   help="the names of simulate --routing that the kernel's input generator makes: uniform | "
+                        "zipf (exponent 1; experts 0, 1, 2, ... the most popular) | one_expert (every token "
+                        "to expert 3); default uniform")
     r.add_argument("--clamp", type=float, default=None, help="SwiGLU clamp (default none)")
     r.add_argument("--reps", type=_positive, default=10)
     r.add_argument("--trace", type=_out_path(".json"), help="write the kernel's own trace (Chrome JSON)")

@@ -172,7 +172,8 @@ def to_k_major(sf: torch.Tensor, name: str = "sf") -> torch.Tensor:
 
 
 def check_mxfp4_weights(w: torch.Tensor, sf: torch.Tensor, name: str,
-                        rows: int | None = None, k: int | None = None) -> tuple[int, int, int]:
+                        rows: int | None = None, k: int | None = None, *,
+                        dims: tuple[str, str] = ("N", "K"), source: str | None = None) -> tuple[int, int, int]:
     """Validate one MXFP4 checkpoint pair; return ``(E, N, K)``.
 
     Args:
@@ -181,6 +182,9 @@ def check_mxfp4_weights(w: torch.Tensor, sf: torch.Tensor, name: str,
         name: prefix for error messages (``"l1_weights"`` -> ``"l1_weights"`` and
             ``"l1_weights_sf"``).
         rows, k: expected N and K when known.
+        dims, source: where ``rows`` / ``k`` come from, for the message: the names of N and K
+            (``("H", "I")``) and the tensor they were read off; with ``source`` a mismatch
+            reads ``expected shape (E, H=256, I/2=64) with <source>``.
     Raises:
         InputError: wrong dtype, rank, shapes, K not a multiple of 32, non-contiguous.
     """
@@ -188,6 +192,10 @@ def check_mxfp4_weights(w: torch.Tensor, sf: torch.Tensor, name: str,
     _check_tensor(sf, name + "_sf", dtypes=(torch.uint8, torch.int32), ndim=3, contiguous=False)
     e, n, kh = w.shape
     kk = kh * 2
+    if source is not None and ((rows is not None and n != rows) or (k is not None and kk != k)):
+        dn, dk = dims
+        raise InputError(name, f"shape (E, {dn if rows is None else f'{dn}={rows}'}, "
+                         f"{dk}/2{'' if k is None else f'={k // 2}'}) with {source}", f"shape {tuple(w.shape)}")
     if rows is not None and n != rows:
         raise InputError(name, f"shape (E, {rows}, K/2)", f"shape {tuple(w.shape)}")
     if k is not None and kk != k:
@@ -224,7 +232,8 @@ def transform_weights_for_mega_moe(
     _, _, inter = check_mxfp4_weights(w2, sf2, "l2_weights")
     if n1 != 2 * inter:
         raise InputError("l1_weights", f"dim 1 == 2 * intermediate = {2 * inter}", f"shape {tuple(w1.shape)}")
-    check_mxfp4_weights(w2, sf2, "l2_weights", rows=h)
+    check_mxfp4_weights(w2, sf2, "l2_weights", rows=h, dims=("H", "I"),
+                        source=f"H from l1_weights (E, 2I, H/2) = {tuple(w1.shape)}")
     if w2.shape[0] != e:
         raise InputError("l2_weights", f"{e} experts like l1_weights", f"shape {tuple(w2.shape)}")
     for nm, t, kk in (("l1_weights_sf", sf1, h), ("l2_weights_sf", sf2, inter)):
@@ -298,7 +307,8 @@ def transform_weights_for_sm90(
     """
     (w1, sf1), (w2, sf2) = l1_weights, l2_weights
     e, n1, h = check_mxfp4_weights(w1, sf1, "l1_weights")
-    e2, _, _ = check_mxfp4_weights(w2, sf2, "l2_weights", rows=h, k=n1 // 2)  # [E, H, I/2]
+    e2, _, _ = check_mxfp4_weights(w2, sf2, "l2_weights", rows=h, k=n1 // 2, dims=("H", "I"),  # [E, H, I/2]
+                                   source=f"H and I from l1_weights (E, 2I, H/2) = {tuple(w1.shape)}")
     if e2 != e:
         raise InputError("l2_weights", f"{e} experts (as l1_weights)", f"shape {tuple(w2.shape)}")
     for nm, t in (("l1_weights_sf", sf1), ("l2_weights_sf", sf2)):

@@ -19,9 +19,19 @@ Kinds (``RoutingSpec.parse`` accepts the CLI spelling in brackets):
   are drawn with total per-draw probability ``FRACTION``; the rest share ``1 - FRACTION``.
   Draws are without replacement inside a token, so the realised share of slots going to
   hot experts is at most ``min(FRACTION, N / k)``-ish; :func:`routing_summary` reports it.
+* ``one_expert`` [``one_expert``] — every token routes to expert ``ONE_EXPERT_ID = 3`` in slot 0
+  (on EP rank 0 when a rank holds 4 or more experts, as with the presets) and to ``k - 1``
+  other distinct experts drawn uniformly, in random slot order: the distribution of the
+  kernel's input generator (``megamoe.kernel.check.make_inputs``: scores ``rand`` with
+  expert 3's set to 10, then ``topk``), its one-hot-expert stress case.
 * ``file`` [``file:PATH``] — ``.npy``, ``.npz`` (first array) or ``.pt`` integer array
   ``[T, k]`` per rank: ``PATH`` may contain ``{rank}`` (one file per rank), or hold one
   ``[R, T, k]`` array, or (for one rank) a ``[T, k]`` array.
+
+``megamoe simulate`` and ``megamoe run`` read ``--routing`` with the same parser. ``megamoe run``
+draws its inputs with the kernel's own generator, which makes ``uniform``, ``zipf`` (exponent 1
+only; there the popular experts are 0, 1, 2, ... in order, not a seeded permutation) and
+``one_expert``; :func:`kernel_routing_name` maps a spec onto it and rejects the rest.
 """
 
 from __future__ import annotations
@@ -33,7 +43,9 @@ import numpy as np
 
 from .errors import InputError, require
 
-KINDS = ("uniform", "masked", "zipf", "hot", "file")
+KINDS = ("uniform", "masked", "zipf", "hot", "one_expert", "file")
+ONE_EXPERT_ID = 3  # the expert every token picks in ``one_expert`` (as megamoe.kernel.check.make_inputs)
+RUN_KINDS = ("uniform", "zipf", "one_expert")  # what ``megamoe run``'s input generator makes
 
 
 @dataclass(frozen=True)
@@ -41,7 +53,7 @@ class RoutingSpec:
     """How to produce ``topk_idx`` for every rank.
 
     Attributes:
-        kind: one of ``uniform, masked, zipf, hot, file``.
+        kind: one of ``uniform, masked, zipf, hot, one_expert, file``.
         masked_ratio: fraction of slots set to -1 (``masked``), in [0, 1].
         zipf_exponent: Zipf exponent ``S >= 0`` (``zipf``).
         hot_fraction: per-draw probability of a hot expert, in [0, 1] (``hot``).
@@ -71,7 +83,7 @@ class RoutingSpec:
     @classmethod
     def parse(cls, text: str) -> "RoutingSpec":
         """Parse the CLI spelling (``uniform``, ``masked:0.2``, ``zipf:1.2``, ``hot:0.5:4``,
-        ``file:PATH``).
+        ``one_expert``, ``file:PATH``).
 
         Raises:
             InputError: unknown kind or a parameter that is not a number.
@@ -90,6 +102,8 @@ class RoutingSpec:
 
         if kind == "uniform" and not args:
             return cls()
+        if kind == "one_expert" and not args:
+            return cls(kind="one_expert")
         if kind == "masked" and len(args) <= 1:
             return cls(kind="masked", masked_ratio=num(0, "masked_ratio") if args else 0.5)
         if kind == "zipf" and len(args) <= 1:
@@ -97,8 +111,8 @@ class RoutingSpec:
         if kind == "hot" and len(args) <= 2:
             return cls(kind="hot", hot_fraction=num(0, "hot_fraction") if args else 0.5,
                        hot_experts=num(1, "hot_experts", int) if len(args) > 1 else 4)
-        raise InputError("routing", "uniform | masked:RATIO | zipf:S | hot:FRACTION[:N] | file:PATH",
-                         text)
+        raise InputError("routing", "uniform | masked[:RATIO] | zipf[:S] | hot[:FRACTION[:N]] | one_expert | "
+                         "file:PATH", text)
 
     def describe(self) -> str:
         """The CLI spelling of this spec."""
@@ -107,6 +121,7 @@ class RoutingSpec:
             "masked": f"masked:{self.masked_ratio:g}",
             "zipf": f"zipf:{self.zipf_exponent:g}",
             "hot": f"hot:{self.hot_fraction:g}:{self.hot_experts}",
+            "one_expert": "one_expert",
             "file": f"file:{self.path}",
         }[self.kind]
 
@@ -220,7 +235,8 @@ def generate(spec: RoutingSpec, num_ranks: int, tokens_per_rank: list[int], num_
         seed: base seed; rank r uses ``default_rng([seed, r])``.
 
     Raises:
-        InputError: see :func:`load_routing_file`; ``hot_experts`` > experts.
+        InputError: see :func:`load_routing_file`; ``hot_experts`` > experts; ``one_expert``
+            with 3 experts or fewer.
     """
     if spec.kind == "file":
         return load_routing_file(spec.path, num_ranks, num_experts, top_k)
@@ -244,14 +260,46 @@ def generate(spec: RoutingSpec, num_ranks: int, tokens_per_rank: list[int], num_
         require(nz >= top_k, f"routing.{spec.kind}",
                 f"parameters that leave at least top_k = {top_k} experts with a nonzero probability",
                 f"{spec.describe()} ({nz} left)")
+    if spec.kind == "one_expert":
+        require(num_experts > ONE_EXPERT_ID, "routing.one_expert",
+                f"a shape with more than {ONE_EXPERT_ID} experts (every token routes to expert {ONE_EXPERT_ID})",
+                f"{num_experts} experts")
     out = []
     for r in range(num_ranks):
         rng = np.random.default_rng([seed, r])
+        if spec.kind == "one_expert":  # expert 3 in slot 0, k - 1 distinct others drawn uniformly
+            rest = _sample_without_replacement(rng, tokens_per_rank[r], num_experts - 1, top_k - 1, None)
+            rest += rest >= ONE_EXPERT_ID  # skip expert 3: ids 0..E-2 -> the other E-1 experts
+            out.append(np.concatenate([np.full((len(rest), 1), ONE_EXPERT_ID, np.int64), rest], axis=1))
+            continue
         ids = _sample_without_replacement(rng, tokens_per_rank[r], num_experts, top_k, probs)
         if spec.kind == "masked" and ids.size:
             ids[rng.random(ids.shape) < spec.masked_ratio] = -1
         out.append(ids)
     return out
+
+
+def kernel_routing_name(spec: RoutingSpec | str) -> str:
+    """The name of ``spec`` in the kernel's input generator (``megamoe.kernel.check.make_inputs``,
+    what ``megamoe run`` draws its inputs with): ``uniform``, ``zipf`` or ``one_expert``.
+
+    That generator's ``zipf`` has exponent 1 and makes experts 0, 1, 2, ... the most popular
+    (the simulator's ``zipf`` spreads them with a seeded permutation); its ``uniform`` and
+    ``one_expert`` have the simulator's distributions.
+
+    Raises:
+        InputError: a spelling :meth:`RoutingSpec.parse` rejects, ``zipf`` with an exponent
+            other than 1, or a kind the generator does not make (``masked``, ``hot``, ``file``).
+    """
+    text = spec if isinstance(spec, str) else spec.describe()
+    spec = RoutingSpec.parse(spec) if isinstance(spec, str) else spec
+    if spec.kind == "zipf":
+        require(spec.zipf_exponent == 1.0, "routing.zipf_exponent", "1 for megamoe run --routing (the "
+                "kernel's input generator has exponent 1 only)", f"{spec.zipf_exponent:g}")
+    require(spec.kind in RUN_KINDS, "routing",
+            "uniform, zipf[:1] or one_expert for megamoe run --routing (the kernel's input generator makes "
+            "only these; masked, hot and file: are simulate-only)", text)
+    return spec.kind
 
 
 def routing_summary(topk_idx: list[np.ndarray], num_experts: int, num_ranks: int) -> dict:

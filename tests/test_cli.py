@@ -98,6 +98,7 @@ def test_all_masked_gives_strict_json(tmp_path):
                  "--json", str(j)]) == 0
     d = json.loads(j.read_text(), parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
     assert d["tflops"] == 0 and d["hbm_gbs"] == 0 and d["nvlink_gbs"] == 0
+    assert d["overlap_efficiency"] is None  # 0 / 0 with no compute: null, not a number
 
 
 def test_routing_file_tokens_mismatch_and_npz(tmp_path):
@@ -167,3 +168,109 @@ def test_run_without_a_gpu_is_one_line(monkeypatch, capsys):
     assert main(["run", "--tokens", "4", "--ranks", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["megamoe: error: ranks: expected 2 CUDA GPUs (one per rank), got 0"]
+
+
+def test_empty_call_prints_na_for_the_undefined_ratio_and_null_in_json(tmp_path):
+    """--tokens 0 is a valid call (launch, count exchange, grid syncs, barriers): the time is
+    that fixed cost, but overlap efficiency |comm ∩ compute| / min(|comm|, |compute|) is 0 / 0
+    with no MMA at all: n/a in the table, null in --json; the other figures stay numbers."""
+    from megamoe.trace import KIND, ROLE, Trace
+    from sim.hardware import load_hardware
+
+    j, npz = tmp_path / "e.json", tmp_path / "e.npz"
+    rc, out, err = run("simulate", "--shape", "deepseek-v4-flash", "--ranks", "2", "--tokens", "0",
+                       "--json", str(j), "--trace-npz", str(npz))
+    assert rc == 0, err
+    row = next(line for line in out.splitlines() if "overlap efficiency" in line)
+    assert row.split("│")[2].strip() == "n/a", row
+    assert "empty call (no token routed to an expert)" in out and "null in --json" in out
+    d = json.loads(j.read_text())
+    assert d["overlap_efficiency"] is None
+    assert d["tflops"] == d["hbm_gbs"] == d["nvlink_gbs"] == 0 and d["num_recv_tokens"] == [0, 0]
+    tr = Trace.load(str(npz))
+    assert not np.isin(tr["kind"], [KIND["l1_mma"], KIND["l2_mma"]]).any()  # nothing to overlap with
+    # the time is a real fixed cost: the ranks' last interval ends there (no skew: both start at 0)
+    ends = [tr["t_end_ns"][tr["rank"] == r].max() for r in (0, 1)]
+    assert d["time_us"] == pytest.approx(np.mean(ends) / 1e3) and d["time_us"] > 0
+    # busy fractions: per rank, the role's rank-level interval time over the rank's span, mean over ranks
+    for role, v in d["busy_fraction"].items():
+        per = []
+        for r in (0, 1):
+            sel = (tr["rank"] == r) & (tr["role"] == ROLE[role]) & (tr["kind"] != KIND["idle_wait"])
+            assert (tr["sm"][sel] == -1).all()
+            per.append((tr["t_end_ns"][sel] - tr["t_start_ns"][sel]).sum() / ends[r])
+        assert v == pytest.approx(np.mean(per))
+    # legacy path with no rows: 5 launches, 2 all-to-all latencies, 2 barriers (hardware figures)
+    hw = load_hardware("b200")
+    legacy_ns = 5 * hw.legacy_launch_ns + 2 * hw.legacy_a2a_latency_ns + 2 * hw.nvl_barrier_ns
+    assert d["speedup_vs_legacy"] == pytest.approx(legacy_ns / 1e3 / d["time_us"])
+
+
+def test_call_with_some_empty_ranks_keeps_overlap_efficiency(tmp_path):
+    """One empty rank is not an empty call: rank 1 sends its rows to rank 0's experts too, so
+    both ranks compute and the figure is a number again, with no empty-call line."""
+    j = tmp_path / "p.json"
+    rc, out, err = run("simulate", "--shape", "deepseek-v4-flash", "--ranks", "2", "--tokens", "0,4",
+                       "--json", str(j))
+    assert rc == 0, err
+    d = json.loads(j.read_text())
+    assert sum(d["num_recv_tokens"]) == 4 * 6 and 0 < d["overlap_efficiency"] <= 1
+    assert "empty call" not in out and "n/a" not in out
+
+
+def _help_sections(*argv):
+    rc, out, _ = run(*argv, "--help")
+    assert rc == 0
+    sections, name = {}, None
+    for line in out.splitlines():
+        if line and not line.startswith(" ") and line.endswith(":"):
+            name = line[:-1]
+        elif name:
+            sections.setdefault(name, []).append(line.strip().split(" ")[0])
+    return sections
+
+
+@pytest.mark.parametrize("cmd", ["simulate", "sweep"])
+def test_launch_skew_is_listed_with_the_scenario_options(cmd):
+    s = _help_sections(cmd)
+    assert "--launch-skew-us" in s["scenario"] and "--launch-skew-us" not in s["options"]
+    assert {"--shape", "--routing", "--launch-skew-us"} <= set(s["scenario"])
+
+
+_RUN_ONLY = ("megamoe: error: routing: expected uniform, zipf[:1] or one_expert for megamoe run --routing (the "
+             "kernel's input generator makes only these; masked, hot and file: are simulate-only), got ")
+
+
+@pytest.mark.parametrize("routing,line", [
+    ("masked:0.2", _RUN_ONLY + "masked:0.2"),
+    ("hot:0.5", _RUN_ONLY + "hot:0.5"),
+    ("file:ids.npy", _RUN_ONLY + "file:ids.npy"),
+    ("zipf:1.2", ("megamoe: error: routing.zipf_exponent: expected 1 for megamoe run --routing (the kernel's "
+                  "input generator has exponent 1 only), got 1.2")),
+    ("bogus", ("megamoe: error: routing: expected uniform | masked[:RATIO] | zipf[:S] | hot[:FRACTION[:N]] | "
+               "one_expert | file:PATH, got bogus")),
+])
+def test_run_refuses_routing_its_generator_cannot_make_before_looking_for_a_gpu(routing, line, monkeypatch, capsys):
+    from megamoe.kernel import cli_support
+    monkeypatch.setattr(cli_support, "run_main", lambda *a, **k: pytest.fail("reached the GPU run"))
+    for ranks in ("1", "2"):
+        assert main(["run", "--routing", routing, "--tokens", "4", "--ranks", ranks]) == 2
+        assert capsys.readouterr().err.strip().splitlines() == [line]
+
+
+@pytest.mark.parametrize("routing,kernel_name", [("uniform", "uniform"), ("zipf", "zipf"), ("zipf:1", "zipf"),
+                                                 ("one_expert", "one_expert"), ("One_Expert", "one_expert")])
+def test_run_and_simulate_take_the_same_routing_names(routing, kernel_name, monkeypatch, tmp_path):
+    """The names `megamoe run` takes are simulate's; run hands the kernel generator its name
+    (one rank: run_main, --ranks 2: run_ep_main), and simulate runs the same spelling."""
+    from megamoe.kernel import cli_support, ep
+    got = []
+    monkeypatch.setattr(cli_support, "run_main", lambda *a: got.append(("one", a[5])) or 0)
+    monkeypatch.setattr(ep, "run_ep_main", lambda *a: got.append(("ep", a[6])) or 0)
+    assert main(["run", "--routing", routing, "--tokens", "4"]) == 0
+    assert main(["run", "--routing", routing, "--tokens", "4", "--ranks", "2"]) == 0
+    assert got == [("one", kernel_name), ("ep", kernel_name)]
+    j = tmp_path / "r.json"
+    assert main(["simulate", "--shape", "deepseek-v4-flash", "--ranks", "2", "--tokens", "8", "--routing", routing,
+                 "--json", str(j)]) == 0
+    assert json.loads(j.read_text())["scenario"]["routing"] == ("zipf:1" if kernel_name == "zipf" else kernel_name)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -119,12 +121,19 @@ def test_sm90_tiles_bad_input():
     with pytest.raises(InputError, match=r"^l2_weights: expected \[E, N, K/2\] with N and K multiples of 128"):
         L.transform_weights_for_sm90((w1, s1), (w2, s2))
     (w1, s1), (w2, s2) = _ckpt(inter=128, h=256)
-    with pytest.raises(InputError, match=r"^l2_weights: expected shape \(E, 256, K/2\), got shape \(2, 384, 64\)"):
+    # L1 (2, 2I = 256, H/2 = 128): H = 256, I = 128, so L2 must be (E, 256, 64); the message
+    # says where 256 and 64 come from, for a wrong H and for a wrong I alike
+    src = re.escape("with H and I from l1_weights (E, 2I, H/2) = (2, 256, 128), got shape ")
+    with pytest.raises(InputError, match=r"^l2_weights: expected shape \(E, H=256, I/2=64\) " + src + r"\(2, 384, 64\)$"):
         L.transform_weights_for_sm90((w1, s1), (torch.zeros(2, 384, 64, dtype=torch.uint8),
                                                 torch.zeros(2, 384, 4, dtype=torch.uint8)))
-    with pytest.raises(InputError, match=r"^l2_weights: expected shape \(E, N, 64\)"):
+    with pytest.raises(InputError, match=r"^l2_weights: expected shape \(E, H=256, I/2=64\) " + src + r"\(2, 256, 128\)$"):
         L.transform_weights_for_sm90((w1, s1), (torch.zeros(2, 256, 128, dtype=torch.uint8),
                                                 torch.zeros(2, 256, 8, dtype=torch.uint8)))
+    with pytest.raises(InputError, match=r"^l2_weights: expected shape \(E, H=256, I/2\) with H from l1_weights "
+                                         r"\(E, 2I, H/2\) = \(2, 256, 128\), got shape \(2, 384, 64\)$"):
+        L.transform_weights_for_mega_moe((w1, s1), (torch.zeros(2, 384, 64, dtype=torch.uint8),
+                                                    torch.zeros(2, 384, 4, dtype=torch.uint8)))
     with pytest.raises(InputError, match=r"^l2_weights: expected 2 experts \(as l1_weights\)"):
         L.transform_weights_for_sm90((w1, s1), (w2[:1].contiguous(), s2[:1].contiguous()))
     with pytest.raises(InputError, match=r"^l1_weights_sf: expected SM90 tiles"):

@@ -4,10 +4,16 @@ import numpy as np
 import pytest
 
 from megamoe.errors import InputError
-from megamoe.routing import RoutingSpec, generate, load_routing_file, routing_summary
+from megamoe.routing import (
+    RoutingSpec,
+    generate,
+    kernel_routing_name,
+    load_routing_file,
+    routing_summary,
+)
 
 
-@pytest.mark.parametrize("text", ["uniform", "masked:0.3", "zipf:1.2", "hot:0.6:4"])
+@pytest.mark.parametrize("text", ["uniform", "masked:0.3", "zipf:1.2", "hot:0.6:4", "one_expert"])
 def test_generators_are_deterministic_and_distinct(text):
     spec = RoutingSpec.parse(text)
     a = generate(spec, 3, [200, 0, 57], 64, 6, seed=11)
@@ -49,8 +55,11 @@ def test_zipf_skews():
 
 
 def test_parse_errors():
-    with pytest.raises(InputError, match="^routing"):
+    with pytest.raises(InputError, match=r"^routing: expected uniform \| masked\[:RATIO\] \| zipf\[:S\] \| "
+                       r"hot\[:FRACTION\[:N\]\] \| one_expert \| file:PATH, got gaussian$"):
         RoutingSpec.parse("gaussian")
+    with pytest.raises(InputError, match="^routing: .*got one_expert:2$"):
+        RoutingSpec.parse("one_expert:2")
     with pytest.raises(InputError, match="routing.masked_ratio"):
         RoutingSpec.parse("masked:abc")
     with pytest.raises(InputError, match="routing.masked_ratio"):
@@ -100,3 +109,62 @@ def test_routing_file_rows_must_name_distinct_experts(tmp_path):
     np.save(p, np.array([[1, 2, -1, -1], [3, 3, 0, 1]]))
     with pytest.raises(InputError, match=r"row 1 = \[3, 3, 0, 1\]"):
         load_routing_file(str(p), 1, 8, 4)
+
+
+def test_one_expert_routes_every_token_to_expert_3():
+    """Slot 0 is expert 3 on every row; the other k - 1 slots are distinct, never 3, and
+    uniform over the other E - 1 experts (expected count T (k - 1) / (E - 1) each)."""
+    T, E, k = 12000, 32, 4
+    spec = RoutingSpec.parse("one_expert")
+    assert spec.kind == "one_expert" and spec.describe() == "one_expert"
+    ids = generate(spec, 2, [T, 5], E, k, 0)
+    assert [x.shape for x in ids] == [(T, k), (5, k)]
+    a = ids[0]
+    assert (a[:, 0] == 3).all() and not (a[:, 1:] == 3).any()
+    assert all(len(set(row.tolist())) == k for row in a)
+    counts = np.bincount(a[:, 1:].reshape(-1), minlength=E)
+    others = np.delete(counts, 3)
+    expected = T * (k - 1) / (E - 1)
+    assert np.abs(others - expected).max() < 5 * np.sqrt(expected)
+    # EP8: rank 0 holds experts 0..3: slot 0 always, each other slot with probability 3/31
+    share = routing_summary(ids[:1], E, 8)["rank_share"][0]
+    assert abs(share - (1 + (k - 1) * 3 / (E - 1)) / k) < 0.01
+    with pytest.raises(InputError, match=r"^routing.one_expert: expected a shape with more than 3 experts"):
+        generate(spec, 1, [4], 3, 2, 0)
+
+
+def test_one_expert_and_zipf_have_the_kernel_generators_distributions():
+    """`megamoe run` draws with megamoe.kernel.check.make_inputs; its one_expert and zipf are
+    the simulator's one_expert and zipf:1 up to the expert order (zipf: the simulator permutes
+    the experts, the kernel's generator does not), so the sorted per-expert loads agree."""
+    pytest.importorskip("torch")
+    from megamoe.kernel.check import make_inputs
+    T, E, k = 20000, 32, 4
+    for name in ("one_expert", "zipf"):
+        kern = make_inputs(T, E, k, 32, "cpu", seed=1, routing=name)[2].numpy().astype(np.int64)
+        sim = generate(RoutingSpec.parse(name), 1, [T], E, k, 0)[0]
+        ck, cs = (np.sort(np.bincount(x.reshape(-1), minlength=E))[::-1] for x in (kern, sim))
+        assert np.abs(ck - cs).max() < 6 * np.sqrt(ck.max()), (name, ck, cs)
+        if name == "one_expert":
+            assert (kern[:, 0] == 3).all() and (sim[:, 0] == 3).all()
+        else:  # the kernel's most popular experts are 0, 1, 2, ... in order
+            assert np.argmax(np.bincount(kern.reshape(-1), minlength=E)) == 0
+
+
+@pytest.mark.parametrize("text,name", [("uniform", "uniform"), ("Uniform", "uniform"), ("zipf", "zipf"),
+                                       ("zipf:1", "zipf"), ("zipf:1.0", "zipf"), ("one_expert", "one_expert")])
+def test_kernel_routing_name_maps_the_shared_names(text, name):
+    assert kernel_routing_name(text) == name
+    assert kernel_routing_name(RoutingSpec.parse(text)) == name
+
+
+@pytest.mark.parametrize("text,msg", [
+    ("masked:0.2", r"^routing: expected uniform, zipf\[:1\] or one_expert for megamoe run --routing .*got masked:0.2$"),
+    ("hot", r"^routing: expected uniform, zipf\[:1\] or one_expert for megamoe run --routing .*got hot$"),
+    ("file:ids.npy", r"^routing: expected .* masked, hot and file: are simulate-only\), got file:ids.npy$"),
+    ("zipf:1.2", r"^routing.zipf_exponent: expected 1 for megamoe run --routing .*got 1.2$"),
+    ("bogus", r"^routing: expected uniform \| masked"),
+])
+def test_kernel_routing_name_refuses_what_the_kernel_generator_does_not_make(text, msg):
+    with pytest.raises(InputError, match=msg):
+        kernel_routing_name(text)
