@@ -168,3 +168,12 @@ def test_kernel_routing_name_maps_the_shared_names(text, name):
 def test_kernel_routing_name_refuses_what_the_kernel_generator_does_not_make(text, msg):
     with pytest.raises(InputError, match=msg):
         kernel_routing_name(text)
+
+
+def test_kernel_generator_refuses_other_routing_names():
+    """`megamoe.kernel.check.make_inputs` (the generator behind `megamoe run`) names the field."""
+    pytest.importorskip("torch")
+    from megamoe.kernel.check import make_inputs
+
+    with pytest.raises(InputError, match="routing: expected uniform, zipf or one_expert.*got masked"):
+        make_inputs(4, 8, 2, 32, "cpu", routing="masked")

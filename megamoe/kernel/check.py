@@ -72,7 +72,14 @@ def make_weights(E, H, I, device, seed=0, sf_lo=119, sf_hi=121):
 
 
 def make_inputs(T, E, K, H, device, seed=1, routing="uniform", mask_frac=0.0):
-    """x (E4M3 bytes + UE8M0 scales), topk_idx int32 [T, K] (distinct experts, -1 masked), weights."""
+    """x (E4M3 bytes + UE8M0 scales), topk_idx int32 [T, K] (distinct experts, -1 masked), weights.
+
+    Raises:
+        InputError: ``routing`` not one of ``uniform``, ``zipf``, ``one_expert``.
+    """
+    from ..errors import InputError
+    if routing not in ("uniform", "zipf", "one_expert"):
+        raise InputError("routing", "uniform, zipf or one_expert (the kernel's input generator)", routing)
     torch = _torch()
     g = torch.Generator(device=device).manual_seed(seed)
     xf = torch.randn(T, H, device=device, generator=g) * 2.0
@@ -86,8 +93,6 @@ def make_inputs(T, E, K, H, device, seed=1, routing="uniform", mask_frac=0.0):
     elif routing == "one_expert":
         scores = torch.rand(T, E, device=device, generator=g)
         scores[:, 3] = 10.0
-    else:
-        raise ValueError(routing)
     idx = scores.topk(K, dim=-1).indices.to(torch.int32) if T > 0 else torch.zeros(0, K, dtype=torch.int32, device=device)
     w = torch.rand(T, K, device=device, generator=g) + 0.1
     if mask_frac > 0 and T > 0:
