@@ -123,19 +123,6 @@ def _console():
     return Console() if sys.stdout.isatty() else Console(width=200)
 
 
-def _undefined_metrics(summary: dict) -> set[str]:
-    """Summary keys whose value is 0 / 0 for this call, shown as n/a (JSON null).
-
-    With no routed (token, slot) pair on any rank (``--tokens 0``, ``masked:1.0``, an all -1
-    routing file) there is no MMA interval, so overlap efficiency
-    (``|comm ∩ compute| / min(|comm|, |compute|)``) has nothing to divide; ``sim.metrics``
-    returns 0.0 for it.  Every other figure stays defined: the call still takes time
-    (count exchange, grid syncs, NVLink barriers), so TFLOPS and GB/s are 0 work over that
-    time, busy fractions are that synchronisation's share, and the legacy path has its own
-    fixed cost (5 launches, 2 all-to-all latencies, 2 barriers)."""
-    return {"overlap_efficiency"} if sum(summary["num_recv_tokens"]) == 0 else set()
-
-
 def _print_summary(res) -> None:
     from rich.table import Table
 
@@ -163,13 +150,14 @@ def _print_summary(res) -> None:
     if sc.num_ranks == 1:  # the formula counts every received token; one rank moves none over NVLink
         t.add_row("NVLink bytes simulated (EP1)", f"{s.get('nvlink_bytes_simulated', 0):.0f}")
     t.add_row("reduction tail (us)", f"{s['t_reduction_us']:.1f}")
-    undefined = _undefined_metrics(s)
-    t.add_row("overlap efficiency", "n/a" if "overlap_efficiency" in undefined else f"{s['overlap_efficiency']:.2f}")
+    # None (n/a, JSON null) when no rank has compute to overlap with: sim.metrics.overlap_efficiency
+    oe = s["overlap_efficiency"]
+    t.add_row("overlap efficiency", "n/a" if oe is None else f"{oe:.2f}")
     for role, v in s["busy_fraction"].items():
         t.add_row(f"busy: {role}", f"{v:.2f}")
     t.add_row("speedup vs legacy", f"{s['speedup_vs_legacy']:.2f}x")
     con.print(t)
-    if undefined:
+    if sum(s["num_recv_tokens"]) == 0:
         con.print("empty call (no token routed to an expert): time, busy fractions and speedup describe the "
                   "call's fixed cost (count exchange, grid syncs, barriers); overlap efficiency: n/a (no compute; "
                   "null in --json)", highlight=False)
@@ -181,8 +169,7 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     res = simulate(scenario_from_args(a))
     _print_summary(res)
     if a.json:
-        undefined = _undefined_metrics(res.summary)  # 0 / 0 figures: null, as n/a in the table
-        out = {k: (None if k in undefined else v) for k, v in res.summary.items()}
+        out = dict(res.summary)
         out["plan"] = res.plan.to_dict()
         out["scenario"] = res.scenario.to_dict()
         out["hardware"] = {"name": res.hardware.name, "path": res.hardware.path}
@@ -289,8 +276,10 @@ def cmd_compare(a: argparse.Namespace) -> int:
     for role, err in report["busy_fraction_error"].items():
         con.print(f"busy {role}: measured {report['busy_fraction_measured'][role]:.2f}, simulated "
                   f"{report['busy_fraction_simulated'][role]:.2f} ({err:+.2f})")
-    con.print(f"overlap efficiency: measured {report['overlap_efficiency_measured']:.2f}, simulated "
-              f"{report['overlap_efficiency_simulated']:.2f}")
+    def fmt(v):  # None: no compute to overlap with (sim.metrics.overlap_efficiency)
+        return "n/a" if v is None else f"{v:.2f}"
+    con.print(f"overlap efficiency: measured {fmt(report['overlap_efficiency_measured'])}, simulated "
+              f"{fmt(report['overlap_efficiency_simulated'])}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=1)

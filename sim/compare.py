@@ -74,7 +74,7 @@ def compare_traces(measured: Trace, simulated: Trace, num_sms: int) -> dict:
         "busy_fraction_error": {k: bs[k] - bm[k] for k in bm if k in bs},
         "overlap_efficiency_measured": om,
         "overlap_efficiency_simulated": os_,
-        "overlap_efficiency_error": os_ - om,
+        "overlap_efficiency_error": None if om is None or os_ is None else os_ - om,
         "matched_intervals": len(common),
         "unmatched_measured": len(km) - len(common),
         "unmatched_simulated": len(ks) - len(common),

@@ -90,9 +90,11 @@ def _by_rank(tr):
         yield r, order[a:b]
 
 
-def overlap_efficiency(tr) -> float:
+def overlap_efficiency(tr) -> float | None:
     """Mean over ranks of ``|comm ∩ compute| / min(|comm|, |compute|)``: comm = pull rounds
-    and L2 epilogues (the NVLink write-back), compute = MMA intervals on any SM."""
+    and L2 epilogues (the NVLink write-back), compute = MMA intervals on any SM; ranks with
+    no comm or no compute interval are left out.  ``None`` when no rank has both (an empty
+    call: no token routed to an expert), where the ratio is 0 / 0."""
     kind, t0, t1 = tr["kind"], tr["t_start_ns"], tr["t_end_ns"]
     vals = []
     for _, idx in _by_rank(tr):
@@ -103,7 +105,7 @@ def overlap_efficiency(tr) -> float:
         lc, lp = _length(cu), _length(pu)
         if min(lc, lp) > 0:
             vals.append(_intersection(cu, pu) / min(lc, lp))
-    return float(np.mean(vals)) if vals else 0.0
+    return float(np.mean(vals)) if vals else None
 
 
 def busy_fractions(tr, num_sms: int, span_ns) -> dict:

@@ -101,3 +101,14 @@ def test_shape_axis_takes_custom_shapes():
     assert parse_values("shape", "256,6,4096,2048") == ["256,6,4096,2048"]
     assert parse_values("shape", "deepseek-v4-flash;256,6,4096,2048") == ["deepseek-v4-flash", "256,6,4096,2048"]
     assert parse_values("shape", "deepseek-v4-flash,deepseek-v4-pro") == ["deepseek-v4-flash", "deepseek-v4-pro"]
+
+
+def test_empty_point_has_no_overlap_efficiency(tmp_path):
+    """A point with no routed token has nothing to overlap with: overlap efficiency is None in
+    the rows and null / NaN in the files (as `megamoe simulate` shows n/a), not 0."""
+    rows = sweep({"tokens": [0, 8]}, BASE, str(tmp_path), jobs=1, progress=False)
+    by_t = {r["tokens"]: r for r in rows}
+    assert by_t[0]["error"] == "" and by_t[0]["overlap_efficiency"] is None
+    assert 0 < by_t[8]["overlap_efficiency"] <= 1
+    df = pd.read_parquet(tmp_path / "results.parquet").set_index("tokens")
+    assert pd.isna(df.loc[0, "overlap_efficiency"]) and df.loc[8, "overlap_efficiency"] > 0
