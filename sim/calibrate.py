@@ -5,9 +5,10 @@ Micro-benchmarks (torch on the GPU; each the median of repeated CUDA-event timin
 * HBM: ``copy_`` of a 2 GiB buffer (bytes read + written per second) -> ``hbm_efficiency``
   against the base file's datasheet ``hbm_gbs``;
 * FP8 tensor rate: ``torch._scaled_mm`` e4m3 8192^3 with BF16 output -> ``mma_efficiency``;
-* NVLink (two or more GPUs): peer copy of 1 GiB from GPU 0 to GPU 1 -> ``nvlink_efficiency``;
-  the time of a 4 KiB peer copy -> ``nvlink_latency_ns`` (an upper bound: it includes the
-  copy launch);
+* NVLink (two or more GPUs): peer copy of 1 GiB from GPU 0 to GPU 1 -> ``nvlink_efficiency``
+  (``nvlink_latency_ns``, the excess of a remote load round trip over a local one, is not a
+  copy time: it comes from EP kernel traces, :func:`fit_sm90_ep_traces`, and is kept from
+  the base file here);
 * device facts: SM count, opt-in shared memory per block, L2 size.
 
 Figures the kernel itself reveals come from its traces (no GPU needed once they exist):
@@ -21,16 +22,25 @@ Figures the kernel itself reveals come from its traces (no GPU needed once they 
   every SM90 figure of the H200 model — the K-block time (mean of the median L1 and L2 K
   loops per K block) as a line in ``block_m`` (slope -> ``sm90_mma_fraction``; intercept ->
   ``e2m1_decode_thread_ns_per_elem`` from the profile's decode share plus
-  ``stage_handoff_ns``), the consumers' gap between blocks as a line in the scheduler's steps
+  ``stage_handoff_ns``), the producer's time to issue one K block's loads with its stage
+  free (``sm90_issue_kblock_ns``: the first L1 block of every CTA, where the ring is empty;
+  traces whose producer the ring paces are left out), the consumers' gap between blocks as a line in the scheduler's steps
   (``sched_block_ns``, ``sched_step_ns``; steps from :func:`sim.engine.sm90_walk_steps`), the
   L1 epilogue as a line in ``block_m`` (``l1_epilogue_thread_ns_per_elem``,
   ``block_overhead_ns``), the L2 epilogue as a line in block_m + valid rows
   (``l2_epilogue_fixed_ns``, ``l2_epilogue_thread_ns_per_elem``), ``pull_latency_ns`` from
   the pull time per round, ``combine_round_ns`` and ``grid_sync_ns``.
-* :func:`refit_h200` runs that fit on the committed EP1 traces and per-role profile and
-  writes the figures and their sources into ``sim/hardware/h200.toml``
-  (``python -m sim.calibrate``); ``tests/test_calibrate.py`` checks that the file is its
-  output.
+* :func:`fit_sm90_ep_traces` (EP traces of the same kernel, two or more ranks): the NVLink
+  round trip of a remote pull (``nvlink_latency_ns``: per trace, a CTA's pull time, which is
+  its dispatch warp 0's items one after another, by least squares over that warp's local
+  and remote items; the remote item's excess over a local one, median over the traces, over
+  the remote pull's ``sim.engine.SM90_REMOTE_ROUND_TRIPS`` dependent round trips) and what an
+  L2 epilogue takes with several ranks beyond the one-rank line (``l2_epilogue_ep_ns``,
+  least squares in relative error; the rows' destination rank does not change it).
+* :func:`refit_h200` runs those fits on the committed EP1 traces and per-role profile, then
+  on the committed EP2 traces, and writes the figures and their sources into
+  ``sim/hardware/h200.toml`` (``python -m sim.calibrate``); ``tests/test_calibrate.py``
+  checks that the file is its output.
 
 Everything else is kept from the base file with its source.  Every measured figure's source
 names the device, the date and the method.
@@ -89,8 +99,6 @@ def measure(gemm_n: int = 8192, copy_bytes: int = 2 << 30) -> dict:
         y = torch.empty_like(x, device="cuda:1")
         t = _time_cuda(lambda: y.copy_(x, non_blocking=True))
         out["p2p_gbs"] = x.numel() / t / 1e9
-        xs, ys = x[:4096], y[:4096]
-        out["p2p_small_copy_ns"] = _time_cuda(lambda: ys.copy_(xs, non_blocking=True), repeat=50) * 1e9
     return out
 
 
@@ -154,6 +162,36 @@ def _block_gaps(t) -> list:
                         out.append((float(st[i] - en[i - 1]), k - prev))
                     prev = k
     return out
+
+
+def _first_block_issue(t) -> tuple[float, float, int]:
+    """The producer's copy issues in the first L1 block of every CTA (the stage ring still
+    empty): ``(median ns per K block from the block's first issue (the load record's start,
+    or the end of its arrival wait) to its last (the record's end), median ns from the last
+    issue to the consumers' K-loop end, blocks)``."""
+    import numpy as np
+
+    from megamoe.design_sm90 import BLOCK_K
+    from megamoe.trace import KIND
+
+    kb = int(t.meta["hidden"]) // BLOCK_K
+    per, gap = [], []
+    for r in np.unique(t["rank"]).tolist():
+        for sm in np.unique(t["sm"][(t["rank"] == r) & (t["sm"] >= 0)]).tolist():
+            s = t.where(rank=r, sm=sm)
+            mma = s.where(kind=KIND["l1_mma"])
+            if not len(mma):
+                continue
+            i = int(np.argmin(mma["t_start_ns"]))
+            key = {k: int(mma[k][i]) for k in ("expert", "m_block", "n_block")}
+            ld = s.where(kind=KIND["l1_load"], **key)
+            iw = s.where(kind=KIND["idle_wait"], role="producer", **key)
+            if len(ld) != 1:
+                continue
+            t0 = max(float(ld["t_start_ns"][0]), float(iw["t_end_ns"].max()) if len(iw) else 0.0)
+            per.append((float(ld["t_end_ns"][0]) - t0) / kb)
+            gap.append(float(mma["t_end_ns"][i] - ld["t_end_ns"][0]))
+    return _median(per), _median(gap), len(per)
 
 
 def sm90_k_block_ns(t) -> float:
@@ -261,7 +299,8 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
                      "pull_rounds": int(rounds.max()),
                      "combine": float(np.max(comb["t_end_ns"] - comb["t_start_ns"])) if len(comb) else float("nan"),
                      "combine_rounds": -(-T * H // 8 // (num_sms * THREADS)),
-                     "grid_sync": _grid_sync_ns(t), "num_sms": num_sms, "kb": kb1 + kb2,
+                     "grid_sync": _grid_sync_ns(t), "num_sms": num_sms, "kb": kb1 + kb2, "kb1": kb1,
+                     "stages": int(meta["plan"]["num_stages"]), "issue": _first_block_issue(t),
                      "top_k": int(meta["top_k"]), "experts": int(meta["num_experts"])})
     bms = sorted({r["bm"] for r in rows})
     require(len(bms) >= 2, "fit_sm90_traces", "traces of at least two block_m", bms)
@@ -296,6 +335,28 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
     how = (f"the {a:.0f} ns intercept of the per-K-block time less the decode ({decode_ns:.0f} ns): the fixed "
            f"part of WGMMA wait + promotion, full-stage waits and the stage release")
     out["stage_handoff_ns"] = (a - decode_ns, how)
+
+    # producer: the time to issue one K block's loads with its stage free, from the first L1
+    # block of every CTA (the ring empty), in the traces where the issues run ahead of the
+    # consumers (the last issue less than half a ring of K blocks before the K loop's end);
+    # elsewhere the ring, not the issue, paces the producer
+    def _ring(r):
+        return min(r["stages"], r["kb1"]) * r["k1"]
+
+    paced = [r for r in rows if r["issue"][1] < 0.5 * _ring(r)]
+    require(bool(paced), "fit_sm90_traces", "a trace whose first L1 blocks' copy issues run ahead of the consumers",
+            "none")
+    iss = float(np.median([r["issue"][0] for r in paced]))
+    how = ("the producer's time per K block from the first to the last copy issue of each CTA's first L1 block (the "
+           "stage ring empty; from the load record's start or the end of its arrival wait to its end), median over "
+           "CTAs: " + ", ".join(
+               f"T={r['tokens']} (block_m {r['bm']}) {r['issue'][0]:.0f} ns, the last issue "
+               f"{r['issue'][1] / 1e3:.2f} us before the K loop's end"
+               + ("" if r in paced else f" = {r['issue'][1] / r['k1']:.1f} of {r['stages']} stages of "
+                  f"{r['k1']:.0f} ns: paced by the ring, left out") for r in rows)
+           + f"; median {iss:.0f} ns: the loads of one stage (token tile, scales, FP4 weights and their scales) "
+           "take that long to issue, so with the ring empty the producer runs barely ahead of the consumers")
+    out["sm90_issue_kblock_ns"] = (iss, how)
 
     # scheduler between blocks: consumer gap = fixed + per step, least squares over the gaps
     # (each trace weighted equally)
@@ -360,6 +421,121 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
     return out
 
 
+def _ep_pool_sources(rp):
+    """The source rank of every pool position of one rank (experts in order, each in the
+    plan's pull order)."""
+    import numpy as np
+
+    return np.concatenate([rp.pull_order(e)[:, 0] for e in range(len(rp.recv_counts))] or [np.zeros(0, np.int64)])
+
+
+def fit_sm90_ep_traces(paths: list[str], l2_epilogue_fixed_ns: float, l2_epilogue_thread_ns_per_elem: float) -> dict:
+    """Fit the expert-parallel figures of the hardware model to EP kernel traces of this
+    project's SM90 kernel (several ranks; see module docstring).
+
+    * ``nvlink_latency_ns``: CTA ``c`` pulls pool positions ``[N c / S, N (c + 1) / S)`` with
+      its 4 dispatch warps, item ``j`` of the range by warp ``j % 4``, and its pull record ends
+      when warp 0 leaves its loop (``csrc/megamoe/kernel_sm90.cu`` dispatch_role_ep), so the
+      record is warp 0's items one after another.  Per trace, least squares of the record over
+      warp 0's local and remote items (no intercept) gives the time of a local and of a
+      remote item; a remote item pays :data:`sim.engine.SM90_REMOTE_ROUND_TRIPS` dependent
+      NVLink round trips beyond a local one, so the round trip is the median over the traces
+      of the difference over that count.
+    * ``l2_epilogue_ep_ns``: what every L2 epilogue takes beyond the one-rank line
+      ``l2_epilogue_fixed_ns + l2_epilogue_thread_ns_per_elem x (block_m + valid rows) x 128 /
+      256 threads``, least squares in relative error over every L2 epilogue, each trace
+      weighted equally.  The source also gives, per trace, the least-squares cost of one more
+      row stored to another rank at the same valid rows (~0: the stores are posted).
+
+    Args:
+        paths: kernel traces (NPZ) with two or more ranks.
+        l2_epilogue_fixed_ns, l2_epilogue_thread_ns_per_elem: the one-rank L2 epilogue line
+            (:func:`fit_sm90_traces`, as the hardware file rounds them).
+
+    Returns:
+        figure name -> (value, how it was fitted: the numbers behind it).
+
+    Raises:
+        InputError: a trace of one rank, or without per-CTA pull records.
+    """
+    import numpy as np
+
+    from megamoe.design_sm90 import BLOCK_N, CONSUMER_WARPS
+    from megamoe.trace import KIND, Trace
+
+    from .engine import DISPATCH_WARPS_PER_SM, SM90_REMOTE_ROUND_TRIPS
+
+    threads = 32 * CONSUMER_WARPS
+    rows = []
+    for p in paths:
+        t = Trace.load(p)
+        meta = t.meta
+        R = int(meta["num_ranks"])
+        require(R > 1, "fit_sm90_ep_traces", "traces of two or more ranks", f"{p}: {R}")
+        plan = _sm90_plan(t)
+        S = plan.num_sms
+        X, Y, E2, E2r = [], [], [], []
+        for rp in plan.ranks:
+            r, bm = rp.rank, rp.config.block_m
+            src = _ep_pool_sources(rp)
+            j0 = (len(src) * np.arange(S + 1)) // S  # each CTA's first pool position
+            pull = t.where(rank=r, kind=KIND["pull"])
+            require(len(pull) > 0 and bool((pull["sm"] >= 0).all()), "fit_sm90_ep_traces", "one pull record per CTA",
+                    f"{p}: rank {r}")
+            for c, d in zip(pull["sm"].tolist(), (pull["t_end_ns"] - pull["t_start_ns"]).tolist()):
+                w0 = src[j0[c]:j0[c + 1]:DISPATCH_WARPS_PER_SM]  # warp 0's items
+                X.append((int((w0 == r).sum()), int((w0 != r).sum())))
+                Y.append(d)
+            # L2 epilogues: block_m, valid rows, rows to another rank, duration
+            pos = np.concatenate([[0], np.cumsum(rp.tokens_per_expert)])
+            e2 = t.where(rank=r, kind=KIND["l2_epilogue"])
+            for e, m, v, d in zip(e2["expert"].tolist(), e2["m_block"].tolist(), e2["tokens"].tolist(),
+                                  (e2["t_end_ns"] - e2["t_start_ns"]).tolist()):
+                s = src[pos[e] + m * bm:min(pos[e + 1], pos[e] + (m + 1) * bm)]
+                E2.append((bm, v, d))
+                E2r.append(int((s != r).sum()))
+        X, Y = np.asarray(X, float), np.asarray(Y, float)
+        a_loc, a_rem = np.linalg.lstsq(X, Y, rcond=None)[0]
+        e2 = np.asarray(E2, float)
+        vr = np.asarray(E2r, float)
+        per_remote = np.linalg.lstsq(np.column_stack([np.ones(len(e2)), e2[:, 1], vr]), e2[:, 2], rcond=None)[0][2]
+        rows.append({"tokens": int(meta["tokens_per_rank"][0]), "ranks": R, "loc": float(a_loc),
+                     "rem": float(a_rem), "e2": e2, "per_remote": float(per_remote)})
+    out = {}
+
+    # a remote pull: the local item plus SM90_REMOTE_ROUND_TRIPS NVLink round trips
+    excess = [r["rem"] - r["loc"] for r in rows]
+    rtt = float(np.median(excess)) / SM90_REMOTE_ROUND_TRIPS
+    how = ("a CTA's pull record is its dispatch warp 0's items one after another; least squares of it over warp 0's "
+           "local and remote items per trace: " + ", ".join(
+               f"T={r['tokens']} {r['loc'] / 1e3:.2f} us local, {r['rem'] / 1e3:.2f} us remote" for r in rows)
+           + f"; a remote item pays {SM90_REMOTE_ROUND_TRIPS} dependent NVLink round trips (the row in two batches, "
+           f"the scales, the top-k weight) beyond a local one: median excess {np.median(excess) / 1e3:.2f} us / "
+           f"{SM90_REMOTE_ROUND_TRIPS} (the excess of a remote load round trip over a local one)")
+    out["nvlink_latency_ns"] = (rtt, how)
+
+    # L2 epilogue with several ranks: a constant beyond the one-rank line
+    A, Y = [], []
+    meds = []
+    for r in rows:
+        bm, v, d = r["e2"].T
+        line = l2_epilogue_fixed_ns + l2_epilogue_thread_ns_per_elem * (bm + v) * BLOCK_N / threads
+        wt = 1.0 / np.sqrt(len(d))
+        A.append(wt / d)
+        Y.append((1.0 - line / d) * wt)
+        meds.append(f"T={r['tokens']} {_median(d) / 1e3:.2f} us vs {_median(line) / 1e3:.2f} us")
+    x = float(np.linalg.lstsq(np.concatenate(A)[:, None], np.concatenate(Y), rcond=None)[0][0])
+    how = (f"L2 epilogue with {rows[0]['ranks']} ranks = the one-rank line ({l2_epilogue_fixed_ns:.0f} ns + "
+           f"{l2_epilogue_thread_ns_per_elem:.1f} ns x (block_m + valid rows) x {BLOCK_N} / {threads} threads) + "
+           f"{x:.0f} ns, least squares in relative error over every L2 epilogue, each trace weighted equally "
+           f"(median measured vs line: {', '.join(meds)}); a row stored to another rank instead of this one adds "
+           + ", ".join(f"{r['per_remote']:+.1f} ns at T={r['tokens']}" for r in rows)
+           + " (least squares over valid and remote rows within each trace): the stores are posted, the cost is the "
+           "symmetric-memory path every row takes")
+    out["l2_epilogue_ep_ns"] = (x, how)
+    return out
+
+
 def calibrated_toml(base: str, measured: dict, kernel: dict | None = None, date: str | None = None) -> str:
     """A hardware TOML: the base preset with measured figures replaced (sources say how).
 
@@ -391,8 +567,6 @@ def calibrated_toml(base: str, measured: dict, kernel: dict | None = None, date:
     if "p2p_gbs" in measured:
         put("nvlink_efficiency", round(min(1.0, measured["p2p_gbs"] / figs["nvlink_gbs_per_direction"]), 4),
             f"peer copy of 1 GiB GPU0->GPU1 at {measured['p2p_gbs']:.0f} GB/s")
-    if "p2p_small_copy_ns" in measured:
-        put("nvlink_latency_ns", round(measured["p2p_small_copy_ns"], 1), "4 KiB peer copy (upper bound)")
     for key, value in (kernel or {}).items():
         put(key, round(value, 4), "from a megamoe kernel trace")
     lines = [f'# Calibrated from {base} by megamoe calibrate ({date}, {measured.get("device", "?")}).',
@@ -406,20 +580,28 @@ def calibrated_toml(base: str, measured: dict, kernel: dict | None = None, date:
 
 
 #: The committed kernel traces and per-role profile the H200 model's SM90 figures are fitted
-#: to (paths from the repository root); the EP2 traces and the EP1 trace at 1 token are left
-#: out, as checks of the fit.
+#: to (paths from the repository root); the other EP1 traces (1, 16, 256, 1024 and 8192
+#: tokens) are left out, as checks of the fit.
 SM90_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep1_t{t}.npz" for t in (64, 512, 4096))
+#: The committed EP2 traces (two H200s) the expert-parallel figures (``nvlink_latency_ns``,
+#: ``l2_epilogue_ep_ns``) are fitted to; EP2 at 1 and 8192 tokens per rank are left out, as
+#: checks of the fit.
+SM90_EP_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep2_t{t}.npz" for t in (64, 512, 2048))
+SM90_EP_FIT_DEVICE = "two lent H200s (EP2, NV18)"
 SM90_FIT_PROFILE = "benchmarks/results/kernel_profile_stages_h200.json"
 SM90_FIT_DATE = "2026-11-30"
-SM90_FIT_KERNEL = "FP8 WGMMA v6 (TMA loads, E2M1 decoded into WGMMA registers)"
-SM90_PROFILE_KERNEL = "FP8 WGMMA v6 kernel"
+SM90_FIT_KERNEL = "FP8 WGMMA v6.1 (TMA loads, E2M1 decoded into WGMMA registers, build bfd0d502)"
+SM90_PROFILE_KERNEL = "FP8 WGMMA v6.1 kernel"
 
 
 def sm90_fit_sources(fit: dict, traces=SM90_FIT_TRACES, profile_path: str | None = SM90_FIT_PROFILE,
                      date: str = SM90_FIT_DATE, kernel: str = SM90_FIT_KERNEL,
-                     profile_kernel: str = SM90_PROFILE_KERNEL) -> dict:
+                     profile_kernel: str = SM90_PROFILE_KERNEL, device: str = "the lent H200",
+                     fitter: str = "fit_sm90_traces") -> dict:
     """figure -> (value rounded to 4 significant digits, source string naming the files, the
-    date, the kernel version and how it was fitted) for the output of :func:`fit_sm90_traces`."""
+    device, the date, the kernel version and how it was fitted) for the output of
+    :func:`fit_sm90_traces` (or of ``fitter``: :func:`fit_sm90_ep_traces` on the EP traces,
+    ``profile_path=None``, ``device=SM90_EP_FIT_DEVICE``)."""
     import os
 
     stems = [os.path.basename(p) for p in traces]
@@ -427,16 +609,16 @@ def sm90_fit_sources(fit: dict, traces=SM90_FIT_TRACES, profile_path: str | None
     tail = os.path.commonprefix([s[::-1] for s in stems])[::-1]
     mid = [s[len(common):len(s) - len(tail)] for s in stems]
     files = f"{os.path.dirname(traces[0])}/{common}{{{','.join(mid)}}}{tail}" if len(stems) > 1 else traces[0]
-    where = f"{files} (this project's SM90 kernel, {kernel} version, measured on the lent H200 {date})"
+    where = f"{files} (this project's SM90 kernel, {kernel} version, measured on {device} {date})"
     out = {}
     for key, (value, how) in fit.items():
         if key == "e2m1_decode_thread_ns_per_elem" and profile_path:
             src = (f"fitted to {profile_path} (per-role cycle profile, {profile_kernel}, lent H200, {date}) and the "
-                   f"K-loop times of {where} by sim.calibrate.fit_sm90_traces: {how}")
+                   f"K-loop times of {where} by sim.calibrate.{fitter}: {how}")
         elif key == "grid_sync_ns":
-            src = f"measured in {where} by sim.calibrate.fit_sm90_traces: {how}"
+            src = f"measured in {where} by sim.calibrate.{fitter}: {how}"
         else:
-            src = f"fitted to {where} by sim.calibrate.fit_sm90_traces: {how}"
+            src = f"fitted to {where} by sim.calibrate.{fitter}: {how}"
         if key == "sm90_mma_fraction":
             src = src.replace("fit_sm90_traces: ", "fit_sm90_traces: the SM90 kernel's WGMMA m64nBMk32 + wait + "
                               "FP32 promotion rate as a fraction of the sustained FP8 GEMM rate (mma_efficiency): ", 1)
@@ -444,16 +626,29 @@ def sm90_fit_sources(fit: dict, traces=SM90_FIT_TRACES, profile_path: str | None
     return out
 
 
+def sm90_ep_fit_sources(fit: dict) -> dict:
+    """:func:`sm90_fit_sources` for the output of :func:`fit_sm90_ep_traces` on
+    :data:`SM90_EP_FIT_TRACES`."""
+    return sm90_fit_sources(fit, traces=SM90_EP_FIT_TRACES, profile_path=None, device=SM90_EP_FIT_DEVICE,
+                            fitter="fit_sm90_ep_traces")
+
+
 def refit_h200(root: str | None = None, toml_path: str | None = None) -> dict:
     """Fit the SM90 figures to the committed traces and profile (:data:`SM90_FIT_TRACES`,
-    :data:`SM90_FIT_PROFILE`) and write them with their sources into the H200 preset (or
-    ``toml_path``), leaving every other line as it is.  Returns :func:`sm90_fit_sources`."""
+    :data:`SM90_FIT_PROFILE`), then the expert-parallel figures to the EP2 traces
+    (:data:`SM90_EP_FIT_TRACES`, on the L2 epilogue line just fitted, rounded as written), and
+    write them with their sources into the H200 preset (or ``toml_path``), leaving every other
+    line as it is.  Returns :func:`sm90_fit_sources` and :func:`sm90_ep_fit_sources` in one
+    dict."""
     import re
     from pathlib import Path
 
     base = Path(root) if root else Path(__file__).resolve().parent.parent
     prof = json.loads((base / SM90_FIT_PROFILE).read_text())
     fit = sm90_fit_sources(fit_sm90_traces([str(base / p) for p in SM90_FIT_TRACES], prof))
+    ep = fit_sm90_ep_traces([str(base / p) for p in SM90_EP_FIT_TRACES], fit["l2_epilogue_fixed_ns"][0],
+                            fit["l2_epilogue_thread_ns_per_elem"][0])
+    fit.update(sm90_ep_fit_sources(ep))
     path = Path(toml_path) if toml_path else PRESET_DIR / "h200.toml"
     text = path.read_text()
     head, _, srcs = text.partition("[sources]")

@@ -31,10 +31,18 @@ differs where the kernel does: one CTA per SM (units of one SM); the consumer wa
 run the MMA and both epilogues, so a block's K loop waits for the previous block's epilogue
 and then for the block scheduler's walk (``sched_block_ns`` plus ``sched_step_ns`` per
 scheduler step, :func:`sm90_walk_steps`; the producer pays the same walk after its last copy
-issue, which comes ``min(stages, K blocks)`` K blocks before the K loop's end); the L2
-epilogue grows with the valid rows; each CTA pulls a contiguous range of items (EP1: its
-tokens' items in token order, so pool blocks complete late; EP: pool positions, a remote one
-paying NVLink round trips); the combine takes grid-stride rounds of ``combine_round_ns``.
+issue, which comes ``K blocks x sm90_issue_kblock_ns`` after its first (the producer issues
+one stage's loads in that time, barely faster than the consumers use them), one issue after
+the consumers free the stage a ring back (``min(stages, K blocks)`` K blocks before the K
+loop's end), and, in L2, ``K blocks - i`` issues after K block ``i``'s arrival-mask bits,
+whichever is latest; the consumers cannot finish the K loop before the last stage's data
+arrives); the L2
+epilogue grows with the valid rows (and with several ranks pays ``l2_epilogue_ep_ns`` for
+storing through the symmetric-memory peer table); each CTA pulls a contiguous range of
+items (EP1: its tokens' items in token order, so pool blocks complete late; EP: pool
+positions, a remote one paying ``SM90_REMOTE_ROUND_TRIPS`` NVLink round trips, one round's
+latency growing with its share of remote items); the combine takes grid-stride rounds of
+``combine_round_ns``.
 
 Shared resources: HBM per GPU, NVLink egress and ingress per GPU (one direction each) and,
 where a GPU pair is slower than a GPU's port (``nvlink_peer_gbs``, e.g. point-to-point
@@ -65,7 +73,9 @@ WITH_SCALES = 1 + 1 / 32  # FP8 / FP4 data plus one UE8M0 byte per 32 elements
 SM90_THREADS = 512  # threads per CTA of the SM90 kernel (megamoe.design_sm90.THREADS)
 # dependent NVLink round trips of one remote pull in the SM90 kernel's EP dispatch
 # (csrc/megamoe/kernel_sm90.cu dispatch_role_ep): the row in two batches of four 16-byte
-# loads per lane, the scales, the top-k weight
+# loads per lane, the scales, the top-k weight; a remote item costs a local one plus these
+# round trips of nvlink_latency_ns (the H200's is fitted to that excess in the EP2 traces,
+# sim.calibrate.fit_sm90_ep_traces)
 SM90_REMOTE_ROUND_TRIPS = 4
 
 
@@ -351,9 +361,11 @@ class _Engine:
         threads = cfg.num_epilogue_threads
         if plan.design == "megamoe-sm90":
             # the L2 epilogue: a fixed part, then per element of the block's rows and again
-            # per element of its valid rows (only those are stored)
+            # per element of its valid rows (only those are stored); with several ranks the
+            # rows go through the symmetric-memory peer table, whichever rank they go to
             c = hw.l2_epilogue_thread_ns_per_elem * bn / threads
-            epi2 = [hw.l2_epilogue_fixed_ns + c * (bm + v) for v in valid]
+            fixed = hw.l2_epilogue_fixed_ns + (hw.l2_epilogue_ep_ns if R > 1 else 0.0)
+            epi2 = [fixed + c * (bm + v) for v in valid]
             walks = self._sm90_walks(rp, rows, lens)
         else:
             epi2 = [hw.l2_epilogue_thread_ns_per_elem * bm * bn / threads] * n_pb
@@ -567,6 +579,12 @@ class _Engine:
         w1, w2 = cs * bn * (kb1 * bk) / 2, cs * bn * (kb2 * bk) / 2
         per_kb = 2 * bk // bn  # L1 n blocks (bn/2 SwiGLU outputs each) per L2 K block
         offs = [i * t_k for i in range(kb2)]
+        # SM90: the producer issues one K block's loads in t_iss (its stage already free), so a
+        # block's last copy issue comes no earlier than kb x t_iss after its first, and no
+        # earlier than t_iss after the consumers free the stage a ring back
+        t_iss = hw.sm90_issue_kblock_ns if sm90 else 0.0
+        iss1, iss2 = kb1 * t_iss, kb2 * t_iss
+        prev_issue = t_ready  # SM90: the producer's last copy issue of the previous block
         prev_mma_end = t_ready
         prev_prefetch = 0.0
         prev_epi_end = t_ready
@@ -609,14 +627,15 @@ class _Engine:
                              if per_kb > 1 else vec[:kb2])
                     # K block i is consumed no earlier than ready_i + lat and the loop ends
                     # (kb - i) * t_k after that: the latest such end, less lat + kb * t_k
-                    cached = ready_cache[pb] = (ready[0], max(ready), max(map(sub, ready, offs)))
+                    cached = ready_cache[pb] = (ready[0], max(ready), max(map(sub, ready, offs)),
+                                                max(x + (kb2 - i) * t_iss for i, x in enumerate(ready)))
                 if per_k_wait and kb2 > 1:
                     dep, ready_adj = cached[0], cached[2]
                 else:
                     dep = cached[1]
             # the loaders may start once the dependency holds and a ring stage is free (SM90:
             # and the producer has walked the scheduler to this block)
-            free = prev_mma_end - prev_prefetch + gap
+            free = (prev_issue if sm90 else prev_mma_end - prev_prefetch) + gap
             load_start = dep if dep > free else free
             # accumulator stages: TMEM has 2 (block i waits for epilogue i-2); the SM90
             # consumers hold the accumulators in registers, run the epilogue themselves and
@@ -643,6 +662,10 @@ class _Engine:
                     f = hbm_reserve(load_start, first) + t_k
                     if f > mma_end:
                         mma_end = f
+                if sm90:  # the last K block's data comes after its issue; the ring paces the issues
+                    issue_end = load_start + iss1
+                    mma_end = max(mma_end, issue_end + lat + t_k)
+                    issue_end = max(issue_end, mma_end - pre1 + t_iss)
                 epi_start = mma_end if mma_end > prev_epi_end else prev_epi_end
                 epi_end = epi_start + t_epi1
                 # FP8 outputs + scales to HBM: hbm.reserve(epi_start, nb)
@@ -690,6 +713,12 @@ class _Engine:
                     f = ready_adj + lat + loop2
                     if f > mma_end:
                         mma_end = f
+                if sm90:  # as in L1; each K block's issue also waits for its arrival-mask bits
+                    issue_end = load_start + iss2
+                    if ready_adj is not None:
+                        issue_end = max(issue_end, cached[3])
+                    mma_end = max(mma_end, issue_end + lat + t_k)
+                    issue_end = max(issue_end, mma_end - pre2 + t_iss)
                 epi_start = mma_end if mma_end > prev_epi_end else prev_epi_end
                 epi_end = epi_start + epi2[pb]
                 # BF16 rows to each token's source rank: HBM for local rows, else the
@@ -760,9 +789,10 @@ class _Engine:
                 if fin > last_write:
                     last_write = fin
                 prev_prefetch = pre2
-            if sm90:  # the producer's last copy issue (a ring ahead of the K loop's end) and
+            if sm90:  # the producer's last copy issue (paced, or a ring ahead of the K loop's end) and
                 # the consumers' block start (after their scheduler walk) instead
-                record((bid, mma_end - prev_prefetch, c_start, mma_end, epi_start, epi_end, dep, first, free))
+                record((bid, issue_end, c_start, mma_end, epi_start, epi_end, dep, first, free))
+                prev_issue = issue_end
             else:
                 record((bid, load_start, mma_start, mma_end, epi_start, epi_end, dep, first, free))
             prev_mma_end = mma_end

@@ -13,7 +13,9 @@ Figures (units in the key names):
 * ``hbm_gbs`` — HBM bandwidth (GB/s, bytes read + written); ``hbm_efficiency``.
 * ``sm_load_gbs`` — most one SM's TMA engine moves per second.
 * ``nvlink_gbs_per_direction`` — NVLink bandwidth of one GPU in one direction (all links);
-  ``nvlink_efficiency``; ``nvlink_latency_ns`` — one remote access round trip.
+  ``nvlink_efficiency``; ``nvlink_latency_ns`` — one remote access round trip (the SM90 EP
+  pull pays it per dependent remote load on top of the local pull, so where it is fitted to
+  kernel traces it is the excess of a remote load over a local one).
 * ``nvlink_peer_gbs`` — most one directed GPU pair can carry (equal to the port through a
   switch; a fraction of it with point-to-point links).
 * ``launch_ns``, ``grid_sync_ns``, ``nvl_barrier_ns``, ``atomic_same_address_ns``,
@@ -33,6 +35,12 @@ Figures (units in the key names):
 * ``stage_handoff_ns`` — SM90 design: fixed cost of one pipeline stage (barrier waits and
   releases between producer and consumers, the fixed part of the WGMMA wait and promotion),
   paid per K block.
+* ``sm90_issue_kblock_ns`` — SM90 design: the producer's time to issue one K block's loads
+  (token tile, scales, FP4 weights and their scales) once its stage is free; a block's last
+  copy issue comes no earlier than ``K blocks x`` this after its first, and this long after
+  the consumers free the stage a ring back.  Close to the consumers' K-block time, so with
+  an empty ring (a CTA's first block, a block after few others) the producer runs barely
+  ahead of the consumers.
 * ``sched_block_ns``, ``sched_step_ns`` — SM90 design: the block scheduler between two blocks
   of one CTA (paid by the producer and by the consumers, each running its own copy): a
   fixed part per block (the scheduler call, the trace records, the accumulator reset) plus
@@ -41,6 +49,11 @@ Figures (units in the key names):
 * ``l2_epilogue_fixed_ns`` — SM90 design: fixed part of the L2 epilogue (the row-metadata
   round trips); the SM90 L2 epilogue is this plus ``l2_epilogue_thread_ns_per_elem`` per
   element of the block's rows and again per element of its valid (stored) rows.
+* ``l2_epilogue_ep_ns`` — SM90 design with several ranks: added to every L2 epilogue.  The
+  kernel then stores each row, this rank's too, into its source rank's combine buffer
+  through the symmetric-memory peer table: the stores wait for the destination's base
+  address, a load that depends on the row's source rank.  Which rank the rows go to does not
+  change the time (the stores are posted).
 * ``combine_round_ns`` — SM90 design: one grid-stride round of the combine (every thread
   sums the top-k BF16 copies of one 16-byte slice of a token); the combine takes
   ``ceil(tokens x hidden / 8 / (SMs x 512 threads))`` rounds, or the HBM time if longer.
@@ -91,9 +104,11 @@ class Hardware:
     sm90_mma_fraction: float
     e2m1_decode_thread_ns_per_elem: float
     stage_handoff_ns: float
+    sm90_issue_kblock_ns: float
     sched_block_ns: float
     sched_step_ns: float
     l2_epilogue_fixed_ns: float
+    l2_epilogue_ep_ns: float
     combine_round_ns: float
     legacy_launch_ns: float
     legacy_a2a_latency_ns: float
@@ -132,19 +147,17 @@ class Hardware:
 _FIGURES = [f.name for f in fields(Hardware) if f.name not in ("name", "sources", "path")]
 _INTS = {"num_sms", "smem_per_block_bytes", "l2_cache_bytes"}
 _FRACTIONS = {"mma_efficiency", "hbm_efficiency", "nvlink_efficiency", "sm90_mma_fraction"}
-
-
 def parse_hardware(data: dict, path: str = "<dict>") -> Hardware:
     """Validate a parsed hardware TOML document.
 
     Raises:
-        InputError: missing or non-numeric figure, a figure <= 0 (e.g. a negative bandwidth),
-            an efficiency above 1, or a figure without a source.
+        InputError: missing or non-numeric figure, a figure <= 0 (e.g. a negative
+            bandwidth), an efficiency above 1, or a figure without a source.
     """
     require(isinstance(data.get("name"), str), "hardware.name", "a string", data.get("name"))
     figs = data.get("figures")
     require(isinstance(figs, dict), "hardware.figures", "a [figures] table", type(figs).__name__)
-    srcs = data.get("sources", {})
+    srcs = dict(data.get("sources", {}))
     vals = {}
     for k in _FIGURES:
         require(k in figs, f"hardware.figures.{k}", "a number", "missing")
@@ -162,7 +175,7 @@ def parse_hardware(data: dict, path: str = "<dict>") -> Hardware:
         vals[k] = float(v) if k not in _INTS else v
     unknown = sorted(set(figs) - set(_FIGURES))
     require(not unknown, "hardware.figures", f"only {', '.join(_FIGURES)}", ", ".join(unknown))
-    return Hardware(name=data["name"], sources=dict(srcs), path=path, **vals)
+    return Hardware(name=data["name"], sources=srcs, path=path, **vals)
 
 
 def preset_names() -> list[str]:

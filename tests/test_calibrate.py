@@ -13,15 +13,18 @@ from sim.hardware import load_hardware, parse_hardware
 def test_calibrated_toml_replaces_measured_figures(tmp_path):
     measured = {"device": "NVIDIA H200", "num_sms": 132, "l2_cache_bytes": 62914560,
                 "smem_per_block_bytes": 232448, "copy_gbs": 4240.0, "fp8_gemm_tflops": 1424.0,
-                "p2p_gbs": 385.0, "p2p_small_copy_ns": 9000.0}
+                "p2p_gbs": 385.0}
     text = calibrated_toml("h200", measured, {"grid_sync_ns": 1234.0}, date="2026-11-30")
     hw = parse_hardware(tomllib.loads(text))
     base = load_hardware("h200")
     assert hw.hbm_efficiency == pytest.approx(4240.0 / 4800.0, abs=1e-4)
     assert hw.mma_efficiency == pytest.approx(1424.0 / 1979.0, abs=1e-4)
     assert hw.nvlink_efficiency == pytest.approx(385.0 / 450.0, abs=1e-4)
-    assert hw.grid_sync_ns == 1234.0 and hw.nvlink_latency_ns == 9000.0
+    assert hw.grid_sync_ns == 1234.0
     assert hw.launch_ns == base.launch_ns  # not measured: kept with its source
+    # the NVLink round trip comes from EP kernel traces, not from a copy: kept from the base file
+    assert hw.nvlink_latency_ns == base.nvlink_latency_ns
+    assert hw.sources["nvlink_latency_ns"] == base.sources["nvlink_latency_ns"]
     assert "2026-11-30" in hw.sources["hbm_efficiency"] and "NVIDIA H200" in hw.sources["mma_efficiency"]
     assert hw.sources["launch_ns"] == base.sources["launch_ns"]
     p = tmp_path / "c.toml"
@@ -61,7 +64,7 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
     fit = fit_sm90_traces([_root(p) for p in TRACES], prof)
     hw = load_hardware("h200")
     assert set(fit) == {"sm90_mma_fraction", "e2m1_decode_thread_ns_per_elem", "stage_handoff_ns",
-                        "sched_block_ns", "sched_step_ns", "l1_epilogue_thread_ns_per_elem", "block_overhead_ns",
+                        "sm90_issue_kblock_ns", "sched_block_ns", "sched_step_ns", "l1_epilogue_thread_ns_per_elem", "block_overhead_ns",
                         "l2_epilogue_fixed_ns", "l2_epilogue_thread_ns_per_elem", "pull_latency_ns",
                         "combine_round_ns", "grid_sync_ns"}
     for key, (value, src) in sm90_fit_sources(fit).items():
@@ -69,14 +72,22 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
         assert getattr(hw, key) == value and hw.sources[key] == src, key
         assert fit[key][1] in src and "2026-11-30" in src and SM90_FIT_KERNEL in src, key
         assert "kernel_flash_ep1_t{64,512,4096}.npz" in src, key
-    # the slope: (1850 - 939.5 ns) / (128 - 16) rows = 8.13 ns per block row and K block (the
+    # the slope: (1604 - 866 ns) / (128 - 16) rows = 6.59 ns per block row and K block (the
     # K-block times at block_m 16 and 128 quoted in the source); 128 weight rows x 128 K x 2 =
-    # 32768 FLOP per row and K block -> 4.03 TFLOP/s per SM, 532 TFLOP/s on 132 SMs, 37.5% of
+    # 32768 FLOP per row and K block -> 4.97 TFLOP/s per SM, 656 TFLOP/s on 132 SMs, 46.3% of
     # 1419 TFLOP/s
-    assert fit["sm90_mma_fraction"][0] == pytest.approx(32768 / 8.13e-9 * 132 / 1419e12, abs=0.002)
-    # the scheduler: ~0.75 us per block plus ~0.33 us per step
-    assert fit["sched_block_ns"][0] == pytest.approx(748, abs=30)
+    assert fit["sm90_mma_fraction"][0] == pytest.approx(32768 / ((1604 - 866) / 112 * 1e-9) * 132 / 1419e12,
+                                                        abs=0.002)
+    # the scheduler: ~0.77 us per block plus ~0.33 us per step
+    assert fit["sched_block_ns"][0] == pytest.approx(775, abs=30)
     assert fit["sched_step_ns"][0] == pytest.approx(333, abs=15)
+    # the producer's copy issues in each CTA's first L1 block (ring empty): ~26.1 us from the
+    # first to the last of 32 K blocks at T=64 and T=512 (block_m 16, 16 stages; median 815 and
+    # 817 ns per K block), the last one ~4 us before the consumers' K loop ends, well short of
+    # the 16 x 866 ns a full ring would put there; at T=4096 (block_m 128, 7 stages) the last
+    # issue comes 11.18 us = 7.0 x 1596 ns before the end: the ring paces it, left out
+    assert fit["sm90_issue_kblock_ns"][0] == pytest.approx(816, abs=5)
+    assert "T=4096 (block_m 128)" in fit["sm90_issue_kblock_ns"][1] and "left out" in fit["sm90_issue_kblock_ns"][1]
 
 
 def test_one_trace_gives_the_same_mma_fraction():
@@ -85,7 +96,7 @@ def test_one_trace_gives_the_same_mma_fraction():
     hw = load_hardware("h200")
     got = from_kernel_trace(_root(TRACES[-1]), hw.fp8_dense_tflops * hw.mma_efficiency)
     assert got["sm90_mma_fraction"] == pytest.approx(hw.sm90_mma_fraction, rel=0.01)
-    assert got["grid_sync_ns"] == 1568.0  # last arrival to first release in that trace
+    assert got["grid_sync_ns"] == 1184.0  # last arrival (12192 ns) to first release (13376 ns) in that trace
 
 
 def test_fit_needs_two_block_m():
@@ -111,3 +122,61 @@ def test_refit_h200_rewrites_only_the_fitted_lines(tmp_path):
     p.write_text(text.replace("sched_step_ns = ", "# sched_step_ns = ", 1))
     with pytest.raises(InputError, match="^refit_h200: expected one line for sched_step_ns in \\[figures\\]"):
         refit_h200(toml_path=str(p))
+
+
+EP_TRACES = [f"benchmarks/traces/kernel_flash_ep2_t{t}.npz" for t in (64, 512, 2048)]
+
+
+def test_h200_ep_figures_are_the_fit_to_the_ep2_traces():
+    """sim/hardware/h200.toml's expert-parallel figures (``nvlink_latency_ns``,
+    ``l2_epilogue_ep_ns``) and their sources are what ``python -m sim.calibrate`` writes:
+    fit_sm90_ep_traces on the committed EP2 traces at 64, 512 and 2048 tokens per rank, on the
+    file's one-rank L2 epilogue line."""
+    from sim.calibrate import (
+        SM90_EP_FIT_TRACES,
+        fit_sm90_ep_traces,
+        sm90_ep_fit_sources,
+    )
+
+    assert list(SM90_EP_FIT_TRACES) == EP_TRACES
+    hw = load_hardware("h200")
+    fit = fit_sm90_ep_traces([_root(p) for p in EP_TRACES], hw.l2_epilogue_fixed_ns, hw.l2_epilogue_thread_ns_per_elem)
+    assert set(fit) == {"nvlink_latency_ns", "l2_epilogue_ep_ns"}
+    for key, (value, src) in sm90_ep_fit_sources(fit).items():
+        assert getattr(hw, key) == value and hw.sources[key] == src, key
+        assert fit[key][1] in src and "2026-11-30" in src and "two lent H200s" in src, key
+        assert "kernel_flash_ep2_t{64,512,2048}.npz" in src, key
+    # at 64 tokens per rank every CTA's dispatch warp 0 pulls one item, and the CTA's pull record
+    # ends with warp 0's loop: 6.11 us for a local item (median of 131 CTAs), 12.80 us for a
+    # remote one (133 CTAs); the 6.69 us between them is the remote pull's 4 dependent NVLink
+    # round trips, 1.67 us each (the fit takes the median over the three traces of the same
+    # difference by least squares: 7.00 us)
+    assert fit["nvlink_latency_ns"][0] == pytest.approx((12800 - 6112) / 4, rel=0.05)
+    # median L2 epilogue measured vs the one-rank line: 930 vs 840 ns at 64 tokens per rank,
+    # 2300 vs 1860 at 512, 7040 vs 6470 at 2048; in relative error each trace's excess counts
+    # by 1 / duration^2: (90/930^2 + 440/2300^2 + 570/7040^2) / (1/930^2 + 1/2300^2 + 1/7040^2)
+    # = 146 ns (the fit, over every epilogue rather than the medians: 157)
+    assert fit["l2_epilogue_ep_ns"][0] == pytest.approx(146, abs=15)
+
+
+def test_ep_fit_needs_several_ranks():
+    from megamoe.errors import InputError
+    from sim.calibrate import fit_sm90_ep_traces
+
+    with pytest.raises(InputError, match="^fit_sm90_ep_traces: expected traces of two or more ranks"):
+        fit_sm90_ep_traces([_root(TRACES[0])], 351.8, 54.24)
+
+
+def test_ep_l2_epilogue_figure_is_in_every_preset():
+    """Every preset carries ``l2_epilogue_ep_ns``: the H200's fitted (above), the others an
+    estimate saying so; a file without it is rejected like any missing figure."""
+    from megamoe.errors import InputError
+    from sim.hardware import PRESET_DIR
+
+    for name in ("b200", "h20"):
+        hw = load_hardware(name)
+        assert hw.l2_epilogue_ep_ns == 160.0 and hw.sources["l2_epilogue_ep_ns"].startswith("estimate")
+    data = tomllib.loads((PRESET_DIR / "h200.toml").read_text())
+    del data["figures"]["l2_epilogue_ep_ns"]
+    with pytest.raises(InputError, match=r"^hardware.figures.l2_epilogue_ep_ns: expected a number, got missing"):
+        parse_hardware(data)

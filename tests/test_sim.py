@@ -259,9 +259,12 @@ def _sm90_flash(tokens, **kw):
 
 def test_sm90_block_lanes():
     """Per CTA: the consumers start a block (MMA lane) a scheduler walk after the previous
-    epilogue; the producer starts a walk after its previous last copy issue, which is
-    min(stages, K blocks) K blocks before the K loop's end; the L2 epilogue grows with block_m
-    and with the valid rows; the combine takes its grid-stride rounds."""
+    epilogue; the producer starts a walk after its previous last copy issue, which comes K
+    blocks x sm90_issue_kblock_ns after its first (once the block's dependency holds) or one
+    issue after the consumers free the stage a ring back, min(stages, K blocks) K blocks
+    before the K loop's end, or (L2) K blocks - i issues after K block i's arrival-mask bits,
+    whichever is latest; the L2 epilogue grows with block_m and with the valid rows; the
+    combine takes its grid-stride rounds."""
     from sim.engine import sm90_walk_steps
 
     res = _sm90_flash(64)
@@ -270,6 +273,9 @@ def test_sm90_block_lanes():
     t_k = (2.0 * bm * 128 * 128 / (hw.tc_flops_per_ns_per_sm * hw.sm90_mma_fraction)
            + hw.e2m1_decode_thread_ns_per_elem * 128 * 128 / 256 + hw.stage_handoff_ns)
     key, _ = sm90_walk_steps(rp)
+    e1 = tr.where(kind="l1_epilogue")  # arrival-mask bits: L2 K block i needs L1 n blocks 2i, 2i + 1
+    mask = {(e, m, n): t for e, m, n, t in zip(e1["expert"].tolist(), e1["m_block"].tolist(), e1["n_block"].tolist(),
+                                               e1["t_end_ns"].tolist())}
     for sm in (0, 7, 131):
         c, p = tr.where(sm=sm, role="consumer"), tr.where(sm=sm, role="producer")
         mma = c.select((c["kind"] == KIND["l1_mma"]) | (c["kind"] == KIND["l2_mma"]))
@@ -278,7 +284,19 @@ def test_sm90_block_lanes():
         gap = hw.sched_block_ns + hw.sched_step_ns * np.diff(key[sm::S])
         assert np.allclose(mma["t_start_ns"][1:], epi["t_end_ns"][:-1] + gap)
         kb = np.where(mma["kind"] == KIND["l1_mma"], 4096 // 128, 2048 // 128)
-        assert np.allclose(load["t_end_ns"], mma["t_end_ns"] - np.minimum(st, kb) * t_k)
+        ring = mma["t_end_ns"] - np.minimum(st, kb) * t_k + hw.sm90_issue_kblock_ns
+        wait = p.where(kind="idle_wait")  # the producer's dependency waits, at most one per block
+        dep = {(e, m, n): t for e, m, n, t in zip(wait["expert"].tolist(), wait["m_block"].tolist(),
+                                                  wait["n_block"].tolist(), wait["t_end_ns"].tolist())}
+        first = np.array([max(t, dep.get((e, m, n), t)) for e, m, n, t in zip(
+            load["expert"].tolist(), load["m_block"].tolist(), load["n_block"].tolist(), load["t_start_ns"].tolist())])
+        paced = first + kb * hw.sm90_issue_kblock_ns
+        for j in np.nonzero(load["kind"] == KIND["l2_load"])[0].tolist():
+            e, m = int(load["expert"][j]), int(load["m_block"][j])
+            paced[j] = max(paced[j], max(max(mask[e, m, 2 * i], mask[e, m, 2 * i + 1]) + (16 - i) * hw.sm90_issue_kblock_ns
+                                         for i in range(16)))
+        assert np.allclose(load["t_end_ns"], np.maximum(ring, paced))
+        assert (paced > ring).any() and (ring > paced).any()  # the first blocks paced, later ones by the ring
         assert np.allclose(load["t_start_ns"][1:], load["t_end_ns"][:-1] + gap)
     e2 = tr.where(kind="l2_epilogue")
     want = hw.l2_epilogue_fixed_ns + hw.l2_epilogue_thread_ns_per_elem * (bm + e2["tokens"]) * 128 / 256
@@ -286,6 +304,18 @@ def test_sm90_block_lanes():
     comb = tr.where(kind="combine")
     rounds = -(-64 * 4096 // 8 // (132 * 512))
     assert float(comb["t_end_ns"][0] - comb["t_start_ns"][0]) == pytest.approx(rounds * hw.combine_round_ns)
+
+
+def test_sm90_ep_l2_epilogue_pays_the_peer_table():
+    """With several ranks every SM90 L2 epilogue takes ``l2_epilogue_ep_ns`` more (the rows go
+    through the symmetric-memory peer table, whichever rank they go to); the fixed part and
+    the per-row terms are those of one rank."""
+    res = _sm90_flash(64, num_ranks=2)
+    hw, bm, e2 = res.hardware, res.plan.ranks[0].config.block_m, res.trace.where(kind="l2_epilogue")
+    assert hw.l2_epilogue_ep_ns > 0
+    want = (hw.l2_epilogue_fixed_ns + hw.l2_epilogue_ep_ns
+            + hw.l2_epilogue_thread_ns_per_elem * (bm + e2["tokens"]) * 128 / 256)
+    assert np.allclose(e2["t_end_ns"] - e2["t_start_ns"], want) and set(np.unique(e2["rank"])) == {0, 1}
 
 
 def test_sm90_pull_rounds_follow_the_kernel_order():

@@ -4,15 +4,16 @@ The traces (benchmarks/traces) were measured on the lent H200s on 2026-11-30 wit
 WGMMA kernel v6 (TMA loads, E2M1 decoded into WGMMA registers): EP1 on one H200 at
 every token count of the kernel benchmark (1, 16, 64, 256, 1024, 4096, 8192) and 512, EP2 on
 2 x H200 at every count of the EP benchmark (1, 64, 512, 2048, 8192 per rank). The H200
-model's SM90 figures are fitted to the EP1 traces at 64, 512 and 4096 tokens (``python -m
+model's SM90 figures are fitted to the EP1 traces at 64, 512 and 4096 tokens, its two
+expert-parallel figures (the NVLink round trip of a remote pull, the L2 epilogue's cost with
+several ranks) to the EP2 traces at 64, 512 and 2048 tokens per rank (``python -m
 sim.calibrate``, sources in sim/hardware/h200.toml); the others are out of sample. EP traces
 are simulated with the ranks' launch skew read off the trace (host jitter, not modelled;
 ``sim.compare.launch_skew_from_trace``). Asserted here, the issue's targets: makespan within
-10% and median per-kind duration error within 15% at every token count, EP1 and EP2 (but
-one token per rank on EP2: 20%, see ``KIND_LIMIT``); every
-block's work on the same SM in both; the kernel's block order per CTA equal to the plan's;
-the simulator ordering two plan choices like the kernel whenever the kernel's times differ
-by more than 5% (closer pairs are not asserted). The plan-choice times
+10% and median per-kind duration error within 15% at every token count, EP1 and EP2
+(``KIND_LIMIT``); every block's work on the same SM in both; the kernel's block order per
+CTA equal to the plan's; the simulator ordering two plan choices like the kernel whenever
+the kernel's times differ by more than 5% (closer pairs are not asserted). The plan-choice times
 (results/kernel_plan_choices_h200.json) were measured on the same kernel in the same run.
 """
 
@@ -33,19 +34,22 @@ EP1_TOKENS = [1, 16, 64, 256, 512, 1024, 4096, 8192]
 EP2_TOKENS = [1, 64, 512, 2048, 8192]
 
 
-#: Median per-kind error allowed per trace: 15% (issue 7), but 20% at one token per rank on
-#: EP2, measured 18.0% on the v6 traces (13.2% on v5's): there each L1 load waits on one remote
-#: pull after the NVLink barrier, and the model's NVLink round trip is an estimate (1 us; L1
-#: load median 18.9 us simulated vs 26.5 us measured), the L2 epilogue writes over NVLink at
-#: the local cost (0.81 vs 1.02 us), and one rank started 96 us late in a 312 us kernel.
-KIND_LIMIT = {"ep2_t1": 0.20}
+#: Median per-kind error allowed per trace: 15% (issue 7), EP1 and EP2 alike.  The tightest
+#: is EP2 at one token per rank, out of sample: 10.1% on the v6.1 traces (18.0% on the v6
+#: traces while the NVLink round trip was a 1 us estimate, the L2 epilogue with two ranks cost
+#: as with one and the producer issued a block's loads at once; the first two are now fitted
+#: to the EP2 traces at 64, 512 and 2048 tokens per rank, sim.calibrate.fit_sm90_ep_traces,
+#: the producer's issue time per K block to the EP1 fit traces).  What is left there is each
+#: CTA's first L1 block running ~2 us slower on the consumer side, which the model does not
+#: have, and the epilogues (14-16%).
+KIND_LIMIT = 0.15
 
 
 @pytest.mark.parametrize("trace", [f"ep1_t{t}" for t in EP1_TOKENS] + [f"ep2_t{t}" for t in EP2_TOKENS])
 def test_makespan_and_kind_errors(trace):
     r, _, _ = compare_file(str(TRACES / f"kernel_flash_{trace}.npz"))
     assert abs(r["makespan_error"]) <= 0.10, r["makespan_error"]
-    assert r["median_kind_error"] <= KIND_LIMIT.get(trace, 0.15), r["median_kind_error"]
+    assert r["median_kind_error"] <= KIND_LIMIT, r["median_kind_error"]
     assert r["unmatched_block_work"] == 0
     assert r["matched_intervals"] > 1000
 
