@@ -92,14 +92,18 @@ def add_scenario_args(p: argparse.ArgumentParser) -> None:
                    help="host launch jitter: how much later the ranks' kernels start, microseconds: one "
                         "number (the last rank is that late) or one value per rank (default 0)")
     g = p.add_argument_group("plan overrides")
-    g.add_argument("--experts-per-wave", type=_positive, default=None)
-    g.add_argument("--block-m", type=_positive, default=None)
+    g.add_argument("--experts-per-wave", type=_positive, default=None,
+                   help="experts whose L1 and L2 blocks form one wave (default: the design's choice)")
+    g.add_argument("--block-m", type=_positive, default=None,
+                   help="token rows per block (deepgemm-sm100: 16, 32, 64, 96, 128, 192; megamoe-sm90: 16, 32, 64, 128)")
     g.add_argument("--pool-tokens", type=_positive, default=None, help="pool (ring) capacity in tokens")
-    g.add_argument("--num-stages", type=_positive, default=None)
+    g.add_argument("--num-stages", type=_positive, default=None,
+                   help="shared-memory pipeline stages (default: as many as fit)")
     g.add_argument("--l2-wait", default="k_block",
                    help="k_block (PR #304) | pool_block (PR #316): what an L2 K block waits for. It "
                         "rarely changes the time, because the scheduler puts a wave's L2 blocks after "
-                        "all of its L1 blocks (it does with few SMs, e.g. --reserved-sms 100)")
+                        "all of its L1 blocks (with few SMs an L2 block can start earlier and the choice shows, e.g. "
+                        "--reserved-sms 100)")
     g.add_argument("--policy", action="append", default=[],
                    help="scheduler policy: built-in name (fixed-waves:N, adaptive-waves, block-m:N, "
                         "rank-by-rank, interleaved, ...), module:Class or file.py:Class; repeatable")
@@ -342,15 +346,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", parser_class=_Parser)
     s = sub.add_parser("simulate", help="predict one Mega MoE call (the main job)")
     add_scenario_args(s)
-    s.add_argument("--json", type=_out_path(".json"),
+    o = s.add_argument_group("outputs")
+    o.add_argument("--json", type=_out_path(".json"),
                    help="write the summary metrics (top-level keys), plan and scenario as JSON")
-    s.add_argument("--trace", type=_out_path(".json", ".json.gz"),
+    o.add_argument("--trace", type=_out_path(".json", ".json.gz"),
                    help="write a Chrome trace JSON (opens in Perfetto; .json.gz ok)")
-    s.add_argument("--trace-sms", type=_positive, default=8,
+    o.add_argument("--trace-sms", type=_positive, default=8,
                    help="keep SMs 0..N-1 of every rank in --trace (default 8; rank-level rows always)")
-    s.add_argument("--trace-npz", type=_out_path(".npz"),
+    o.add_argument("--trace-npz", type=_out_path(".npz"),
                    help="write the full trace as columnar NPZ (with scenario meta and routing)")
-    s.add_argument("--plot", type=_out_path(".png", ".svg", ".pdf"), help="write a timeline figure")
+    o.add_argument("--plot", type=_out_path(".png", ".svg", ".pdf"), help="write a timeline figure")
     s.set_defaults(func=cmd_simulate)
     w = sub.add_parser("sweep", help="simulate a grid of scenario / plan / hardware choices")
     add_scenario_args(w)

@@ -193,7 +193,7 @@ def load_hardware(spec: str) -> Hardware:
         p = Path(spec)
         require(spec.endswith(".toml") or os.sep in spec, "hardware",
                 f"a preset ({', '.join(preset_names())}) or a .toml path", spec)
-        require(p.is_file(), "hardware", "an existing .toml file", spec)
+        require(p.is_file(), "hardware", "an existing TOML file", spec)
     try:
         data = tomllib.loads(p.read_text())
     except tomllib.TOMLDecodeError as exc:

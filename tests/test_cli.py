@@ -131,7 +131,7 @@ def test_unwritable_or_wrong_kind_of_path_is_one_line_exit_2(tmp_path):
     np.save(tmp_path / "a.npy", np.zeros(3))
     (tmp_path / "d.json").mkdir()
     for args, needle in ((["simulate", "--tokens", "8", "--json", str(tmp_path / "d.json")], "Is a directory"),
-                         (["simulate", "--tokens", "8", "--hardware", str(tmp_path)], "hardware: expected an existing .toml file"),
+                         (["simulate", "--tokens", "8", "--hardware", str(tmp_path)], "hardware: expected an existing TOML file"),
                          (["compare", str(tmp_path / "a.npy")], "a single array")):
         rc, out, err = run(*args)
         assert rc == 2 and "Traceback" not in err and err.count("\n") == 1 and needle in err, (args, err)
@@ -164,7 +164,7 @@ def test_run_without_a_gpu_is_one_line(monkeypatch, capsys):
     monkeypatch.setattr(runtime, "cuda_available", lambda: False)
     assert main(["run", "--tokens", "4"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["megamoe: error: device: expected a CUDA GPU with compute capability 9.x (sm_90a), got none"]
+    assert err == ["megamoe: error: device: expected a CUDA GPU with compute capability 9.0 (sm_90a) or 10.0 (sm_100a), got none"]
     assert main(["run", "--tokens", "4", "--ranks", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["megamoe: error: ranks: expected 2 CUDA GPUs (one per rank), got 0"]

@@ -33,7 +33,8 @@ def run_main(num_experts: int = 256, topk: int = 6, hidden: int = 4096, inter: i
     from .timing import cuda_times_us
     from .trace import to_chrome
     if not cuda_available():
-        print("megamoe: error: device: expected a CUDA GPU with compute capability 9.x (sm_90a), got none",
+        print("megamoe: error: device: expected a CUDA GPU with compute capability 9.0 (sm_90a) or 10.0 (sm_100a), "
+              "got none",
               file=sys.stderr)
         return 2
     w = make_weights(num_experts, hidden, inter, "cuda", seed=seed)
