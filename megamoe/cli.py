@@ -127,6 +127,12 @@ def _console():
     return Console() if sys.stdout.isatty() else Console(width=200)
 
 
+def _fmt_overlap(v: float | None) -> str:
+    """Overlap efficiency for a table: ``n/a`` (JSON null) when no rank has compute to overlap
+    with (:func:`sim.metrics.overlap_efficiency` returns None)."""
+    return "n/a" if v is None else f"{v:.2f}"
+
+
 def _print_summary(res) -> None:
     from rich.table import Table
 
@@ -154,9 +160,7 @@ def _print_summary(res) -> None:
     if sc.num_ranks == 1:  # the formula counts every received token; one rank moves none over NVLink
         t.add_row("NVLink bytes simulated (EP1)", f"{s.get('nvlink_bytes_simulated', 0):.0f}")
     t.add_row("reduction tail (us)", f"{s['t_reduction_us']:.1f}")
-    # None (n/a, JSON null) when no rank has compute to overlap with: sim.metrics.overlap_efficiency
-    oe = s["overlap_efficiency"]
-    t.add_row("overlap efficiency", "n/a" if oe is None else f"{oe:.2f}")
+    t.add_row("overlap efficiency", _fmt_overlap(s["overlap_efficiency"]))
     for role, v in s["busy_fraction"].items():
         t.add_row(f"busy: {role}", f"{v:.2f}")
     t.add_row("speedup vs legacy", f"{s['speedup_vs_legacy']:.2f}x")
@@ -280,10 +284,8 @@ def cmd_compare(a: argparse.Namespace) -> int:
     for role, err in report["busy_fraction_error"].items():
         con.print(f"busy {role}: measured {report['busy_fraction_measured'][role]:.2f}, simulated "
                   f"{report['busy_fraction_simulated'][role]:.2f} ({err:+.2f})")
-    def fmt(v):  # None: no compute to overlap with (sim.metrics.overlap_efficiency)
-        return "n/a" if v is None else f"{v:.2f}"
-    con.print(f"overlap efficiency: measured {fmt(report['overlap_efficiency_measured'])}, simulated "
-              f"{fmt(report['overlap_efficiency_simulated'])}")
+    con.print(f"overlap efficiency: measured {_fmt_overlap(report['overlap_efficiency_measured'])}, simulated "
+              f"{_fmt_overlap(report['overlap_efficiency_simulated'])}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=1)

@@ -24,8 +24,8 @@ Figures the kernel itself reveals come from its traces (no GPU needed once they 
   ``e2m1_decode_thread_ns_per_elem`` from the profile's decode share plus
   ``stage_handoff_ns``), the producer's time to issue one K block's loads with its stage
   free (``sm90_issue_kblock_ns``: the first L1 block of every CTA, where the ring is empty;
-  traces whose producer the ring paces are left out), the consumers' gap between blocks as a line in the scheduler's steps
-  (``sched_block_ns``, ``sched_step_ns``; steps from :func:`sim.engine.sm90_walk_steps`), the
+  traces whose producer the ring paces are left out), the consumers' gap between blocks as
+  a line in the scheduler's steps (``sched_block_ns``, ``sched_step_ns``; steps from :func:`sim.engine.sm90_walk_steps`), the
   L1 epilogue as a line in ``block_m`` (``l1_epilogue_thread_ns_per_elem``,
   ``block_overhead_ns``), the L2 epilogue as a line in block_m + valid rows
   (``l2_epilogue_fixed_ns``, ``l2_epilogue_thread_ns_per_elem``), ``pull_latency_ns`` from

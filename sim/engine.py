@@ -626,9 +626,12 @@ class _Engine:
                     ready = (list(map(max, *(vec[k:kb2 * per_kb:per_kb] for k in range(per_kb))))
                              if per_kb > 1 else vec[:kb2])
                     # K block i is consumed no earlier than ready_i + lat and the loop ends
-                    # (kb - i) * t_k after that: the latest such end, less lat + kb * t_k
+                    # (kb - i) * t_k after that: the latest such end, less lat + kb * t_k;
+                    # SM90: the producer issues K block i no earlier than ready_i, so its last
+                    # issue comes no earlier than the latest ready_i + (kb - i) issues
                     cached = ready_cache[pb] = (ready[0], max(ready), max(map(sub, ready, offs)),
-                                                max(x + (kb2 - i) * t_iss for i, x in enumerate(ready)))
+                                                max(x + (kb2 - i) * t_iss for i, x in enumerate(ready))
+                                                if sm90 else None)
                 if per_k_wait and kb2 > 1:
                     dep, ready_adj = cached[0], cached[2]
                 else:

@@ -147,17 +147,19 @@ class Hardware:
 _FIGURES = [f.name for f in fields(Hardware) if f.name not in ("name", "sources", "path")]
 _INTS = {"num_sms", "smem_per_block_bytes", "l2_cache_bytes"}
 _FRACTIONS = {"mma_efficiency", "hbm_efficiency", "nvlink_efficiency", "sm90_mma_fraction"}
+
+
 def parse_hardware(data: dict, path: str = "<dict>") -> Hardware:
     """Validate a parsed hardware TOML document.
 
     Raises:
-        InputError: missing or non-numeric figure, a figure <= 0 (e.g. a negative
-            bandwidth), an efficiency above 1, or a figure without a source.
+        InputError: missing or non-numeric figure, a figure <= 0 (e.g. a negative bandwidth),
+            an efficiency above 1, or a figure without a source.
     """
     require(isinstance(data.get("name"), str), "hardware.name", "a string", data.get("name"))
     figs = data.get("figures")
     require(isinstance(figs, dict), "hardware.figures", "a [figures] table", type(figs).__name__)
-    srcs = dict(data.get("sources", {}))
+    srcs = data.get("sources", {})
     vals = {}
     for k in _FIGURES:
         require(k in figs, f"hardware.figures.{k}", "a number", "missing")
@@ -175,7 +177,7 @@ def parse_hardware(data: dict, path: str = "<dict>") -> Hardware:
         vals[k] = float(v) if k not in _INTS else v
     unknown = sorted(set(figs) - set(_FIGURES))
     require(not unknown, "hardware.figures", f"only {', '.join(_FIGURES)}", ", ".join(unknown))
-    return Hardware(name=data["name"], sources=srcs, path=path, **vals)
+    return Hardware(name=data["name"], sources=dict(srcs), path=path, **vals)
 
 
 def preset_names() -> list[str]:

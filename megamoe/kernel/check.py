@@ -78,8 +78,10 @@ def make_inputs(T, E, K, H, device, seed=1, routing="uniform", mask_frac=0.0):
         InputError: ``routing`` not one of ``uniform``, ``zipf``, ``one_expert``.
     """
     from ..errors import InputError
-    if routing not in ("uniform", "zipf", "one_expert"):
-        raise InputError("routing", "uniform, zipf or one_expert (the kernel's input generator)", routing)
+    from ..routing import RUN_KINDS
+    if routing not in RUN_KINDS:
+        raise InputError("routing", f"{', '.join(RUN_KINDS[:-1])} or {RUN_KINDS[-1]} (the kernel's input generator)",
+                         routing)
     torch = _torch()
     g = torch.Generator(device=device).manual_seed(seed)
     xf = torch.randn(T, H, device=device, generator=g) * 2.0
