@@ -93,13 +93,17 @@ def test_kernel_error_text_names_rank_and_barrier():
 
 
 def test_kernel_error_text_grid_sync_waits_twice_the_timeout():
-    """The final grid sync is downstream of every other wait and waits 2x the timeout, so the
-    wait that is stuck (e.g. an arrival count) names the cause first; its text says so."""
+    """The final grid sync is downstream of every other wait and waits 2x the timeout (a
+    pipeline barrier 1.5x), so the wait that is stuck (e.g. an arrival count) names the cause
+    first; the text says how long each waited."""
     from megamoe.kernel.runtime import format_error
     msg = format_error([4, 83, 0, 0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 60], 200_000_000)
     assert "grid sync before combine" in msg and msg.endswith("after 0.4 s"), msg
     msg = format_error([1, 5, 1, 3, 0, 2, 0xFFFFFFFF, 7], 200_000_000)
     assert "arrival count" in msg and "expert 3" in msg and msg.endswith("after 0.2 s"), msg
+    # a shared-memory pipeline barrier is downstream of the arrival / mask / count waits: 1.5x
+    msg = format_error([5, 9, 2, 0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 1], 200_000_000)
+    assert "pipeline barrier" in msg and msg.endswith("after 0.3 s"), msg
 
 
 # ------------------------------------------------------------------ GPU: one torchrun job

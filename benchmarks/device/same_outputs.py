@@ -8,7 +8,7 @@ import torch
 from megamoe.kernel import MegaMoEKernel, prepare_weights
 from megamoe.kernel.check import make_inputs, make_weights
 
-CASES = [("flash", 256, 6, 4096, 2048, T) for T in (1, 128, 1024, 4096)] + [("tiny-wide", 8, 2, 256, 128, 64)]
+CASES = [("flash", 256, 6, 4096, 2048, T) for T in (1, 16, 64, 128, 256, 1024, 4096)] + [("tiny-wide", 8, 2, 256, 128, 64)]
 
 if sys.argv[1] == "save":
     out = {}

@@ -13,6 +13,12 @@ __device__ __forceinline__ uint64_t globaltimer() {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
+// The SM cycle counter, low 32 bits (differences are exact modulo 2^32: 2.5 s at 1.7 GHz).
+__device__ __forceinline__ uint32_t clock32() {
+    uint32_t c;
+    asm volatile("mov.u32 %0, %%clock;" : "=r"(c));
+    return c;
+}
 __device__ __forceinline__ uint32_t smid() {
     uint32_t r;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(r));
@@ -124,10 +130,15 @@ __device__ __forceinline__ bool mbar_try_wait_suspend(uint64_t* bar, uint32_t pa
                  " selp.u32 %0, 1, 0, P;\n}" : "=r"(ok) : "r"(smem_u32(bar)), "r"(parity), "n"(kMbarSuspendNs) : "memory");
     return ok != 0;
 }
+// A shared-memory pipeline wait is downstream of the waits that feed the ring (arrival
+// counts, arrival masks, expert counts): it waits 1.5x the timeout, so that when a block's
+// data never comes, the wait that names the cause (started at about the same time) raises
+// the error first. (The final grid sync waits 2x.)
+__device__ __forceinline__ int64_t pipeline_timeout_ns(const Params& p) { return p.timeout_ns + p.timeout_ns / 2; }
 // Wait for the phase with `parity` to complete; false on timeout/abort (error raised).
 __device__ __forceinline__ bool mbar_wait(const Params& p, uint64_t* bar, uint32_t parity, uint32_t role) {
     if (mbar_try_wait(bar, parity)) return true;
-    Deadline d(p.timeout_ns);
+    Deadline d(pipeline_timeout_ns(p));
     while (!mbar_try_wait_suspend(bar, parity)) {
         if (!d.tick(p)) {
             if (!aborted(p)) raise_error(p, kErrTimeoutPipeline, role, -1, -1, -1, -1, parity);

@@ -9,16 +9,26 @@ namespace megamoe {
 constexpr uint32_t kE2M1ToE4M3Lo = 0x3C383000u;  // bytes 0..3
 constexpr uint32_t kE2M1ToE4M3Hi = 0x4C484440u;  // bytes 4..7
 
-// 8 E2M1 values (one 32-bit word, element j in nibble j) -> 8 E4M3 bytes (two words).
+// prmt.b32 with PTX's default mode: selector nibble bit 3 set replicates the selected byte's
+// most significant bit over the output byte (CUDA's __byte_perm documents only bits 0-2).
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+    uint32_t r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+    return r;
+}
+
+// 8 E2M1 values (one 32-bit word, element j in nibble j) -> 8 E4M3 bytes (two words), 10
+// integer instructions: the magnitudes through the 8-entry table (each nibble's low 3 bits
+// select a table byte), the signs by sign replication. Byte b of w holds element 2b in its
+// low nibble (sign: bit 3, the msb of byte b of w << 4) and element 2b + 1 in its high
+// nibble (sign: the msb of byte b of w).
 __device__ __forceinline__ uint2 decode_e2m1x8(uint32_t w) {
-    const uint32_t mag0 = __byte_perm(kE2M1ToE4M3Lo, kE2M1ToE4M3Hi, w & 0x7777u);
-    const uint32_t mag1 = __byte_perm(kE2M1ToE4M3Lo, kE2M1ToE4M3Hi, (w >> 16) & 0x7777u);
-    // Sign bits: nibble j's bit 3 -> output byte j's bit 7.
-    const uint32_t s0 = __byte_perm(w, 0u, 0x4140u);  // bytes [w.b0, 0, w.b1, 0]
-    const uint32_t s1 = __byte_perm(w, 0u, 0x4342u);  // bytes [w.b2, 0, w.b3, 0]
-    const uint32_t sign0 = ((s0 & 0x00080008u) << 4) | ((s0 & 0x00800080u) << 8);
-    const uint32_t sign1 = ((s1 & 0x00080008u) << 4) | ((s1 & 0x00800080u) << 8);
-    return make_uint2(mag0 | sign0, mag1 | sign1);
+    const uint32_t mag0 = prmt(kE2M1ToE4M3Lo, kE2M1ToE4M3Hi, w & 0x7777u);
+    const uint32_t mag1 = prmt(kE2M1ToE4M3Lo, kE2M1ToE4M3Hi, (w >> 16) & 0x7777u);
+    const uint32_t w4 = w << 4;
+    const uint32_t sgn0 = prmt(w4, w, 0xD9C8u);  // elements 0..3: msb of w4.b0, w.b0, w4.b1, w.b1
+    const uint32_t sgn1 = prmt(w4, w, 0xFBEAu);  // elements 4..7: msb of w4.b2, w.b2, w4.b3, w.b3
+    return make_uint2(mag0 | (sgn0 & 0x80808080u), mag1 | (sgn1 & 0x80808080u));
 }
 
 }  // namespace megamoe

@@ -269,7 +269,11 @@ __device__ __forceinline__ void dispatch_role_ep(const Params& p, const int BM, 
 
 // ------------------------------------------------------------------ producer (warp 4)
 // The whole warp walks the block list and waits (arrival counts, masks, free stages); lane 0
-// issues the stage's four TMA loads against its full barrier.
+// issues the stage's four TMA loads against its full barrier. A block's operand addresses
+// are computed once per block (Loads) and the stage index and the free-stage wait's parity
+// are kept incrementally: the per-K-block path is the wait and the four copies (the
+// producer runs on 48 registers, and ncu showed its per-K-block division, address
+// arithmetic and spill reloads pacing the ring at small block_m, benchmarks/NOTES_kernel.md).
 template <int BM>
 struct Producer {
     const Params& p;
@@ -277,8 +281,12 @@ struct Producer {
     uint8_t* stages;
     uint64_t *full, *empty;
     int S, ptid;
-    int it = 0;
-    long long cyc_wait_empty = 0;  // profile (fault_inject bit 32): SM cycles waiting for a free stage
+    int it = 0;              // K blocks issued so far
+    int s = 0;               // it % S
+    uint32_t round_par = 0;  // (it / S) & 1: a free-stage wait (it >= S) waits for parity round_par ^ 1
+    // profile (fault_inject bit 32): SM cycles waiting for a free stage (32 bits: 2.5 s at
+    // 1.7 GHz; one register in the 48-register producer)
+    uint32_t cyc_wait_empty = 0;
 
     __device__ __forceinline__ Producer(const Params& p_, const CUtensorMap* maps, uint8_t* st, uint64_t* f, uint64_t* e)
         : p(p_), pool_map(maps), stages(st), full(f), empty(e) {
@@ -286,33 +294,47 @@ struct Producer {
         ptid = threadIdx.x - kDispatchThreads;
     }
 
-    __device__ __forceinline__ bool issue(const Block& b, int kb) {
-        const int s = it % S, r = it / S;
-        const long long c0 = clock64();
-        if (r > 0 && !mbar_wait(p, empty + s, (uint32_t)((r - 1) & 1), kRoleProducer)) return false;
-        cyc_wait_empty += clock64() - c0;
+    // One block's loads: the token tile (2-D tensor map, K coordinate kb * 128), its UE8M0
+    // scales (K-block-major pool scales: BM x 4 contiguous bytes per K block) and the packed
+    // weight tile + scales (contiguous 128-row x 128-K tiles, megamoe.layouts). Few registers:
+    // the byte count and the timing bits are re-read from the kernel parameters.
+    struct Loads {
+        const uint8_t *sfa, *w, *wsf;  // K block 0
+        int row;                       // first pool row
+        bool l1;
+    };
+    __device__ __forceinline__ Loads loads_of(const Block& b) const {
+        const bool l1 = b.phase == kPhaseL1;
+        const int kd = l1 ? (int)p.hidden : (int)p.inter;               // K extent of this GEMM
+        const int nb = l1 ? 2 * (int)p.inter / 128 : (int)p.hidden / 128;  // N blocks per expert
+        const size_t tile0 = ((size_t)b.expert * nb + b.n_block) * (kd / 128);
+        const int row = b.pool_block * BM;
+        return Loads{(l1 ? p.l1_pool_sf : p.l2_pool_sf) + (size_t)row * 4, (l1 ? p.w1 : p.w2) + tile0 * 8192,
+                     (l1 ? p.w1_sf : p.w2_sf) + tile0 * 512, row, l1};
+    }
+
+    __device__ __forceinline__ bool issue(const Loads& L, int kb) {
+        const uint32_t c0 = clock32();
+        if (it >= S && !mbar_wait(p, empty + s, round_par ^ 1u, kRoleProducer)) return false;
+        cyc_wait_empty += clock32() - c0;
         __syncwarp();
         if (ptid == 0) {
             const Stage st = get_stage<BM>(stages, s);
-            const bool l1 = b.phase == kPhaseL1;
-            const int kd = l1 ? (int)p.hidden : (int)p.inter;               // K extent of this GEMM
-            const int nb = l1 ? 2 * (int)p.inter / 128 : (int)p.hidden / 128;  // N blocks per expert
-            const size_t tile = ((size_t)b.expert * nb + b.n_block) * (kd / 128) + kb;
-            const bool weights = !(p.fault_inject & 8);
-            mbar_arrive_expect_tx(full + s, (uint32_t)(BM * 128 + BM * 4 + (weights ? 8192 + 512 : 0)));
-            // token tile: rows pool_block * BM .. + BM, K elements kb * 128 .. + 128
-            cute::SM90_TMA_LOAD_2D::copy(pool_map + (l1 ? 0 : 1), full + s,
-                                         static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL), st.a,
-                                         kb * 128, b.pool_block * BM);
-            const uint8_t* sfa = (l1 ? p.l1_pool_sf : p.l2_pool_sf) + ((size_t)kb * p.pool_rows + (size_t)b.pool_block * BM) * 4;
-            cute::SM90_BULK_COPY_G2S::copy(sfa, full + s, st.sfa, BM * 4);
+            // timing experiments only (fault_inject bits 8, 64, 128): skip the weight tile, the
+            // token tile, the token scales
+            const bool weights = !(p.fault_inject & 8), tokens = !(p.fault_inject & 64), scales = !(p.fault_inject & 128);
+            mbar_arrive_expect_tx(full + s, (uint32_t)((tokens ? BM * 128 : 0) + (scales ? BM * 4 : 0) + (weights ? 8192 + 512 : 0)));
+            if (tokens)  // rows pool_block * BM .. + BM, K elements kb * 128 .. + 128
+                cute::SM90_TMA_LOAD_2D::copy(pool_map + (L.l1 ? 0 : 1), full + s,
+                                             static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL), st.a, kb * 128, L.row);
+            if (scales) cute::SM90_BULK_COPY_G2S::copy(L.sfa + (size_t)kb * p.pool_rows * 4, full + s, st.sfa, BM * 4);
             if (weights) {
-                cute::SM90_BULK_COPY_G2S::copy((l1 ? p.w1 : p.w2) + tile * 8192, full + s, st.bpk, 8192);
-                cute::SM90_BULK_COPY_G2S::copy((l1 ? p.w1_sf : p.w2_sf) + tile * 512, full + s, st.sfb, 512);
+                cute::SM90_BULK_COPY_G2S::copy(L.w + (size_t)kb * 8192, full + s, st.bpk, 8192);
+                cute::SM90_BULK_COPY_G2S::copy(L.wsf + (size_t)kb * 512, full + s, st.sfb, 512);
             }
         }
         ++it;
-        if (ptid == 0) progress(p, 2, (uint32_t)it);
+        if (++s == S) { s = 0; round_par ^= 1u; }
         return true;
     }
 
@@ -331,8 +353,8 @@ struct Producer {
         if (!sched.fetch_counts(p, kRoleProducer)) return;
         sched.set_expert(0);
         const bool trace = p.trace_cap > 0 && ptid == 0;
-        const long long c_start = clock64();
-        long long cyc_wait_dep = 0;  // profile: waiting for arrival counts / masks
+        const uint32_t c_start = clock32();
+        uint32_t cyc_wait_dep = 0;  // profile: waiting for arrival counts / masks
         for (;;) {
             const Block b = sched.next();
             if (b.phase == kPhaseNone) break;
@@ -341,7 +363,7 @@ struct Producer {
             const int wave = b.expert / (int)p.experts_per_wave;
             if (ptid == 0) progress(p, 1, (uint32_t)((b.phase << 28) | (b.expert << 16) | (b.m_block << 8) | b.n_block));
             bool ok = true;  // false: a wait gave up (error raised); the record is still written
-            long long cd = clock64();
+            uint32_t cd = clock32();
             if (b.phase == kPhaseL1) {
                 uint32_t v = ld_acquire_u32(p.arrival + b.pool_block);
                 if (v != (uint32_t)b.valid_m) {
@@ -360,13 +382,14 @@ struct Producer {
                 }
                 fence_proxy_async_global();  // the pulled rows, to the TMA loads below
             }
-            cyc_wait_dep += clock64() - cd;
+            cyc_wait_dep += clock32() - cd;
             unsigned long long have = 0;
+            const Loads L = loads_of(b);
             for (int kb = 0; ok && kb < b.num_k_blocks; ++kb) {
-                cd = clock64();
                 if (b.phase == kPhaseL2) {
                     const unsigned long long need = 3ull << (2 * kb);
                     if ((have & need) != need) {
+                        cd = clock32();
                         have = ld_acquire_u64(p.mask + b.pool_block);
                         if ((have & need) != need) {
                             const uint64_t tw = globaltimer();
@@ -382,19 +405,20 @@ struct Producer {
                             if (trace) trace_record(p, kRoleProducer, kKindIdleWait, b.expert, b.m_block, b.n_block, wave, kb, tw, globaltimer());
                         }
                         fence_proxy_async_global();  // the L1 epilogue's rows, to the TMA loads below
+                        cyc_wait_dep += clock32() - cd;
                     }
                 }
-                cyc_wait_dep += clock64() - cd;
-                ok = issue(b, kb);
+                ok = issue(L, kb);
             }
+            if (ptid == 0) progress(p, 2, (uint32_t)it);
             if (trace) trace_write(p, tslot, kRoleProducer, b.phase == kPhaseL1 ? kKindL1Load : kKindL2Load, b.expert, b.m_block,
                                    b.n_block, wave, b.valid_m, tb, globaltimer());
             if (!ok) return;
         }
         if ((p.fault_inject & 32) && ptid == 0) {
-            progress(p, 8, (uint32_t)((clock64() - c_start) >> 6));
-            progress(p, 9, (uint32_t)(cyc_wait_empty >> 6));
-            progress(p, 10, (uint32_t)(cyc_wait_dep >> 6));
+            progress(p, 8, (clock32() - c_start) >> 6);
+            progress(p, 9, cyc_wait_empty >> 6);
+            progress(p, 10, cyc_wait_dep >> 6);
         }
     }
 };
@@ -432,6 +456,7 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
     const float clampv = (float)p.clamp;
     const bool do_clamp = p.clamp < 3.0e38;
     const float clamp_bf = __bfloat162float(__float2bfloat16_rn(clampv));
+    const bool mma_on = !(p.fault_inject & 2);  // timing experiments only (bit 2: no MMA)
     int it = 0;
     // the stage of K block `it` and its full barrier's parity, it % S and (it / S) & 1 kept
     // incrementally (a division per K block costs the consumers ~20 dependent instructions)
@@ -460,7 +485,6 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
             // Lanes leave the spin wait at different times: reconverge before .aligned ops.
             __syncwarp();
             dead = __any_sync(0xffffffffu, dead);
-            if (lane == 0) progress(p, wslot, 0x03000000 | (dead ? 0x800000 : 0) | (uint32_t)it);
             const Stage st = get_stage<BM>(stages, s);
             // Each warpgroup builds its own FP32 table of the token scales, [4][BM] (so the two
             // warpgroups synchronise only within themselves and drift apart: one promotes while
@@ -484,15 +508,15 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
             named_bar_sync(kBarConsumerWg0 + g, 128);
             c0 = clock64();
             cyc_decode += c0 - c1;
-            if (!dead && !(p.fault_inject & 2))
-                tile.mma_k_block(w0, w8, sw0, sw8, st.a, fsx, !(p.fault_inject & 4), !(p.fault_inject & 16));
-            cyc_mma += clock64() - c0;
+            if (!dead && mma_on) tile.mma_k_block(w0, w8, sw0, sw8, st.a, fsx);
             __syncwarp();
             if (lane == 0) mbar_arrive(empty + s);
+            cyc_mma += clock64() - c0;
             ++it;
             if (++s == S) { s = 0; parity ^= 1u; }
-            if (ctid == 0) progress(p, 5, (uint32_t)it);
         }
+        if (ctid == 0) progress(p, 5, (uint32_t)it);
+        if (lane == 0) progress(p, wslot, 0x03000000 | (dead ? 0x800000 : 0) | (uint32_t)it);
         const uint64_t tm = globaltimer();
         const long long ce = clock64();
         const size_t prow0 = (size_t)b.pool_block * BM;

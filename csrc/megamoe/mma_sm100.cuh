@@ -156,7 +156,7 @@ __device__ __forceinline__ bool mbar_try_wait_cluster(uint64_t* bar, uint32_t pa
 // Wait (cluster-scope acquire) for the phase with `parity`; false on timeout / abort.
 __device__ __forceinline__ bool mbar_wait_cluster(const Params& p, uint64_t* bar, uint32_t parity, uint32_t role) {
     if (mbar_try_wait_cluster(bar, parity)) return true;
-    Deadline d(p.timeout_ns);
+    Deadline d(pipeline_timeout_ns(p));
     while (!mbar_try_wait_cluster(bar, parity)) {
         if (!d.tick(p)) {
             if (!aborted(p)) raise_error(p, kErrTimeoutPipeline, role, -1, -1, -1, -1, parity);

@@ -65,22 +65,25 @@ __device__ __forceinline__ void gmma_rs_zero_acc(const uint2& r0, const uint2& r
 }
 
 // One consumer warpgroup's share of a block: 64 weight rows x BLOCK_M tokens.
-// Up to block_m 64 the four k32 steps of a K block are pipelined: step q + 1's WGMMA (into the
-// other of two partial accumulators) is issued before step q is waited for and promoted, and
-// the decode of step q + 2 runs meanwhile. At block_m 128 the accumulator and one partial take
-// 128 registers, a second partial would spill: there the WGMMAs run one after another (step
-// q + 1 decoded while step q's runs) and the two warpgroups overlap each other (one promotes
-// while the other's WGMMA runs).
+// How many k32 WGMMAs are in flight is set by the registers their partial accumulators take
+// (NP partials of BLOCK_M / 2 floats each, beside the accumulator):
+//   block_m 16, 32: the four WGMMAs of a K block issued at once (one fence, four commit
+//     groups), each promoted as it completes.
+//   block_m 64: two in flight (step q + 1 issued before step q is waited for and promoted).
+//   block_m 128: the accumulator and one partial take 128 registers, a second would spill:
+//     one in flight (step q + 1 decoded while step q's runs); the two warpgroups overlap each
+//     other (one promotes while the other's WGMMA runs).
 template <int BLOCK_M>
 struct Sm90Tile {
     static constexpr int NJ = BLOCK_M / 8;  // n8 column tiles (tokens)
     static_assert(BLOCK_M == 16 || BLOCK_M == 32 || BLOCK_M == 64 || BLOCK_M == 128, "bad block_m");
     using Op = typename GmmaE4M3<BLOCK_M>::Op;
-    static constexpr bool kPipe = BLOCK_M <= 64;
-    static constexpr int NP = kPipe ? 2 : 1;  // partial accumulators
+    static constexpr int NP = BLOCK_M <= 32 ? 4 : BLOCK_M == 64 ? 2 : 1;  // partial accumulators
+    static constexpr int NA = NP < 2 ? 2 : NP;  // A register sets (one k32 step each)
 
     float acc[NJ][4];
     float part[NP][NJ][4];
+    uint2 ra0[NA], ra8[NA];  // decoded E4M3 A fragments: rows row_of(0) and row_of(2)
     int wg, wi, lane;
 
     __device__ __forceinline__ void init(int consumer_thread) {
@@ -98,18 +101,30 @@ struct Sm90Tile {
     __device__ __forceinline__ int row_of(int r) const { return wg * 64 + wi * 16 + lane / 4 + (r >= 2 ? 8 : 0); }
     __device__ __forceinline__ int tok_of(int j, int r) const { return j * 8 + (lane & 3) * 2 + (r & 1); }
 
-    __device__ __forceinline__ void issue(const uint2& r0, const uint2& r8, uint64_t db, int pb) {
+    __device__ __forceinline__ void gmma(int ia, uint64_t db, int pb) {
+        gmma_rs_zero_acc<Op>(ra0[ia], ra8[ia], db, &part[pb][0][0], std::make_integer_sequence<int, NJ * 4>{});
+    }
+    __device__ __forceinline__ void issue(int ia, uint64_t db, int pb) {
         cute::warpgroup_arrive();
-        gmma_rs_zero_acc<Op>(r0, r8, db, &part[pb][0][0], std::make_integer_sequence<int, NJ * 4>{});
+        gmma(ia, db, pb);
         cute::warpgroup_commit_batch();
     }
-    __device__ __forceinline__ void fence_step(uint2& r0, uint2& r8, int pb) {
-        cute::warpgroup_fence_operand(r0.x); cute::warpgroup_fence_operand(r0.y);
-        cute::warpgroup_fence_operand(r8.x); cute::warpgroup_fence_operand(r8.y);
+    // After the wait for the WGMMA that read A set ia into partial pb: keep the compiler from
+    // reusing those registers earlier (the WGMMA reads and writes them asynchronously).
+    __device__ __forceinline__ void fence_step(int ia, int pb) {
+        cute::warpgroup_fence_operand(ra0[ia].x); cute::warpgroup_fence_operand(ra0[ia].y);
+        cute::warpgroup_fence_operand(ra8[ia].x); cute::warpgroup_fence_operand(ra8[ia].y);
         #pragma unroll
         for (int j = 0; j < NJ; ++j)
             #pragma unroll
             for (int r = 0; r < 4; ++r) cute::warpgroup_fence_operand(part[pb][j][r]);
+    }
+    // wgmma.wait_group with a count known after unrolling
+    __device__ __forceinline__ static void wait_pending(int n) {
+        if (n <= 0) cute::warpgroup_wait<0>();
+        else if (n == 1) cute::warpgroup_wait<1>();
+        else if (n == 2) cute::warpgroup_wait<2>();
+        else cute::warpgroup_wait<3>();
     }
     // acc += part * 2^sw(row) * 2^sx(token) for K group q
     __device__ __forceinline__ void promote(int pb, int q, uint32_t sw0, uint32_t sw8, const float* fsx) {
@@ -123,50 +138,59 @@ struct Sm90Tile {
             acc[j][3] = fmaf(part[pb][j][3] * s8, sx.y, acc[j][3]);
         }
     }
-
-    // One 128-deep K block. w0 / w8: this thread's 16-byte chunk of packed E2M1 (shared
-    // memory, read one word per k32 step) for its rows row_of(0) and row_of(2) (see the file
-    // comment); sw0 / sw8: those rows' 4 UE8M0 scale bytes (byte q = K group q); a:
+    // Operands of one 128-deep K block. w0 / w8: this thread's 16-byte chunk of packed E2M1
+    // (shared memory, read one word per k32 step) for its rows row_of(0) and row_of(2) (see
+    // the file comment); sw0 / sw8: those rows' 4 UE8M0 scale bytes (byte q = K group q); a:
     // [BLOCK_M][128] E4M3 tokens, swizzled and 1024-B aligned; fsx: FP32 [4][BLOCK_M] token
-    // scales. decode_on = false feeds the packed bytes undecoded, promote_on = false skips the
-    // FP32 promotion (timing experiments only: fault_inject bits 4 and 16).
+    // scales.
+
+    // One K block: issue, wait, promote.
     __device__ __forceinline__ void mma_k_block(const uint32_t* w0, const uint32_t* w8, uint32_t sw0, uint32_t sw8,
-                                                const uint8_t* a, const float* fsx, bool decode_on = true,
-                                                bool promote_on = true) {
+                                                const uint8_t* a, const float* fsx) {
         const uint64_t db = sw128_kmajor_desc(a);
-        auto dec = [&](uint32_t v) { return decode_on ? decode_e2m1x8(v) : make_uint2(v, v); };
-        if constexpr (kPipe) {
+        if constexpr (NP == 4) {
+            // all four issued (four commit groups), each promoted as it completes
+            #pragma unroll
+            for (int q = 0; q < 4; ++q) { ra0[q] = decode_e2m1x8(w0[q]); ra8[q] = decode_e2m1x8(w8[q]); }
+            cute::warpgroup_arrive();
+            #pragma unroll
+            for (int q = 0; q < 4; ++q) { gmma(q, db + 2 * q, q); cute::warpgroup_commit_batch(); }
+            #pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                wait_pending(3 - q);
+                fence_step(q, q);
+                promote(q, q, sw0, sw8, fsx);
+            }
+        } else if constexpr (NP == 2) {
             // A registers of two steps: step q's live in set q % 2 until its wait
-            uint2 r0[2], r8[2];
-            r0[0] = dec(w0[0]); r8[0] = dec(w8[0]);
-            issue(r0[0], r8[0], db, 0);
-            r0[1] = dec(w0[1]); r8[1] = dec(w8[1]);
+            ra0[0] = decode_e2m1x8(w0[0]); ra8[0] = decode_e2m1x8(w8[0]);
+            issue(0, db, 0);
+            ra0[1] = decode_e2m1x8(w0[1]); ra8[1] = decode_e2m1x8(w8[1]);
             #pragma unroll
             for (int q = 0; q < 4; ++q) {
                 const int c = q & 1, n = c ^ 1;
                 if (q < 3) {
-                    issue(r0[n], r8[n], db + 2 * (q + 1), n);
+                    issue(n, db + 2 * (q + 1), n);
                     cute::warpgroup_wait<1>();  // step q done, step q + 1 in flight
                 } else {
                     cute::warpgroup_wait<0>();
                 }
-                fence_step(r0[c], r8[c], c);
-                if (q < 2) { r0[c] = dec(w0[q + 2]); r8[c] = dec(w8[q + 2]); }
-                if (promote_on) promote(c, q, sw0, sw8, fsx);
+                fence_step(c, c);
+                if (q < 2) { ra0[c] = decode_e2m1x8(w0[q + 2]); ra8[c] = decode_e2m1x8(w8[q + 2]); }
+                promote(c, q, sw0, sw8, fsx);
             }
         } else {
             // one partial; step q + 1 is decoded (into the other A register set) while step q's
             // WGMMA runs, so only the promotion lies between two WGMMAs
-            uint2 r0[2], r8[2];
-            r0[0] = dec(w0[0]); r8[0] = dec(w8[0]);
+            ra0[0] = decode_e2m1x8(w0[0]); ra8[0] = decode_e2m1x8(w8[0]);
             #pragma unroll
             for (int q = 0; q < 4; ++q) {
                 const int c = q & 1;
-                issue(r0[c], r8[c], db + 2 * q, 0);
-                if (q < 3) { r0[c ^ 1] = dec(w0[q + 1]); r8[c ^ 1] = dec(w8[q + 1]); }
+                issue(c, db + 2 * q, 0);
+                if (q < 3) { ra0[c ^ 1] = decode_e2m1x8(w0[q + 1]); ra8[c ^ 1] = decode_e2m1x8(w8[q + 1]); }
                 cute::warpgroup_wait<0>();
-                fence_step(r0[c], r8[c], 0);
-                if (promote_on) promote(0, q, sw0, sw8, fsx);
+                fence_step(c, 0);
+                promote(0, q, sw0, sw8, fsx);
             }
         }
     }

@@ -22,7 +22,9 @@ struct Params {
     int64_t pool_rows;         // pool capacity in rows (multiple of block_m)
     int64_t timeout_ns;        // every wait gives up after this long
     int64_t trace_cap;         // trace records per CTA (0 = tracing off)
-    int64_t fault_inject;      // 0 = none; 1 = dispatch never bumps arrival counts (timeout test)
+    int64_t fault_inject;      // 0 = none; 1 = dispatch never bumps arrival counts (timeout test);
+                               // SM90 timing experiments (wrong outputs): 2 no MMA, 8 no weight loads,
+                               // 64 no token-tile loads, 128 no token-scale loads; 32 profile counters
     double clamp;              // SwiGLU activation clamp; +inf = none
     // Inputs
     const uint8_t* x;          // [T, H] E4M3

@@ -27,7 +27,8 @@ ERROR_NAMES = {
     2: "timeout waiting for a pool block's arrival-mask bits (L1 epilogue -> L2)",
     3: "timeout waiting for every CTA's expert counts (count barrier)",
     4: "timeout in the grid sync before combine (waits 2x the timeout: downstream of every other wait)",
-    5: "timeout in a shared-memory pipeline barrier (producer <-> consumer)",
+    5: "timeout in a shared-memory pipeline barrier (producer <-> consumer; waits 1.5x the timeout: downstream "
+       "of the arrival, mask and count waits)",
     6: "pool capacity too small for the routed items",
     7: "topk_idx holds an expert outside [-1, num_experts)",
     8: "timeout in an NVLink barrier (expert parallelism)",
@@ -47,7 +48,8 @@ def format_error(err, timeout_ns: int) -> str:
                 f"({NVL_BARRIER_NAMES.get(ex(err[3]), '?')}) on rank {ex(err[4])}: rank {ex(err[5])} never arrived "
                 f"({int(err[7])} of its CTAs arrived) [cta {err[1]}, role {role}] after "
                 f"{timeout_ns / 1e9:g} s timeout")
-    waited = 2 * timeout_ns if code == 4 else timeout_ns  # the final grid sync waits twice the timeout
+    # the final grid sync waits twice the timeout, a pipeline barrier 1.5x (common.cuh)
+    waited = 2 * timeout_ns if code == 4 else timeout_ns + timeout_ns // 2 if code == 5 else timeout_ns
     return (f"megamoe kernel error {code}: {ERROR_NAMES.get(code, 'unknown')} "
             f"[cta {err[1]}, role {role}, expert {ex(err[3])}, m_block {ex(err[4])}, "
             f"n_block {ex(err[5])}, k {ex(err[6])}, observed {err[7]}] after "
