@@ -36,6 +36,11 @@ CONSUMER_WARPS = 8
 CTAS_PER_SM = 1
 #: Supported block_m values (template instances of the kernel).
 BLOCK_MS = (16, 32, 64, 128)
+#: k32 WGMMAs a consumer warpgroup keeps in flight within a K block, per block_m
+#: (``Sm90Tile::NP`` in ``csrc/megamoe/mma_sm90.cuh``): each needs its own FP32 partial
+#: accumulator of ``block_m / 2`` registers per thread beside the accumulator, in the
+#: consumers' 200 registers. At 4 a K block's four WGMMAs are issued at once.
+WGMMAS_IN_FLIGHT = {16: 4, 32: 4, 64: 2, 128: 1}
 #: Largest dynamic shared memory one block may opt into on SM90 (227 KB).
 SMEM_LIMIT_SM90 = 232448
 #: Most stages the kernel accepts.

@@ -306,6 +306,25 @@ def test_sm90_block_lanes():
     assert float(comb["t_end_ns"][0] - comb["t_start_ns"][0]) == pytest.approx(rounds * hw.combine_round_ns)
 
 
+def test_sm90_k_block_priced_by_the_wgmmas_in_flight():
+    """The SM90 K loop: (2 x rows x 128 x 128 FLOP at sm90_mma_fraction of the SM's FP8 rate)
+    + the decode of 128 x 128 / 256 elements per thread + the stage hand-off, per K block,
+    where rows is block_m, except at block_m 16 and 32: there the consumers issue a K block's
+    four k32 WGMMAs at once (design_sm90.WGMMAS_IN_FLIGHT) and block_m 32 costs what 16 does."""
+    from megamoe.design_sm90 import WGMMAS_IN_FLIGHT
+    from sim.engine import sm90_mma_rows
+
+    assert WGMMAS_IN_FLIGHT == {16: 4, 32: 4, 64: 2, 128: 1}
+    assert [sm90_mma_rows(bm) for bm in (16, 32, 64, 128)] == [16, 16, 64, 128]
+    hw = load_hardware("h200")
+    for bm, rows in ((16, 16), (32, 16), (64, 64), (128, 128)):
+        t_k = (2.0 * rows * 128 * 128 / (hw.tc_flops_per_ns_per_sm * hw.sm90_mma_fraction)
+               + hw.e2m1_decode_thread_ns_per_elem * 128 * 128 / 256 + hw.stage_handoff_ns)
+        mma = _sm90_flash(256, block_m=bm).trace.where(kind="l1_mma")
+        # the median L1 block (others wait longer for their loads: the first ones per CTA)
+        assert float(np.median(mma["t_end_ns"] - mma["t_start_ns"])) / (4096 // 128) == pytest.approx(t_k), bm
+
+
 def test_sm90_ep_l2_epilogue_pays_the_peer_table():
     """With several ranks every SM90 L2 epilogue takes ``l2_epilogue_ep_ns`` more (the rows go
     through the symmetric-memory peer table, whichever rank they go to); the fixed part and

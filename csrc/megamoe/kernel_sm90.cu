@@ -753,6 +753,18 @@ long long megamoe_sm90_smem_bytes(int block_m, int stages, int num_experts) {
     return (long long)megamoe::smem_bytes(block_m, stages, num_experts);
 }
 
+// k32 WGMMAs a consumer warpgroup keeps in flight per K block at this block_m (Sm90Tile::NP;
+// mirrored by megamoe.design_sm90.WGMMAS_IN_FLIGHT); -1 for an unsupported block_m.
+int megamoe_sm90_wgmmas_in_flight(int block_m) {
+    switch (block_m) {
+        case 16: return megamoe::Sm90Tile<16>::NP;
+        case 32: return megamoe::Sm90Tile<32>::NP;
+        case 64: return megamoe::Sm90Tile<64>::NP;
+        case 128: return megamoe::Sm90Tile<128>::NP;
+        default: return -1;
+    }
+}
+
 // Returns 0 or a cudaError_t; -1 bad block_m, -2 too many SMs, -3 does not fit one CTA/SM,
 // -4 shared memory over the device limit, -5 shape not supported, -6 bad EP parameters,
 // -7 / -8 TMA descriptor encoding (pool_map).
