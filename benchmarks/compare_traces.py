@@ -4,7 +4,7 @@ and the ranking of plan choices measured on the kernel.
 Prints two tables and writes benchmarks/results/compare_h200.json.  Runs on any CPU: the
 traces (benchmarks/traces/*.npz) and the kernel's plan-choice times
 (results/kernel_plan_choices_h200.json) were measured on the lent H200s on 2026-11-30 in one
-device run with the FP8 WGMMA kernel v6.2 (TMA loads, lean K loop, build 69a9d7b9). EP traces are simulated with the ranks' launch skew
+device run with the FP8 WGMMA kernel v6.2 (TMA loads, lean K loop, build e3e06e89). EP traces are simulated with the ranks' launch skew
 read off the trace (host jitter; the column without it is shown too).
 A plan-choice pair must be ordered like the kernel only where the kernel's times differ by
 more than 5% (``must_agree``); ``ranking_ok`` says whether all of those are.
@@ -74,7 +74,7 @@ def main() -> None:
     ok = all(p["same_order"] for p in pairs if p["must_agree"])
     print(f"plan choices apart by more than 5% ordered like the kernel: {ok}")
     with open(out, "w") as f:
-        json.dump({"kernel": "FP8 WGMMA v6.2 (2026-11-30, build 69a9d7b9)", "plan_choices_kernel": "FP8 WGMMA v6.2 (2026-11-30, build 69a9d7b9)",
+        json.dump({"kernel": "FP8 WGMMA v6.2 (2026-11-30, build e3e06e89)", "plan_choices_kernel": "FP8 WGMMA v6.2 (2026-11-30, build e3e06e89)",
                    "traces": rows, "plan_choices": pairs, "ranking_ok": ok}, f, indent=1)
     print(f"wrote {out}")
 

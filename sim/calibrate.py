@@ -220,10 +220,9 @@ def from_kernel_trace(path: str, fp8_gemm_tflops: float, base: str = "h200") -> 
     """Figures from one kernel trace (NPZ, :mod:`megamoe.trace`): ``grid_sync_ns`` and
     ``sm90_mma_fraction`` (see module docstring; the fixed per-K-block cost comes from the
     ``base`` preset)."""
-    from megamoe.design_sm90 import BLOCK_K, BLOCK_N, CONSUMER_WARPS
+    from megamoe.design_sm90 import BLOCK_K, BLOCK_N, CONSUMER_WARPS, mma_rows_priced
     from megamoe.trace import Trace
 
-    from .engine import sm90_mma_rows
     from .hardware import load_hardware
 
     t = Trace.load(path)
@@ -238,7 +237,7 @@ def from_kernel_trace(path: str, fp8_gemm_tflops: float, base: str = "h200") -> 
         fixed = hw.e2m1_decode_thread_ns_per_elem * BLOCK_N * BLOCK_K / (32 * CONSUMER_WARPS) + hw.stage_handoff_ns
         mma = sm90_k_block_ns(t) - fixed
         if mma > 0:
-            out["sm90_mma_fraction"] = _fraction_of_rate(mma / sm90_mma_rows(bm), fp8_gemm_tflops,
+            out["sm90_mma_fraction"] = _fraction_of_rate(mma / mma_rows_priced(bm), fp8_gemm_tflops,
                                                          int(meta.get("num_sms", 132)))
     return out
 
@@ -271,10 +270,10 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
     """
     import numpy as np
 
-    from megamoe.design_sm90 import BLOCK_K, BLOCK_N, CONSUMER_WARPS, THREADS, block_m_for
+    from megamoe.design_sm90 import BLOCK_K, BLOCK_N, CONSUMER_WARPS, THREADS, block_m_for, mma_rows_priced
     from megamoe.trace import KIND, Trace
 
-    from .engine import DISPATCH_WARPS_PER_SM, sm90_mma_rows
+    from .engine import DISPATCH_WARPS_PER_SM
     from .hardware import load_hardware
 
     hw = load_hardware(base)
@@ -310,15 +309,15 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
     out = {}
 
     # K block: a line in the block rows that price the MMA (WGMMA's N, the tokens; the decode
-    # does not grow with them; sim.engine.sm90_mma_rows: block_m, or 16 where the four k32
+    # does not grow with them; megamoe.design_sm90.mma_rows_priced: block_m, or 16 where the four k32
     # WGMMAs of a K block are issued at once)
-    xs = [sm90_mma_rows(r["bm"]) for r in rows]
+    xs = [mma_rows_priced(r["bm"]) for r in rows]
     require(len(set(xs)) >= 2, "fit_sm90_traces", "traces of at least two block_m with different MMA rows", bms)
     a, b = _line(xs, [r["k"] for r in rows])
     pts = "; ".join(f"{r['k']:.0f} ns at block_m {r['bm']} (T={r['tokens']}: median L1 K loop {r['k1']:.0f} ns, "
                     f"L2 {r['k2']:.0f} ns per K block)" for r in rows)
     how = (f"per-K-block consumer time (mean of the median L1 and L2 K loops per K block) {a:.0f} ns + {b:.2f} ns "
-           f"per block row priced (sim.engine.sm90_mma_rows) ({pts}); the slope is "
+           f"per block row priced (megamoe.design_sm90.mma_rows_priced) ({pts}); the slope is "
            f"{2 * BLOCK_N * BLOCK_K / b * num_sms / 1e3:.0f} TFLOP/s over "
            f"{num_sms} SMs = this fraction of the {rate:.0f} TFLOP/s FP8 GEMM")
     out["sm90_mma_fraction"] = (_fraction_of_rate(b, rate, num_sms), how)
@@ -331,7 +330,7 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
                 continue  # at 1 token the consumer mostly waits (the profile's full-stage share)
             bm = block_m_for(e["T"] * rows[0]["top_k"] / rows[0]["experts"])
             share = e["c_decode_bar_frac"] / (e["c_decode_bar_frac"] + e["c_mma_frac"] + e["c_wait_full_frac"])
-            shares.append((e["T"], share, share * (a + b * sm90_mma_rows(bm))))
+            shares.append((e["T"], share, share * (a + b * mma_rows_priced(bm))))
         if shares:
             decode_ns = float(np.mean([s[2] for s in shares]))
             decode_how = ("decode + warpgroup barrier share of the K loop (c_decode_bar / (c_decode_bar + c_mma + "
@@ -597,7 +596,7 @@ SM90_EP_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep2_t{t}.npz" for t 
 SM90_EP_FIT_DEVICE = "two lent H200s (EP2, NV18)"
 SM90_FIT_PROFILE = "benchmarks/results/kernel_profile_stages_h200.json"
 SM90_FIT_DATE = "2026-11-30"
-SM90_FIT_KERNEL = "FP8 WGMMA v6.2 (TMA loads, E2M1 decoded into WGMMA registers, lean K loop, build 69a9d7b9)"
+SM90_FIT_KERNEL = "FP8 WGMMA v6.2 (TMA loads, E2M1 decoded into WGMMA registers, lean K loop, build e3e06e89)"
 SM90_PROFILE_KERNEL = "FP8 WGMMA v6.2 kernel"
 
 

@@ -61,6 +61,7 @@ from operator import sub
 import numpy as np
 import simpy
 
+from megamoe.design_sm90 import mma_rows_priced
 from megamoe.plan import L1, Plan
 from megamoe.scenario import Scenario
 from megamoe.trace import COLUMNS, KIND, ROLE, Trace
@@ -203,20 +204,6 @@ class SimResult:
     nvlink_bytes_sim: np.ndarray
     num_events: int = 0
     summary: dict = field(default_factory=dict)
-
-
-def sm90_mma_rows(block_m: int) -> int:
-    """The block rows that price one K block of the SM90 kernel's matrix path.
-
-    ``block_m``, except where the consumers issue a K block's four k32 WGMMAs at once
-    (:data:`megamoe.design_sm90.WGMMAS_IN_FLIGHT` = 4: block_m 16 and 32): there the chain of
-    WGMMA issue, wait and promotion, not the WGMMA's N, sets the K-block time, and every such
-    block_m costs what the smallest does (kernel v6.2 traces on the H200: 676 ns per K block
-    at block_m 16, 690 ns at 32, 1546 ns at 128).
-    """
-    from megamoe.design_sm90 import BLOCK_MS, WGMMAS_IN_FLIGHT
-
-    return BLOCK_MS[0] if WGMMAS_IN_FLIGHT.get(block_m, 1) == 4 else block_m
 
 
 def sm90_walk_steps(rp) -> tuple[np.ndarray, int]:
@@ -568,7 +555,7 @@ class _Engine:
         stages = rp.num_stages
         sm90 = plan.design == "megamoe-sm90"
         tc = hw.tc_flops_per_ns_per_sm * (hw.sm90_mma_fraction if sm90 else 1.0)
-        t_mma_k = 2.0 * (sm90_mma_rows(bm) if sm90 else bm) * bn * bk / tc
+        t_mma_k = 2.0 * (mma_rows_priced(bm) if sm90 else bm) * bn * bk / tc
         # global bytes one SM moves per K block: its share of A (half with 2-CTA multicast),
         # its B tile in FP4, and the scales
         stage_bytes = (bm // cs) * bk + bn * bk / 2 + (bm + bn) * bk / 32

@@ -72,23 +72,23 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
         assert getattr(hw, key) == value and hw.sources[key] == src, key
         assert fit[key][1] in src and "2026-11-30" in src and SM90_FIT_KERNEL in src, key
         assert "kernel_flash_ep1_t{64,512,4096}.npz" in src, key
-    # the slope: K blocks of 676 and 674 ns at block_m 16 (T=64, T=512: the mean of the median
-    # L1 K loop / 32 and L2 K loop / 16: (646 + 706) / 2, (650 + 698) / 2) and 1546 ns at
-    # block_m 128 (T=4096: (1534 + 1558) / 2); least squares over x = 16, 16, 128 puts the line
-    # through the mean of the two block_m 16 points: (1546 - 675) / 112 = 7.78 ns per block row
-    # and K block; 128 weight rows x 128 K x 2 = 32768 FLOP per row and K block -> 4.21 TFLOP/s
-    # per SM, 556 TFLOP/s on 132 SMs, 39.2% of 1419 TFLOP/s
-    assert fit["sm90_mma_fraction"][0] == pytest.approx(32768 / ((1546 - 675) / 112 * 1e-9) * 132 / 1419e12,
+    # the slope: K blocks of 671.5 and 671 ns at block_m 16 (T=64, T=512: the mean of the median
+    # L1 K loop / 32 and L2 K loop / 16: (637 + 706) / 2, (644 + 698) / 2) and 1534 ns at
+    # block_m 128 (T=4096: (1524 + 1544) / 2); least squares over x = 16, 16, 128 puts the line
+    # through the mean of the two block_m 16 points: (1534 - 671.25) / 112 = 7.70 ns per block
+    # row and K block; 128 weight rows x 128 K x 2 = 32768 FLOP per row and K block -> 4.26
+    # TFLOP/s per SM, 562 TFLOP/s on 132 SMs, 39.6% of 1419 TFLOP/s
+    assert fit["sm90_mma_fraction"][0] == pytest.approx(32768 / ((1534 - 671.25) / 112 * 1e-9) * 132 / 1419e12,
                                                         abs=0.002)
-    # the scheduler: ~0.85 us per block plus ~0.35 us per step
-    assert fit["sched_block_ns"][0] == pytest.approx(852, abs=30)
-    assert fit["sched_step_ns"][0] == pytest.approx(354, abs=15)
+    # the scheduler: ~0.9 us per block plus ~0.35 us per step
+    assert fit["sched_block_ns"][0] == pytest.approx(900, abs=30)
+    assert fit["sched_step_ns"][0] == pytest.approx(345, abs=15)
     # the producer's copy issues in each CTA's first L1 block (ring empty): at T=64 and T=512
-    # (block_m 16, 16 stages) a median 693 and 715 ns per K block, the last one ~1 us before the
-    # consumers' K loop ends, well short of the 16 x 676 ns a full ring would put there; at
-    # T=4096 (block_m 128, 7 stages) the last issue comes 9.73 us = 6.3 x 1534 ns before the
-    # end: the ring paces it, left out; the figure is the median of the two block_m 16 traces
-    assert fit["sm90_issue_kblock_ns"][0] == pytest.approx((693 + 715) / 2, abs=5)
+    # (block_m 16, 16 stages) a median 694 and 720 ns per K block, the last one ~1 us before the
+    # consumers' K loop ends, well short of the 16 x 671 ns a full ring would put there; at
+    # T=4096 (block_m 128, 7 stages) the ring paces the last issue: left out; the figure is the
+    # median of the two block_m 16 traces
+    assert fit["sm90_issue_kblock_ns"][0] == pytest.approx((694 + 720) / 2, abs=5)
     assert "T=4096 (block_m 128)" in fit["sm90_issue_kblock_ns"][1] and "left out" in fit["sm90_issue_kblock_ns"][1]
 
 
@@ -98,7 +98,7 @@ def test_one_trace_gives_the_same_mma_fraction():
     hw = load_hardware("h200")
     got = from_kernel_trace(_root(TRACES[-1]), hw.fp8_dense_tflops * hw.mma_efficiency)
     assert got["sm90_mma_fraction"] == pytest.approx(hw.sm90_mma_fraction, rel=0.01)
-    assert got["grid_sync_ns"] == 1568.0  # last arrival (12576 ns) to first release (14144 ns) in that trace
+    assert got["grid_sync_ns"] == 1120.0  # last arrival (13024 ns) to first release (14144 ns) in that trace
 
 
 def test_fit_needs_two_block_m():
@@ -149,17 +149,17 @@ def test_h200_ep_figures_are_the_fit_to_the_ep2_traces():
         assert fit[key][1] in src and "2026-11-30" in src and "two lent H200s" in src, key
         assert "kernel_flash_ep2_t{64,512,2048}.npz" in src, key
     # at 64 tokens per rank every CTA's dispatch warp 0 pulls one item, and the CTA's pull record
-    # ends with warp 0's loop: 5.73 us for a local item (median of 131 CTAs), 12.77 us for a
-    # remote one (133 CTAs); the 7.04 us between them is the remote pull's 4 dependent NVLink
-    # round trips, 1.76 us each (the fit takes the median over the three traces of the same
-    # difference by least squares: 6.96 us)
-    assert fit["nvlink_latency_ns"][0] == pytest.approx((12768 - 5728) / 4, rel=0.05)
-    # median L2 epilogue measured vs the one-rank line: 1056 vs 844 ns at 64 tokens per rank
-    # (block_m 16), 2336 vs 1901 at 512 (block_m 32), 7072 vs 6701 at 2048 (block_m 128); in
-    # relative error each trace's excess counts by 1 / duration^2: (212/1056^2 + 435/2336^2 +
-    # 371/7072^2) / (1/1056^2 + 1/2336^2 + 1/7072^2) = 252 ns (the fit, over every epilogue
-    # rather than the medians: 230)
-    assert fit["l2_epilogue_ep_ns"][0] == pytest.approx(252, abs=25)
+    # ends with warp 0's loop: 5.60 us for a local item (median of 131 CTAs), 12.54 us for a
+    # remote one (133 CTAs); the 6.94 us between them is the remote pull's 4 dependent NVLink
+    # round trips, 1.74 us each (the fit takes the median over the three traces of the same
+    # difference by least squares: 6.95 us)
+    assert fit["nvlink_latency_ns"][0] == pytest.approx((12544 - 5600) / 4, rel=0.05)
+    # median L2 epilogue measured vs the one-rank line: 1056 vs 839 ns at 64 tokens per rank
+    # (block_m 16), 2336 vs 1897 at 512 (block_m 32), 7072 vs 6700 at 2048 (block_m 128); in
+    # relative error each trace's excess counts by 1 / duration^2: (217/1056^2 + 439/2336^2 +
+    # 372/7072^2) / (1/1056^2 + 1/2336^2 + 1/7072^2) = 257 ns (the fit, over every epilogue
+    # rather than the medians: 256)
+    assert fit["l2_epilogue_ep_ns"][0] == pytest.approx(257, abs=25)
 
 
 def test_ep_fit_needs_several_ranks():

@@ -311,11 +311,10 @@ def test_sm90_k_block_priced_by_the_wgmmas_in_flight():
     + the decode of 128 x 128 / 256 elements per thread + the stage hand-off, per K block,
     where rows is block_m, except at block_m 16 and 32: there the consumers issue a K block's
     four k32 WGMMAs at once (design_sm90.WGMMAS_IN_FLIGHT) and block_m 32 costs what 16 does."""
-    from megamoe.design_sm90 import WGMMAS_IN_FLIGHT
-    from sim.engine import sm90_mma_rows
+    from megamoe.design_sm90 import WGMMAS_IN_FLIGHT, mma_rows_priced
 
     assert WGMMAS_IN_FLIGHT == {16: 4, 32: 4, 64: 2, 128: 1}
-    assert [sm90_mma_rows(bm) for bm in (16, 32, 64, 128)] == [16, 16, 64, 128]
+    assert [mma_rows_priced(bm) for bm in (16, 32, 64, 128)] == [16, 16, 64, 128]
     hw = load_hardware("h200")
     for bm, rows in ((16, 16), (32, 16), (64, 64), (128, 128)):
         t_k = (2.0 * rows * 128 * 128 / (hw.tc_flops_per_ns_per_sm * hw.sm90_mma_fraction)

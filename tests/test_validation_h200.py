@@ -34,8 +34,10 @@ EP1_TOKENS = [1, 16, 64, 256, 512, 1024, 4096, 8192]
 EP2_TOKENS = [1, 64, 512, 2048, 8192]
 
 
-#: Median per-kind error allowed per trace: 15% (issue 7), EP1 and EP2 alike.  The tightest
-#: is EP2 at one token per rank, out of sample: 10.1% on the v6.1 traces (18.0% on the v6
+#: Median per-kind error allowed per trace: 15% (issue 7), EP1 and EP2 alike.  The largest
+#: on the v6.2 traces is 6.6% (EP2, one token per rank, out of sample); block_m 32 (1024
+#: tokens) was 13.6% while the model priced its K block linearly in block_m (now
+#: design_sm90.mma_rows_priced).  EP2 at one token per rank was 10.1% on v6.1 (18.0% on the v6
 #: traces while the NVLink round trip was a 1 us estimate, the L2 epilogue with two ranks cost
 #: as with one and the producer issued a block's loads at once; the first two are now fitted
 #: to the EP2 traces at 64, 512 and 2048 tokens per rank, sim.calibrate.fit_sm90_ep_traces,

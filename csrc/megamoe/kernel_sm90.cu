@@ -566,9 +566,13 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
                         p.l2_pool_sf[(((size_t)(gidx >> 2)) * p.pool_rows + prow0 + m) * 4 + (gidx & 3)] = (uint8_t)(l + 127);
                 }
             fence_proxy_async_global();  // the rows are read by other CTAs' TMA loads
-            __threadfence();
+            // every consumer thread's rows happen before thread 0's fence through the barrier
+            // (the cooperative-groups grid-sync pattern): one GPU-scope fence per block
             named_bar_sync(kBarConsumer, kConsumerThreads);
-            if (ctid == 0) red_release_or_u64(p.mask + b.pool_block, 1ull << b.n_block);
+            if (ctid == 0) {
+                __threadfence();
+                red_release_or_u64(p.mask + b.pool_block, 1ull << b.n_block);
+            }
             if (lane == 0) progress(p, wslot, 0x06000000 | (uint32_t)it);
         } else {
             const int n0 = b.n_block * 128 + tile.row_of(0);
