@@ -71,15 +71,17 @@ def _skew(text: str) -> float | list[float]:
 
 def add_scenario_args(p: argparse.ArgumentParser) -> None:
     """Scenario and plan options shared by simulate / sweep (``megamoe run`` has its own)."""
+    from .scenario import MAX_TOKENS_PER_RANK
+
     g = p.add_argument_group("scenario")
     g.add_argument("--shape", default="deepseek-v4-pro",
                    help="preset (deepseek-v4-pro, deepseek-v4-flash) or E,k,H,I")
     g.add_argument("--ranks", type=_positive, default=8, help="EP size (default 8)")
     g.add_argument("--tokens", type=_tokens, default=None,
-                   help="tokens per rank, or a comma list with one value per rank (default 8192; "
-                        "a routing file decides it when not given)")
+                   help="tokens per rank, or a comma list with one value per rank (default 8192, at most "
+                        f"{MAX_TOKENS_PER_RANK}; a routing file decides it when not given)")
     g.add_argument("--max-tokens", type=_positive, default=None,
-                   help="num_max_tokens_per_rank (default max(8192, tokens))")
+                   help=f"num_max_tokens_per_rank (default max(8192, tokens), at most {MAX_TOKENS_PER_RANK})")
     g.add_argument("--routing", default="uniform",
                    help="uniform | masked[:RATIO, default 0.5] | zipf[:S, default 1] | hot[:FRACTION[:N], "
                         "default 0.5:4] | one_expert (every token to expert 3) | file:PATH (PATH may hold {rank})")
@@ -165,6 +167,11 @@ def _print_summary(res) -> None:
         t.add_row(f"busy: {role}", f"{v:.2f}")
     t.add_row("speedup vs legacy", f"{s['speedup_vs_legacy']:.2f}x")
     con.print(t)
+    src = res.hardware.sources.get("legacy_a2a_latency_ns", "")
+    if src.startswith("estimate"):
+        con.print(f"speedup vs legacy: against this model's unfused path (sim.legacy: DeepEP + grouped GEMMs at "
+                  f"the FP4 weights' roofline), not a measured one; on {res.hardware.name} its latency figures are "
+                  f"not fitted (legacy_a2a_latency_ns: {src})", highlight=False)
     if sum(s["num_recv_tokens"]) == 0:
         con.print("empty call (no token routed to an expert): time, busy fractions and speedup describe the "
                   "call's fixed cost (count exchange, grid syncs, barriers); overlap efficiency: n/a (no compute; "
@@ -236,6 +243,8 @@ def cmd_sweep(a: argparse.Namespace) -> int:
         axis, sep, vals = item.partition("=")
         if not sep:
             raise InputError("--set", "AXIS=VALUES (e.g. tokens=1,8,64 or experts_per_wave=1:8)", item)
+        if axis in axes:
+            raise InputError("--set", "each axis once (give its values as one list)", f"{axis} twice")
         axes[axis] = parse_values(axis, vals)
     if not axes:
         raise InputError("--set", "at least one AXIS=VALUES", "none")

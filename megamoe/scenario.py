@@ -19,6 +19,11 @@ from .shapes import MoEShape, get_shape
 
 DEFAULT_MAX_TOKENS = 8192  # DeepGEMM tests/test_mega_moe.py default num_max_tokens_per_rank
 MAX_LAUNCH_SKEW_US = 100_000.0  # 0.1 s: far beyond launch jitter, and bounded memory (see Scenario)
+#: Most tokens per rank (and buffer size) a scenario takes: the simulator keeps ~20 KB per
+#: routed token (262,144 tokens per rank measured at 5.3 GB and 35 s on the CI machine), so
+#: this bounds one simulation to ~2.7 GB. Prefill chunks of 128 K tokens per GPU are far
+#: beyond the published MegaMoE measurements (DeepGEMM PR #316: up to 8,192 per rank).
+MAX_TOKENS_PER_RANK = 131_072
 
 
 def skew_in_range(v: float) -> bool:
@@ -108,10 +113,13 @@ class Scenario:
         require(len(toks) == self.num_ranks, "tokens", f"{self.num_ranks} values (one per rank)",
                 len(toks))
         for t in toks:
-            require(isinstance(t, (int, np.integer)) and t >= 0, "tokens", "integers >= 0", t)
+            require(isinstance(t, (int, np.integer)) and 0 <= t <= MAX_TOKENS_PER_RANK, "tokens",
+                    f"integers in [0, {MAX_TOKENS_PER_RANK}] per rank", t)
         if self.max_tokens_per_rank is None:
             self.max_tokens_per_rank = max([DEFAULT_MAX_TOKENS, *toks])
-        require(self.max_tokens_per_rank >= 1, "max_tokens", ">= 1", self.max_tokens_per_rank)
+        require(isinstance(self.max_tokens_per_rank, (int, np.integer))
+                and 1 <= self.max_tokens_per_rank <= MAX_TOKENS_PER_RANK, "max_tokens",
+                f"an integer in [1, {MAX_TOKENS_PER_RANK}]", self.max_tokens_per_rank)
         require(max(toks) <= self.max_tokens_per_rank, "tokens",
                 f"<= max_tokens ({self.max_tokens_per_rank})", max(toks))
         require(self.reserved_sms >= 0, "reserved_sms", ">= 0", self.reserved_sms)

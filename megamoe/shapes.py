@@ -84,4 +84,4 @@ def get_shape(spec: str | MoEShape) -> MoEShape:
         except ValueError:
             raise InputError("shape", "a preset name or E,k,H,I integers", spec) from None
         return MoEShape("custom", e, k, h, i)
-    raise InputError("shape", f"one of {sorted(PRESETS)} or E,k,H,I", spec)
+    raise InputError("shape", f"one of {', '.join(sorted(PRESETS))} or E,k,H,I", spec)

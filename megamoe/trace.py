@@ -118,10 +118,29 @@ class Trace:
             missing = [c for c in COLUMNS if c not in z.files]
             if missing:
                 raise InputError("trace", f"columns {', '.join(COLUMNS)}", f"missing {', '.join(missing)}")
-            meta = json.loads(str(z["meta_json"])) if "meta_json" in z.files else None
+            try:
+                meta = json.loads(str(z["meta_json"])) if "meta_json" in z.files else None
+            except ValueError:
+                raise InputError("trace.meta_json", "a JSON object (the scenario meta)",
+                                 f"{path}: not JSON") from None
+            if meta is not None and not isinstance(meta, dict):
+                raise InputError("trace.meta_json", "a JSON object (the scenario meta)", type(meta).__name__)
+            cols = {c: z[c] for c in COLUMNS}
             ranks = sorted(int(f.split("_")[-1]) for f in z.files if f.startswith("topk_idx_"))
             topk = [z[f"topk_idx_{r}"] for r in ranks] or None
-            return cls({c: z[c] for c in COLUMNS}, meta=meta, topk_idx=topk)
+        n = {len(v) for v in cols.values()}
+        if len(n) != 1:
+            raise InputError("trace", "columns of one length", f"lengths {sorted(n)}")
+        for col, names in (("role", ROLES), ("kind", KINDS)):
+            bad = (cols[col] < 0) | (cols[col] >= len(names))
+            if bad.any():
+                raise InputError(f"trace.{col}", f"codes 0..{len(names) - 1}", int(cols[col][bad][0]))
+        back = cols["t_end_ns"] < cols["t_start_ns"]
+        if back.any():
+            i = int(np.argmax(back))
+            raise InputError("trace.t_end_ns", "t_end_ns >= t_start_ns in every record",
+                             f"record {i}: {cols['t_start_ns'][i]} .. {cols['t_end_ns'][i]}")
+        return cls(cols, meta=meta, topk_idx=topk)
 
     def to_chrome(self, max_sms: int | None = 8, sms: list[int] | None = None) -> dict:
         """Chrome trace-event JSON (a dict).

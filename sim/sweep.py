@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import itertools
 import json
+import math
 import os
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -31,6 +32,8 @@ SCENARIO_AXES = {"tokens": "tokens_per_rank", "ranks": "num_ranks", "shape": "sh
                  "max_tokens": "max_tokens_per_rank", "launch_skew_us": "launch_skew_us"}
 SCALE_ALIASES = {"nvlink_scale": "nvlink_gbs_per_direction", "hbm_scale": "hbm_gbs",
                  "tc_scale": "fp8_dense_tflops"}
+#: Most values per axis and most points per sweep (a point is one simulation: seconds each).
+MAX_POINTS = 100_000
 INT_AXES = {"tokens", "ranks", "seed", "experts_per_wave", "block_m", "pool_tokens", "num_stages",
             "reserved_sms", "max_tokens"}
 RESULT_KEYS = ("time_us", "tflops", "hbm_gbs", "nvlink_gbs", "t_reduction_us", "overlap_efficiency",
@@ -55,7 +58,9 @@ def parse_values(axis: str, text: str) -> list:
             raise InputError(f"sweep.{axis}", "start:stop[:step] integers", text) from None
         require(len(nums) in (2, 3) and (len(nums) == 2 or nums[2] > 0), f"sweep.{axis}",
                 "start:stop[:step] with step > 0", text)
-        vals = list(range(nums[0], nums[1] + 1, nums[2] if len(nums) == 3 else 1))
+        r = range(nums[0], nums[1] + 1, nums[2] if len(nums) == 3 else 1)
+        require(len(r) <= MAX_POINTS, f"sweep.{axis}", f"a range of at most {MAX_POINTS} values", f"{text} ({len(r)})")
+        vals = list(r)
         require(bool(vals), f"sweep.{axis}", "a non-empty range", text)
         return vals
     if axis == "shape":  # a custom shape is itself E,k,H,I: shapes are separated by ';'
@@ -64,7 +69,8 @@ def parse_values(axis: str, text: str) -> list:
         vals = [text] if one_custom else [v for v in text.split(";" if ";" in text else ",") if v != ""]
     else:
         vals = [v for v in text.split(",") if v != ""]
-    require(bool(vals), f"sweep.{axis}", "at least one value", text)
+    require(bool(vals), f"sweep.{axis}", "at least one value", repr(text))
+    require(len(vals) <= MAX_POINTS, f"sweep.{axis}", f"at most {MAX_POINTS} values", len(vals))
     if numeric:
         try:
             return [int(v) for v in vals]
@@ -91,8 +97,14 @@ def parse_values(axis: str, text: str) -> list:
 
 
 def grid(axes: dict[str, list]) -> list[dict]:
-    """Cartesian product of the axes, as a list of point dicts (first axis slowest)."""
+    """Cartesian product of the axes, as a list of point dicts (first axis slowest).
+
+    Raises:
+        InputError: more than :data:`MAX_POINTS` points.
+    """
     names = list(axes)
+    n = math.prod(len(axes[a]) for a in names)
+    require(n <= MAX_POINTS, "sweep", f"at most {MAX_POINTS} points (the product of the axes' lengths)", n)
     return [dict(zip(names, combo)) for combo in itertools.product(*(axes[n] for n in names))]
 
 

@@ -57,6 +57,8 @@ def test_default_simulate_reports_the_table():
     (["--trace-sms", "0"], "--trace-sms"),
     (["--block-m", "48"], "block_m"),
     (["--tokens", "abc"], "tokens"),
+    (["--tokens", "131073", "--max-tokens", "131073"], "tokens"),
+    (["--tokens", "1", "--max-tokens", "200000"], "max_tokens"),
 ])
 def test_bad_input_one_line_exit_2(args, field):
     rc, out, err = run("simulate", *args)
@@ -274,3 +276,36 @@ def test_run_and_simulate_take_the_same_routing_names(routing, kernel_name, monk
     assert main(["simulate", "--shape", "deepseek-v4-flash", "--ranks", "2", "--tokens", "8", "--routing", routing,
                  "--json", str(j)]) == 0
     assert json.loads(j.read_text())["scenario"]["routing"] == ("zipf:1" if kernel_name == "zipf" else kernel_name)
+
+
+def test_sweep_refuses_oversized_and_repeated_axes(tmp_path):
+    """A sweep range is sized before it is built (1:100000000 used to exhaust memory), the
+    grid is bounded, an axis given twice is an error (it used to drop the first), an empty
+    value list says what came."""
+    from sim.sweep import MAX_POINTS
+
+    out = str(tmp_path / "sw")
+    rc, _, err = run("sweep", "--set", "tokens=1:100000000", "--out", out)
+    assert rc == 2 and f"sweep.tokens: expected a range of at most {MAX_POINTS} values" in err
+    assert "(100000000)" in err and len(err.strip().splitlines()) == 1
+    rc, _, err = run("sweep", "--set", "tokens=1:400", "--set", "seed=0:400", "--out", out)
+    assert rc == 2 and f"at most {MAX_POINTS} points" in err and "got 160400" in err
+    rc, _, err = run("sweep", "--set", "tokens=1", "--set", "tokens=2", "--out", out)
+    assert rc == 2 and "--set: expected each axis once" in err and "tokens twice" in err
+    rc, _, err = run("sweep", "--set", "tokens=", "--out", out)
+    assert rc == 2 and err.strip().endswith("got ''")
+
+
+def test_shape_error_lists_presets_plainly():
+    rc, _, err = run("simulate", "--shape", "foo")
+    assert rc == 2 and "one of deepseek-v4-flash, deepseek-v4-pro or E,k,H,I" in err and "[" not in err
+
+
+def test_legacy_speedup_says_when_its_latencies_are_estimates():
+    """The legacy path's latencies were fitted on B200 only (PR #316's speedup column); on the
+    H200 preset they are estimates, and the output says so under the table."""
+    rc, out, _ = run("simulate", "--hardware", "h200", "--design", "megamoe-sm90", "--shape", "deepseek-v4-flash",
+                     "--ranks", "1", "--tokens", "64")
+    assert rc == 0 and "speedup vs legacy: against this model's unfused path" in out and "estimate" in out
+    rc, out, _ = run("simulate", "--tokens", "64")
+    assert rc == 0 and "speedup vs legacy: against" not in out  # b200: fitted

@@ -74,6 +74,30 @@ def test_bad_trace_files(tmp_path):
     assert main(["compare", str(tmp_path / "y.npz")]) == 2
 
 
+def test_corrupt_trace_contents_are_refused(tmp_path):
+    """A trace whose meta is not JSON, whose role / kind codes are outside the schema, or whose
+    records end before they start is refused on load with the field named (compare would
+    otherwise print NaN errors and exit 0)."""
+    p, _ = _saved(tmp_path)
+    z = dict(np.load(p, allow_pickle=False))
+
+    def variant(name, **over):
+        q = tmp_path / f"{name}.npz"
+        np.savez(q, **{**z, **over})
+        return str(q)
+
+    with pytest.raises(InputError, match=r"^trace\.meta_json: expected a JSON object"):
+        Trace.load(variant("meta", meta_json=np.array("not json")))
+    with pytest.raises(InputError, match=r"^trace\.kind: expected codes 0\.\.\d+, got 99"):
+        Trace.load(variant("kind", kind=np.full_like(z["kind"], 99)))
+    with pytest.raises(InputError, match=r"^trace\.role: expected codes"):
+        Trace.load(variant("role", role=np.full_like(z["role"], -1)))
+    back = z["t_start_ns"] - 1.0
+    with pytest.raises(InputError, match=r"^trace\.t_end_ns: expected t_end_ns >= t_start_ns .*record 0"):
+        Trace.load(variant("back", t_end_ns=back))
+    assert main(["compare", variant("meta2", meta_json=np.array("not json"))]) == 2
+
+
 def test_compare_traces_counts_unmatched():
     res = simulate(Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=8))
     t = res.trace
