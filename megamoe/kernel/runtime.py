@@ -35,6 +35,9 @@ ERROR_NAMES = {
     9: "source-index table overflow (more than max_tokens items from one rank to one expert) or an entry "
        "outside the source buffer (a peer that failed this call: reset every rank)",
 }
+#: Waits downstream of others wait longer, so the wait that names the cause raises first
+#: (common.cuh): the final grid sync 2x the timeout, a shared-memory pipeline barrier 1.5x.
+WAIT_FACTOR = {4: 2.0, 5: 1.5}
 NVL_BARRIER_NAMES = {1: "dispatch (after the source-index exchange)", 2: "combine (after the L2 write-back)"}
 
 
@@ -48,8 +51,7 @@ def format_error(err, timeout_ns: int) -> str:
                 f"({NVL_BARRIER_NAMES.get(ex(err[3]), '?')}) on rank {ex(err[4])}: rank {ex(err[5])} never arrived "
                 f"({int(err[7])} of its CTAs arrived) [cta {err[1]}, role {role}] after "
                 f"{timeout_ns / 1e9:g} s timeout")
-    # the final grid sync waits twice the timeout, a pipeline barrier 1.5x (common.cuh)
-    waited = 2 * timeout_ns if code == 4 else timeout_ns + timeout_ns // 2 if code == 5 else timeout_ns
+    waited = timeout_ns * WAIT_FACTOR.get(code, 1.0)
     return (f"megamoe kernel error {code}: {ERROR_NAMES.get(code, 'unknown')} "
             f"[cta {err[1]}, role {role}, expert {ex(err[3])}, m_block {ex(err[4])}, "
             f"n_block {ex(err[5])}, k {ex(err[6])}, observed {err[7]}] after "
