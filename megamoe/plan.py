@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .errors import require
+from .errors import InputError, require
 
 # Layout constants (DeepGEMM layout/mega_moe.cuh, 891d57b)
 CANDIDATE_BLOCK_M = (8, 16, 32, 64, 96, 128, 192)
@@ -193,23 +193,57 @@ def sm100_pipeline(smem_capacity: int, num_experts: int, hidden: int, cfg: Block
     """(num_stages, smem_bytes) from the SMEM budget (``get_pipeline_config_for_mega_moe``).
 
     Raises:
-        InputError: fewer than 2 stages fit.
+        InputError: fewer than 2 stages fit (see :func:`smem_error`).
     """
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     epi_warps = cfg.num_epilogue_threads // 32
-    expert_count = align(num_experts * 4, 1024)
     send_buffers = align(pull_bytes * num_dispatch_warps, 1024)
     wgs = epi_warps // 4
     cd = align(max(wgs * cfg.store_block_m * (bn // 2) * 2, wgs * cfg.store_block_m * bn * 2), 1024)
     barriers = (num_dispatch_warps + 2 * 2 + epi_warps * 2) * 8
     amax = cfg.store_block_m * epi_warps * 4
-    fixed = expert_count + send_buffers + cd + amax + barriers + 4
+
+    def fixed(experts: int) -> int:  # grows with the expert count (the dispatch's count table)
+        return align(experts * 4, 1024) + send_buffers + cd + amax + barriers + 4
+
     sf_m, sf_n = align(bm, 128), align(bn, 128)
     per_stage = (bm // 2) * bk + bn * bk + sf_m * (bk // GRAN_K) + sf_n * (bk // GRAN_K) + 16
-    stages = (smem_capacity - fixed) // per_stage
-    require(stages >= 2, "hardware.smem_per_block_bytes", f">= {fixed + 2 * per_stage} bytes for 2 pipeline stages",
-            smem_capacity)
-    return stages, fixed + stages * per_stage
+    stages = (smem_capacity - fixed(num_experts)) // per_stage
+    if stages < 2:
+        raise smem_error(lambda e: fixed(e) + 2 * per_stage, num_experts, bm, smem_capacity)
+    return stages, fixed(num_experts) + stages * per_stage
+
+
+def smem_error(need, num_experts: int, block_m: int, smem_capacity: int):
+    """The error for a block whose 2 pipeline stages do not fit shared memory, naming the
+    input that makes it too large.
+
+    The shape enters a block's shared memory through ``num_experts`` (the dispatch's
+    per-expert tables; hidden and intermediate only through tile sizes that are bounded), so
+    when a smaller expert count fits, the error names ``shape.num_experts`` and the largest
+    count that fits; when not even one expert fits, it names
+    ``hardware.smem_per_block_bytes``.
+
+    Args:
+        need: bytes of shared memory for 2 stages as a function of the expert count (increasing).
+        num_experts: the shape's expert count.
+        block_m: the block's token rows (the stages' size).
+        smem_capacity: the hardware's shared memory per block.
+
+    Returns:
+        :class:`InputError` to raise.
+    """
+    if need(1) > smem_capacity:
+        return InputError("hardware.smem_per_block_bytes",
+                          f">= {need(1)} bytes for 2 pipeline stages at block_m {block_m}", smem_capacity)
+    lo, hi = 1, num_experts  # need(lo) fits, need(num_experts) does not: the largest count that fits
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if need(mid) <= smem_capacity else (lo, mid)
+    return InputError("shape.num_experts",
+                      f"at most {lo} experts (their dispatch tables and 2 pipeline stages at block_m {block_m} "
+                      f"need {need(num_experts)} bytes of shared memory per block, the hardware has {smem_capacity})",
+                      num_experts)
 
 
 def pull_order(counts: list[int] | np.ndarray) -> np.ndarray:
@@ -529,7 +563,9 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
             from . import design_sm90
 
             stages = design_sm90.num_stages_for(cfg.block_m, num_experts, smem_capacity)
-            require(stages >= 2, "hardware.smem_per_block_bytes", "room for 2 pipeline stages", smem_capacity)
+            if stages < 2:
+                raise smem_error(lambda e, bm=cfg.block_m: design_sm90.smem_bytes(bm, 2, e), num_experts,
+                                 cfg.block_m, smem_capacity)
             smem = design_sm90.smem_bytes(cfg.block_m, stages, num_experts)
         else:
             stages, smem = sm100_pipeline(smem_capacity, num_experts, hidden, cfg, pull)

@@ -21,9 +21,21 @@ DEFAULT_MAX_TOKENS = 8192  # DeepGEMM tests/test_mega_moe.py default num_max_tok
 MAX_LAUNCH_SKEW_US = 100_000.0  # 0.1 s: far beyond launch jitter, and bounded memory (see Scenario)
 #: Most tokens per rank (and buffer size) a scenario takes: the simulator keeps ~20 KB per
 #: routed token (262,144 tokens per rank measured at 5.3 GB and 35 s on the CI machine), so
-#: this bounds one simulation to ~2.7 GB. Prefill chunks of 128 K tokens per GPU are far
-#: beyond the published MegaMoE measurements (DeepGEMM PR #316: up to 8,192 per rank).
+#: this bounds one rank's share; the whole simulation is bounded by ``MAX_ROUTED_SLOTS``,
+#: ``MAX_RANKS_X_EXPERTS`` and ``sim.engine.MAX_BLOCKS`` (all three at their limits: 1024
+#: ranks x 1024 experts, 12.6 M slots, 7.9 M blocks measured 9.7 GB and 2 min). Prefill
+#: chunks of 128 K tokens per GPU are far beyond the published MegaMoE measurements
+#: (DeepGEMM PR #316: up to 8,192 per rank).
 MAX_TOKENS_PER_RANK = 131_072
+#: Most routed slots (tokens summed over the ranks x top_k) a scenario takes, checked before
+#: anything is allocated: the simulator's memory and time grow with them. 16 ranks x 131,072
+#: tokens x top-k 6 measured 5.5 GB and 43 s on the CI machine (24 GB, 2 cores); 256 ranks x
+#: 8192 tokens x 6, 7.8 GB and 87 s.
+MAX_ROUTED_SLOTS = 12_582_912
+#: Most ranks x experts: the plan keeps one source list per (expert, source rank) and the
+#: simulator processes per SM of every rank. 1024 ranks x 1024 experts measured 1.0 GB
+#: (4096 x 4096: 6.9 GB).
+MAX_RANKS_X_EXPERTS = 1_048_576
 
 
 def skew_in_range(v: float) -> bool:
@@ -96,6 +108,10 @@ class Scenario:
                 self.num_ranks)
         require(self.shape.num_experts % self.num_ranks == 0, "ranks",
                 f"a divisor of the expert count {self.shape.num_experts}", self.num_ranks)
+        E = self.shape.num_experts
+        require(self.num_ranks * E <= MAX_RANKS_X_EXPERTS, "ranks",
+                f"ranks x experts <= {MAX_RANKS_X_EXPERTS} (the simulator's memory grows with them)",
+                f"{self.num_ranks} x {E} = {self.num_ranks * E}")
         given = self.tokens_per_rank
         if self.topk_idx is not None or self.routing.kind == "file":
             if self.topk_idx is None:
@@ -115,6 +131,12 @@ class Scenario:
         for t in toks:
             require(isinstance(t, (int, np.integer)) and 0 <= t <= MAX_TOKENS_PER_RANK, "tokens",
                     f"integers in [0, {MAX_TOKENS_PER_RANK}] per rank", t)
+        k, slots = self.shape.top_k, sum(toks) * self.shape.top_k
+        require(slots <= MAX_ROUTED_SLOTS, "tokens",
+                f"ranks x tokens per rank x top_k <= {MAX_ROUTED_SLOTS} routed slots (the simulator's memory grows "
+                "with them: 16 ranks x 131072 tokens x 6 took 5.5 GB)",
+                f"{self.num_ranks} x {toks[0]} x {k} = {slots}" if len(set(toks)) == 1
+                else f"{sum(toks)} tokens x {k} = {slots}")
         if self.max_tokens_per_rank is None:
             self.max_tokens_per_rank = max([DEFAULT_MAX_TOKENS, *toks])
         require(isinstance(self.max_tokens_per_rank, (int, np.integer))

@@ -103,9 +103,12 @@ class Trace:
         """Load an NPZ written by :meth:`save_npz`.
 
         Raises:
-            InputError: missing file, not an NPZ, or missing schema columns.
+            InputError: missing file, not an NPZ, missing schema columns, no records, role /
+                kind codes outside the schema, non-finite times, records that end before they
+                start, ranks or SMs outside ``meta``'s ``num_ranks`` / ``num_sms``, or
+                ``topk_idx_<rank>`` arrays not numbered ``0 .. n-1``.
         """
-        from .errors import InputError
+        from .errors import InputError, require
 
         try:
             z = np.load(path, allow_pickle=False)
@@ -126,15 +129,38 @@ class Trace:
             if meta is not None and not isinstance(meta, dict):
                 raise InputError("trace.meta_json", "a JSON object (the scenario meta)", type(meta).__name__)
             cols = {c: z[c] for c in COLUMNS}
-            ranks = sorted(int(f.split("_")[-1]) for f in z.files if f.startswith("topk_idx_"))
-            topk = [z[f"topk_idx_{r}"] for r in ranks] or None
+            stored = {f for f in z.files if f.startswith("topk_idx_")}
+            want = [f"topk_idx_{r}" for r in range(len(stored))]
+            require(stored == set(want), "trace.topk_idx", "arrays topk_idx_0 .. topk_idx_<R-1> (one per rank)",
+                    f"{', '.join(sorted(stored - set(want)))} among {len(stored)} arrays")
+            topk = [z[f] for f in want] or None
         n = {len(v) for v in cols.values()}
         if len(n) != 1:
             raise InputError("trace", "columns of one length", f"lengths {sorted(n)}")
+        require(n != {0}, "trace", "at least one record", "0 records")
+        for col in COLUMNS:
+            times = col in ("t_start_ns", "t_end_ns")
+            require(cols[col].dtype.kind in ("fiu" if times else "iu"), f"trace.{col}",
+                    "a numeric column" if times else "an integer column", f"dtype {cols[col].dtype}")
         for col, names in (("role", ROLES), ("kind", KINDS)):
             bad = (cols[col] < 0) | (cols[col] >= len(names))
             if bad.any():
                 raise InputError(f"trace.{col}", f"codes 0..{len(names) - 1}", int(cols[col][bad][0]))
+        # rank and SM indices: within the scenario's ranks and the device's SMs when meta gives them
+        for col, lo, key in (("rank", 0, "num_ranks"), ("sm", -1, "num_sms")):
+            hi = (meta or {}).get(key)
+            if isinstance(hi, int) and not isinstance(hi, bool):
+                bad, expected = (cols[col] < lo) | (cols[col] >= hi), f"values in [{lo}, {hi}) (meta {key} = {hi})"
+            else:
+                bad, expected = cols[col] < lo, f"values >= {lo}"
+            if bad.any():
+                i = int(np.argmax(bad))
+                raise InputError(f"trace.{col}", expected, f"record {i}: {int(cols[col][i])}")
+        for col in ("t_start_ns", "t_end_ns"):  # NaN slips through every comparison: refuse it by name
+            bad = ~np.isfinite(cols[col])
+            if bad.any():
+                i = int(np.argmax(bad))
+                raise InputError(f"trace.{col}", "finite times (ns) in every record", f"record {i}: {cols[col][i]}")
         back = cols["t_end_ns"] < cols["t_start_ns"]
         if back.any():
             i = int(np.argmax(back))

@@ -28,7 +28,7 @@ import dataclasses
 
 import numpy as np
 
-from megamoe.errors import require
+from megamoe.errors import InputError, require
 from megamoe.trace import KIND, KINDS, Trace
 
 from .metrics import busy_fractions, overlap_efficiency
@@ -90,8 +90,11 @@ def scenario_from_meta(trace: Trace):
     """The :class:`Scenario` a trace file describes (its own routing, plan numbers from meta).
 
     Raises:
-        InputError: the trace has no ``meta`` or no ``topk_idx``.
+        InputError: the trace has no ``meta`` or no ``topk_idx``, a meta number is not an
+            integer, or the stored routing is not one ``[T, top_k]`` array of expert ids in
+            ``[-1, num_experts)`` per rank.
     """
+    from megamoe.routing import _check_ids
     from megamoe.scenario import Scenario
     from megamoe.shapes import MoEShape
 
@@ -99,18 +102,33 @@ def scenario_from_meta(trace: Trace):
     require(isinstance(meta, dict) and "num_experts" in meta, "trace.meta",
             "a scenario (num_experts, top_k, hidden, intermediate, num_ranks, ...)", "missing")
     require(trace.topk_idx is not None, "trace.topk_idx", "the routing the kernel ran", "missing")
-    shape = MoEShape(meta.get("shape", "custom"), int(meta["num_experts"]), int(meta["top_k"]),
-                     int(meta["hidden"]), int(meta["intermediate"]))
+
+    def num(key: str) -> int:
+        v = meta.get(key)
+        require(isinstance(v, int) and not isinstance(v, bool), f"trace.meta.{key}", "an integer",
+                "missing" if v is None else v)
+        return v
+
+    shape = MoEShape(str(meta.get("shape", "custom")), num("num_experts"), num("top_k"), num("hidden"),
+                     num("intermediate"))
+    R = num("num_ranks")
+    require(len(trace.topk_idx) == R, "trace.topk_idx", f"{R} arrays topk_idx_0 .. topk_idx_{R - 1} (meta num_ranks)",
+            f"{len(trace.topk_idx)} array{'s' * (len(trace.topk_idx) != 1)}")
+    ids = [_check_ids(np.asarray(t), f"trace.topk_idx_{r}", shape.num_experts, shape.top_k)
+           for r, t in enumerate(trace.topk_idx)]
     plan = meta.get("plan", {})
     require(isinstance(plan, dict), "trace.meta.plan", "an object (block_m, experts_per_wave, ...)",
             type(plan).__name__)
-    return Scenario(shape=shape, num_ranks=int(meta["num_ranks"]),
-                    max_tokens_per_rank=int(meta.get("max_tokens_per_rank") or max(1, max(len(t) for t in trace.topk_idx))),
+    for key in ("hardware", "design", "l2_wait"):
+        require(isinstance(meta.get(key, ""), str), f"trace.meta.{key}", "a string", meta.get(key))
+    return Scenario(shape=shape, num_ranks=R,
+                    max_tokens_per_rank=num("max_tokens_per_rank") if meta.get("max_tokens_per_rank")
+                    else max(1, max(len(t) for t in ids)),
                     hardware=meta.get("hardware", "h200"), design=meta.get("design", "megamoe-sm90"),
                     experts_per_wave=plan.get("experts_per_wave", meta.get("experts_per_wave")),
                     block_m=plan.get("block_m", meta.get("block_m")),
                     l2_wait=meta.get("l2_wait", "k_block"),
-                    topk_idx=[np.asarray(t, dtype=np.int64) for t in trace.topk_idx])
+                    topk_idx=ids)
 
 
 def launch_skew_from_trace(trace: Trace) -> list[float]:
@@ -140,15 +158,24 @@ def compare_file(path: str, hardware=None) -> tuple[dict, Trace, object]:
     trace (``report["launch_skew_us"]``); ``report["makespan_error_no_skew"]`` is the makespan
     error of the same simulation with every rank launched at once."""
     from .engine import simulate
+    from .hardware import load_hardware
 
     measured = Trace.load(path)
     base = scenario_from_meta(measured)
+    hw = hardware if hardware is not None else load_hardware(base.hardware)
+    require(measured.makespan_ns > 0, "trace", "records spanning some time (a makespan > 0 ns)",
+            "a makespan of 0 ns")
+    off = measured["sm"] >= hw.num_sms  # the simulation runs on the hardware's SMs
+    if off.any():
+        i = int(np.argmax(off))
+        raise InputError("trace.sm", f"SM indices < {hw.num_sms} (hardware {hw.name} has {hw.num_sms} SMs)",
+                         f"record {i}: {int(measured['sm'][i])}")
     skew = launch_skew_from_trace(measured) if base.num_ranks > 1 else [0.0]
     sc = dataclasses.replace(base, launch_skew_us=skew) if any(skew) else base
-    res = simulate(sc, hardware)
+    res = simulate(sc, hw)
     report = compare_traces(measured, res.trace, res.plan.num_sms)
     report["launch_skew_us"] = skew
-    report["makespan_error_no_skew"] = (simulate(base, hardware).trace.makespan_ns / measured.makespan_ns - 1.0
+    report["makespan_error_no_skew"] = (simulate(base, hw).trace.makespan_ns / measured.makespan_ns - 1.0
                                         if any(skew) else report["makespan_error"])
     report["scenario"] = sc.to_dict()
     report["trace"] = str(path)

@@ -201,8 +201,15 @@ def sweep(axes: dict[str, list], base: dict, out_dir: str, jobs: int | None = No
         jobs: local worker processes (default: CPU count).
         resume: skip points already in ``points.jsonl``.
         address: Dask scheduler (``tcp://host:port``) or Ray (``ray://host:port``) address.
+
+    Nothing is written (not even ``out_dir``) before a valid point has finished: a sweep
+    whose points are all invalid leaves no folder or file behind (and an earlier
+    ``points.jsonl`` as it was).
+
+    Raises:
+        InputError: more than :data:`MAX_POINTS` points, or no valid point (the first
+            point's error is quoted).
     """
-    os.makedirs(out_dir, exist_ok=True)
     log = os.path.join(out_dir, "points.jsonl")
     points = grid(axes)
     done: dict[str, dict] = {}
@@ -213,29 +220,41 @@ def sweep(axes: dict[str, list], base: dict, out_dir: str, jobs: int | None = No
                 if line:
                     row = json.loads(line)
                     done[row.pop("_key")] = row
-    elif os.path.exists(log):
-        os.remove(log)
     todo = [p for p in points if point_key(p, base) not in done]
     jobs = jobs or os.cpu_count() or 1
     rows_iter = _executor_map(todo, base, jobs, address)
+    pending: list[str] = []  # log lines held back until a valid point makes the sweep worth a folder
+    valid = any(not r["error"] for r in done.values())
+    mode = "a" if resume else "w"  # a fresh sweep replaces an earlier log, once it has a valid point
+
+    def record(row: dict) -> None:
+        nonlocal valid, mode
+        key = point_key({k: row[k] for k in axes}, base)
+        done[key] = row
+        pending.append(json.dumps({"_key": key, **row}) + "\n")
+        valid = valid or not row["error"]
+        if valid:
+            os.makedirs(out_dir, exist_ok=True)
+            with open(log, mode) as f:
+                f.writelines(pending)
+            pending.clear()
+            mode = "a"
+
     if progress and todo:
         from rich.progress import Progress
 
-        with Progress(transient=False) as bar, open(log, "a") as f:
+        with Progress(transient=False) as bar:
             task = bar.add_task(f"sweep ({len(points) - len(todo)} resumed)", total=len(todo))
             for row in rows_iter:
-                key = point_key({k: row[k] for k in axes}, base)
-                done[key] = row
-                f.write(json.dumps({"_key": key, **row}) + "\n")
-                f.flush()
+                record(row)
                 bar.advance(task)
     else:
-        with open(log, "a") as f:
-            for row in rows_iter:
-                key = point_key({k: row[k] for k in axes}, base)
-                done[key] = row
-                f.write(json.dumps({"_key": key, **row}) + "\n")
+        for row in rows_iter:
+            record(row)
     rows = [done[point_key(p, base)] for p in points if point_key(p, base) in done]
+    bad = [r for r in rows if r["error"]]
+    if bad and len(bad) == len(rows):
+        raise InputError("sweep", "at least one valid point", f"none ({bad[0]['error']})")
     write_outputs(rows, list(axes), out_dir)
     return rows
 

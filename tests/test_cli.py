@@ -309,3 +309,113 @@ def test_legacy_speedup_says_when_its_latencies_are_estimates():
     assert rc == 0 and "speedup vs legacy: against this model's unfused path" in out and "estimate" in out
     rc, out, _ = run("simulate", "--tokens", "64")
     assert rc == 0 and "speedup vs legacy: against" not in out  # b200: fitted
+
+
+def test_oversized_total_work_is_refused_before_allocating(monkeypatch):
+    """ranks x tokens (and ranks x experts, and the blocks they make) are bounded so a
+    simulation always fits the CI machine's 24 GB: `--ranks 256 --tokens 131072` used to be
+    OOM-killed. The first two are checked before routing is generated, the blocks before the
+    engine starts."""
+    from megamoe import scenario
+    from megamoe.errors import InputError
+    from sim import engine
+
+    monkeypatch.setattr(scenario, "generate", lambda *a, **k: pytest.fail("routing generated"))
+    with pytest.raises(InputError) as e:
+        scenario.Scenario(shape="deepseek-v4-flash", num_ranks=256, tokens_per_rank=131072)
+    assert str(e.value) == ("tokens: expected ranks x tokens per rank x top_k <= 12582912 routed slots (the "
+                            "simulator's memory grows with them: 16 ranks x 131072 tokens x 6 took 5.5 GB), got "
+                            "256 x 131072 x 6 = 201326592")
+    with pytest.raises(InputError, match=r"^tokens: .* got 2228224 tokens x 6 = 13369344$"):
+        scenario.Scenario(shape="deepseek-v4-flash", num_ranks=32, tokens_per_rank=[131072] * 16 + [8192] * 16)
+    assert scenario.Scenario(shape="deepseek-v4-flash", num_ranks=16, tokens_per_rank=131072).num_ranks == 16
+    with pytest.raises(InputError) as e:
+        scenario.Scenario(shape="4096,6,1024,512", num_ranks=4096, tokens_per_rank=1)
+    assert str(e.value) == ("ranks: expected ranks x experts <= 1048576 (the simulator's memory grows with them), "
+                            "got 4096 x 4096 = 16777216")
+    monkeypatch.undo()
+    monkeypatch.setattr(engine, "_Engine", lambda *a, **k: pytest.fail("engine started"))
+    monkeypatch.setattr(engine, "MAX_BLOCKS", 100_000)  # the same check at a size a test can afford
+    with pytest.raises(InputError) as e:
+        engine.simulate(scenario.Scenario(shape="deepseek-v4-flash", num_ranks=8, tokens_per_rank=4096, block_m=16))
+    assert str(e.value) == ("blocks: expected at most 100000 blocks over all ranks (routed slots / block_m x "
+                            "(2 x intermediate + hidden) / 128: fewer tokens, a larger block_m or a smaller hidden or "
+                            "intermediate make fewer), got 794240 (block_m 16, hidden 4096, intermediate 2048)")
+    rc, _, err = run("simulate", "--shape", "deepseek-v4-flash", "--ranks", "256", "--tokens", "131072")
+    assert rc == 2 and err.strip().splitlines() == [(
+        "megamoe: error: tokens: expected ranks x tokens per rank x top_k <= 12582912 routed slots (the simulator's "
+        "memory grows with them: 16 ranks x 131072 tokens x 6 took 5.5 GB), got 256 x 131072 x 6 = 201326592")]
+
+
+def test_shape_too_large_for_shared_memory_names_the_shape_field(tmp_path, capsys):
+    """The expert count sizes a block's shared memory (the dispatch's per-expert tables): the
+    error names shape.num_experts and the largest count that fits, not the hardware's figure;
+    a hardware too small for any shape still names hardware.smem_per_block_bytes."""
+    from megamoe.design_sm90 import smem_bytes
+    from sim.hardware import PRESET_DIR
+
+    assert main(["simulate", "--shape", "100000,6,1024,512", "--ranks", "1", "--tokens", "16"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [(
+        "megamoe: error: shape.num_experts: expected at most 37376 experts (their dispatch tables and 2 pipeline "
+        "stages at block_m 16 need 482788 bytes of shared memory per block, the hardware has 232448), got 100000")]
+    assert main(["simulate", "--shape", "100000,6,1024,512", "--ranks", "1", "--tokens", "16", "--design",
+                 "megamoe-sm90", "--hardware", "h200"]) == 2
+    # the SM90 kernel's own formula (17189 experts and 1226752 bytes at kernel v6.2)
+    most = max(e for e in range(17000, 17400) if smem_bytes(16, 2, e) <= 232448)
+    assert capsys.readouterr().err.strip().splitlines() == [(
+        f"megamoe: error: shape.num_experts: expected at most {most} experts (their dispatch tables and 2 pipeline "
+        f"stages at block_m 16 need {smem_bytes(16, 2, 100000)} bytes of shared memory per block, the hardware has "
+        "232448), got 100000")]
+    j = tmp_path / "ok.json"
+    assert main(["simulate", "--shape", "37376,6,1024,512", "--ranks", "1", "--tokens", "16", "--json", str(j)]) == 0
+    hw = tmp_path / "tiny.toml"
+    hw.write_text((PRESET_DIR / "b200.toml").read_text().replace("smem_per_block_bytes = 232448",
+                                                                 "smem_per_block_bytes = 20000"))
+    assert main(["simulate", "--hardware", str(hw), "--tokens", "16"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [(
+        "megamoe: error: hardware.smem_per_block_bytes: expected >= 93668 bytes for 2 pipeline stages at block_m 16, "
+        "got 20000")]
+
+
+@pytest.mark.parametrize("value", ["nan", "-1", "0", "inf", "abc"])
+def test_run_refuses_a_clamp_that_is_not_a_finite_positive_number(value, monkeypatch, capsys):
+    """`megamoe run --clamp` is checked before any GPU work: NaN, negative, zero and infinite
+    clamps used to reach the kernel unchecked (the reference takes None = no clamp or c > 0)."""
+    from megamoe.kernel import cli_support, ep
+    monkeypatch.setattr(cli_support, "run_main", lambda *a, **k: pytest.fail("reached the GPU run"))
+    monkeypatch.setattr(ep, "run_ep_main", lambda *a, **k: pytest.fail("reached the GPU run"))
+    for ranks in ("1", "2"):
+        with pytest.raises(SystemExit) as e:
+            main(["run", "--clamp", value, "--tokens", "4", "--ranks", ranks])
+        assert e.value.code == 2
+        assert capsys.readouterr().err.strip().splitlines() == [(
+            f"megamoe: error: argument --clamp: expected a finite number > 0 (leave --clamp out for no clamp), "
+            f"got '{value}'")]
+
+
+def test_run_passes_a_valid_clamp_and_none_without_the_flag(monkeypatch):
+    from megamoe.kernel import cli_support
+    got = []
+    monkeypatch.setattr(cli_support, "run_main", lambda *a: got.append(a[6]) or 0)
+    assert main(["run", "--tokens", "4", "--clamp", "7.5"]) == 0
+    assert main(["run", "--tokens", "4"]) == 0
+    assert got == [7.5, None]
+
+
+@pytest.mark.parametrize("argv,line", [
+    (["simulate", "--tokens", "abc"], "argument --tokens: expected an integer, got 'abc'"),
+    (["simulate", "--ranks", "x"], "argument --ranks: expected an integer, got 'x'"),
+    (["sweep", "--jobs", "x"], "argument --jobs: expected an integer, got 'x'"),
+    (["run", "--tokens", "x"], "argument --tokens: expected an integer, got 'x'"),
+    (["run", "--reps", "1.5"], "argument --reps: expected an integer, got '1.5'"),
+    (["run", "--clamp", "abc"], ("argument --clamp: expected a finite number > 0 (leave --clamp out for no clamp), "
+                                 "got 'abc'")),
+    (["validate", "--seed", "-2"], "argument --seed: expected an integer >= 0, got '-2'"),
+])
+def test_numeric_flag_type_errors_are_one_line_naming_the_flag(argv, line, capsys):
+    """Every numeric flag's type error is the project's one line (`expected ..., got ...`)
+    with exit code 2, no usage dump (`--clamp abc` used argparse's own wording)."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"megamoe: error: {line}"]

@@ -8,7 +8,7 @@ import pytest
 from megamoe.cli import main
 from megamoe.errors import InputError
 from megamoe.scenario import Scenario
-from megamoe.trace import Trace
+from megamoe.trace import COLUMNS, Trace
 from sim import simulate
 from sim.compare import compare_file, compare_traces
 from sim.hardware import load_hardware
@@ -104,3 +104,88 @@ def test_compare_traces_counts_unmatched():
     half = t.select(np.arange(len(t)) % 2 == 0)
     r = compare_traces(t, half, res.plan.num_sms)
     assert r["unmatched_measured"] > 0 and r["unmatched_simulated"] == 0
+
+
+def _variant(tmp_path, z, name, drop=(), **over):
+    q = tmp_path / f"{name}.npz"
+    np.savez(q, **{k: v for k, v in {**z, **over}.items() if k not in drop})
+    return str(q)
+
+
+def _compare_line(path, capsys):
+    rc = main(["compare", path])
+    return rc, capsys.readouterr().err.strip().splitlines()
+
+
+def test_nonfinite_empty_and_out_of_range_traces_are_refused(tmp_path, capsys):
+    """NaN / inf times (NaN passed the t_end < t_start check), no records, ranks outside meta's
+    num_ranks, SMs below -1 or beyond the device's: one line naming the column, exit 2 (compare
+    used to exit 0 printing NaN or a nonsense report)."""
+    p, _ = _saved(tmp_path)
+    z = dict(np.load(p, allow_pickle=False))
+    t = z["t_start_ns"].copy()
+    t[3] = np.nan
+    nan = _variant(tmp_path, z, "nan", t_start_ns=t)
+    t = z["t_end_ns"].copy()
+    t[5] = np.inf
+    inf = _variant(tmp_path, z, "inf", t_end_ns=t)
+    empty = _variant(tmp_path, z, "empty", **{c: z[c][:0] for c in COLUMNS})
+    r = z["rank"].copy()
+    r[2] = 7
+    rank = _variant(tmp_path, z, "rank", rank=r)
+    s = z["sm"].copy()
+    s[4] = -3
+    sm_neg = _variant(tmp_path, z, "smneg", sm=s)
+    s = z["sm"].copy()
+    s[4] = 500
+    sm_big = _variant(tmp_path, z, "smbig", sm=s)
+    meta = json.loads(str(z["meta_json"]))
+    sm_meta = _variant(tmp_path, z, "smmeta", sm=s, meta_json=np.array(json.dumps({**meta, "num_sms": 132})))
+    flat = _variant(tmp_path, z, "flat", t_start_ns=np.zeros_like(t), t_end_ns=np.zeros_like(t))
+    cases = [
+        (nan, "trace.t_start_ns: expected finite times (ns) in every record, got record 3: nan"),
+        (inf, "trace.t_end_ns: expected finite times (ns) in every record, got record 5: inf"),
+        (empty, "trace: expected at least one record, got 0 records"),
+        (rank, "trace.rank: expected values in [0, 2) (meta num_ranks = 2), got record 2: 7"),
+        (sm_neg, "trace.sm: expected values >= -1, got record 4: -3"),
+        (sm_meta, "trace.sm: expected values in [-1, 132) (meta num_sms = 132), got record 4: 500"),
+        (sm_big, "trace.sm: expected SM indices < 148 (hardware B200 has 148 SMs), got record 4: 500"),
+        (flat, "trace: expected records spanning some time (a makespan > 0 ns), got a makespan of 0 ns"),
+    ]
+    for path, line in cases:
+        assert _compare_line(path, capsys) == (2, [f"megamoe: error: {line}"]), path
+    for path, line in cases[:6]:  # the file's own contents: refused on load already
+        with pytest.raises(InputError) as e:
+            Trace.load(path)
+        assert str(e.value) == line
+
+
+def test_bad_stored_routing_or_meta_is_refused(tmp_path, capsys):
+    """The routing a trace stores (topk_idx_<rank>) must be one [T, top_k] array of ids in
+    [-1, E) per rank of meta, and meta's numbers integers: one line, exit 2 (ids beyond E used to
+    be simulated or crash; a non-integer meta field was a traceback)."""
+    p, _ = _saved(tmp_path)
+    z = dict(np.load(p, allow_pickle=False))
+    meta = json.loads(str(z["meta_json"]))
+    ids = z["topk_idx_0"].copy()
+    ids[0, 0] = 999
+    cases = [
+        (_variant(tmp_path, z, "ids", topk_idx_0=ids),
+         "trace.topk_idx_0: expected ids in [-1, 256), got ids in [0, 999]"),
+        (_variant(tmp_path, z, "shape", topk_idx_1=z["topk_idx_1"][:, :3]),
+         "trace.topk_idx_1: expected shape [T, 6], got shape [40, 3]"),
+        (_variant(tmp_path, z, "missing", drop=("topk_idx_1",)),
+         "trace.topk_idx: expected 2 arrays topk_idx_0 .. topk_idx_1 (meta num_ranks), got 1 array"),
+        (_variant(tmp_path, z, "gap", drop=("topk_idx_1",), topk_idx_5=z["topk_idx_1"]),
+         "trace.topk_idx: expected arrays topk_idx_0 .. topk_idx_<R-1> (one per rank), got topk_idx_5 among 2 arrays"),
+        (_variant(tmp_path, z, "topk", meta_json=np.array(json.dumps({**meta, "top_k": "six"}))),
+         "trace.meta.top_k: expected an integer, got six"),
+        (_variant(tmp_path, z, "nohidden", meta_json=np.array(json.dumps({k: v for k, v in meta.items() if k != "hidden"}))),
+         "trace.meta.hidden: expected an integer, got missing"),
+        (_variant(tmp_path, z, "hw", meta_json=np.array(json.dumps({**meta, "hardware": 5}))),
+         "trace.meta.hardware: expected a string, got 5"),
+        (_variant(tmp_path, z, "floatrank", rank=z["rank"].astype(float)),
+         "trace.rank: expected an integer column, got dtype float64"),
+    ]
+    for path, line in cases:
+        assert _compare_line(path, capsys) == (2, [f"megamoe: error: {line}"]), path

@@ -112,3 +112,39 @@ def test_empty_point_has_no_overlap_efficiency(tmp_path):
     assert 0 < by_t[8]["overlap_efficiency"] <= 1
     df = pd.read_parquet(tmp_path / "results.parquet").set_index("tokens")
     assert pd.isna(df.loc[0, "overlap_efficiency"]) and df.loc[8, "overlap_efficiency"] > 0
+
+
+def test_out_that_is_a_file_is_one_line_naming_out(tmp_path, capsys):
+    """`--out` on an existing regular file (or under one) used to give an unnamed OS error
+    ("README.md: File exists")."""
+    f = tmp_path / "f.txt"
+    f.write_text("keep")
+    for out, why in ((f, "an existing file"), (f / "sub", f"{f} is a file")):
+        with pytest.raises(SystemExit) as e:
+            main(["sweep", "--set", "tokens=1,2", "--out", str(out)])
+        assert e.value.code == 2
+        assert capsys.readouterr().err.strip().splitlines() == [
+            f"megamoe: error: argument --out: expected a folder (existing or new), got '{out}' ({why})"]
+    assert f.read_text() == "keep"
+
+
+def test_sweep_with_no_valid_point_writes_nothing(tmp_path, capsys):
+    """A sweep whose points are all invalid (or whose grid is refused) exits 2 and leaves no
+    --out folder behind; an earlier sweep's log in an existing folder stays as it was."""
+    out = tmp_path / "sw"
+    assert main(["sweep", "--shape", "deepseek-v4-flash", "--ranks", "2", "--tokens", "4",
+                 "--set", "experts_per_wave=500,600", "--out", str(out), "--jobs", "1"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [(
+        "megamoe: error: sweep: expected at least one valid point, got none (experts_per_wave: expected in "
+        "[1, 128] (local experts), got 500)")]
+    assert not out.exists()
+    assert main(["sweep", "--set", "tokens=1:400", "--set", "seed=0:400", "--out", str(out)]) == 2
+    assert not out.exists()
+    with pytest.raises(InputError, match="^sweep: expected at least one valid point"):
+        sweep({"experts_per_wave": [999]}, BASE, str(out), jobs=1, progress=False)
+    assert not out.exists()
+    rows = sweep({"tokens": [4]}, BASE, str(out), jobs=1, progress=False)
+    log = (out / "points.jsonl").read_text()
+    with pytest.raises(InputError, match="^sweep: expected at least one valid point"):
+        sweep({"experts_per_wave": [999]}, BASE, str(out), jobs=1, resume=False, progress=False)
+    assert (out / "points.jsonl").read_text() == log and rows[0]["error"] == ""
