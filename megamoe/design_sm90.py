@@ -36,10 +36,20 @@ CONSUMER_WARPS = 8
 CTAS_PER_SM = 1
 #: Supported block_m values (template instances of the kernel).
 BLOCK_MS = (16, 32, 64, 128)
+#: Producer warps that issue the ring's K blocks, round-robin, per block_m
+#: (``Producer::NW`` in ``csrc/megamoe/kernel_sm90.cu``): four where one warp's ~110
+#: instructions per K block paced the ring (block_m 16-64), two at block_m 128, where the
+#: consumers pace it and idle producer warps only take their issue slots (kernel v6.3,
+#: benchmarks/NOTES_kernel.md). The simulator's ``sm90_issue_kblock_ns`` is their combined
+#: rate, fitted from traces.
+PRODUCER_ISSUE_WARPS = {16: 4, 32: 4, 64: 4, 128: 2}
+#: Registers per thread of each warpgroup (``setmaxnreg``): dispatch, producer, two consumer
+#: warpgroups (``kRegs*`` in ``csrc/megamoe/kernel_sm90.cu``; 65536 per SM in all).
+REGS_DISPATCH, REGS_PRODUCER, REGS_CONSUMER = 64, 64, 192
 #: k32 WGMMAs a consumer warpgroup keeps in flight within a K block, per block_m
 #: (``Sm90Tile::NP`` in ``csrc/megamoe/mma_sm90.cuh``): each needs its own FP32 partial
 #: accumulator of ``block_m / 2`` registers per thread beside the accumulator, in the
-#: consumers' 200 registers. At 4 a K block's four WGMMAs are issued at once.
+#: consumers' 192 registers. At 4 a K block's four WGMMAs are issued at once.
 WGMMAS_IN_FLIGHT = {16: 4, 32: 4, 64: 2, 128: 1}
 #: Largest dynamic shared memory one block may opt into on SM90 (227 KB).
 SMEM_LIMIT_SM90 = 232448

@@ -34,7 +34,8 @@ has no FP4 or block-scaled MMA, so the kernel loads the packed E2M1 bytes and th
 bytes and decodes E2M1 into E4M3 ``wgmma`` register fragments.  It needs the same 8-row
 gate/up interleave, so its epilogue pairs gate/up exactly like SM100's; one byte permutation
 inside every 64-byte K block of a row (:func:`permute_e2m1_for_sm90_rs`), so that a thread's
-fragment of all four k32 steps is one 16-byte chunk; and **tiles**: the bytes of one
+fragment of all four k32 steps is one 16-byte chunk, and a nibble permutation inside every
+4-byte word (low nibbles: its first four values, high nibbles: the next four); and **tiles**: the bytes of one
 128-row N block x one 128-element K block are contiguous (``[E, N/128, K/128, 128, 64]``,
 scales ``[E, N/128, K/128, 128, 4]``), so the producer loads a stage's weights and scales
 with two TMA bulk copies (``cp.async.bulk``).  Scales stay ``uint8`` UE8M0 bytes; no UTCCP
@@ -351,15 +352,34 @@ def _rs_view(w: torch.Tensor, name: str) -> torch.Tensor:
     return w.contiguous()
 
 
+def _nibble_split(w: torch.Tensor) -> torch.Tensor:
+    """Every 4-byte word: nibbles ``n0..n7`` (``n_j`` in byte ``j // 2``, low nibble first) ->
+    byte ``b`` = ``n_b | n_{4+b} << 4``."""
+    x = w.view(*w.shape[:-1], w.shape[-1] // 4, 4)
+    nib = torch.stack((x & 0xF, x >> 4), dim=-1).reshape(*x.shape[:-1], 8)  # n0..n7
+    return (nib[..., :4] | (nib[..., 4:] << 4)).reshape(w.shape)
+
+
+def _nibble_join(w: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`_nibble_split`."""
+    x = w.view(*w.shape[:-1], w.shape[-1] // 4, 4)
+    nib = torch.cat((x & 0xF, x >> 4), dim=-1)  # n0..n3, n4..n7
+    return (nib[..., 0::2] | (nib[..., 1::2] << 4)).reshape(w.shape)
+
+
 def permute_e2m1_for_sm90_rs(w: torch.Tensor, name: str = "weights") -> torch.Tensor:
-    """Packed E2M1 rows -> the SM90 kernel's register-fragment byte order.
+    """Packed E2M1 rows -> the SM90 kernel's register-fragment byte and nibble order.
 
     ``wgmma.m64nNk32`` with A in registers (8-bit types, CuTe ``ALayout_64x32``) gives the
     thread with ``t = lane % 4`` the K elements ``[4t, 4t+4)`` and ``[16+4t, 16+4t+4)`` of each
     k32 step, i.e. the packed bytes ``8p + 2t`` and ``8p + 2t + 1`` of every 8-byte piece
     ``p`` of a row's 64-byte (128-element) K block.  This moves byte ``8p + 2t + b`` of every K
     block to ``16t + 2p + b``: thread ``t`` reads its whole fragment as 16-byte chunk ``t``,
-    and word ``q`` of that chunk decodes into its registers of step ``q``.
+    and word ``q`` of that chunk decodes into its registers of step ``q``.  Then, inside
+    every 4-byte word, the eight values ``n0..n7`` (in K order) are re-packed so that byte
+    ``b`` holds ``n_b`` in its low nibble and ``n_{4+b}`` in its high nibble: the kernel
+    turns the low nibbles into its first register and the high nibbles into its second with
+    two shifts and masks each (``csrc/megamoe/fp4.cuh``).
 
     Args:
         w: ``uint8``/``int8`` ``[..., K/2]`` packed E2M1 (element ``2i`` in the low nibble of
@@ -371,11 +391,13 @@ def permute_e2m1_for_sm90_rs(w: torch.Tensor, name: str = "weights") -> torch.Te
     """
     w = _rs_view(w, name)
     kb = w.shape[-1] // 64
-    return w.view(*w.shape[:-1], kb, 8, 4, 2).transpose(-3, -2).contiguous().view(w.shape)
+    out = w.view(*w.shape[:-1], kb, 8, 4, 2).transpose(-3, -2).contiguous().view(w.shape)
+    return _nibble_split(out.view(torch.uint8)).view(w.dtype)
 
 
 def unpermute_e2m1_for_sm90_rs(w: torch.Tensor, name: str = "weights") -> torch.Tensor:
     """Inverse of :func:`permute_e2m1_for_sm90_rs` (same arguments and errors)."""
     w = _rs_view(w, name)
     kb = w.shape[-1] // 64
+    w = _nibble_join(w.view(torch.uint8)).view(w.dtype)
     return w.view(*w.shape[:-1], kb, 4, 8, 2).transpose(-3, -2).contiguous().view(w.shape)

@@ -101,6 +101,12 @@ def test_build_sm90a_and_resources():
     # the simulator prices the matrix path by the WGMMAs in flight (design_sm90.mma_rows_priced)
     assert {bm: lib.megamoe_sm90_wgmmas_in_flight(bm) for bm in d.BLOCK_MS} == d.WGMMAS_IN_FLIGHT
     assert lib.megamoe_sm90_wgmmas_in_flight(48) == -1
+    assert {bm: lib.megamoe_sm90_producer_warps(bm) for bm in d.BLOCK_MS} == d.PRODUCER_ISSUE_WARPS
+    assert lib.megamoe_sm90_producer_warps(48) == -1
+    regs = [lib.megamoe_sm90_role_registers(i) for i in range(4)]
+    assert regs == [d.REGS_DISPATCH, d.REGS_PRODUCER, d.REGS_CONSUMER, -1]
+    # setmaxnreg: the four warpgroups' registers fill the SM's 65536 (128 threads each)
+    assert 128 * (d.REGS_DISPATCH + d.REGS_PRODUCER + 2 * d.REGS_CONSUMER) == 65536
     from megamoe.kernel.runtime import Params
     assert lib.megamoe_sm90_abi_size() == ctypes.sizeof(Params)
 

@@ -128,6 +128,16 @@ def test_megamoe_kernel_on_sm90_loads_the_sm90_library(monkeypatch, fake_loader)
     assert type(k) is runtime.MegaMoEKernel and fake_loader == ["sm_90a", "sm_90a"]
     with pytest.raises(InputError, match=r"^weights: expected prepare_weights\(\.\.\.\) \(checkpoint layout\), got NoneType"):
         _kernel(weights=None)
+    # the SM90 decode adds 6 to every weight scale byte (E2M1 as E4M3 x 2^-6): 248 is the
+    # largest byte it takes (248 + 6 = 254, the largest finite UE8M0 byte)
+    for field, idx in (("w1_sf", 1), ("w2_sf", 3)):
+        ck = list(make_weights(8, 256, 128, "cpu"))
+        ck[idx][3, 5, 1] = 248
+        _kernel(weights=runtime.prepare_weights(*ck))
+        ck[idx][3, 5, 1] = 249
+        with pytest.raises(InputError, match=rf"^weights\.{field}: expected UE8M0 bytes <= 248 \(scales up to 2\^121: "
+                                             r"the SM90 kernel adds 6 to each\), got a byte 249$"):
+            _kernel(weights=runtime.prepare_weights(*ck))
 
 
 # ------------------------------------------------------------------ the SM100 launch (no B200: a recording library)

@@ -89,8 +89,8 @@ def test_transform_for_mega_moe_matches_index_formulas_and_inverts():
 
 def test_sm90_tiles_element_by_element():
     """Tile (e, j, kb) row r byte c holds, for L1, checkpoint row interleaved_source_row(128 j + r)
-    and, for L2, row 128 j + r; byte c of the tile row is byte 64 kb + src(c) of that row, where
-    the register-fragment order puts source byte 8p + 2t + b at 16t + 2p + b."""
+    and, for L2, row 128 j + r; the register-fragment order puts source byte 8p + 2t + b at
+    16t + 2p + b, then byte b of every word holds that word's values b (low nibble) and 4 + b."""
     inter, h = 128, 256
     (w1, s1), (w2, s2) = _ckpt(inter=inter, h=h, seed=1)
     (w1t, s1t), (w2t, s2t) = L.transform_weights_for_sm90((w1, s1), (w2, s2))
@@ -101,6 +101,10 @@ def test_sm90_tiles_element_by_element():
         for p in range(8):
             for b in range(2):
                 src_byte[16 * t + 2 * p + b] = 8 * p + 2 * t + b
+
+    def nib(row, kb, c, j):  # value j (0..7, K order) of the byte-permuted word holding byte c
+        byte = int(row[64 * kb + src_byte[4 * (c // 4) + j // 2]])
+        return byte >> 4 if j % 2 else byte & 0xF
     for (w, s, wt, st, l1) in ((w1, s1, w1t, s1t, True), (w2, s2, w2t, s2t, False)):
         E, NB, KB = wt.shape[:3]
         for e in range(E):
@@ -108,7 +112,8 @@ def test_sm90_tiles_element_by_element():
                 for kb in range(KB):
                     for r in (0, 7, 8, 15, 16, 63, 64, 127):
                         row = interleaved_source_row(128 * j + r, inter) if l1 else 128 * j + r
-                        want = [int(w[e, row, 64 * kb + src_byte[c]]) for c in range(64)]
+                        # byte b of each word: value b low, value 4 + b high
+                        want = [nib(w[e, row], kb, c, c % 4) | nib(w[e, row], kb, c, 4 + c % 4) << 4 for c in range(64)]
                         assert wt[e, j, kb, r].tolist() == want, (l1, e, j, kb, r)
                         assert st[e, j, kb, r].tolist() == s[e, row, 4 * kb: 4 * kb + 4].tolist()
     (a, b), (c, d) = L.untransform_weights_for_sm90((w1t, s1t), (w2t, s2t))
@@ -166,15 +171,19 @@ def test_bad_inputs_name_the_tensor():
 def test_sm90_rs_permutation_by_hand():
     # one row, one K block: bytes 0..63. Thread t's chunk = bytes 8p + 2t, 8p + 2t + 1, p = 0..7
     row = torch.arange(64, dtype=torch.uint8).view(1, 64)
+    # then byte b of each word = value b | value (4 + b) << 4, values in K order (low nibble
+    # first). Chunk 0 word 0 = bytes 0, 1, 8, 9: values 0,0, 1,0, 8,0, 9,0 -> 0|8<<4, 0|0,
+    # 1|9<<4, 0|0; word 1 = bytes 16, 17, 24, 25 = 0x10, 0x11, 0x18, 0x19: values 0,1, 1,1,
+    # 8,1, 9,1 -> 0|8<<4, 1|1<<4, 1|9<<4, 1|1<<4; chunk 1 word 0 = bytes 2, 3, 10, 11.
     got = L.permute_e2m1_for_sm90_rs(row)[0].tolist()
-    assert got[:16] == [0, 1, 8, 9, 16, 17, 24, 25, 32, 33, 40, 41, 48, 49, 56, 57]
-    assert got[16:32] == [2, 3, 10, 11, 18, 19, 26, 27, 34, 35, 42, 43, 50, 51, 58, 59]
-    assert got[48:] == [6, 7, 14, 15, 22, 23, 30, 31, 38, 39, 46, 47, 54, 55, 62, 63]
+    assert got[:8] == [128, 0, 145, 0, 128, 17, 145, 17]
+    assert got[16:20] == [2 | 10 << 4, 0, 3 | 11 << 4, 0]
 
 
 def test_sm90_rs_permutation_gives_each_thread_its_wgmma_fragment():
-    """Word q of chunk t, nibble by nibble, holds the K elements of registers a0 / a2 of k32
-    step q for t = lane % 4: [32q + 4t, +4) then [32q + 16 + 4t, +4) (CuTe ALayout_64x32)."""
+    """Word q of chunk t holds the K elements of registers a0 / a2 of k32 step q for
+    t = lane % 4: [32q + 4t, +4) in its low nibbles, [32q + 16 + 4t, +4) in its high nibbles
+    (CuTe ALayout_64x32)."""
     g = torch.Generator().manual_seed(0)
     w = torch.randint(0, 256, (3, 5, 128), dtype=torch.uint8, generator=g)  # K = 256: two K blocks
     nib = torch.stack([w & 15, w >> 4], -1).reshape(3, 5, 256)              # element k of each row
@@ -184,11 +193,39 @@ def test_sm90_rs_permutation_gives_each_thread_its_wgmma_fragment():
             chunk = pw[..., kb * 64 + 16 * t: kb * 64 + 16 * t + 16]
             for q in range(4):
                 word = chunk[..., 4 * q: 4 * q + 4]
-                got = torch.stack([word & 15, word >> 4], -1).reshape(3, 5, 8)
+                got = torch.cat([word & 15, word >> 4], -1)  # low nibbles, then high nibbles
                 k0 = kb * 128 + 32 * q + 4 * t
                 want = torch.cat([nib[..., k0:k0 + 4], nib[..., k0 + 16:k0 + 20]], -1)
                 assert torch.equal(got, want), (kb, t, q)
     assert torch.equal(L.unpermute_e2m1_for_sm90_rs(pw), w)
+
+
+E2M1_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]  # OCP MX: codes 0..7, bit 3 the sign
+
+
+def test_sm90_decode_formula_gives_e2m1_times_2_to_minus_6():
+    """csrc/megamoe/fp4.cuh decode_e2m1x8, evaluated here on 32-bit integers, turns every
+    permuted word into E4M3 bytes whose values are the E2M1 values x 2^-6, in register order
+    (x: the word's values 0..3, y: 4..7). Byte-local, so all 256 bytes in each of the four
+    byte positions cover every case."""
+    def decode(w):  # the kernel's two lines
+        x = ((w << 2) & 0x1C1C1C1C) | ((w << 4) & 0x80808080)
+        y = ((w >> 2) & 0x1C1C1C1C) | (w & 0x80808080)
+        return x & 0xFFFFFFFF, y & 0xFFFFFFFF
+
+    def e4m3(word):
+        b = torch.tensor([(word >> (8 * i)) & 0xFF for i in range(4)], dtype=torch.uint8)
+        return b.view(torch.float8_e4m3fn).to(torch.float64).tolist()
+
+    def e2m1(code):
+        return (-1.0 if code & 8 else 1.0) * E2M1_VALUES[code & 7]
+
+    for pos in range(4):
+        for byte in range(256):
+            w = 0x11111111 & ~(0xFF << (8 * pos)) | byte << (8 * pos)  # other bytes: 0.5, 0.5
+            values = [e2m1((w >> (8 * b)) & 0xF) for b in range(4)] + [e2m1((w >> (8 * b + 4)) & 0xF) for b in range(4)]
+            x, y = decode(w)
+            assert e4m3(x) + e4m3(y) == [v * 2.0 ** -6 for v in values], (pos, byte)
 
 
 def test_sm90_rs_permutation_bad_input():

@@ -157,7 +157,6 @@ __device__ void producer_role(const Sm100Params& q, const Smem& m, uint32_t rank
     constexpr int kHalves = BK / 128, kRows = BM / 2, SFM = sf_block_m(BM);
     Scheduler<BM> sched(p);
     if (!sched.fetch_counts(p, kRoleProducer)) return;
-    sched.set_expert(0);
     const bool trace = p.trace_cap > 0 && ptid == 0;
     int it = 0;
     for (;;) {
@@ -256,7 +255,6 @@ __device__ void mma_role(const Sm100Params& q, const Smem& m, uint32_t tmem_base
     const int lane = threadIdx.x & 31;
     Scheduler<BM> sched(p);
     if (!sched.fetch_counts(p, kRoleConsumer)) return;
-    sched.set_expert(0);
     const auto idesc = sm100::instr_desc<BM>();
     const bool trace = p.trace_cap > 0 && lane == 0;
     int it = 0, acc_it = 0;
@@ -322,7 +320,6 @@ __device__ void epilogue_role(const Sm100Params& q, const Smem& m, uint32_t tmem
     const int T = (int)p.num_tokens, H = (int)p.hidden, I = (int)p.inter;
     Scheduler<BM> sched(p);
     if (!sched.fetch_counts(p, kRoleConsumer)) return;
-    sched.set_expert(0);
     const bool do_clamp = p.clamp < 3.0e38;
     const float clamp_bf = __bfloat162float(__float2bfloat16_rn((float)p.clamp));
     const bool trace = p.trace_cap > 0 && etid == 0;

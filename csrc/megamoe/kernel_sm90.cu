@@ -5,14 +5,15 @@
 //   warps 0-3   dispatch : count items per expert, publish counts, pull rows + scales into
 //                          the expert-contiguous L1 pool, bump per-pool-block arrival counts;
 //                          at the end grid sync + combine (all 16 warps help).
-//   warps 4-7   producer : one lane of warp 4 issues the TMA loads of each stage of a
-//                          `num_stages` ring: the token tile (pool rows, a 2-D tensor map with
-//                          the 128-byte swizzle WGMMA reads), its UE8M0 scales, and the packed
-//                          E2M1 weight tile + scales (bulk copies of the contiguous tiles of
-//                          megamoe.layouts.transform_weights_for_sm90); each stage's full
-//                          barrier completes when the bytes land (complete_tx). Warp 4 waits on
-//                          free stages, arrival counts (L1) and arrival masks (L2, per K
-//                          block); warps 5-7 only lend their registers.
+//   warps 4-7   producer : the K blocks of a `num_stages` ring, round-robin over four warps
+//                          (two at block_m 128; the others only lend registers); lane 0 of
+//                          the K block's warp issues its TMA loads: the token tile (pool rows,
+//                          a 2-D tensor map with the 128-byte swizzle WGMMA reads), its UE8M0
+//                          scales, and the packed E2M1 weight tile + scales (bulk copies of the
+//                          contiguous tiles of megamoe.layouts.transform_weights_for_sm90);
+//                          each stage's full barrier completes when the bytes land
+//                          (complete_tx). Each producer warp waits on its free stages, the
+//                          arrival counts (L1) and arrival masks (L2, per K block).
 //   warps 8-15  consumer : the matrix path (mma_sm90.cuh: E2M1 -> E4M3 decode into WGMMA
 //                          registers, FP8 WGMMA, FP32 promotion) and both epilogues (SwiGLU +
 //                          clamp + top-k weight + per-32 UE8M0 requantization into the L2
@@ -49,9 +50,11 @@ constexpr int kThreads = 512;
 constexpr int kDispatchThreads = 128, kProducerThreads = 128, kConsumerThreads = 256;
 constexpr int kConsumerWarps = 8;
 // Register split per warpgroup (setmaxnreg), chosen by timing on the H200 (benchmarks/NOTES_kernel.md):
-// 64/96/176 while the producer copied with cp.async; with TMA one producer lane issues the loads
-// and 48 registers do (64/48/200: -2..-4% at block_m 128).
-constexpr uint32_t kRegsEven = 128, kRegsDispatch = 64, kRegsProducer = 48, kRegsConsumer = 200;
+// 64/96/176 while the producer copied with cp.async; 64/48/200 with one TMA producer lane
+// (-2..-4% at block_m 128); 64/64/192 since v6.3: on 48 registers the producer's per-K-block
+// path reloaded ~14 spilled values (the decode and direct token scales of v6.3 were +3..+5%
+// slower at 16-256 tokens on 48 and -7..-10% faster on 64).
+constexpr uint32_t kRegsEven = 128, kRegsDispatch = 64, kRegsProducer = 64, kRegsConsumer = 192;
 static_assert(kRegsDispatch + kRegsProducer + 2 * kRegsConsumer == 4 * kRegsEven, "register split");
 template <uint32_t R> __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(R)); }
 template <uint32_t R> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(R)); }
@@ -267,31 +270,43 @@ __device__ __forceinline__ void dispatch_role_ep(const Params& p, const int BM, 
     if (trace) trace_record(p, kRoleDispatch, kKindPull, -1, -1, -1, -1, j1 - j0, ts, globaltimer());
 }
 
-// ------------------------------------------------------------------ producer (warp 4)
-// The whole warp walks the block list and waits (arrival counts, masks, free stages); lane 0
-// issues the stage's four TMA loads against its full barrier. A block's operand addresses
-// are computed once per block (Loads) and the stage index and the free-stage wait's parity
-// are kept incrementally: the per-K-block path is the wait and the four copies (the
-// producer runs on 48 registers, and ncu showed its per-K-block division, address
-// arithmetic and spill reloads pacing the ring at small block_m, benchmarks/NOTES_kernel.md).
+// ------------------------------------------------------------------ producer (warps 4-7)
+// NW producer warps share the ring: K block `it` (counted over the whole block list) is
+// issued by producer warp it % NW, so the per-K-block work (the free-stage wait, the
+// expect_tx and four copy instructions, the L2 mask check) of consecutive K blocks runs on
+// different warp schedulers: one warp paced the ring at small block_m (~110 dependent
+// instructions per K block; four warps: -11..-16% at 16-256 tokens). At block_m 128 the
+// consumers pace the ring and the idle producer warps' instructions cost them issue slots:
+// two warps there (four: +1..+1.5% at 4096-8192 tokens; benchmarks/NOTES_kernel.md). Every
+// producer warp walks the block list and waits for the arrival counts (L1) itself; lane 0
+// issues its K blocks' TMA loads against the stage's full barrier. A block's operand
+// addresses are computed once per block (Loads) and the stage index and the free-stage
+// wait's parity are kept incrementally.
 template <int BM>
 struct Producer {
+    static constexpr int NW = BM == 128 ? 2 : 4;
     const Params& p;
     const CUtensorMap* pool_map;
     uint8_t* stages;
     uint64_t *full, *empty;
-    int S, ptid;
-    int it = 0;              // K blocks issued so far
+    int S, ptid, wix;        // wix: this warp's index among the producer warps
+    int it = 0;              // K blocks walked so far (by every producer warp)
     int s = 0;               // it % S
     uint32_t round_par = 0;  // (it / S) & 1: a free-stage wait (it >= S) waits for parity round_par ^ 1
     // profile (fault_inject bit 32): SM cycles waiting for a free stage (32 bits: 2.5 s at
-    // 1.7 GHz; one register in the 48-register producer)
+    // 1.7 GHz; one register of the producer's 64)
     uint32_t cyc_wait_empty = 0;
 
     __device__ __forceinline__ Producer(const Params& p_, const CUtensorMap* maps, uint8_t* st, uint64_t* f, uint64_t* e)
         : p(p_), pool_map(maps), stages(st), full(f), empty(e) {
         S = (int)p.num_stages;
         ptid = threadIdx.x - kDispatchThreads;
+        wix = ptid >> 5;
+    }
+    __device__ __forceinline__ bool mine() const { return (it & (NW - 1)) == wix; }
+    __device__ __forceinline__ void advance() {
+        ++it;
+        if (++s == S) { s = 0; round_par ^= 1u; }
     }
 
     // One block's loads: the token tile (2-D tensor map, K coordinate kb * 128), its UE8M0
@@ -314,11 +329,12 @@ struct Producer {
     }
 
     __device__ __forceinline__ bool issue(const Loads& L, int kb) {
-        const uint32_t c0 = clock32();
+        const bool prof = p.fault_inject & 32;
+        const uint32_t c0 = prof ? clock32() : 0u;
         if (it >= S && !mbar_wait(p, empty + s, round_par ^ 1u, kRoleProducer)) return false;
-        cyc_wait_empty += clock32() - c0;
+        if (prof) cyc_wait_empty += clock32() - c0;
         __syncwarp();
-        if (ptid == 0) {
+        if ((ptid & 31) == 0) {
             const Stage st = get_stage<BM>(stages, s);
             // timing experiments only (fault_inject bits 8, 64, 128): skip the weight tile, the
             // token tile, the token scales
@@ -333,8 +349,7 @@ struct Producer {
                 cute::SM90_BULK_COPY_G2S::copy(L.wsf + (size_t)kb * 512, full + s, st.sfb, 512);
             }
         }
-        ++it;
-        if (++s == S) { s = 0; round_par ^= 1u; }
+        advance();
         return true;
     }
 
@@ -351,7 +366,6 @@ struct Producer {
     __device__ void run_blocks() {
         Scheduler<BM> sched(p);
         if (!sched.fetch_counts(p, kRoleProducer)) return;
-        sched.set_expert(0);
         const bool trace = p.trace_cap > 0 && ptid == 0;
         const uint32_t c_start = clock32();
         uint32_t cyc_wait_dep = 0;  // profile: waiting for arrival counts / masks
@@ -386,6 +400,10 @@ struct Producer {
             unsigned long long have = 0;
             const Loads L = loads_of(b);
             for (int kb = 0; ok && kb < b.num_k_blocks; ++kb) {
+                if (!mine()) {  // another producer warp's K block
+                    advance();
+                    continue;
+                }
                 if (b.phase == kPhaseL2) {
                     const unsigned long long need = 3ull << (2 * kb);
                     if ((have & need) != need) {
@@ -448,7 +466,6 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
         if (lane == 0) progress(p, wslot, 0x0E000000);
         return;
     }
-    sched.set_expert(0);
     Tile tile;
     tile.init(ctid);
     const int g = tile.wg, wi = tile.wi;
@@ -491,12 +508,16 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
             // the other's WGMMA runs); each thread reads its two weight rows' packed chunk and
             // scale bytes and decodes them into WGMMA registers (mma_sm90.cuh).
             // (st.sfa is [BM][4] bytes: one 32-bit word per token, byte q = K group q)
-            const int wtid = ctid & 127;
+            // block_m <= 32: each thread reads its own tokens' scale words (Tile::kDirectScales),
+            // no table and no warpgroup barrier
             float* fsx = st.fsx + g * 4 * BM;
-            for (int m = wtid; m < BM; m += 128) {
-                const uint32_t v = reinterpret_cast<const uint32_t*>(st.sfa)[m];
-                #pragma unroll
-                for (int q = 0; q < 4; ++q) fsx[q * BM + m] = ue8m0_to_float((v >> (8 * q)) & 0xFFu);
+            if constexpr (!Tile::kDirectScales) {
+                const int wtid = ctid & 127;
+                for (int m = wtid; m < BM; m += 128) {
+                    const uint32_t v = reinterpret_cast<const uint32_t*>(st.sfa)[m];
+                    #pragma unroll
+                    for (int q = 0; q < 4; ++q) fsx[q * BM + m] = ue8m0_to_float((v >> (8 * q)) & 0xFFu);
+                }
             }
             const int n0 = tile.row_of(0);
             const uint32_t* w0 = reinterpret_cast<const uint32_t*>(st.bpk + n0 * 64 + (lane & 3) * 16);
@@ -505,10 +526,10 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
             const uint32_t sw8 = *reinterpret_cast<const uint32_t*>(st.sfb + (n0 + 8) * 4);
             // (The token tile was written by TMA, the async proxy WGMMA reads it through: no
             // proxy fence; the full barrier's completion makes it visible.)
-            named_bar_sync(kBarConsumerWg0 + g, 128);
+            if constexpr (!Tile::kDirectScales) named_bar_sync(kBarConsumerWg0 + g, 128);
             c0 = clock64();
             cyc_decode += c0 - c1;
-            if (!dead && mma_on) tile.mma_k_block(w0, w8, sw0, sw8, st.a, fsx);
+            if (!dead && mma_on) tile.mma_k_block(w0, w8, sw0, sw8, st.a, fsx, st.sfa);
             __syncwarp();
             if (lane == 0) mbar_arrive(empty + s);
             cyc_mma += clock64() - c0;
@@ -526,7 +547,9 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
         const bool store = !dead && !aborted(p);
         if (b.phase == kPhaseL1) {
             // SwiGLU (BF16-rounded gate/up, optional clamp) x top-k weight, per-32 amax. The
-            // top-k weights are loaded up front: one round trip, not one per token.
+            // top-k weights are loaded up front: one round trip, not one per token. (Loading
+            // them during the K loop, after its first full-stage wait, was slower: +4..+12% at
+            // 64-1024 tokens, benchmarks/NOTES_kernel.md.)
             float wt[NJ][2];
             #pragma unroll
             for (int j = 0; j < NJ; ++j)
@@ -647,7 +670,7 @@ __global__ void __launch_bounds__(kThreads, 1) megamoe_sm90_kernel(const __grid_
     __syncthreads();
     // Register split (setmaxnreg, per warpgroup): dispatch and producer give registers to the
     // two consumer warpgroups (accumulator + WGMMA partial: BM floats per thread); everyone
-    // returns to the even split for the combine. 128 x (64 + 48) + 256 x 200 = 65536.
+    // returns to the even split for the combine. 128 x (64 + 64) + 256 x 192 = 65536.
     if (warp < 4) {
         setmaxnreg_dec<kRegsDispatch>();
         if (p.num_ranks > 1) dispatch_role_ep(p, BM, hist, cta_base, off_blk, scan);
@@ -656,7 +679,7 @@ __global__ void __launch_bounds__(kThreads, 1) megamoe_sm90_kernel(const __grid_
         if (threadIdx.x == 0) progress(p, 0, 0xD0);
     } else if (warp < 8) {
         setmaxnreg_dec<kRegsProducer>();
-        if (warp == 4) {
+        if (warp < 4 + Producer<BM>::NW) {
             Producer<BM> prod(p, args.pool_map, stages, full, empty);
             prod.run();
         }
@@ -765,6 +788,29 @@ int megamoe_sm90_wgmmas_in_flight(int block_m) {
         case 32: return megamoe::Sm90Tile<32>::NP;
         case 64: return megamoe::Sm90Tile<64>::NP;
         case 128: return megamoe::Sm90Tile<128>::NP;
+        default: return -1;
+    }
+}
+
+// Producer warps that issue K blocks at this block_m (Producer::NW; mirrored by
+// megamoe.design_sm90.PRODUCER_ISSUE_WARPS); -1 for an unsupported block_m.
+int megamoe_sm90_producer_warps(int block_m) {
+    switch (block_m) {
+        case 16: return megamoe::Producer<16>::NW;
+        case 32: return megamoe::Producer<32>::NW;
+        case 64: return megamoe::Producer<64>::NW;
+        case 128: return megamoe::Producer<128>::NW;
+        default: return -1;
+    }
+}
+
+// Registers per thread of the dispatch, producer and consumer warpgroups (setmaxnreg;
+// mirrored by megamoe.design_sm90.REGS_*): which = 0, 1, 2; -1 otherwise.
+int megamoe_sm90_role_registers(int which) {
+    switch (which) {
+        case 0: return (int)megamoe::kRegsDispatch;
+        case 1: return (int)megamoe::kRegsProducer;
+        case 2: return (int)megamoe::kRegsConsumer;
         default: return -1;
     }
 }

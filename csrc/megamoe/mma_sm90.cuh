@@ -14,8 +14,8 @@
 // +8 (a1, a3), K elements [4 t, 4 t + 4) (a0, a1) and [16 + 4 t, 16 + 4 t + 4) (a2, a3) with
 // t = l % 4. The weights are stored so that those elements of all four k32 steps of a
 // 128-K block are one 16-byte chunk per row and thread (megamoe.layouts.
-// permute_e2m1_for_sm90_rs): chunk t of a row's 64-byte K block; its word q decodes to
-// (a0 or a1, a2 or a3) of step q.
+// permute_e2m1_for_sm90_rs): chunk t of a row's 64-byte K block; its word q (nibbles
+// reordered, fp4.cuh) decodes to (a0 or a1, a2 or a3) of step q.
 //
 // B (tokens) sits in shared memory K-major as 128-byte rows (one K block of FP8) with the
 // 16-byte chunk index XOR-swizzled by (row % 8) inside 1024-byte atoms: the 128-byte swizzle
@@ -24,8 +24,9 @@
 //
 // Numerics (`megamoe.reference.Numerics.sm90(fold_k=None)`): each 32-wide K group is one
 // WGMMA with a zeroed accumulator (scale-d = 0), and its FP32 partial sum is promoted into
-// the FP32 accumulator as acc = fma(d * 2^sw, 2^sx, acc) with the UE8M0 scales of the
-// weight row and the token for that group. The weight scales are read as bytes (4 per row
+// the FP32 accumulator as acc = fma(d * 2^(sw + 6), 2^sx, acc) with the UE8M0 scales of the
+// weight row and the token for that group (the decoded weights are E2M1 x 2^-6, fp4.cuh: d is
+// the true partial x 2^-6 exactly, so the result is bitwise the unscaled one). The weight scales are read as bytes (4 per row
 // and K block), the token scales from an FP32 table [4][BLOCK_M] the warpgroup builds per stage.
 //
 // The MMA atoms, the descriptor and the wgmma fences come from CUTLASS/CuTe
@@ -80,6 +81,10 @@ struct Sm90Tile {
     using Op = typename GmmaE4M3<BLOCK_M>::Op;
     static constexpr int NP = BLOCK_M <= 32 ? 4 : BLOCK_M == 64 ? 2 : 1;  // partial accumulators
     static constexpr int NA = NP < 2 ? 2 : NP;  // A register sets (one k32 step each)
+    // block_m <= 32: each thread reads its tokens' four UE8M0 scale bytes straight from the
+    // stage (one 8-byte word per n8 tile: tokens 2 (lane % 4) and +1) instead of a warpgroup's
+    // FP32 table, so the warpgroup needs no barrier per K block
+    static constexpr bool kDirectScales = BLOCK_M <= 32;
 
     float acc[NJ][4];
     float part[NP][NJ][4];
@@ -126,12 +131,18 @@ struct Sm90Tile {
         else if (n == 2) cute::warpgroup_wait<2>();
         else cute::warpgroup_wait<3>();
     }
-    // acc += part * 2^sw(row) * 2^sx(token) for K group q
-    __device__ __forceinline__ void promote(int pb, int q, uint32_t sw0, uint32_t sw8, const float* fsx) {
+    // acc += part * 2^sw(row) * 2^sx(token) for K group q; sw0 / sw8 carry the decode's
+    // exponent offset (mma_k_block), so part * 2^(sw + 6) is the product of the true values
+    // (sxw: kDirectScales only, the scale words of tokens tok_of(j, 0) and tok_of(j, 1))
+    __device__ __forceinline__ void promote(int pb, int q, uint32_t sw0, uint32_t sw8, const float* fsx, const uint2* sxw) {
         const float s0 = ue8m0_to_float((sw0 >> (8 * q)) & 0xFFu), s8 = ue8m0_to_float((sw8 >> (8 * q)) & 0xFFu);
         #pragma unroll
         for (int j = 0; j < NJ; ++j) {
-            const float2 sx = *reinterpret_cast<const float2*>(fsx + q * BLOCK_M + tok_of(j, 0));
+            float2 sx;
+            if constexpr (kDirectScales)
+                sx = make_float2(ue8m0_to_float((sxw[j].x >> (8 * q)) & 0xFFu), ue8m0_to_float((sxw[j].y >> (8 * q)) & 0xFFu));
+            else
+                sx = *reinterpret_cast<const float2*>(fsx + q * BLOCK_M + tok_of(j, 0));
             acc[j][0] = fmaf(part[pb][j][0] * s0, sx.x, acc[j][0]);
             acc[j][1] = fmaf(part[pb][j][1] * s0, sx.y, acc[j][1]);
             acc[j][2] = fmaf(part[pb][j][2] * s8, sx.x, acc[j][2]);
@@ -146,8 +157,18 @@ struct Sm90Tile {
 
     // One K block: issue, wait, promote.
     __device__ __forceinline__ void mma_k_block(const uint32_t* w0, const uint32_t* w8, uint32_t sw0, uint32_t sw8,
-                                                const uint8_t* a, const float* fsx) {
+                                                const uint8_t* a, const float* fsx, const uint8_t* sfa) {
         const uint64_t db = sw128_kmajor_desc(a);
+        // the decoded weights are E2M1 x 2^-6 (fp4.cuh): 6 more on each scale byte (no carry:
+        // the host rejects weight scale bytes above 248, megamoe.kernel.runtime.sm90_weights)
+        constexpr uint32_t kOff = kE2M1DecodeExpOffset * 0x01010101u;
+        sw0 += kOff;
+        sw8 += kOff;
+        uint2 sxw[kDirectScales ? NJ : 1];
+        if constexpr (kDirectScales) {
+            #pragma unroll
+            for (int j = 0; j < NJ; ++j) sxw[j] = *reinterpret_cast<const uint2*>(sfa + 4 * tok_of(j, 0));
+        }
         if constexpr (NP == 4) {
             // all four issued (four commit groups), each promoted as it completes
             #pragma unroll
@@ -159,7 +180,7 @@ struct Sm90Tile {
             for (int q = 0; q < 4; ++q) {
                 wait_pending(3 - q);
                 fence_step(q, q);
-                promote(q, q, sw0, sw8, fsx);
+                promote(q, q, sw0, sw8, fsx, sxw);
             }
         } else if constexpr (NP == 2) {
             // A registers of two steps: step q's live in set q % 2 until its wait
@@ -177,7 +198,7 @@ struct Sm90Tile {
                 }
                 fence_step(c, c);
                 if (q < 2) { ra0[c] = decode_e2m1x8(w0[q + 2]); ra8[c] = decode_e2m1x8(w8[q + 2]); }
-                promote(c, q, sw0, sw8, fsx);
+                promote(c, q, sw0, sw8, fsx, sxw);
             }
         } else {
             // one partial; step q + 1 is decoded (into the other A register set) while step q's
@@ -190,7 +211,7 @@ struct Sm90Tile {
                 if (q < 3) { ra0[c ^ 1] = decode_e2m1x8(w0[q + 1]); ra8[c ^ 1] = decode_e2m1x8(w8[q + 1]); }
                 cute::warpgroup_wait<0>();
                 fence_step(c, 0);
-                promote(0, q, sw0, sw8, fsx);
+                promote(0, q, sw0, sw8, fsx, sxw);
             }
         }
     }

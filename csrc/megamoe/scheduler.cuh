@@ -19,19 +19,22 @@ struct Block {
 
 template <int BLOCK_M>
 struct Scheduler {
-    int num_experts, experts_per_wave, num_sms, num_l1_n, num_l2_n, num_l1_k, num_l2_k;
-    int next_phase = kPhaseL1;
-    int expert = 0, num_tokens = 0, pool_block_offset = 0;
-    int block_idx;
+    // The plan numbers are read from the kernel parameters where they are used (constant
+    // memory, no registers: the producer warps run this walk on 64 registers).
+    const Params& prm;
+    int num_experts;         // local experts (EP1: all); a division, so kept
+    int phase = kPhaseL1;    // the phase being walked in the current wave
+    int wave = 0;            // first expert of the current wave
+    int wave_pool = 0;       // pool blocks of the experts before the current wave
+    int block_idx;           // this CTA's next block, counted within (wave, phase)
     uint32_t counts[kMaxExpertsPerLane];  // lane l holds expert i*32+l
 
-    __device__ __forceinline__ Scheduler(const Params& p) {
-        num_experts = (int)(p.num_ranks > 1 ? p.num_experts / p.num_ranks : p.num_experts);  // local experts (EP1: all)
-        experts_per_wave = (int)p.experts_per_wave; num_sms = (int)p.num_sms;
-        num_l1_n = (int)(2 * p.inter / 128); num_l2_n = (int)(p.hidden / 128);
-        num_l1_k = (int)(p.hidden / 128); num_l2_k = (int)(p.inter / 128);
+    __device__ __forceinline__ Scheduler(const Params& p) : prm(p) {
+        num_experts = (int)(p.num_ranks > 1 ? p.num_experts / p.num_ranks : p.num_experts);
         block_idx = blockIdx.x;
     }
+    __device__ __forceinline__ int num_l1_n() const { return (int)(2 * prm.inter / 128); }
+    __device__ __forceinline__ int num_l2_n() const { return (int)(prm.hidden / 128); }
 
     // Wait until every CTA reported its counts (high 32 bits == grid size). Whole warp.
     __device__ __forceinline__ bool fetch_counts(const Params& p, uint32_t role) {
@@ -48,77 +51,64 @@ struct Scheduler {
         return __all_sync(0xffffffffu, ok);
     }
 
-    __device__ __forceinline__ int get_num_tokens(int e) const {
+    // This lane's expert chunk * 32 + lane (register select: the chunk is warp-uniform).
+    __device__ __forceinline__ uint32_t lane_count(int chunk) const {
         uint32_t v = 0;
         #pragma unroll
-        for (int i = 0; i < kMaxExpertsPerLane; ++i)
-            v = (e == i * 32 + (int)lane_id()) ? counts[i] : v;
-        return (int)__shfl_sync(0xffffffffu, v, e & 31);
-    }
-    __device__ __forceinline__ int get_pool_block_offset(int e) const {
-        uint32_t n = 0;
-        #pragma unroll
-        for (int i = 0; i < kMaxExpertsPerLane; ++i)
-            if (i * 32 + (int)lane_id() < e) n += (counts[i] + BLOCK_M - 1) / BLOCK_M;
-        return (int)__reduce_add_sync(0xffffffffu, n);
-    }
-    __device__ __forceinline__ int num_m_blocks() const { return (num_tokens + BLOCK_M - 1) / BLOCK_M; }
-    __device__ __forceinline__ void set_expert(int e) {
-        expert = e;
-        num_tokens = e < num_experts ? get_num_tokens(e) : 0;
-        pool_block_offset = get_pool_block_offset(e);
-    }
-    // First expert >= from with at least one token (num_experts if none). Whole warp.
-    __device__ __forceinline__ int next_nonempty(int from) const {
-        #pragma unroll
-        for (int i = 0; i < kMaxExpertsPerLane; ++i) {
-            const int e = i * 32 + (int)lane_id();
-            const uint32_t m = __ballot_sync(0xffffffffu, e >= from && e < num_experts && counts[i] != 0u);
-            if (m) return i * 32 + __ffs(m) - 1;
-        }
-        return num_experts;
-    }
-    // Next expert of this wave, stepping over empty ones at once (they have no blocks and no
-    // pool blocks, so the block sequence is unchanged; stepping one at a time cost ~170 ns
-    // per expert on the H200, 40 us per block walk at 1 token). Stops at the wave's end.
-    __device__ __forceinline__ void advance_expert() {
-        pool_block_offset += num_m_blocks();
-        const int we = wave_end();
-        expert = min(next_nonempty(expert + 1), we);
-        num_tokens = expert < num_experts ? get_num_tokens(expert) : 0;
-    }
-    __device__ __forceinline__ int wave_end() const {
-        const int end = (expert / experts_per_wave + 1) * experts_per_wave;
-        return end < num_experts ? end : num_experts;
+        for (int i = 0; i < kMaxExpertsPerLane; ++i) v = i == chunk ? counts[i] : v;
+        return v;
     }
 
-    // Next block of this CTA; phase == kPhaseNone when done. One walk for both phases: skip
-    // whole experts while the index is past their m x n blocks, then the block is (m, n) of
-    // the current expert; a wave's L1 blocks are followed by its L2 blocks (the index starts
-    // again at the wave's first expert), then the next wave's L1 blocks.
+    // Next block of this CTA; phase == kPhaseNone when done. Whole warp. In each (wave,
+    // phase) the blocks are every expert's m x n blocks (m-major over the phase's n blocks),
+    // experts in order; the block index skips num_sms blocks per call and carries over from
+    // a wave's L1 blocks to its L2 blocks and on to the next wave's L1 blocks. The expert that
+    // holds the index is found at once: each lane takes one expert of a 32-expert chunk of
+    // the wave, a warp scan sums their m blocks, and a ballot finds the first expert whose
+    // running block count passes the index (walking expert by expert cost ~1-2 us per block
+    // at small token counts, a ballot and shuffles per expert; benchmarks/NOTES_kernel.md).
     __device__ __forceinline__ Block next() {
-        while (expert < num_experts) {
-            const bool l1 = next_phase == kPhaseL1;
-            const int num_n = l1 ? num_l1_n : num_l2_n;
-            const int we = wave_end();
-            while (expert < we && block_idx >= num_m_blocks() * num_n) {
-                block_idx -= num_m_blocks() * num_n;
-                advance_expert();
+        const int lane = (int)lane_id();
+        const int epw = (int)prm.experts_per_wave;
+        while (wave < num_experts) {
+            const bool l1 = phase == kPhaseL1;
+            const int num_n = l1 ? num_l1_n() : num_l2_n();
+            const int we = min(wave + epw, num_experts);
+            int mb_before = 0;  // m blocks of the wave's experts in the chunks already scanned
+            for (int c0 = wave & ~31; c0 < we; c0 += 32) {
+                const int e = c0 + lane;
+                const int cnt = (e >= wave && e < we) ? (int)lane_count(c0 >> 5) : 0;
+                const int mb = (cnt + BLOCK_M - 1) / BLOCK_M;
+                int inc = mb;  // inclusive scan of m blocks over the lanes
+                #pragma unroll
+                for (int d = 1; d < 32; d <<= 1) {
+                    const int t = __shfl_up_sync(0xffffffffu, inc, d);
+                    if (lane >= d) inc += t;
+                }
+                const unsigned hit = __ballot_sync(0xffffffffu, (mb_before + inc) * num_n > block_idx);
+                if (hit) {
+                    const int L = __ffs(hit) - 1;
+                    const int first_mb = mb_before + __shfl_sync(0xffffffffu, inc - mb, L);  // m blocks before it
+                    const int local = block_idx - first_mb * num_n;
+                    const int m = local / num_n;
+                    Block b;
+                    b.phase = phase; b.expert = c0 + L; b.m_block = m; b.n_block = local - m * num_n;
+                    b.num_k_blocks = (int)((l1 ? prm.hidden : prm.inter) / 128);
+                    b.pool_block = wave_pool + first_mb + m;
+                    b.valid_m = min(__shfl_sync(0xffffffffu, cnt, L) - m * BLOCK_M, BLOCK_M);
+                    block_idx += (int)prm.num_sms;
+                    return b;
+                }
+                mb_before += __shfl_sync(0xffffffffu, inc, 31);
             }
-            if (expert < we) {
-                Block b;
-                const int m = block_idx / num_n;
-                b.phase = l1 ? kPhaseL1 : kPhaseL2; b.expert = expert; b.m_block = m; b.n_block = block_idx - m * num_n;
-                b.num_k_blocks = l1 ? num_l1_k : num_l2_k; b.pool_block = pool_block_offset + m;
-                b.valid_m = min(num_tokens - m * BLOCK_M, BLOCK_M);
-                block_idx += num_sms;
-                return b;
-            }
+            // (wave, phase) done: mb_before is the wave's m blocks
+            block_idx -= mb_before * num_n;
             if (l1) {
-                next_phase = kPhaseL2;
-                set_expert(((expert - 1) / experts_per_wave) * experts_per_wave);  // the wave's first expert
+                phase = kPhaseL2;
             } else {
-                next_phase = kPhaseL1;
+                phase = kPhaseL1;
+                wave_pool += mb_before;
+                wave = we;
             }
         }
         Block none;

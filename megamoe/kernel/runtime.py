@@ -142,6 +142,12 @@ def prepare_weights(w1, w1_sf, w2, w2_sf) -> Weights:
     return Weights(*(t.contiguous().view(torch.uint8) for t in (w1, w1_sf, w2, w2_sf)))
 
 
+#: Largest weight scale byte the SM90 kernel takes: it adds 6 (its E2M1 decode's exponent
+#: offset, csrc/megamoe/fp4.cuh) to each byte of a packed word; 254 is the largest finite
+#: UE8M0 byte (2^127), and the add must not carry into the next byte.
+SM90_MAX_WEIGHT_SCALE_BYTE = 254 - 6
+
+
 def sm90_weights(weights: Weights) -> Weights:
     """Checkpoint-layout weights -> what the SM90 kernel reads: every tensor cut into the
     tiles of :func:`megamoe.layouts.transform_weights_for_sm90` (gate/up interleave, bytes in
@@ -149,11 +155,19 @@ def sm90_weights(weights: Weights) -> Weights:
     the producer loads a stage's weights and scales with two TMA bulk copies. A new copy on
     the same device: the weights' memory once more.
 
+    The kernel decodes E2M1 as E4M3 values x 2^-6 and adds 6 to every weight scale byte
+    (``csrc/megamoe/fp4.cuh``), so the scale bytes must be at most 248 (scales up to 2^121).
+
     Raises:
-        InputError: ``weights`` is not a :class:`Weights` (``prepare_weights``), or N / K are
-            not multiples of 128."""
+        InputError: ``weights`` is not a :class:`Weights` (``prepare_weights``), N / K are
+            not multiples of 128, or a weight scale byte is above 248."""
     from megamoe.layouts import transform_weights_for_sm90
     require(isinstance(weights, Weights), "weights", "prepare_weights(...) (checkpoint layout)", type(weights).__name__)
+    for name, sf in (("weights.w1_sf", weights.w1_sf), ("weights.w2_sf", weights.w2_sf)):
+        top = int(sf.max()) if sf.numel() else 0
+        require(top <= SM90_MAX_WEIGHT_SCALE_BYTE, name,
+                f"UE8M0 bytes <= {SM90_MAX_WEIGHT_SCALE_BYTE} (scales up to 2^121: the SM90 kernel adds 6 to each)",
+                f"a byte {top}")
     (w1, s1), (w2, s2) = transform_weights_for_sm90((weights.w1, weights.w1_sf), (weights.w2, weights.w2_sf))
     return Weights(w1, s1, w2, s2)
 

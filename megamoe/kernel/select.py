@@ -112,6 +112,8 @@ PATHS: dict[str, KernelPath] = {
             "megamoe_sm90_launch": (_launch_args, _c.c_int),
             "megamoe_sm90_smem_bytes": ([_c.c_int, _c.c_int, _c.c_int], _c.c_longlong),
             "megamoe_sm90_wgmmas_in_flight": ([_c.c_int], _c.c_int),
+            "megamoe_sm90_producer_warps": ([_c.c_int], _c.c_int),
+            "megamoe_sm90_role_registers": ([_c.c_int], _c.c_int),
             "megamoe_sm90_error_string": ([_c.c_int], _c.c_char_p),
             "megamoe_sm90_abi_size": (None, _c.c_int),
         },
