@@ -3,9 +3,11 @@ and the ranking of plan choices measured on the kernel.
 
 Prints two tables and writes benchmarks/results/compare_h200.json.  Runs on any CPU: the
 traces (benchmarks/traces/*.npz) and the kernel's plan-choice times
-(results/kernel_plan_choices_h200.json) were measured on the lent H200s on 2026-11-30 in one
-device run with the FP8 WGMMA kernel v6.2 (TMA loads, lean K loop, build e3e06e89). EP traces are simulated with the ranks' launch skew
-read off the trace (host jitter; the column without it is shown too).
+(results/kernel_plan_choices_h200.json) were measured on the lent H200s: the EP1 traces and
+plan choices on 2026-12-01 with the FP8 WGMMA kernel v6.3 (build 3e7928b5), the EP2 traces on
+2026-11-30 with v6.2 (build e3e06e89; the two-GPU machine was not lent on 2026-12-01). EP
+traces are simulated with the ranks' launch skew read off the trace (host jitter; the column
+without it is shown too).
 A plan-choice pair must be ordered like the kernel only where the kernel's times differ by
 more than 5% (``must_agree``); ``ranking_ok`` says whether all of those are.
 """
@@ -27,8 +29,9 @@ def trace_rows() -> list[dict]:
     rows = []
     for path in sorted(glob.glob(os.path.join(HERE, "traces", "kernel_*.npz")),
                        key=lambda p: (p.split("_t")[0], int(p.split("_t")[-1].split(".")[0]))):
-        r, _, _ = compare_file(path)
+        r, tr, _ = compare_file(path)
         rows.append({"trace": os.path.basename(path), "ranks": r["scenario"]["num_ranks"],
+                     "kernel_build": tr.meta.get("kernel_build"),
                      "tokens": r["scenario"]["tokens_per_rank"][0],
                      **{k: r[k] for k in ("makespan_measured_us", "makespan_simulated_us", "makespan_error",
                                           "makespan_error_no_skew", "launch_skew_us", "median_kind_error",
@@ -59,11 +62,12 @@ def ranking_rows() -> list[dict]:
 def main() -> None:
     rows, pairs = trace_rows(), ranking_rows()
     print(f"{'EP':>3s} {'tokens':>6s} {'measured us':>12s} {'simulated us':>13s} {'makespan err':>13s} "
-          f"{'median kind err':>16s} {'launch skew us':>15s} {'err w/o skew':>13s}")
+          f"{'median kind err':>16s} {'launch skew us':>15s} {'err w/o skew':>13s}  kernel build")
     for r in rows:
         print(f"{r['ranks']:3d} {r['tokens']:6d} {r['makespan_measured_us']:12.1f} {r['makespan_simulated_us']:13.1f} "
               f"{100 * r['makespan_error']:+12.1f}% {100 * r['median_kind_error']:15.1f}% "
-              f"{max(r['launch_skew_us']):15.1f} {100 * r['makespan_error_no_skew']:+12.1f}%")
+              f"{max(r['launch_skew_us']):15.1f} {100 * r['makespan_error_no_skew']:+12.1f}%  "
+              f"{(r['kernel_build'] or 'e3e06e89 (v6.2; not the fitted kernel)')[:8]}")
     print()
     print(f"{'tokens':>6s} {'choice A':>22s} {'choice B':>22s} {'kernel us A/B':>18s} {'sim us A/B':>18s} {'same order':>10s}")
     for p in pairs:
@@ -74,7 +78,8 @@ def main() -> None:
     ok = all(p["same_order"] for p in pairs if p["must_agree"])
     print(f"plan choices apart by more than 5% ordered like the kernel: {ok}")
     with open(out, "w") as f:
-        json.dump({"kernel": "FP8 WGMMA v6.2 (2026-11-30, build e3e06e89)", "plan_choices_kernel": "FP8 WGMMA v6.2 (2026-11-30, build e3e06e89)",
+        json.dump({"kernel": "EP1: FP8 WGMMA v6.3 (2026-12-01, build 3e7928b5); EP2: v6.2 (2026-11-30, build e3e06e89)",
+                   "plan_choices_kernel": "FP8 WGMMA v6.3 (2026-12-01, build 3e7928b5)",
                    "traces": rows, "plan_choices": pairs, "ranking_ok": ok}, f, indent=1)
     print(f"wrote {out}")
 

@@ -79,18 +79,6 @@ def block_m_for(expected_tokens_per_expert: float) -> int:
     return BLOCK_MS[-1]
 
 
-def mma_rows_priced(block_m: int) -> int:
-    """The block rows that price one K block of the matrix path (``sim.engine``'s SM90 K loop).
-
-    ``block_m``, except where a K block's four k32 WGMMAs are issued at once
-    (:data:`WGMMAS_IN_FLIGHT` = 4: block_m 16 and 32): there the chain of WGMMA issue, wait and
-    promotion, not the WGMMA's N, sets the K-block time, and every such block_m costs what the
-    smallest does (kernel v6.2 traces on the H200, benchmarks/traces: 671 ns per K block at
-    block_m 16, 682 ns at 32, 1534 ns at 128).
-    """
-    return BLOCK_MS[0] if WGMMAS_IN_FLIGHT.get(block_m, 1) == 4 else block_m
-
-
 def stage_bytes(block_m: int) -> int:
     """Shared memory of one pipeline stage, rounded up to 1024 B (WGMMA's 128-byte swizzle
     atoms need 1024-B alignment): token tile ``[block_m][128]`` E4M3, packed weights

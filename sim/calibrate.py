@@ -220,7 +220,7 @@ def from_kernel_trace(path: str, fp8_gemm_tflops: float, base: str = "h200") -> 
     """Figures from one kernel trace (NPZ, :mod:`megamoe.trace`): ``grid_sync_ns`` and
     ``sm90_mma_fraction`` (see module docstring; the fixed per-K-block cost comes from the
     ``base`` preset)."""
-    from megamoe.design_sm90 import BLOCK_K, BLOCK_N, CONSUMER_WARPS, mma_rows_priced
+    from megamoe.design_sm90 import BLOCK_K, BLOCK_N, CONSUMER_WARPS
     from megamoe.trace import Trace
 
     from .hardware import load_hardware
@@ -237,7 +237,7 @@ def from_kernel_trace(path: str, fp8_gemm_tflops: float, base: str = "h200") -> 
         fixed = hw.e2m1_decode_thread_ns_per_elem * BLOCK_N * BLOCK_K / (32 * CONSUMER_WARPS) + hw.stage_handoff_ns
         mma = sm90_k_block_ns(t) - fixed
         if mma > 0:
-            out["sm90_mma_fraction"] = _fraction_of_rate(mma / mma_rows_priced(bm), fp8_gemm_tflops,
+            out["sm90_mma_fraction"] = _fraction_of_rate(mma / bm, fp8_gemm_tflops,
                                                          int(meta.get("num_sms", 132)))
     return out
 
@@ -270,7 +270,7 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
     """
     import numpy as np
 
-    from megamoe.design_sm90 import BLOCK_K, BLOCK_N, CONSUMER_WARPS, THREADS, block_m_for, mma_rows_priced
+    from megamoe.design_sm90 import BLOCK_K, BLOCK_N, CONSUMER_WARPS, THREADS, block_m_for
     from megamoe.trace import KIND, Trace
 
     from .engine import DISPATCH_WARPS_PER_SM
@@ -308,16 +308,13 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
     num_sms = rows[0]["num_sms"]
     out = {}
 
-    # K block: a line in the block rows that price the MMA (WGMMA's N, the tokens; the decode
-    # does not grow with them; megamoe.design_sm90.mma_rows_priced: block_m, or 16 where the four k32
-    # WGMMAs of a K block are issued at once)
-    xs = [mma_rows_priced(r["bm"]) for r in rows]
-    require(len(set(xs)) >= 2, "fit_sm90_traces", "traces of at least two block_m with different MMA rows", bms)
-    a, b = _line(xs, [r["k"] for r in rows])
+    # K block: a line in block_m (WGMMA's N, the tokens: the promotion and the token scales
+    # grow with them, the decode does not)
+    a, b = _line([r["bm"] for r in rows], [r["k"] for r in rows])
     pts = "; ".join(f"{r['k']:.0f} ns at block_m {r['bm']} (T={r['tokens']}: median L1 K loop {r['k1']:.0f} ns, "
                     f"L2 {r['k2']:.0f} ns per K block)" for r in rows)
     how = (f"per-K-block consumer time (mean of the median L1 and L2 K loops per K block) {a:.0f} ns + {b:.2f} ns "
-           f"per block row priced (megamoe.design_sm90.mma_rows_priced) ({pts}); the slope is "
+           f"per block_m row ({pts}); the slope is "
            f"{2 * BLOCK_N * BLOCK_K / b * num_sms / 1e3:.0f} TFLOP/s over "
            f"{num_sms} SMs = this fraction of the {rate:.0f} TFLOP/s FP8 GEMM")
     out["sm90_mma_fraction"] = (_fraction_of_rate(b, rate, num_sms), how)
@@ -330,7 +327,7 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
                 continue  # at 1 token the consumer mostly waits (the profile's full-stage share)
             bm = block_m_for(e["T"] * rows[0]["top_k"] / rows[0]["experts"])
             share = e["c_decode_bar_frac"] / (e["c_decode_bar_frac"] + e["c_mma_frac"] + e["c_wait_full_frac"])
-            shares.append((e["T"], share, share * (a + b * mma_rows_priced(bm))))
+            shares.append((e["T"], share, share * (a + b * bm)))
         if shares:
             decode_ns = float(np.mean([s[2] for s in shares]))
             decode_how = ("decode + warpgroup barrier share of the K loop (c_decode_bar / (c_decode_bar + c_mma + "
@@ -350,18 +347,24 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
         return min(r["stages"], r["kb1"]) * r["k1"]
 
     paced = [r for r in rows if r["issue"][1] < 0.5 * _ring(r)]
-    require(bool(paced), "fit_sm90_traces", "a trace whose first L1 blocks' copy issues run ahead of the consumers",
-            "none")
-    iss = float(np.median([r["issue"][0] for r in paced]))
-    how = ("the producer's time per K block from the first to the last copy issue of each CTA's first L1 block (the "
-           "stage ring empty; from the load record's start or the end of its arrival wait to its end), median over "
-           "CTAs: " + ", ".join(
-               f"T={r['tokens']} (block_m {r['bm']}) {r['issue'][0]:.0f} ns, the last issue "
-               f"{r['issue'][1] / 1e3:.2f} us before the K loop's end"
-               + ("" if r in paced else f" = {r['issue'][1] / r['k1']:.1f} of {r['stages']} stages of "
-                  f"{r['k1']:.0f} ns: paced by the ring, left out") for r in rows)
-           + f"; median {iss:.0f} ns: the loads of one stage (token tile, scales, FP4 weights and their scales) "
-           "take that long to issue, so with the ring empty the producer runs barely ahead of the consumers")
+    each = ", ".join(f"T={r['tokens']} (block_m {r['bm']}) {r['issue'][0]:.0f} ns, the last issue "
+                     f"{r['issue'][1] / 1e3:.2f} us before the K loop's end"
+                     + ("" if r in paced else f" = {r['issue'][1] / r['k1']:.1f} of {r['stages']} stages of "
+                        f"{r['k1']:.0f} ns: paced by the ring") for r in rows)
+    what = ("the producer's time per K block from the first to the last copy issue of each CTA's first L1 block (the "
+            "stage ring empty; from the load record's start or the end of its arrival wait to its end), median over "
+            "CTAs: " + each)
+    if paced:
+        iss = float(np.median([r["issue"][0] for r in paced]))
+        how = (what + f"; median over the traces not paced by the ring {iss:.0f} ns: the loads of one stage (token "
+               "tile, scales, FP4 weights and their scales) take that long to issue, so with the ring empty the "
+               "producer runs barely ahead of the consumers")
+    else:
+        # every first block was paced by the ring: the issue is faster than the consumers use
+        # stages, and the smallest per-K-block time seen bounds it from above
+        iss = float(min(r["issue"][0] for r in rows))
+        how = (what + f"; every trace paced by the ring (the producer warps issue faster than the consumers free "
+               f"stages), so the smallest, {iss:.0f} ns, is an upper bound on the issue time per K block")
     out["sm90_issue_kblock_ns"] = (iss, how)
 
     # scheduler between blocks: consumer gap = fixed + per step, least squares over the gaps
@@ -375,7 +378,7 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
     gap_pts = ", ".join(f"T={r['tokens']} {_median([g for g, _ in r['gaps']]):.0f} ns at a median "
                         f"{_median([k for _, k in r['gaps']]):.0f} steps" for r in rows)
     how = (f"consumer gap between a block's epilogue end and the next block's MMA start = {c0:.0f} ns + {c1:.0f} ns "
-           f"per scheduler step (non-empty expert left or phase switch; sim.engine.sm90_walk_steps), least squares "
+           f"per scheduler step (a 32-expert chunk scan beyond the call's first; sim.engine.sm90_walk_steps), least squares "
            f"over {len(x)} gaps, each trace weighted equally (median gap {gap_pts})")
     out["sched_block_ns"] = (float(c0), how)
     out["sched_step_ns"] = (float(c1), how)
@@ -595,9 +598,14 @@ SM90_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep1_t{t}.npz" for t in 
 SM90_EP_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep2_t{t}.npz" for t in (64, 512, 2048))
 SM90_EP_FIT_DEVICE = "two lent H200s (EP2, NV18)"
 SM90_FIT_PROFILE = "benchmarks/results/kernel_profile_stages_h200.json"
-SM90_FIT_DATE = "2026-11-30"
-SM90_FIT_KERNEL = "FP8 WGMMA v6.2 (TMA loads, E2M1 decoded into WGMMA registers, lean K loop, build e3e06e89)"
-SM90_PROFILE_KERNEL = "FP8 WGMMA v6.2 kernel"
+SM90_FIT_DATE = "2026-12-01"
+SM90_FIT_KERNEL = ("FP8 WGMMA v6.3 (TMA loads, E2M1 decoded into WGMMA registers by shifts, four producer warps, "
+                   "one-ballot scheduler, build 3e7928b5)")
+SM90_PROFILE_KERNEL = "FP8 WGMMA v6.3 kernel"
+#: The EP2 traces are older than the EP1 ones when the two-GPU machine was not lent in the
+#: session that re-recorded the EP1 traces.
+SM90_EP_FIT_KERNEL = "FP8 WGMMA v6.2 (TMA loads, E2M1 decoded into WGMMA registers, lean K loop, build e3e06e89)"
+SM90_EP_FIT_DATE = "2026-11-30"
 
 
 def sm90_fit_sources(fit: dict, traces=SM90_FIT_TRACES, profile_path: str | None = SM90_FIT_PROFILE,
@@ -636,7 +644,7 @@ def sm90_ep_fit_sources(fit: dict) -> dict:
     """:func:`sm90_fit_sources` for the output of :func:`fit_sm90_ep_traces` on
     :data:`SM90_EP_FIT_TRACES`."""
     return sm90_fit_sources(fit, traces=SM90_EP_FIT_TRACES, profile_path=None, device=SM90_EP_FIT_DEVICE,
-                            fitter="fit_sm90_ep_traces")
+                            fitter="fit_sm90_ep_traces", kernel=SM90_EP_FIT_KERNEL, date=SM90_EP_FIT_DATE)
 
 
 def refit_h200(root: str | None = None, toml_path: str | None = None) -> dict:

@@ -31,8 +31,9 @@ differs where the kernel does: one CTA per SM (units of one SM); the consumer wa
 run the MMA and both epilogues, so a block's K loop waits for the previous block's epilogue
 and then for the block scheduler's walk (``sched_block_ns`` plus ``sched_step_ns`` per
 scheduler step, :func:`sm90_walk_steps`; the producer pays the same walk after its last copy
-issue, which comes ``K blocks x sm90_issue_kblock_ns`` after its first (the producer issues
-one stage's loads in that time, barely faster than the consumers use them), one issue after
+issue, which comes ``K blocks x sm90_issue_kblock_ns`` after its first (the producer warps
+issue one stage's loads in that time; since kernel v6.3 faster than the consumers use them,
+so the ring paces them), one issue after
 the consumers free the stage a ring back (``min(stages, K blocks)`` K blocks before the K
 loop's end), and, in L2, ``K blocks - i`` issues after K block ``i``'s arrival-mask bits,
 whichever is latest; the consumers cannot finish the K loop before the last stage's data
@@ -61,7 +62,6 @@ from operator import sub
 import numpy as np
 import simpy
 
-from megamoe.design_sm90 import mma_rows_priced
 from megamoe.errors import InputError
 from megamoe.plan import L1, Plan
 from megamoe.scenario import Scenario
@@ -215,28 +215,25 @@ def sm90_walk_steps(rp) -> tuple[np.ndarray, int]:
     """Scheduler steps of the SM90 kernel (``csrc/megamoe/scheduler.cuh``) from the start of
     the block list to each block of ``rp.blocks()``, and to the end of the list.
 
-    The scheduler walks passes, L1 then L2 of each wave, each over the wave's experts.  A
-    step is a call that leaves a non-empty expert (one warp ballot steps over the empty ones
-    after it), a call that leaves a pass's first expert when that one is empty, or a phase
-    switch.  A CTA's walk from one of its blocks to the next is the difference of their
-    counts.
+    The scheduler walks passes, L1 then L2 of each wave, each over the wave's experts in
+    chunks of 32 (one per warp lane); a call scans chunks (a warp scan and a ballot each) from
+    the chunk of the CTA's previous block until one holds its next block.  A step is a chunk
+    scan beyond the first of a call (the first is in ``sched_block_ns``): a CTA's walk from
+    one of its blocks to the next is the difference of their counts, and the end of the list
+    is one scan short of every chunk of every pass.
 
     Returns:
         int64 ``[N]`` steps from the start to each block, and the steps to the end.
     """
-    tpe = rp.tokens_per_expert
-    E, epw = len(tpe), rp.experts_per_wave
-    nw = -(-E // epw)
-    wsize = np.minimum(epw, E - np.arange(nw) * epw)
-    pstart = np.concatenate([[0], np.cumsum(np.repeat(wsize, 2))])  # pass 2w: L1 of wave w, 2w + 1: L2
-    e_of = np.concatenate([np.tile(np.arange(w * epw, w * epw + k), 2) for w, k in enumerate(wsize)])
-    weight = (tpe[e_of] > 0).astype(np.int64)
-    weight[pstart[:-1]] = 1
-    cum = np.concatenate([[0], np.cumsum(weight)])
+    E, epw = len(rp.tokens_per_expert), rp.experts_per_wave
+    w0 = np.arange(0, E, epw)
+    w1 = np.minimum(w0 + epw, E)
+    chunks = (w1 - 1) // 32 - w0 // 32 + 1  # 32-expert chunks a wave's experts span
+    cum = np.concatenate([[0], np.cumsum(np.repeat(chunks, 2))])  # pass 2w: L1 of wave w, 2w + 1: L2
     blk = rp.blocks().astype(np.int64)
     w_b = blk[:, 1] // epw
     p_b = 2 * w_b + blk[:, 0] - 1
-    return cum[pstart[p_b] + blk[:, 1] - w_b * epw] + p_b, int(cum[-1]) + 2 * nw
+    return cum[p_b] + blk[:, 1] // 32 - w0[w_b] // 32, int(cum[-1]) - 1
 
 
 class _Engine:
@@ -560,7 +557,7 @@ class _Engine:
         stages = rp.num_stages
         sm90 = plan.design == "megamoe-sm90"
         tc = hw.tc_flops_per_ns_per_sm * (hw.sm90_mma_fraction if sm90 else 1.0)
-        t_mma_k = 2.0 * (mma_rows_priced(bm) if sm90 else bm) * bn * bk / tc
+        t_mma_k = 2.0 * bm * bn * bk / tc
         # global bytes one SM moves per K block: its share of A (half with 2-CTA multicast),
         # its B tile in FP4, and the scales
         stage_bytes = (bm // cs) * bk + bn * bk / 2 + (bm + bn) * bk / 32

@@ -70,26 +70,27 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
     for key, (value, src) in sm90_fit_sources(fit).items():
         assert getattr(hw, key) == pytest.approx(fit[key][0], rel=2e-3, abs=0.5), key
         assert getattr(hw, key) == value and hw.sources[key] == src, key
-        assert fit[key][1] in src and "2026-11-30" in src and SM90_FIT_KERNEL in src, key
+        assert fit[key][1] in src and "2026-12-01" in src and SM90_FIT_KERNEL in src, key
         assert "kernel_flash_ep1_t{64,512,4096}.npz" in src, key
-    # the slope: K blocks of 671.5 and 671 ns at block_m 16 (T=64, T=512: the mean of the median
-    # L1 K loop / 32 and L2 K loop / 16: (637 + 706) / 2, (644 + 698) / 2) and 1534 ns at
-    # block_m 128 (T=4096: (1524 + 1544) / 2); least squares over x = 16, 16, 128 puts the line
-    # through the mean of the two block_m 16 points: (1534 - 671.25) / 112 = 7.70 ns per block
-    # row and K block; 128 weight rows x 128 K x 2 = 32768 FLOP per row and K block -> 4.26
-    # TFLOP/s per SM, 562 TFLOP/s on 132 SMs, 39.6% of 1419 TFLOP/s
-    assert fit["sm90_mma_fraction"][0] == pytest.approx(32768 / ((1534 - 671.25) / 112 * 1e-9) * 132 / 1419e12,
+    # the slope: K blocks of 491.5 and 490.5 ns at block_m 16 (T=64, T=512: the mean of the median
+    # L1 K loop / 32 and L2 K loop / 16: (15840 / 32 + 7808 / 16) / 2 = (495 + 488) / 2, (493 + 488)
+    # / 2) and 1506 ns at block_m 128 (T=4096: (47872 / 32 + 24256 / 16) / 2 = (1496 + 1516) / 2);
+    # least squares over x = 16, 16, 128 puts the line through the mean of the two block_m 16
+    # points: (1506 - 491) / 112 = 9.06 ns per block_m row and K block; 128 weight rows x 128 K x
+    # 2 = 32768 FLOP per row and K block -> 3.62 TFLOP/s per SM, 477 TFLOP/s on 132 SMs, 33.6% of
+    # 1419 TFLOP/s
+    assert fit["sm90_mma_fraction"][0] == pytest.approx(32768 / ((1506 - 491) / 112 * 1e-9) * 132 / 1419e12,
                                                         abs=0.002)
-    # the scheduler: ~0.9 us per block plus ~0.35 us per step
-    assert fit["sched_block_ns"][0] == pytest.approx(900, abs=30)
-    assert fit["sched_step_ns"][0] == pytest.approx(345, abs=15)
-    # the producer's copy issues in each CTA's first L1 block (ring empty): at T=64 and T=512
-    # (block_m 16, 16 stages) a median 694 and 720 ns per K block, the last one ~1 us before the
-    # consumers' K loop ends, well short of the 16 x 671 ns a full ring would put there; at
-    # T=4096 (block_m 128, 7 stages) the ring paces the last issue: left out; the figure is the
-    # median of the two block_m 16 traces
-    assert fit["sm90_issue_kblock_ns"][0] == pytest.approx((694 + 720) / 2, abs=5)
-    assert "T=4096 (block_m 128)" in fit["sm90_issue_kblock_ns"][1] and "left out" in fit["sm90_issue_kblock_ns"][1]
+    # the scheduler: ~1.0 us per block plus ~0.29 us per chunk scan beyond a call's first
+    assert fit["sched_block_ns"][0] == pytest.approx(1001, abs=30)
+    assert fit["sched_step_ns"][0] == pytest.approx(290, abs=15)
+    # the producer's copy issues in each CTA's first L1 block (ring empty): a median 300, 306
+    # and 1305 ns per K block at T=64, 512 (block_m 16, 16 stages) and 4096 (block_m 128, 7
+    # stages), the last issue 8.96, 8.93 and 11.14 us before the consumers' K loop ends: 18.1,
+    # 18.1 and 7.4 K blocks, a full ring or more everywhere (four producer warps issue faster than
+    # the consumers free stages), so the figure is the smallest, an upper bound
+    assert fit["sm90_issue_kblock_ns"][0] == pytest.approx(300, abs=5)
+    assert "upper bound" in fit["sm90_issue_kblock_ns"][1] and "T=4096 (block_m 128) 1305 ns" in fit["sm90_issue_kblock_ns"][1]
 
 
 def test_one_trace_gives_the_same_mma_fraction():
@@ -98,7 +99,7 @@ def test_one_trace_gives_the_same_mma_fraction():
     hw = load_hardware("h200")
     got = from_kernel_trace(_root(TRACES[-1]), hw.fp8_dense_tflops * hw.mma_efficiency)
     assert got["sm90_mma_fraction"] == pytest.approx(hw.sm90_mma_fraction, rel=0.01)
-    assert got["grid_sync_ns"] == 1120.0  # last arrival (13024 ns) to first release (14144 ns) in that trace
+    assert got["grid_sync_ns"] == 1344.0  # last arrival (15392 ns) to first release (16736 ns) in that trace
 
 
 def test_fit_needs_two_block_m():
@@ -154,12 +155,14 @@ def test_h200_ep_figures_are_the_fit_to_the_ep2_traces():
     # round trips, 1.74 us each (the fit takes the median over the three traces of the same
     # difference by least squares: 6.95 us)
     assert fit["nvlink_latency_ns"][0] == pytest.approx((12544 - 5600) / 4, rel=0.05)
-    # median L2 epilogue measured vs the one-rank line: 1056 vs 839 ns at 64 tokens per rank
-    # (block_m 16), 2336 vs 1897 at 512 (block_m 32), 7072 vs 6700 at 2048 (block_m 128); in
-    # relative error each trace's excess counts by 1 / duration^2: (217/1056^2 + 439/2336^2 +
-    # 372/7072^2) / (1/1056^2 + 1/2336^2 + 1/7072^2) = 257 ns (the fit, over every epilogue
-    # rather than the medians: 256)
-    assert fit["l2_epilogue_ep_ns"][0] == pytest.approx(257, abs=25)
+    # median L2 epilogue measured (the EP2 traces: kernel v6.2) vs the one-rank line (fitted to
+    # the v6.3 EP1 traces: 309.6 ns + 52.88 ns x (block_m + rows) / 2, with (block_m + median
+    # rows) / 2 = 9.49, 28.0 and 112 per trace): 1056 vs 811 ns at 64 tokens per rank
+    # (block_m 16), 2336 vs 1790 at 512 (block_m 32), 7072 vs 6232 at 2048 (block_m 128); in
+    # relative error each trace's excess counts by 1 / duration^2: (245/1056^2 + 546/2336^2 +
+    # 840/7072^2) / (1/1056^2 + 1/2336^2 + 1/7072^2) = 306 ns (the fit, over every epilogue
+    # rather than the medians: 304)
+    assert fit["l2_epilogue_ep_ns"][0] == pytest.approx(306, abs=25)
 
 
 def test_ep_fit_needs_several_ranks():

@@ -98,7 +98,7 @@ def test_build_sm90a_and_resources():
     for bm in d.BLOCK_MS:
         s = d.num_stages_for(bm, 256)
         assert lib.megamoe_sm90_smem_bytes(bm, s, 256) == d.smem_bytes(bm, s, 256)
-    # the simulator prices the matrix path by the WGMMAs in flight (design_sm90.mma_rows_priced)
+    # the design's mirrors of the kernel's compile-time choices
     assert {bm: lib.megamoe_sm90_wgmmas_in_flight(bm) for bm in d.BLOCK_MS} == d.WGMMAS_IN_FLIGHT
     assert lib.megamoe_sm90_wgmmas_in_flight(48) == -1
     assert {bm: lib.megamoe_sm90_producer_warps(bm) for bm in d.BLOCK_MS} == d.PRODUCER_ISSUE_WARPS

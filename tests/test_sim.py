@@ -193,45 +193,45 @@ def test_point_to_point_links_make_pull_order_matter():
 # -- the SM90 design (this project's kernel) ------------------------------------------------
 
 def _kernel_scheduler(tpe, epw, num_sms, sm, n1, n2, bm):
-    """A line-by-line port of csrc/megamoe/scheduler.cuh (Scheduler::next with the ballot
-    advance_expert), counting its steps: every advance_expert call and every phase switch.
-    Returns [(block, steps since the previous block)] and the steps after the last one."""
+    """A line-by-line port of csrc/megamoe/scheduler.cuh (Scheduler::next: per 32-expert chunk
+    a scan of the lanes' m blocks and a ballot), counting its steps: every chunk scan but the
+    first of each call. Returns [(block, steps since the previous block)] and the steps
+    after the last one."""
     E = len(tpe)
-    mb = [-(-int(t) // bm) for t in tpe]
-
-    def wave_end(e):
-        return min((e // epw + 1) * epw, E)
-
-    def next_nonempty(f):
-        return next((e for e in range(f, E) if tpe[e]), E)
-
-    expert, phase, idx, steps, out = 0, 1, sm, 0, []
-    while expert < E:
-        we = wave_end(expert)
+    wave = wave_pool = chunk = mb_before = 0
+    phase, idx, scans, out = 1, sm, 0, []
+    while wave < E:
         n = n1 if phase == 1 else n2
-        found = False
-        while expert < we:
-            if idx < mb[expert] * n:
-                found = True
+        we = min(wave + epw, E)
+        hit = None
+        while chunk < we:
+            scans += 1
+            mb = [-(-int(tpe[e]) // bm) if wave <= e < we else 0 for e in range(chunk, chunk + 32)]
+            inc = np.cumsum(mb)
+            lanes = [lane for lane in range(32) if (mb_before + inc[lane]) * n > idx]
+            if lanes:
+                lane = lanes[0]
+                first = mb_before + int(inc[lane]) - mb[lane]
+                m = (idx - first * n) // n
+                hit = (phase, chunk + lane, m, idx - first * n - m * n)
                 break
-            idx -= mb[expert] * n
-            expert = min(next_nonempty(expert + 1), we)
-            steps += 1
-        if found:
-            m = idx // n
-            out.append(((phase, expert, m, idx - m * n), steps))
-            steps = 0
+            mb_before += int(inc[31])
+            chunk += 32
+        if hit:
+            out.append((hit, scans - 1))
+            scans = 0
             idx += num_sms
             continue
+        idx -= mb_before * n
         if phase == 1:
-            phase, expert = 2, ((expert - 1) // epw) * epw
+            phase = 2
         else:
-            phase = 1
-        steps += 1
-    return out, steps
+            phase, wave_pool, wave = 1, wave_pool + mb_before, we
+        chunk, mb_before = wave // 32 * 32, 0
+    return out, scans - 1
 
 
-@pytest.mark.parametrize("tokens,epw", [(1, 16), (3, 4), (40, 7), (512, 16)])
+@pytest.mark.parametrize("tokens,epw", [(1, 16), (3, 4), (40, 7), (512, 16), (300, 48), (2000, 40)])
 def test_sm90_walk_steps_follow_the_kernel_scheduler(tokens, epw):
     """sim.engine.sm90_walk_steps counts the kernel scheduler's steps between a CTA's blocks
     (and after its last) exactly, with empty experts, empty waves and a short last wave."""
@@ -306,18 +306,14 @@ def test_sm90_block_lanes():
     assert float(comb["t_end_ns"][0] - comb["t_start_ns"][0]) == pytest.approx(rounds * hw.combine_round_ns)
 
 
-def test_sm90_k_block_priced_by_the_wgmmas_in_flight():
-    """The SM90 K loop: (2 x rows x 128 x 128 FLOP at sm90_mma_fraction of the SM's FP8 rate)
-    + the decode of 128 x 128 / 256 elements per thread + the stage hand-off, per K block,
-    where rows is block_m, except at block_m 16 and 32: there the consumers issue a K block's
-    four k32 WGMMAs at once (design_sm90.WGMMAS_IN_FLIGHT) and block_m 32 costs what 16 does."""
-    from megamoe.design_sm90 import WGMMAS_IN_FLIGHT, mma_rows_priced
-
-    assert WGMMAS_IN_FLIGHT == {16: 4, 32: 4, 64: 2, 128: 1}
-    assert [mma_rows_priced(bm) for bm in (16, 32, 64, 128)] == [16, 16, 64, 128]
+def test_sm90_k_block_priced_linearly_in_block_m():
+    """The SM90 K loop: (2 x block_m x 128 x 128 FLOP at sm90_mma_fraction of the SM's FP8
+    rate) + the decode of 128 x 128 / 256 elements per thread + the stage hand-off, per K
+    block, at every block_m (kernel v6.3: 476 ns at block_m 16, 614 ns at 32, 1522 ns at 128;
+    a line through 16 and 128 gives 625 ns at 32)."""
     hw = load_hardware("h200")
-    for bm, rows in ((16, 16), (32, 16), (64, 64), (128, 128)):
-        t_k = (2.0 * rows * 128 * 128 / (hw.tc_flops_per_ns_per_sm * hw.sm90_mma_fraction)
+    for bm in (16, 32, 64, 128):
+        t_k = (2.0 * bm * 128 * 128 / (hw.tc_flops_per_ns_per_sm * hw.sm90_mma_fraction)
                + hw.e2m1_decode_thread_ns_per_elem * 128 * 128 / 256 + hw.stage_handoff_ns)
         mma = _sm90_flash(256, block_m=bm).trace.where(kind="l1_mma")
         # the median L1 block (others wait longer for their loads: the first ones per CTA)

@@ -15,6 +15,7 @@ import sys
 import torch
 
 from megamoe.kernel import MegaMoEKernel, design_from_plan, prepare_weights
+from megamoe.kernel.build import library_path
 from megamoe.kernel.check import make_inputs, make_weights
 from megamoe.kernel.trace import to_schema
 from megamoe.kernel.timing import cuda_times_us
@@ -48,6 +49,7 @@ def main() -> None:
         tr = to_schema(recs)
         rp = plan.ranks[0]
         tr.meta = {**sc.to_dict(), "source": "kernel", "device": torch.cuda.get_device_name(0),
+                   "kernel_build": library_path("sm_90a").parent.name,
                    "num_sms": plan.num_sms, "kernel_us_median_untraced": statistics.median(ts),
                    "plan": {"block_m": rp.config.block_m, "experts_per_wave": rp.experts_per_wave,
                             "num_stages": rp.num_stages}}

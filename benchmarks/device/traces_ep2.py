@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, ".")
 from megamoe.kernel import design_from_plan  # noqa: E402
+from megamoe.kernel.build import library_path
 from megamoe.kernel.check import make_inputs, make_weights  # noqa: E402
 from megamoe.kernel.ep import MegaMoEKernelEP, local_weights  # noqa: E402
 from megamoe.kernel.timing import cuda_times_us  # noqa: E402
@@ -61,6 +62,7 @@ def main() -> None:
         if rank == 0:
             tr = to_schema([r for rr in allrecs for r in rr])
             tr.meta = {**sc.to_dict(), "source": "kernel", "device": torch.cuda.get_device_name(0),
+                       "kernel_build": library_path("sm_90a").parent.name,
                        "num_sms": plan.num_sms, "kernel_us_median_untraced_per_rank": times,
                        "plan_per_rank": [{"block_m": rp.config.block_m, "experts_per_wave": rp.experts_per_wave,
                                           "num_stages": rp.num_stages} for rp in plan.ranks],

@@ -26,6 +26,8 @@ struct Scheduler {
     int phase = kPhaseL1;    // the phase being walked in the current wave
     int wave = 0;            // first expert of the current wave
     int wave_pool = 0;       // pool blocks of the experts before the current wave
+    int chunk = 0;           // first expert of the 32-expert chunk the walk is in (a multiple of 32)
+    int mb_before = 0;       // m blocks of the wave's experts in the chunks before `chunk`
     int block_idx;           // this CTA's next block, counted within (wave, phase)
     uint32_t counts[kMaxExpertsPerLane];  // lane l holds expert i*32+l
 
@@ -51,11 +53,11 @@ struct Scheduler {
         return __all_sync(0xffffffffu, ok);
     }
 
-    // This lane's expert chunk * 32 + lane (register select: the chunk is warp-uniform).
-    __device__ __forceinline__ uint32_t lane_count(int chunk) const {
+    // The count of this lane's expert c * 32 + lane (register select: c is warp-uniform).
+    __device__ __forceinline__ uint32_t lane_count(int c) const {
         uint32_t v = 0;
         #pragma unroll
-        for (int i = 0; i < kMaxExpertsPerLane; ++i) v = i == chunk ? counts[i] : v;
+        for (int i = 0; i < kMaxExpertsPerLane; ++i) v = i == c ? counts[i] : v;
         return v;
     }
 
@@ -67,6 +69,9 @@ struct Scheduler {
     // the wave, a warp scan sums their m blocks, and a ballot finds the first expert whose
     // running block count passes the index (walking expert by expert cost ~1-2 us per block
     // at small token counts, a ballot and shuffles per expert; benchmarks/NOTES_kernel.md).
+    // The index only grows within a pass, so a call resumes at the chunk of the previous
+    // block: one chunk scan per call, plus one per chunk or pass it moves past
+    // (sim.engine.sm90_walk_steps counts them).
     __device__ __forceinline__ Block next() {
         const int lane = (int)lane_id();
         const int epw = (int)prm.experts_per_wave;
@@ -74,9 +79,8 @@ struct Scheduler {
             const bool l1 = phase == kPhaseL1;
             const int num_n = l1 ? num_l1_n() : num_l2_n();
             const int we = min(wave + epw, num_experts);
-            int mb_before = 0;  // m blocks of the wave's experts in the chunks already scanned
-            for (int c0 = wave & ~31; c0 < we; c0 += 32) {
-                const int e = c0 + lane;
+            for (; chunk < we; chunk += 32) {
+                const int c0 = chunk, e = c0 + lane;
                 const int cnt = (e >= wave && e < we) ? (int)lane_count(c0 >> 5) : 0;
                 const int mb = (cnt + BLOCK_M - 1) / BLOCK_M;
                 int inc = mb;  // inclusive scan of m blocks over the lanes
@@ -110,6 +114,8 @@ struct Scheduler {
                 wave_pool += mb_before;
                 wave = we;
             }
+            chunk = wave & ~31;
+            mb_before = 0;
         }
         Block none;
         none.phase = kPhaseNone; none.expert = 0; none.m_block = 0; none.n_block = 0;
