@@ -128,6 +128,16 @@ def test_megamoe_kernel_on_sm90_loads_the_sm90_library(monkeypatch, fake_loader)
     assert type(k) is runtime.MegaMoEKernel and fake_loader == ["sm_90a", "sm_90a"]
     with pytest.raises(InputError, match=r"^weights: expected prepare_weights\(\.\.\.\) \(checkpoint layout\), got NoneType"):
         _kernel(weights=None)
+    # the SwiGLU clamp: a finite number > 0, or None (no clamp: inf)
+    assert _kernel().clamp == float("inf")
+    for bad in (float("nan"), float("inf"), 0.0, -1.0, "abc"):
+        with pytest.raises(InputError, match=r"^clamp: expected a finite number > 0, or None for no clamp, got "):
+            runtime.MegaMoEKernel(num_experts=8, topk=2, hidden=256, inter=128, max_tokens=16,
+                                  weights=runtime.prepare_weights(*make_weights(8, 256, 128, "cpu")), clamp=bad,
+                                  num_sms=4, device="cuda:0")
+    assert runtime.MegaMoEKernel(num_experts=8, topk=2, hidden=256, inter=128, max_tokens=16,
+                                 weights=runtime.prepare_weights(*make_weights(8, 256, 128, "cpu")), clamp=7,
+                                 num_sms=4, device="cuda:0").clamp == 7.0
     # the SM90 decode adds 6 to every weight scale byte (E2M1 as E4M3 x 2^-6): 248 is the
     # largest byte it takes (248 + 6 = 254, the largest finite UE8M0 byte)
     for field, idx in (("w1_sf", 1), ("w2_sf", 3)):

@@ -31,7 +31,6 @@ over NVLink, NVLink barrier 2, each rank reduces its own tokens.
 from __future__ import annotations
 
 import ctypes
-import math
 import os
 from dataclasses import dataclass
 
@@ -298,8 +297,9 @@ class MegaMoEKernelEP:
                  experts_per_wave: int | None = None, num_stages: int | None = None, _local=None):
         import torch
         import torch.distributed as dist
-        from .runtime import load_library, sm90_weights
+        from .runtime import clamp_value, load_library, sm90_weights
         self.torch = torch
+        self.clamp = clamp_value(clamp)
         self.group = group
         self._local = _local  # (LocalGroup, rank): R ranks in this process (see local_group)
         if _local is None:
@@ -322,7 +322,6 @@ class MegaMoEKernelEP:
         require(tuple(weights.w1.shape[:1]) == (self.EL,), "weights", f"{self.EL} local experts", tuple(weights.w1.shape))
         self.max_tokens = max(int(max_tokens), 1)
         self.weights = sm90_weights(weights)
-        self.clamp = math.inf if clamp is None else float(clamp)
         self.num_sms = num_sms or props.multi_processor_count
         if _local is None:
             sms = [None] * self.R

@@ -172,6 +172,22 @@ def sm90_weights(weights: Weights) -> Weights:
     return Weights(w1, s1, w2, s2)
 
 
+def clamp_value(clamp) -> float:
+    """The SwiGLU clamp the kernel reads: ``None`` (no clamp) -> ``inf``, else a finite number
+    > 0 as a float.
+
+    Raises:
+        InputError: anything else (NaN, inf, zero, negative, not a number)."""
+    if clamp is None:
+        return math.inf
+    try:
+        v = float(clamp)
+    except (TypeError, ValueError):
+        v = math.nan
+    require(math.isfinite(v) and v > 0, "clamp", "a finite number > 0, or None for no clamp", clamp)
+    return v
+
+
 def check_call_shapes(x, x_sf, topk_idx, topk_w, hidden: int, topk: int, max_tokens: int) -> int:
     """The shapes of one kernel call's inputs (EP1 and EP): ``x [T, hidden]`` with ``T <=
     max_tokens``, ``x_sf [T, hidden/32]``, ``topk_idx`` and ``topk_w [T, topk]``. Returns T.
@@ -234,7 +250,7 @@ class MegaMoEKernel:
         props = self.torch.cuda.get_device_properties(self.device)
         self.E, self.K, self.H, self.I = num_experts, topk, hidden, inter
         self.max_tokens = max_tokens
-        self.clamp = math.inf if clamp is None else float(clamp)
+        self.clamp = clamp_value(clamp)
         self.num_sms = num_sms or props.multi_processor_count
         self.fixed = dict(block_m=block_m, num_stages=num_stages, experts_per_wave=experts_per_wave)
         self.timeout_ns = int(timeout_s * 1e9)
