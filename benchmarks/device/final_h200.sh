@@ -10,12 +10,7 @@ OUT=${OUT:-/tmp/out}; W=/tmp/final; mkdir -p $OUT $W
 T0=$(date +%s); stamp() { echo "[$(( $(date +%s) - T0 )) s] $*"; (cd $W && tar czf $OUT/final.tgz .); }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv > $W/gpu.txt 2>&1
 python3 -c "import megamoe.kernel as k; print(k.build().path)" > $W/build.log 2>&1; stamp "build: $(tail -1 $W/build.log)"
-timeout 100 python3 -m pytest -q -p no:cacheprovider --timeout 60 tests/test_kernel_gpu.py > $W/pytest.log 2>&1; stamp "EP1 suite: $(tail -1 $W/pytest.log)"
-timeout 60 python3 -m pytest -q -p no:cacheprovider --timeout 40 tests/test_kernel_ep.py -k local > $W/ep_local.log 2>&1; stamp "EP local: $(tail -1 $W/ep_local.log)"
-for tool in memcheck racecheck synccheck; do
-  timeout 90 compute-sanitizer --tool $tool --print-limit 20 python3 benchmarks/device/sanitize_small.py > $W/sanitizer_$tool.log 2>&1
-  stamp "compute-sanitizer $tool rc=$?: $(grep -E "SUMMARY|sanitize_small" $W/sanitizer_$tool.log | tr '\n' ' ')"
-done
+. benchmarks/device/ep1_checks.sh  # EP1 suite, one-GPU EP tests, three sanitizers
 timeout 160 python3 benchmarks/kernel_bench.py --reps 10 --out $W/kernel_bench.json > $W/bench.log 2>&1; stamp "bench rc=$?"; grep -E "^(megamoe|unfused|copy|fp8|trace)" $W/bench.log
 OUT=$W timeout 120 python3 benchmarks/device/traces.py > $W/traces.log 2>&1; stamp "EP1 traces rc=$?"
 OUT=$W timeout 80 python3 benchmarks/device/plan_choices.py > $W/plan_choices.log 2>&1; stamp "plan choices rc=$?"

@@ -7,11 +7,6 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NCC
 OUT=${OUT:-/tmp/out}; W=/tmp/verify; mkdir -p $OUT $W
 T0=$(date +%s); stamp() { echo "[$(( $(date +%s) - T0 )) s] $*"; (cd $W && tar czf $OUT/verify.tgz .); }
 python3 -c "import megamoe.kernel as k; print(k.build().path)" > $W/build.log 2>&1; stamp "build: $(tail -1 $W/build.log)"
-timeout 100 python3 -m pytest -q -p no:cacheprovider --timeout 60 tests/test_kernel_gpu.py > $W/pytest.log 2>&1; stamp "EP1 suite: $(tail -1 $W/pytest.log)"
-timeout 60 python3 -m pytest -q -p no:cacheprovider --timeout 40 tests/test_kernel_ep.py -k local > $W/ep_local.log 2>&1; stamp "EP local: $(tail -1 $W/ep_local.log)"
-for tool in memcheck racecheck synccheck; do
-  timeout 90 compute-sanitizer --tool $tool --print-limit 20 python3 benchmarks/device/sanitize_small.py > $W/sanitizer_$tool.log 2>&1
-  stamp "compute-sanitizer $tool rc=$?: $(grep -E "SUMMARY|sanitize_small" $W/sanitizer_$tool.log | tr '\n' ' ')"
-done
+. benchmarks/device/ep1_checks.sh  # EP1 suite, one-GPU EP tests, three sanitizers
 . benchmarks/device/ep2_checks.sh  # EP job (cases, dead rank) and its pytest
 timeout 60 python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/device/ep_host_profile.py $W/ep_host_profile.txt > $W/ep_host.log 2>&1; stamp "EP host profile rc=$?"; head -30 $W/ep_host_profile.txt
