@@ -46,6 +46,9 @@ LCM_CANDIDATE_BLOCK_M = 384
 IMBALANCE_FACTOR = 2
 PULL_THRESHOLD_BYTES = 4096
 SM100_SMEM_CAPACITY = 232448  # SM100ArchSpec::smem_capacity (bytes per block)
+#: The most SMs a plan takes (a GPU has 132 (H200) or 148 (B200); the simulator keeps state per
+#: SM, and 100 M SMs from a hand-written hardware file once took 23 GB before it was cut off).
+MAX_SMS = 1024
 GRAN_K = 32  # UE8M0 scale granularity along K (recipe (1, 1, 32))
 
 L1 = 1
@@ -510,7 +513,8 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
     require(len(tokens_per_rank) == num_ranks and len(topk_idx) == num_ranks, "tokens_per_rank",
             f"{num_ranks} entries (one per rank)", len(tokens_per_rank))
     require(l2_wait in ("k_block", "pool_block"), "l2_wait", "k_block or pool_block", l2_wait)
-    require(num_sms >= 2, "num_sms", ">= 2", num_sms)
+    require(isinstance(num_sms, (int, np.integer)) and 2 <= num_sms <= MAX_SMS, "num_sms",
+            f"an integer in [2, {MAX_SMS}]", num_sms)
     e_local = num_experts // num_ranks
     require(design in DESIGNS, "design", " or ".join(DESIGNS), design)
     sm90 = design == "megamoe-sm90"

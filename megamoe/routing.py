@@ -183,7 +183,14 @@ def _load_array(path: str) -> np.ndarray:
     return np.asarray(arr)
 
 
-def _check_ids(arr: np.ndarray, field: str, num_experts: int, top_k: int) -> np.ndarray:
+def check_ids(arr: np.ndarray, field: str, num_experts: int, top_k: int) -> np.ndarray:
+    """Check one rank's ``topk_idx`` (int ``[T, top_k]``, ids in ``[-1, num_experts)``, distinct
+    within a row except ``-1``) and return it as int64.
+
+    Raises:
+        InputError: named ``field``: wrong dtype or shape, an id out of range, a repeated id.
+    """
+    arr = np.asarray(arr)
     require(np.issubdtype(arr.dtype, np.integer), field, "an integer array", f"dtype {arr.dtype}")
     require(arr.ndim == 2 and arr.shape[1] == top_k, field, f"shape [T, {top_k}]",
             f"shape {list(arr.shape)}")
@@ -208,14 +215,14 @@ def load_routing_file(path: str, num_ranks: int, num_experts: int, top_k: int) -
         InputError: missing file, wrong dtype or shape, ids outside ``[-1, num_experts)``.
     """
     if "{rank}" in path:
-        return [_check_ids(_load_array(path.format(rank=r)), "routing.file", num_experts, top_k)
+        return [check_ids(_load_array(path.format(rank=r)), "routing.file", num_experts, top_k)
                 for r in range(num_ranks)]
     arr = _load_array(path)
     require(np.issubdtype(arr.dtype, np.integer), "routing.file", "an integer array", f"dtype {arr.dtype}")
     if arr.ndim == 3 and arr.shape[0] == num_ranks and arr.shape[2] == top_k:
-        return [_check_ids(a, "routing.file", num_experts, top_k) for a in arr]
+        return [check_ids(a, "routing.file", num_experts, top_k) for a in arr]
     if arr.ndim == 2 and num_ranks == 1:
-        return [_check_ids(arr, "routing.file", num_experts, top_k)]
+        return [check_ids(arr, "routing.file", num_experts, top_k)]
     raise InputError("routing.file", f"a [{num_ranks}, T, {top_k}] array" +
                      (f" or a [T, {top_k}] array" if num_ranks == 1 else
                       f" (or a path with {{rank}}: one [T, {top_k}] file per rank)"),

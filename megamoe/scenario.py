@@ -14,7 +14,7 @@ import numpy as np
 
 from .errors import require
 from .plan import Plan, build_plan
-from .routing import RoutingSpec, generate
+from .routing import RoutingSpec, check_ids, generate
 from .shapes import MoEShape, get_shape
 
 DEFAULT_MAX_TOKENS = 8192  # DeepGEMM tests/test_mega_moe.py default num_max_tokens_per_rank
@@ -113,6 +113,13 @@ class Scenario:
                 f"ranks x experts <= {MAX_RANKS_X_EXPERTS} (the simulator's memory grows with them)",
                 f"{self.num_ranks} x {E} = {self.num_ranks * E}")
         given = self.tokens_per_rank
+        if self.topk_idx is not None:
+            ids, R = self.topk_idx, self.num_ranks
+            got = f"{len(ids)} array{'s' if len(ids) != 1 else ''}" if isinstance(ids, (list, tuple)) \
+                else type(ids).__name__
+            require(isinstance(ids, (list, tuple)) and len(ids) == R, "topk_idx",
+                    f"a list of {R} array{'s' if R != 1 else ''} (one per rank)", got)
+            self.topk_idx = [check_ids(a, f"topk_idx[{r}]", E, self.shape.top_k) for r, a in enumerate(ids)]
         if self.topk_idx is not None or self.routing.kind == "file":
             if self.topk_idx is None:
                 self._ids = generate(self.routing, self.num_ranks, [], self.shape.num_experts,
@@ -144,7 +151,8 @@ class Scenario:
                 f"an integer in [1, {MAX_TOKENS_PER_RANK}]", self.max_tokens_per_rank)
         require(max(toks) <= self.max_tokens_per_rank, "tokens",
                 f"<= max_tokens ({self.max_tokens_per_rank})", max(toks))
-        require(self.reserved_sms >= 0, "reserved_sms", ">= 0", self.reserved_sms)
+        require(isinstance(self.reserved_sms, (int, np.integer)) and not isinstance(self.reserved_sms, bool)
+                and self.reserved_sms >= 0, "reserved_sms", "an integer >= 0", self.reserved_sms)
         is_list, vals = _skew_values(self.launch_skew_us)
         for v in vals:
             require(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)

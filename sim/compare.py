@@ -94,7 +94,7 @@ def scenario_from_meta(trace: Trace):
             integer, or the stored routing is not one ``[T, top_k]`` array of expert ids in
             ``[-1, num_experts)`` per rank.
     """
-    from megamoe.routing import _check_ids
+    from megamoe.routing import check_ids
     from megamoe.scenario import Scenario
     from megamoe.shapes import MoEShape
 
@@ -114,7 +114,7 @@ def scenario_from_meta(trace: Trace):
     R = num("num_ranks")
     require(len(trace.topk_idx) == R, "trace.topk_idx", f"{R} arrays topk_idx_0 .. topk_idx_{R - 1} (meta num_ranks)",
             f"{len(trace.topk_idx)} array{'s' * (len(trace.topk_idx) != 1)}")
-    ids = [_check_ids(np.asarray(t), f"trace.topk_idx_{r}", shape.num_experts, shape.top_k)
+    ids = [check_ids(np.asarray(t), f"trace.topk_idx_{r}", shape.num_experts, shape.top_k)
            for r, t in enumerate(trace.topk_idx)]
     plan = meta.get("plan", {})
     require(isinstance(plan, dict), "trace.meta.plan", "an object (block_m, experts_per_wave, ...)",

@@ -70,6 +70,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from megamoe.errors import InputError, require
+from megamoe.plan import MAX_SMS
 
 PRESET_DIR = Path(__file__).parent / "hardware"
 
@@ -170,6 +171,8 @@ def parse_hardware(data: dict, path: str = "<dict>") -> Hardware:
         if k in _INTS:
             require(float(v).is_integer(), f"hardware.figures.{k}", "an integer", v)
             v = int(v)
+        if k == "num_sms":
+            require(2 <= v <= MAX_SMS, f"hardware.figures.{k}", f"an integer in [2, {MAX_SMS}]", v)
         if k in _FRACTIONS:
             require(v <= 1.0, f"hardware.figures.{k}", "a fraction in (0, 1]", v)
         require(isinstance(srcs.get(k), str) and srcs[k].strip() != "", f"hardware.sources.{k}",

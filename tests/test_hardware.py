@@ -52,3 +52,17 @@ def test_unknown_preset_and_bad_path(tmp_path):
     p.write_text("name = 3\n")
     with pytest.raises(InputError, match="hardware.name"):
         load_hardware(str(p))
+
+
+def test_sm_count_is_bounded():
+    """A hardware file's num_sms above MAX_SMS is refused up front (100 M SMs once took
+    23 GB and 5 minutes before it was cut off); the plan refuses it too."""
+    from megamoe.plan import MAX_SMS
+
+    d = _data()
+    d["figures"]["num_sms"] = MAX_SMS
+    assert parse_hardware(d).num_sms == MAX_SMS
+    d["figures"]["num_sms"] = MAX_SMS + 1
+    with pytest.raises(InputError, match=rf"^hardware.figures.num_sms: expected an integer in \[2, {MAX_SMS}\], "
+                                         rf"got {MAX_SMS + 1}"):
+        parse_hardware(d)

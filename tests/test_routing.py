@@ -177,3 +177,25 @@ def test_kernel_generator_refuses_other_routing_names():
 
     with pytest.raises(InputError, match="routing: expected uniform, zipf or one_expert.*got masked"):
         make_inputs(4, 8, 2, 32, "cpu", routing="masked")
+
+
+def test_scenario_topk_idx_is_checked_like_a_routing_file():
+    """Scenario(topk_idx=...) takes one int [T_r, top_k] array per rank with ids in
+    [-1, num_experts) and distinct ids per row: the same checks as a routing file."""
+    from megamoe.scenario import Scenario
+
+    ok = [np.array([[0, 1, 2, 3, 4, 5], [-1, -1, 7, 8, 9, 10]])]
+    sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, topk_idx=ok)
+    assert sc.tokens_list() == [2] and sc.routing_ids()[0].dtype == np.int64
+    cases = [
+        ([np.array([[0, 1, 2, 3, 4, 256]])], r"^topk_idx\[0\]: expected ids in \[-1, 256\), got ids in \[0, 256\]"),
+        ([np.array([[0, 1, 2, 3, 4]])], r"^topk_idx\[0\]: expected shape \[T, 6\], got shape \[1, 5\]"),
+        ([np.zeros((1, 6))], r"^topk_idx\[0\]: expected an integer array, got dtype float64"),
+        ([np.array([[0, 1, 2, 3, 4, 4]])], r"^topk_idx\[0\]: expected distinct expert ids"),
+        (np.array([[0, 1, 2, 3, 4, 5]]), r"^topk_idx: expected a list of 1 array \(one per rank\), got ndarray"),
+        ([ok[0], ok[0]], r"^topk_idx: expected a list of 1 array \(one per rank\), got 2 arrays"),
+        (["abc"], r"^topk_idx\[0\]: expected an integer array, got dtype <U3"),
+    ]
+    for ids, msg in cases:
+        with pytest.raises(InputError, match=msg):
+            Scenario(shape="deepseek-v4-flash", num_ranks=1, topk_idx=ids)
