@@ -220,3 +220,25 @@ def test_record_buffers_and_fetch_records_on_a_fake_kernel():
     with pytest.raises(InputError, match="a preceding traced call"):
         fetch_records(k)
     assert record_buffers(k, 4, 3)[0].shape == (4, 3, 6)  # another size: new buffers
+
+
+def test_missing_sources_and_tools_are_setup_errors(monkeypatch, tmp_path, capsys):
+    """A wheel install has no csrc/ and a bare machine no nvcc: `megamoe build` says which in
+    one line and exits 2 (a setup error), where a failed compile exits 1."""
+    from megamoe.kernel.cli_support import build_main
+
+    monkeypatch.setattr(kbuild, "CSRC", tmp_path / "csrc" / "megamoe")
+    with pytest.raises(kbuild.BuildSetupError, match=r"^kernel sources: expected .*kernel_sm90\.cu .*got no such file"):
+        kbuild.build("sm_90a")
+    assert build_main("sm_90a") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("megamoe build: kernel sources: expected") and err.count("\n") == 1
+    monkeypatch.undo()
+    monkeypatch.setenv("MEGAMOE_BUILD_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(kbuild, "find_nvcc", lambda: None)
+    assert build_main("sm_90a") == 2
+    assert "nvcc not found" in capsys.readouterr().err
+    monkeypatch.setattr(kbuild, "find_nvcc", lambda: "/bin/false")  # a compiler that fails
+    monkeypatch.setattr(kbuild, "find_cutlass_include", lambda: str(tmp_path))
+    assert build_main("sm_90a") == 1
+    assert "nvcc failed (1)" in capsys.readouterr().err

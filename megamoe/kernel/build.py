@@ -60,6 +60,11 @@ class KernelBuildError(RuntimeError):
     """nvcc missing, compile error, or spills over the limit in strict mode."""
 
 
+class BuildSetupError(KernelBuildError):
+    """What the build needs is missing or wrong (an unknown arch, no nvcc, no CUTLASS headers,
+    no cuobjdump, no kernel sources): the user's setup, not the code (``megamoe build`` exits 2)."""
+
+
 @dataclass
 class BuildResult:
     path: Path
@@ -86,6 +91,10 @@ def _cache_root() -> Path:
 
 
 def _source_hash(arch: str) -> str:
+    src = CSRC / SOURCES[arch]
+    if not src.is_file():  # a wheel (non-editable) install carries no csrc/
+        raise BuildSetupError(f"kernel sources: expected {src} (a source checkout installed with "
+                               f"`pip install -e .`), got no such file")
     h = hashlib.sha256()
     for p in sorted(CSRC.glob("*")):
         # every header, but only this arch's translation unit (an SM100 edit keeps the SM90 cache)
@@ -219,7 +228,7 @@ def library_path(arch: str = "sm_90a") -> Path:
 def build(arch: str = "sm_90a", force: bool = False, strict: bool = False, verbose: bool = False) -> BuildResult:
     """Compile (or reuse) the kernel library for ``arch``; see module docstring."""
     if arch not in SOURCES:
-        raise KernelBuildError(f"arch: expected one of {sorted(SOURCES)}, got {arch!r}")
+        raise BuildSetupError(f"arch: expected one of {sorted(SOURCES)}, got {arch!r}")
     out = library_path(arch)
     logf = out.with_suffix(".log")
     if out.exists() and logf.exists() and not force:
@@ -228,12 +237,12 @@ def build(arch: str = "sm_90a", force: bool = False, strict: bool = False, verbo
     else:
         nvcc = find_nvcc()
         if nvcc is None:
-            raise KernelBuildError("nvcc not found: install the CUDA toolkit (12.4+) or set NVCC=/path/to/nvcc")
+            raise BuildSetupError("nvcc not found: install the CUDA toolkit (12.4+) or set NVCC=/path/to/nvcc")
         includes = []
         if arch in NEEDS_CUTLASS:
             inc = find_cutlass_include()
             if inc is None:
-                raise KernelBuildError(
+                raise BuildSetupError(
                     f"{arch} needs the CUTLASS/CuTe headers: `pip install -e '.[kernel]'` (or "
                     "`pip install 'nvidia-cutlass>=4.2'`), or set MEGAMOE_CUTLASS_INCLUDE=/path/to/cutlass/include "
                     "or CUTLASS_PATH=/path/to/cutlass")
@@ -270,7 +279,7 @@ def disassemble(path: Path | str) -> str:
     """
     tool = find_cuobjdump()
     if tool is None:
-        raise KernelBuildError("cuobjdump not found: install the CUDA toolkit, `pip install nvidia-cuda-cuobjdump`, "
+        raise BuildSetupError("cuobjdump not found: install the CUDA toolkit, `pip install nvidia-cuda-cuobjdump`, "
                                "or set CUOBJDUMP=/path/to/cuobjdump")
     p = subprocess.run([tool, "-sass", str(path)], capture_output=True, text=True)
     if p.returncode != 0:

@@ -13,12 +13,12 @@ import sys
 
 
 def build_main(arch: str = "sm_90a", strict: bool = False, force: bool = False) -> int:
-    from .build import KernelBuildError, build
+    from .build import BuildSetupError, KernelBuildError, build
     try:
         r = build(arch, force=force, strict=strict, verbose=True)
-    except KernelBuildError as e:
+    except KernelBuildError as e:  # a missing tool or source is the setup's (2), a failed compile the code's (1)
         print(f"megamoe build: {e}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(e, BuildSetupError) else 1
     print(f"{r.path} ({'cached' if r.cached else 'built'})")
     return 0
 
