@@ -117,6 +117,36 @@ def _check_last_dim_multiple(t: torch.Tensor, name: str, multiple: int) -> None:
 _FLOAT_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 
+def _shown(v):
+    """``v`` for an error message: a string where a number belongs is quoted."""
+    return repr(v) if isinstance(v, str) else v
+
+
+def _check_block(block: object, name: str = "block") -> int:
+    """Elements per scale: an ``int`` >= 1 (not ``bool``, not a float: nothing is rounded)."""
+    if not (isinstance(block, int) and not isinstance(block, bool) and block >= 1):
+        raise InputError(name, f"a positive integer (elements per scale, {BLOCK_K} in the MegaMoE recipe)",
+                         _shown(block))
+    return block
+
+
+def _check_out_dtype(dtype: object, name: str = "dtype") -> torch.dtype:
+    """An output dtype: one of float16 / bfloat16 / float32 / float64 (never an integer dtype,
+    which would truncate the decoded values)."""
+    if dtype not in _FLOAT_DTYPES:
+        raise InputError(name, "torch.float32, torch.float64, torch.bfloat16 or torch.float16", _shown(dtype))
+    return dtype
+
+
+def _check_e2m1_codes(codes: torch.Tensor, name: str) -> None:
+    """Unpacked E2M1 codes are 0..15 (one per byte): a larger byte is refused, not masked."""
+    if codes.numel():
+        hi = int(codes.max())
+        if hi > 15:
+            raise InputError(name, "E2M1 codes 0..15 (one per uint8)",
+                             f"a code {hi} at index {tuple(int(i) for i in (codes == hi).nonzero()[0])}")
+
+
 # ----------------------------------------------------------------------------- E4M3
 
 def cast_to_e4m3(x: torch.Tensor) -> torch.Tensor:
@@ -147,9 +177,10 @@ def decode_e4m3(q: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Te
     Returns:
         tensor of ``q``'s shape in ``dtype`` (``0x7F``/``0xFF`` decode to NaN).
     Raises:
-        InputError: ``q`` has another dtype.
+        InputError: ``q`` has another dtype, or ``dtype`` is not a float dtype.
     """
     _check_tensor(q, "q", dtypes=(torch.float8_e4m3fn, torch.uint8, torch.int8), contiguous=False)
+    _check_out_dtype(dtype)
     if q.dtype != torch.float8_e4m3fn:
         q = q.view(torch.float8_e4m3fn)
     return q.to(torch.float32).to(dtype)
@@ -159,7 +190,12 @@ def decode_e4m3(q: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Te
 
 def e2m1_table(device: torch.device | str | None = None,
                dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The 16 E2M1 values indexed by code, as a ``[16]`` tensor (code 8 is -0.0)."""
+    """The 16 E2M1 values indexed by code, as a ``[16]`` tensor (code 8 is -0.0).
+
+    Raises:
+        InputError: ``dtype`` is not a float dtype.
+    """
+    _check_out_dtype(dtype)
     return torch.tensor(E2M1_VALUES, dtype=dtype, device=device)
 
 
@@ -169,16 +205,18 @@ def decode_e2m1(codes: torch.Tensor, dtype: torch.dtype = torch.float32) -> torc
     Table-driven because torch has no conversion kernels for ``float4_e2m1fn_x2``.
 
     Args:
-        codes: ``uint8`` tensor, values 0..15 (higher bits are ignored), any shape.
+        codes: ``uint8`` tensor, values 0..15, any shape.
         dtype: output float dtype.
     Returns:
         tensor of ``codes``' shape.
     Raises:
-        InputError: ``codes`` is not ``uint8``.
+        InputError: ``codes`` is not ``uint8`` or holds a value above 15 (a packed byte is
+            not a code: :func:`unpack_e2m1` first), or ``dtype`` is not a float dtype.
     """
     _check_tensor(codes, "codes", dtypes=(torch.uint8,), contiguous=False)
+    _check_e2m1_codes(codes, "codes")
     table = e2m1_table(codes.device, dtype)
-    return table[(codes & 0x0F).long()]
+    return table[codes.long()]
 
 
 def encode_e2m1(x: torch.Tensor, rounding: str = "deepgemm") -> torch.Tensor:
@@ -248,12 +286,13 @@ def pack_e2m1(codes: torch.Tensor) -> torch.Tensor:
     Returns:
         ``uint8`` ``[..., K/2]``: byte j = ``codes[..., 2j] | codes[..., 2j+1] << 4``.
     Raises:
-        InputError: bad dtype or odd K.
+        InputError: bad dtype, odd K, or a code above 15 (refused, not masked).
     """
     _check_tensor(codes, "codes", dtypes=(torch.uint8,), min_ndim=1, contiguous=False)
     _check_last_dim_multiple(codes, "codes", 2)
+    _check_e2m1_codes(codes, "codes")
     c = codes.reshape(*codes.shape[:-1], codes.shape[-1] // 2, 2)
-    return ((c[..., 0] & 0x0F) | ((c[..., 1] & 0x0F) << 4)).contiguous()
+    return (c[..., 0] | (c[..., 1] << 4)).contiguous()
 
 
 def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
@@ -274,9 +313,10 @@ def decode_ue8m0(sf: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.
         sf: ``uint8`` or ``float8_e8m0fnu`` tensor, any shape.
         dtype: output float dtype (float32 represents 2^-127 as a subnormal, exactly).
     Raises:
-        InputError: other dtypes.
+        InputError: other dtypes of ``sf``, or ``dtype`` not a float dtype.
     """
     _check_tensor(sf, "sf", dtypes=(torch.uint8, torch.float8_e8m0fnu), contiguous=False)
+    _check_out_dtype(dtype)
     if sf.dtype == torch.uint8:
         sf = sf.view(torch.float8_e8m0fnu)
     return sf.to(torch.float32).to(dtype)
@@ -293,10 +333,15 @@ def ue8m0_ceil(x: torch.Tensor, clamp: bool = True) -> torch.Tensor:
 
     Args:
         x: float tensor (converted to float32), any shape.
+        clamp: a ``bool`` (see above).
     Returns:
         ``uint8`` tensor of ``x``'s shape.
+    Raises:
+        InputError: ``x`` is not a float tensor, or ``clamp`` is not a ``bool``.
     """
     _check_tensor(x, "x", dtypes=_FLOAT_DTYPES, contiguous=False)
+    if not isinstance(clamp, bool):
+        raise InputError("clamp", "True or False", _shown(clamp))
     bits = x.float().abs().contiguous().view(torch.int32).long()
     exp = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).long()
     if clamp:
@@ -341,6 +386,7 @@ def _scaled_blocks(x: torch.Tensor, block: int, fmt_max: float) -> tuple[torch.T
     """Checked ``x`` as FP32 blocks ``[..., K/block, block]`` divided by their UE8M0 scale
     ``ue8m0_ceil(max(amax, 1e-4) / fmt_max)``, and the scale bytes ``[..., K/block]``."""
     _check_tensor(x, "x", dtypes=_FLOAT_DTYPES, min_ndim=1, contiguous=False)
+    _check_block(block)
     _check_last_dim_multiple(x, "x", block)
     xb = _blocks(x.float(), block)
     amax = xb.abs().amax(dim=-1).clamp(min=1e-4)
@@ -362,7 +408,7 @@ def quantize_e4m3_blocks(x: torch.Tensor, block: int = BLOCK_K) -> tuple[torch.T
     Returns:
         ``(q, sf)``: ``q`` ``float8_e4m3fn [..., K]``, ``sf`` ``uint8 [..., K/block]`` UE8M0.
     Raises:
-        InputError: bad dtype or K not a multiple of ``block``.
+        InputError: bad dtype, ``block`` not a positive ``int``, or K not a multiple of ``block``.
     """
     scaled, sf = _scaled_blocks(x, block, E4M3_MAX)
     return cast_to_e4m3(scaled).reshape(x.shape), sf
@@ -379,9 +425,10 @@ def dequantize_e4m3_blocks(q: torch.Tensor, sf: torch.Tensor,
     Returns:
         ``[..., K]`` tensor in ``dtype``.
     Raises:
-        InputError: dtypes or shapes that do not match.
+        InputError: dtypes or shapes that do not match, or ``dtype`` not a float dtype.
     """
     _check_tensor(q, "q", dtypes=(torch.float8_e4m3fn,), min_ndim=1, contiguous=False)
+    _check_out_dtype(dtype)
     sf = _scale_bytes(sf, "sf")
     _check_scale_shape(q.shape, sf, "sf", 1)
     block = q.shape[-1] // sf.shape[-1]
@@ -404,7 +451,8 @@ def quantize_e2m1_blocks(x: torch.Tensor, block: int = BLOCK_K,
     Returns:
         ``(packed, sf)``: ``uint8 [..., K/2]`` and UE8M0 ``uint8 [..., K/block]``.
     Raises:
-        InputError: bad dtype, K not a multiple of ``block``, unknown rounding.
+        InputError: bad dtype, ``block`` not a positive ``int``, K not a multiple of ``block``,
+            unknown rounding.
     """
     scaled, sf = _scaled_blocks(x, block, E2M1_MAX)
     return pack_e2m1(encode_e2m1(scaled, rounding).reshape(x.shape)), sf
@@ -412,9 +460,15 @@ def quantize_e2m1_blocks(x: torch.Tensor, block: int = BLOCK_K,
 
 def dequantize_e2m1_blocks(packed: torch.Tensor, sf: torch.Tensor,
                            dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Decode packed E2M1 ``uint8 [..., K/2]`` with UE8M0 ``uint8 [..., K/32]`` to ``[..., K]``."""
+    """Decode packed E2M1 ``uint8 [..., K/2]`` with UE8M0 ``uint8 [..., K/32]`` (or packed
+    ``int32 [..., K/128]``) to ``[..., K]`` in ``dtype``.
+
+    Raises:
+        InputError: dtypes or shapes that do not match, or ``dtype`` not a float dtype.
+    """
     _check_tensor(packed, "packed", dtypes=(torch.uint8, torch.int8), min_ndim=1,
                   contiguous=False)
+    _check_out_dtype(dtype)
     sf = _scale_bytes(sf, "sf")
     k = packed.shape[-1] * 2
     _check_scale_shape((*packed.shape[:-1], k), sf, "sf", 1)
@@ -467,9 +521,10 @@ def quantize_e4m3_epilogue(v: torch.Tensor, block: int = BLOCK_K) -> tuple[torch
     Returns:
         ``(q, sf)``: ``float8_e4m3fn [..., N]``, ``uint8 [..., N/block]``.
     Raises:
-        InputError: bad dtype or N not a multiple of ``block``.
+        InputError: bad dtype, ``block`` not a positive ``int``, or N not a multiple of ``block``.
     """
     _check_tensor(v, "v", dtypes=(torch.float32,), min_ndim=1, contiguous=False)
+    _check_block(block)
     _check_last_dim_multiple(v, "v", block)
     vb = _blocks(v, block)
     amax = vb.abs().amax(dim=-1)

@@ -71,6 +71,14 @@ UTCCP_ROWS = 128
 _BYTE_DTYPES = (torch.uint8, torch.int8)
 
 
+def _check_gran(gran: object) -> int:
+    """Interleave granularity: an ``int`` >= 1 (not ``bool``, not a float: nothing is rounded)."""
+    if not (isinstance(gran, int) and not isinstance(gran, bool) and gran >= 1):
+        raise InputError("gran", f"a positive integer (rows per gate/up group, {GATE_UP_GRANULARITY} for the "
+                         "kernels)", repr(gran) if isinstance(gran, str) else gran)
+    return gran
+
+
 def interleave_gate_up(t: torch.Tensor, gran: int = GATE_UP_GRANULARITY,
                        name: str = "t") -> torch.Tensor:
     """``[E, 2I, ...]`` with gate rows then up rows -> rows interleaved every ``gran``.
@@ -81,9 +89,11 @@ def interleave_gate_up(t: torch.Tensor, gran: int = GATE_UP_GRANULARITY,
     MN-major scale tensor stays MN-major.
 
     Raises:
-        InputError: fewer than 2 dims or ``2I`` not a multiple of ``2*gran``.
+        InputError: ``gran`` not a positive ``int``, fewer than 2 dims, or ``2I`` not a
+            multiple of ``2*gran``.
     """
     _check_tensor(t, name, min_ndim=2, contiguous=False)
+    _check_gran(gran)
     g, n, *rest = t.shape
     if n % (2 * gran) != 0:
         raise InputError(name, f"dim 1 (2*intermediate) a multiple of {2 * gran}",
@@ -96,8 +106,13 @@ def interleave_gate_up(t: torch.Tensor, gran: int = GATE_UP_GRANULARITY,
 
 def deinterleave_gate_up(t: torch.Tensor, gran: int = GATE_UP_GRANULARITY,
                          name: str = "t") -> torch.Tensor:
-    """Inverse of :func:`interleave_gate_up`: back to ``[gate rows | up rows]``."""
+    """Inverse of :func:`interleave_gate_up`: back to ``[gate rows | up rows]``.
+
+    Raises:
+        InputError: as :func:`interleave_gate_up`.
+    """
     _check_tensor(t, name, min_ndim=2, contiguous=False)
+    _check_gran(gran)
     g, n, *rest = t.shape
     if n % (2 * gran) != 0:
         raise InputError(name, f"dim 1 (2*intermediate) a multiple of {2 * gran}",
@@ -187,8 +202,12 @@ def check_mxfp4_weights(w: torch.Tensor, sf: torch.Tensor, name: str,
             (``("H", "I")``) and the tensor they were read off; with ``source`` a mismatch
             reads ``expected shape (E, H=256, I/2=64) with <source>``.
     Raises:
-        InputError: wrong dtype, rank, shapes, K not a multiple of 32, non-contiguous.
+        InputError: wrong dtype, rank, shapes, K not a multiple of 32, non-contiguous;
+            ``rows`` / ``k`` neither None nor a positive ``int``.
     """
+    for arg, v in (("rows", rows), ("k", k)):
+        if v is not None and not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+            raise InputError(arg, "None or a positive integer", repr(v) if isinstance(v, str) else v)
     _check_tensor(w, name, dtypes=_BYTE_DTYPES, ndim=3)
     _check_tensor(sf, name + "_sf", dtypes=(torch.uint8, torch.int32), ndim=3, contiguous=False)
     e, n, kh = w.shape

@@ -25,8 +25,11 @@ Kinds (``RoutingSpec.parse`` accepts the CLI spelling in brackets):
   kernel's input generator (``megamoe.kernel.check.make_inputs``: scores ``rand`` with
   expert 3's set to 10, then ``topk``), its one-hot-expert stress case.
 * ``file`` [``file:PATH``] — ``.npy``, ``.npz`` (first array) or ``.pt`` integer array
-  ``[T, k]`` per rank: ``PATH`` may contain ``{rank}`` (one file per rank), or hold one
-  ``[R, T, k]`` array, or (for one rank) a ``[T, k]`` array.
+  ``[T, k]`` per rank: ``PATH`` may contain ``{rank}`` (one file per rank, ``{rank}``
+  replaced by ``0 .. R-1``), or hold one ``[R, T, k]`` array, or (for one rank) a ``[T, k]``
+  array.  ``{rank}`` is the only placeholder: any other ``{`` or ``}`` in ``PATH`` (a
+  misspelt ``{ranks}``, ``{foo}``, a lone brace) is refused with an ``InputError`` on
+  ``routing.file``, so a file whose name holds braces must be renamed.
 
 ``megamoe simulate`` and ``megamoe run`` read ``--routing`` with the same parser. ``megamoe run``
 draws its inputs with the kernel's own generator, which makes ``uniform``, ``zipf`` (exponent 1
@@ -54,11 +57,18 @@ class RoutingSpec:
 
     Attributes:
         kind: one of ``uniform, masked, zipf, hot, one_expert, file``.
-        masked_ratio: fraction of slots set to -1 (``masked``), in [0, 1].
-        zipf_exponent: Zipf exponent ``S >= 0`` (``zipf``).
-        hot_fraction: per-draw probability of a hot expert, in [0, 1] (``hot``).
-        hot_experts: number of hot experts ``N`` (``hot``).
-        path: file path, may contain ``{rank}`` (``file``).
+        masked_ratio: fraction of slots set to -1 (``masked``), a number in [0, 1].
+        zipf_exponent: Zipf exponent ``S >= 0``, a finite number (``zipf``).
+        hot_fraction: per-draw probability of a hot expert, a number in [0, 1] (``hot``).
+        hot_experts: number of hot experts ``N``, an integer >= 1 (``hot``).
+        path: file path (a string), may contain ``{rank}`` and no other brace (``file``).
+
+    Every field is checked whatever the kind (numbers are ``int``/``float`` or numpy scalars,
+    never strings or bools; nothing is converted).
+
+    Raises:
+        InputError: a field of the wrong type or out of range, named ``routing`` (kind) or
+            ``routing.<field>`` (``routing.file`` for ``path``).
     """
 
     kind: str = "uniform"
@@ -69,16 +79,21 @@ class RoutingSpec:
     path: str = ""
 
     def __post_init__(self) -> None:
-        require(self.kind in KINDS, "routing", f"one of {', '.join(KINDS)}", self.kind)
-        require(0.0 <= self.masked_ratio <= 1.0, "routing.masked_ratio", "a ratio in [0, 1]",
-                self.masked_ratio)
-        require(0.0 <= self.zipf_exponent < float("inf"), "routing.zipf_exponent", "a finite number >= 0",
-                self.zipf_exponent)
-        require(0.0 <= self.hot_fraction <= 1.0, "routing.hot_fraction", "a fraction in [0, 1]",
-                self.hot_fraction)
-        require(self.hot_experts >= 1, "routing.hot_experts", ">= 1", self.hot_experts)
+        require(isinstance(self.kind, str) and self.kind in KINDS, "routing", f"one of {', '.join(KINDS)}",
+                self.kind)
+        require(_is_real(self.masked_ratio) and 0.0 <= self.masked_ratio <= 1.0, "routing.masked_ratio",
+                "a ratio in [0, 1]", _shown(self.masked_ratio))
+        require(_is_real(self.zipf_exponent) and 0.0 <= self.zipf_exponent < float("inf"),
+                "routing.zipf_exponent", "a finite number >= 0", _shown(self.zipf_exponent))
+        require(_is_real(self.hot_fraction) and 0.0 <= self.hot_fraction <= 1.0, "routing.hot_fraction",
+                "a fraction in [0, 1]", _shown(self.hot_fraction))
+        require(_is_int(self.hot_experts) and self.hot_experts >= 1, "routing.hot_experts",
+                "an integer >= 1", _shown(self.hot_experts))
+        require(isinstance(self.path, str), "routing.file", "a path string", self.path)
         if self.kind == "file":
             require(bool(self.path), "routing.file", "a path", self.path)
+            require(not any(c in self.path.replace("{rank}", "") for c in "{}"), "routing.file",
+                    "a path whose only placeholder is {rank} (no other { or })", self.path)
 
     @classmethod
     def parse(cls, text: str) -> "RoutingSpec":
@@ -86,8 +101,11 @@ class RoutingSpec:
         ``one_expert``, ``file:PATH``).
 
         Raises:
-            InputError: unknown kind or a parameter that is not a number.
+            InputError: ``text`` not a string, unknown kind, a parameter that is not a number
+                (``N`` of ``hot`` not an integer), or a value :class:`RoutingSpec` refuses.
         """
+        require(isinstance(text, str), "routing", "a RoutingSpec or its CLI spelling (e.g. 'uniform', 'zipf:1.2')",
+                text)
         kind, _, rest = text.partition(":")
         kind = kind.lower()
         if kind == "file":
@@ -98,7 +116,8 @@ class RoutingSpec:
             try:
                 return conv(args[i])
             except ValueError:
-                raise InputError(f"routing.{name}", "a number", args[i]) from None
+                raise InputError(f"routing.{name}", "an integer" if conv is int else "a number",
+                                 args[i]) from None
 
         if kind == "uniform" and not args:
             return cls()
@@ -124,6 +143,21 @@ class RoutingSpec:
             "one_expert": "one_expert",
             "file": f"file:{self.path}",
         }[self.kind]
+
+
+def _is_int(v) -> bool:
+    """An integer value (``int`` or numpy integer, not ``bool``)."""
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _shown(v):
+    """``v`` for an error message: a string where a number belongs is quoted (``'0.5'``, not ``0.5``)."""
+    return repr(v) if isinstance(v, str) else v
+
+
+def _is_real(v) -> bool:
+    """A real number (``int``/``float`` or numpy scalar, not ``bool``); may be NaN or Inf."""
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
 
 
 def _sample_without_replacement(rng: np.random.Generator, num_tokens: int, num_experts: int,
@@ -212,10 +246,13 @@ def load_routing_file(path: str, num_ranks: int, num_experts: int, top_k: int) -
     """Load ``topk_idx`` for every rank from ``path`` (see module docstring).
 
     Raises:
-        InputError: missing file, wrong dtype or shape, ids outside ``[-1, num_experts)``.
+        InputError: a brace other than ``{rank}`` in ``path``, missing file, wrong dtype or
+            shape, ids outside ``[-1, num_experts)``.
     """
-    if "{rank}" in path:
-        return [check_ids(_load_array(path.format(rank=r)), "routing.file", num_experts, top_k)
+    require(isinstance(path, str) and not any(c in path.replace("{rank}", "") for c in "{}"), "routing.file",
+            "a path whose only placeholder is {rank} (no other { or })", path)
+    if "{rank}" in path:  # plain replacement: str.format would read any other brace as a field
+        return [check_ids(_load_array(path.replace("{rank}", str(r))), "routing.file", num_experts, top_k)
                 for r in range(num_ranks)]
     arr = _load_array(path)
     require(np.issubdtype(arr.dtype, np.integer), "routing.file", "an integer array", f"dtype {arr.dtype}")
@@ -242,9 +279,17 @@ def generate(spec: RoutingSpec, num_ranks: int, tokens_per_rank: list[int], num_
         seed: base seed; rank r uses ``default_rng([seed, r])``.
 
     Raises:
-        InputError: see :func:`load_routing_file`; ``hot_experts`` > experts; ``one_expert``
-            with 3 experts or fewer.
+        InputError: ``spec`` not a :class:`RoutingSpec`; ``num_ranks``, ``num_experts`` or
+            ``top_k`` not a positive integer (``top_k <= num_experts``); ``seed`` not an
+            integer >= 0; ``tokens_per_rank`` not ``num_ranks`` integers >= 0 (other kinds
+            than ``file``); see :func:`load_routing_file`; ``hot_experts`` > experts;
+            ``one_expert`` with 3 experts or fewer.
     """
+    require(isinstance(spec, RoutingSpec), "routing", "a RoutingSpec", type(spec).__name__)
+    for name, v in (("num_ranks", num_ranks), ("num_experts", num_experts), ("top_k", top_k)):
+        require(_is_int(v) and v >= 1, name, "an integer >= 1", _shown(v))
+    require(top_k <= num_experts, "top_k", f"<= num_experts ({num_experts})", top_k)
+    require(_is_int(seed) and seed >= 0, "seed", "an integer >= 0", _shown(seed))
     if spec.kind == "file":
         return load_routing_file(spec.path, num_ranks, num_experts, top_k)
     probs = None
@@ -271,6 +316,12 @@ def generate(spec: RoutingSpec, num_ranks: int, tokens_per_rank: list[int], num_
         require(num_experts > ONE_EXPERT_ID, "routing.one_expert",
                 f"a shape with more than {ONE_EXPERT_ID} experts (every token routes to expert {ONE_EXPERT_ID})",
                 f"{num_experts} experts")
+    toks = list(tokens_per_rank) if isinstance(tokens_per_rank, (list, tuple, np.ndarray)) else None
+    require(toks is not None and len(toks) == num_ranks, "tokens_per_rank",
+            f"a list of {num_ranks} token count{'s' if num_ranks != 1 else ''} (one per rank)",
+            f"{len(toks)} value{'s' if len(toks) != 1 else ''}" if toks is not None else _shown(tokens_per_rank))
+    for t in toks:
+        require(_is_int(t) and t >= 0, "tokens_per_rank", "integers >= 0 (one per rank)", _shown(t))
     out = []
     for r in range(num_ranks):
         rng = np.random.default_rng([seed, r])

@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import require
-from .plan import Plan, build_plan
+from .plan import DESIGNS, Plan, build_plan
 from .routing import RoutingSpec, check_ids, generate
 from .shapes import MoEShape, get_shape
+
+L2_WAITS = ("k_block", "pool_block")
 
 DEFAULT_MAX_TOKENS = 8192  # DeepGEMM tests/test_mega_moe.py default num_max_tokens_per_rank
 MAX_LAUNCH_SKEW_US = 100_000.0  # 0.1 s: far beyond launch jitter, and bounded memory (see Scenario)
@@ -44,6 +46,16 @@ def skew_in_range(v: float) -> bool:
     return math.isfinite(v) and 0 <= v <= MAX_LAUNCH_SKEW_US
 
 
+def _is_int(v) -> bool:
+    """An integer value (``int`` or numpy integer, not ``bool``)."""
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _shown(v):
+    """``v`` for an error message: a string where a number belongs is quoted (``'64'``, not ``64``)."""
+    return repr(v) if isinstance(v, str) else v
+
+
 def _skew_values(skew) -> tuple[bool, list]:
     """``launch_skew_us`` as (given as a list?, its values): a list, tuple or 1-D array, or one number."""
     if isinstance(skew, (list, tuple)) or (isinstance(skew, np.ndarray) and skew.ndim > 0):
@@ -55,21 +67,30 @@ def _skew_values(skew) -> tuple[bool, list]:
 class Scenario:
     """Inputs of one call.
 
+    Integer fields take ``int`` or numpy integers (kept as the same ``int``), never ``bool``,
+    ``float`` or strings: nothing is rounded or parsed.
+
     Attributes:
         shape: preset name, ``E,k,H,I`` string or :class:`MoEShape`.
-        num_ranks: EP size R (divides the expert count).
-        tokens_per_rank: ``T`` for every rank, or a list with one ``T_r`` per rank (default
-            8192, or what the routing file / ``topk_idx`` holds).
-        max_tokens_per_rank: ``T_max`` (buffer size); default ``max(8192, max T_r)``.
-        routing: :class:`RoutingSpec` or its CLI spelling.
-        seed: routing seed.
-        hardware: preset name (``b200``, ``h200``, ``h20``) or TOML path.
+        num_ranks: EP size R, an integer >= 1 dividing the expert count.
+        tokens_per_rank: ``T`` for every rank, or a list / tuple / 1-D array with one ``T_r``
+            per rank, integers in ``[0, MAX_TOKENS_PER_RANK]`` (default 8192, or what the
+            routing file / ``topk_idx`` holds).
+        max_tokens_per_rank: ``T_max`` (buffer size), an integer in ``[1,
+            MAX_TOKENS_PER_RANK]``; default ``max(8192, max T_r)``.
+        routing: :class:`RoutingSpec` or its CLI spelling (a string).
+        seed: routing seed, an integer >= 0.
+        hardware: preset name (``b200``, ``h200``, ``h20``) or TOML path, a non-empty string
+            (resolved by ``sim.hardware.load_hardware`` when simulated; an unknown name is
+            refused there, on ``hardware``).
         design: ``deepgemm-sm100`` (reference) or ``megamoe-sm90`` (this project's kernel).
-        experts_per_wave, block_m, pool_tokens, num_stages: plan overrides (None = heuristic).
+        experts_per_wave, block_m, pool_tokens, num_stages: plan overrides, integers >= 1
+            (None = heuristic).
         l2_wait: ``k_block`` (PR #304) or ``pool_block`` (PR #316).
-        reserved_sms: SMs taken away from the kernel (e.g. for a shared expert).
-        policies: policy specs or objects (:mod:`megamoe.policies`) replacing reference
-            heuristics: built-in names, ``module:Class``, ``file.py:Class``.
+        reserved_sms: SMs taken away from the kernel (e.g. for a shared expert), an integer
+            >= 0 (its upper bound depends on the GPU: :meth:`plan` checks it).
+        policies: a list (or tuple) of policy specs or objects (:mod:`megamoe.policies`)
+            replacing reference heuristics: built-in names, ``module:Class``, ``file.py:Class``.
         topk_idx: explicit ids per rank (Python API; overrides ``routing``).
         launch_skew_us: when each rank's kernel starts, in microseconds (host launch jitter,
             outside the kernel): a list of one value per rank (only differences matter), or
@@ -79,7 +100,12 @@ class Scenario:
             the latest rank, so memory grows with the skew: 1 s of skew takes ~1.3 GB).
 
     Raises:
-        InputError: bad field (one-line message naming it).
+        InputError: bad field (one-line message naming it: ``shape``, ``ranks``, ``tokens``,
+            ``max_tokens``, ``routing`` / ``routing.<param>``, ``seed``, ``hardware``,
+            ``design``, ``l2_wait``, ``reserved_sms``, ``experts_per_wave``, ``block_m``,
+            ``pool_tokens``, ``num_stages``, ``policies`` / ``policy ...``, ``topk_idx[r]``,
+            ``launch_skew_us``); the CLI's names are used for ``num_ranks`` (``ranks``),
+            ``tokens_per_rank`` (``tokens``) and ``max_tokens_per_rank`` (``max_tokens``).
     """
 
     shape: str | MoEShape = "deepseek-v4-pro"
@@ -101,18 +127,36 @@ class Scenario:
     launch_skew_us: float | list[float] = 0.0
 
     def __post_init__(self) -> None:
+        require(isinstance(self.shape, (str, MoEShape)), "shape",
+                "a preset name, an E,k,H,I string or a MoEShape", self.shape)
         self.shape = get_shape(self.shape)
+        require(isinstance(self.routing, (str, RoutingSpec)), "routing",
+                "a RoutingSpec or its CLI spelling (e.g. 'uniform', 'zipf:1.2')", self.routing)
         if isinstance(self.routing, str):
             self.routing = RoutingSpec.parse(self.routing)
-        require(isinstance(self.num_ranks, int) and self.num_ranks >= 1, "ranks", "an integer >= 1",
-                self.num_ranks)
+        require(_is_int(self.seed) and self.seed >= 0, "seed", "an integer >= 0", _shown(self.seed))
+        require(isinstance(self.hardware, str) and bool(self.hardware), "hardware",
+                "a preset name (b200, h200, h20) or a .toml path", _shown(self.hardware))
+        require(isinstance(self.design, str) and self.design in DESIGNS, "design", " or ".join(DESIGNS),
+                self.design)
+        require(isinstance(self.l2_wait, str) and self.l2_wait in L2_WAITS, "l2_wait", " or ".join(L2_WAITS),
+                self.l2_wait)
+        require(_is_int(self.num_ranks) and self.num_ranks >= 1, "ranks", "an integer >= 1",
+                _shown(self.num_ranks))
+        given = self.tokens_per_rank
+        if isinstance(given, np.ndarray):
+            require(given.ndim == 1, "tokens", "one integer or a 1-D list with one per rank",
+                    f"an array of shape {list(given.shape)}")
+        # the raw values, before anything converts them: 64.5, '64', NaN or True are refused, not rounded
+        for t in [] if given is None else list(given) if isinstance(given, (list, tuple, np.ndarray)) else [given]:
+            require(_is_int(t) and 0 <= t <= MAX_TOKENS_PER_RANK, "tokens",
+                    f"integers in [0, {MAX_TOKENS_PER_RANK}] per rank", _shown(t))
         require(self.shape.num_experts % self.num_ranks == 0, "ranks",
                 f"a divisor of the expert count {self.shape.num_experts}", self.num_ranks)
         E = self.shape.num_experts
         require(self.num_ranks * E <= MAX_RANKS_X_EXPERTS, "ranks",
                 f"ranks x experts <= {MAX_RANKS_X_EXPERTS} (the simulator's memory grows with them)",
                 f"{self.num_ranks} x {E} = {self.num_ranks * E}")
-        given = self.tokens_per_rank
         if self.topk_idx is not None:
             ids, R = self.topk_idx, self.num_ranks
             got = f"{len(ids)} array{'s' if len(ids) != 1 else ''}" if isinstance(ids, (list, tuple)) \
@@ -127,7 +171,7 @@ class Scenario:
             ids = self.topk_idx if self.topk_idx is not None else self._ids
             self.tokens_per_rank = [int(len(t)) for t in ids]
             if given is not None:
-                want = given if isinstance(given, (list, tuple)) else [given] * self.num_ranks
+                want = list(given) if isinstance(given, (list, tuple, np.ndarray)) else [given] * self.num_ranks
                 require(list(want) == self.tokens_per_rank, "tokens",
                         f"the routing's own token counts {self.tokens_per_rank} (or leave it out)", given)
         elif given is None:
@@ -135,9 +179,6 @@ class Scenario:
         toks = self.tokens_list()
         require(len(toks) == self.num_ranks, "tokens", f"{self.num_ranks} values (one per rank)",
                 len(toks))
-        for t in toks:
-            require(isinstance(t, (int, np.integer)) and 0 <= t <= MAX_TOKENS_PER_RANK, "tokens",
-                    f"integers in [0, {MAX_TOKENS_PER_RANK}] per rank", t)
         k, slots = self.shape.top_k, sum(toks) * self.shape.top_k
         require(slots <= MAX_ROUTED_SLOTS, "tokens",
                 f"ranks x tokens per rank x top_k <= {MAX_ROUTED_SLOTS} routed slots (the simulator's memory grows "
@@ -146,13 +187,12 @@ class Scenario:
                 else f"{sum(toks)} tokens x {k} = {slots}")
         if self.max_tokens_per_rank is None:
             self.max_tokens_per_rank = max([DEFAULT_MAX_TOKENS, *toks])
-        require(isinstance(self.max_tokens_per_rank, (int, np.integer))
+        require(_is_int(self.max_tokens_per_rank)
                 and 1 <= self.max_tokens_per_rank <= MAX_TOKENS_PER_RANK, "max_tokens",
-                f"an integer in [1, {MAX_TOKENS_PER_RANK}]", self.max_tokens_per_rank)
+                f"an integer in [1, {MAX_TOKENS_PER_RANK}]", _shown(self.max_tokens_per_rank))
         require(max(toks) <= self.max_tokens_per_rank, "tokens",
                 f"<= max_tokens ({self.max_tokens_per_rank})", max(toks))
-        require(isinstance(self.reserved_sms, (int, np.integer)) and not isinstance(self.reserved_sms, bool)
-                and self.reserved_sms >= 0, "reserved_sms", "an integer >= 0", self.reserved_sms)
+        require(_is_int(self.reserved_sms) and self.reserved_sms >= 0, "reserved_sms", "an integer >= 0", _shown(self.reserved_sms))
         is_list, vals = _skew_values(self.launch_skew_us)
         for v in vals:
             require(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
@@ -166,10 +206,17 @@ class Scenario:
                 "0 with one rank (there is no other rank to be late against)", vals[0])
         from .policies import policies_from_specs, policy_name
 
+        require(isinstance(self.policies, (list, tuple)), "policies",
+                "a list of policy specs or objects (e.g. ['rank-by-rank'])", self.policies)
         self._policies = policies_from_specs(self.policies)
         for name in ("experts_per_wave", "block_m", "pool_tokens", "num_stages"):
             v = getattr(self, name)
-            require(v is None or (isinstance(v, int) and v >= 1), name, "a positive integer", v)
+            require(v is None or (_is_int(v) and v >= 1), name, "a positive integer", _shown(v))
+        # checked integers: a numpy integer is kept as the same Python int (JSON-able in to_dict)
+        for name in ("num_ranks", "seed", "max_tokens_per_rank", "reserved_sms", "experts_per_wave", "block_m",
+                     "pool_tokens", "num_stages"):
+            if isinstance(getattr(self, name), np.integer):
+                setattr(self, name, int(getattr(self, name)))
         # one source per decision: a fixed override and a policy for the same choice conflict
         for name, kind in (("block_m", "block_config"), ("experts_per_wave", "wave")):
             pol = getattr(self._policies, kind, None)

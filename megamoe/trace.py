@@ -20,9 +20,14 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import zipfile
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
+
+from .errors import InputError, require
 
 ROLES = ("dispatch", "tma_a", "tma_b", "mma", "epilogue", "producer", "consumer")
 KINDS = ("count", "index_exchange", "grid_sync", "nvl_barrier", "pull", "l1_load", "l1_mma",
@@ -50,12 +55,67 @@ class Trace:
 
     @classmethod
     def from_rows(cls, rows: list[tuple] | np.ndarray) -> "Trace":
-        """Build from rows ordered as :data:`COLUMNS` (role/kind as codes or names)."""
+        """Build from rows ordered as :data:`COLUMNS` (role/kind as codes or names).
+
+        Args:
+            rows: a list / tuple of rows (each a sequence of ``len(COLUMNS)`` values, ``role``
+                and ``kind`` as names of :data:`ROLES` / :data:`KINDS` or their codes), or a
+                2-D numeric array ``[N, len(COLUMNS)]`` of codes.
+
+        Raises:
+            InputError: ``rows`` not a list, tuple or 2-D array of ``len(COLUMNS)`` columns
+                (``trace.rows``); a row of another length (``trace.rows``); an unknown role /
+                kind name or a code outside the schema (``trace.role`` / ``trace.kind``); a
+                value that is not a number (``trace.rows``); non-finite times
+                (``trace.t_start_ns`` / ``trace.t_end_ns``); an integer column holding a
+                fraction, a non-finite value or one outside its dtype (``trace.<column>``).
+        """
+        n = len(COLUMNS)
+        require(isinstance(rows, (list, tuple, np.ndarray)), "trace.rows",
+                f"a list of rows or an [N, {n}] array", type(rows).__name__)
         if len(rows) == 0:
             return cls({c: np.zeros(0, dtype=_DTYPES.get(c, np.int32)) for c in COLUMNS})
         if not isinstance(rows, np.ndarray):
-            rows = [(r[0], r[1], ROLE.get(r[2], r[2]), KIND.get(r[3], r[3]), *r[4:]) for r in rows]
-        arr = np.asarray(rows, dtype=np.float64)
+            out = []
+            for i, r in enumerate(rows):
+                require(isinstance(r, (list, tuple, np.ndarray)) and len(r) == n, "trace.rows",
+                        f"rows of {n} values ({', '.join(COLUMNS)})",
+                        f"row {i}: {len(r)} values" if isinstance(r, (list, tuple, np.ndarray))
+                        else f"row {i}: {type(r).__name__}")
+                role, kind = r[2], r[3]
+                if isinstance(role, str):
+                    require(role in ROLE, "trace.role", f"a role name ({', '.join(ROLES)}) or code "
+                            f"0..{len(ROLES) - 1}", f"row {i}: {role!r}")
+                    role = ROLE[role]
+                if isinstance(kind, str):
+                    require(kind in KIND, "trace.kind", f"a kind name ({', '.join(KINDS)}) or code "
+                            f"0..{len(KINDS) - 1}", f"row {i}: {kind!r}")
+                    kind = KIND[kind]
+                out.append((r[0], r[1], role, kind, *r[4:]))
+            rows = out
+        try:
+            arr = np.asarray(rows, dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise InputError("trace.rows", f"numbers in every column ({', '.join(COLUMNS)})",
+                             f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+        require(arr.ndim == 2 and arr.shape[1] == n, "trace.rows", f"an [N, {n}] array ({', '.join(COLUMNS)})",
+                f"shape {list(arr.shape)}")
+        for i, c in enumerate(COLUMNS):
+            v = arr[:, i]
+            dt = _DTYPES.get(c, np.int32)
+            if dt is np.float64:
+                bad = ~np.isfinite(v)
+                expected = "finite times (ns) in every record"
+            else:
+                info = np.iinfo(dt)
+                names = {"role": ROLES, "kind": KINDS}.get(c)
+                lo, hi = (0, len(names) - 1) if names else (info.min, info.max)
+                with np.errstate(invalid="ignore"):
+                    bad = ~np.isfinite(v) | (v != np.floor(v)) | (v < lo) | (v > hi)
+                expected = f"codes 0..{hi}" if names else f"integers in [{lo}, {hi}]"
+            if bad.any():
+                j = int(np.argmax(bad))
+                raise InputError(f"trace.{c}", expected, f"row {j}: {v[j]:g}")
         return cls({c: arr[:, i].astype(_DTYPES.get(c, np.int32)) for i, c in enumerate(COLUMNS)})
 
     @classmethod
@@ -102,18 +162,33 @@ class Trace:
     def load(cls, path: str) -> "Trace":
         """Load an NPZ written by :meth:`save_npz`.
 
+        Args:
+            path: file path (``str`` or ``os.PathLike``).
+
         Raises:
-            InputError: missing file, not an NPZ, missing schema columns, no records, role /
-                kind codes outside the schema, non-finite times, records that end before they
-                start, ranks or SMs outside ``meta``'s ``num_ranks`` / ``num_sms``, or
+            InputError: ``path`` not a path, missing file, not an NPZ, an unreadable NPZ
+                (truncated or corrupt: ``BadZipFile``, ``zlib.error``, ``EOFError``), missing
+                schema columns, a column that is not 1-D, no records, role / kind codes
+                outside the schema, non-finite times, records that end before they start,
+                ranks or SMs outside ``meta``'s ``num_ranks`` / ``num_sms``, or
                 ``topk_idx_<rank>`` arrays not numbered ``0 .. n-1``.
         """
-        from .errors import InputError, require
+        require(isinstance(path, (str, os.PathLike)), "trace", "a path to an .npz trace file",
+                repr(path) if isinstance(path, bytes) else path)
 
+        def unreadable(exc: BaseException) -> InputError:
+            # numpy's ValueError text (about pickles) misleads for a file that is no NPZ at all
+            zipped = isinstance(exc, (zipfile.BadZipFile, zlib.error, EOFError)) and str(exc)
+            msg = f": {str(exc).splitlines()[0]}" if zipped else ""
+            kind = "zlib.error" if isinstance(exc, zlib.error) else type(exc).__name__
+            return InputError("trace", "an .npz trace file", f"{path} ({kind}{msg})")
+
+        # a truncated or corrupt zip raises BadZipFile / zlib.error / EOFError, at open or at read
+        broken = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)
         try:
             z = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise InputError("trace", "an .npz trace file", f"{path} ({type(exc).__name__})") from None
+        except broken as exc:
+            raise unreadable(exc) from None
         if not isinstance(z, np.lib.npyio.NpzFile):  # a plain .npy array
             raise InputError("trace", "an .npz trace file (columns of the trace schema)",
                              f"{path} (a single array)")
@@ -121,19 +196,25 @@ class Trace:
             missing = [c for c in COLUMNS if c not in z.files]
             if missing:
                 raise InputError("trace", f"columns {', '.join(COLUMNS)}", f"missing {', '.join(missing)}")
-            try:
-                meta = json.loads(str(z["meta_json"])) if "meta_json" in z.files else None
-            except ValueError:
-                raise InputError("trace.meta_json", "a JSON object (the scenario meta)",
-                                 f"{path}: not JSON") from None
-            if meta is not None and not isinstance(meta, dict):
-                raise InputError("trace.meta_json", "a JSON object (the scenario meta)", type(meta).__name__)
-            cols = {c: z[c] for c in COLUMNS}
             stored = {f for f in z.files if f.startswith("topk_idx_")}
             want = [f"topk_idx_{r}" for r in range(len(stored))]
             require(stored == set(want), "trace.topk_idx", "arrays topk_idx_0 .. topk_idx_<R-1> (one per rank)",
                     f"{', '.join(sorted(stored - set(want)))} among {len(stored)} arrays")
-            topk = [z[f] for f in want] or None
+            try:
+                raw_meta = z["meta_json"] if "meta_json" in z.files else None
+                cols = {c: z[c] for c in COLUMNS}
+                topk = [z[f] for f in want] or None
+            except broken as exc:
+                raise unreadable(exc) from None
+        try:
+            meta = json.loads(str(raw_meta)) if raw_meta is not None else None
+        except ValueError:
+            raise InputError("trace.meta_json", "a JSON object (the scenario meta)",
+                             f"{path}: not JSON") from None
+        if meta is not None and not isinstance(meta, dict):
+            raise InputError("trace.meta_json", "a JSON object (the scenario meta)", type(meta).__name__)
+        for c, v in cols.items():
+            require(v.ndim == 1, f"trace.{c}", "a 1-D column (one value per record)", f"shape {list(v.shape)}")
         n = {len(v) for v in cols.values()}
         if len(n) != 1:
             raise InputError("trace", "columns of one length", f"lengths {sorted(n)}")

@@ -189,3 +189,75 @@ def test_bad_stored_routing_or_meta_is_refused(tmp_path, capsys):
     ]
     for path, line in cases:
         assert _compare_line(path, capsys) == (2, [f"megamoe: error: {line}"]), path
+
+
+def test_truncated_or_corrupt_trace_is_refused(tmp_path, capsys):
+    """A truncated NPZ (no zip directory) and one whose member data is corrupt raise an
+    InputError naming the trace, from Trace.load and from megamoe compare (exit 2, one line)."""
+    p, _ = _saved(tmp_path)
+    data = p.read_bytes()
+    trunc = tmp_path / "trunc.npz"
+    trunc.write_bytes(data[:5000])
+    with pytest.raises(InputError, match=r"^trace: expected an \.npz trace file, got .*trunc\.npz "
+                                         r"\(BadZipFile: File is not a zip file\)$"):
+        Trace.load(str(trunc))
+    assert main(["compare", str(trunc)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "trace: expected an .npz trace file" in err
+    import zipfile
+
+    with zipfile.ZipFile(p) as z:  # flip bytes inside the compressed data of one column
+        info = z.getinfo("t_start_ns.npy")
+    off = info.header_offset + 30 + len(info.filename) + len(info.extra) + 20
+    bad = bytearray(data)
+    bad[off:off + 64] = bytes(b ^ 0xFF for b in bad[off:off + 64])
+    corrupt = tmp_path / "corrupt.npz"
+    corrupt.write_bytes(bytes(bad))
+    with pytest.raises(InputError, match=r"^trace: expected an \.npz trace file, got .*corrupt\.npz \((zlib\.error|"
+                                         r"BadZipFile|EOFError)"):
+        Trace.load(str(corrupt))
+
+
+@pytest.mark.parametrize("path, msg", [
+    (None, r"^trace: expected a path to an \.npz trace file, got None$"),
+    (42, r"^trace: expected a path to an \.npz trace file, got 42$"),
+])
+def test_trace_load_path_type(path, msg):
+    with pytest.raises(InputError, match=msg):
+        Trace.load(path)
+
+
+def test_trace_load_accepts_pathlike(tmp_path):
+    p, res = _saved(tmp_path)
+    assert len(Trace.load(p)) == len(res.trace)
+
+
+_ROW = (0, 0, "mma", "l1_mma", 1, 0, 0, 0, 10.0, 20.0, 0, 0)
+
+
+@pytest.mark.parametrize("rows, msg", [
+    ([(0, 0, "bogus", *_ROW[3:])], r"^trace\.role: expected a role name \(dispatch, tma_a, tma_b, mma, epilogue, "
+                                   r"producer, consumer\) or code 0\.\.6, got row 0: 'bogus'$"),
+    ([_ROW, (0, 0, "mma", "nope", *_ROW[4:])], r"^trace\.kind: expected a kind name \(count, .*\) or code 0\.\.12, "
+                                               r"got row 1: 'nope'$"),
+    ([(0, 0, "mma", "pull")], r"^trace\.rows: expected rows of 12 values \(rank, sm, role, kind, expert, m_block, "
+                              r"n_block, wave, t_start_ns, t_end_ns, bytes, tokens\), got row 0: 4 values$"),
+    ([_ROW, 5], r"^trace\.rows: expected rows of 12 values .*got row 1: int$"),
+    ([(0, 0, 99, *_ROW[3:])], r"^trace\.role: expected codes 0\.\.6, got row 0: 99$"),
+    ([(0, 0, "mma", -1, *_ROW[4:])], r"^trace\.kind: expected codes 0\.\.12, got row 0: -1$"),
+    ([("x", *_ROW[1:])], r"^trace\.rows: expected numbers in every column \(rank, .*\), got ValueError"),
+    ([(0.5, *_ROW[1:])], r"^trace\.rank: expected integers in \[-2147483648, 2147483647\], got row 0: 0\.5$"),
+    ([(*_ROW[:8], float("nan"), 1.0, 0, 0)], r"^trace\.t_start_ns: expected finite times \(ns\) in every record, "
+                                             r"got row 0: nan$"),
+    (np.zeros((2, 11)), r"^trace\.rows: expected an \[N, 12\] array .*got shape \[2, 11\]$"),
+    (None, r"^trace\.rows: expected a list of rows or an \[N, 12\] array, got NoneType$"),
+])
+def test_trace_from_rows_refuses_bad_rows(rows, msg):
+    with pytest.raises(InputError, match=msg):
+        Trace.from_rows(rows)
+
+
+def test_trace_from_rows_names_and_codes():
+    t = Trace.from_rows([_ROW, (1, -1, 0, 4, -1, -1, -1, -1, 0.0, 5.0, 1 << 40, 3)])
+    assert t["role"].tolist() == [3, 0] and t["kind"].tolist() == [6, 4] and t["bytes"][1] == 1 << 40
+    assert len(Trace.from_rows(np.asarray([(0, 0, 3, 6, 1, 0, 0, 0, 1.0, 2.0, 0, 0)], float))) == 1

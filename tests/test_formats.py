@@ -292,3 +292,52 @@ def test_bad_inputs_name_the_tensor():
     with pytest.raises(InputError, match=r"^rounding:"):
         F.encode_e2m1(torch.zeros(2), "up")
     assert issubclass(InputError, ValueError)
+
+
+@pytest.mark.parametrize("block, got", [(0, "0"), (-32, "-32"), (2.5, r"2\.5"), (32.0, r"32\.0"), (True, "True"),
+                                        ("32", "'32'"), (None, "None")])
+@pytest.mark.parametrize("fn", ["quantize_e4m3_blocks", "quantize_e2m1_blocks", "quantize_e4m3_epilogue"])
+def test_block_must_be_a_positive_int(fn, block, got):
+    """block=0 was a ZeroDivisionError, block=-32 a torch RuntimeError, 32.0 a float reshape."""
+    with pytest.raises(InputError, match=r"^block: expected a positive integer \(elements per scale, 32 in the "
+                                         rf"MegaMoE recipe\), got {got}$"):
+        getattr(F, fn)(torch.randn(2, 64), block=block)
+
+
+def test_block_other_than_32_still_works():
+    q, sf = F.quantize_e4m3_blocks(torch.randn(2, 64), block=16)
+    assert q.shape == (2, 64) and sf.shape == (2, 4)
+
+
+def test_e2m1_codes_above_15_are_refused():
+    """pack_e2m1 used to mask 200 to code 8 (-0.0); decode_e2m1 ignored the high bits."""
+    bad = torch.tensor([1, 2, 200, 3], dtype=torch.uint8)
+    with pytest.raises(InputError, match=r"^codes: expected E2M1 codes 0\.\.15 \(one per uint8\), "
+                                         r"got a code 200 at index \(2,\)$"):
+        F.pack_e2m1(bad)
+    with pytest.raises(InputError, match=r"^codes: expected E2M1 codes 0\.\.15 \(one per uint8\), got a code 16"):
+        F.decode_e2m1(torch.tensor([[0, 16]], dtype=torch.uint8))
+    ok = torch.arange(16, dtype=torch.uint8)
+    assert torch.equal(F.unpack_e2m1(F.pack_e2m1(ok)), ok)
+    assert F.pack_e2m1(torch.zeros(0, dtype=torch.uint8)).shape == (0,)
+
+
+@pytest.mark.parametrize("call", [
+    lambda d: F.decode_e4m3(torch.zeros(4, dtype=torch.uint8), d),
+    lambda d: F.decode_e2m1(torch.zeros(4, dtype=torch.uint8), d),
+    lambda d: F.decode_ue8m0(torch.zeros(4, dtype=torch.uint8), d),
+    lambda d: F.e2m1_table(dtype=d),
+    lambda d: F.dequantize_e4m3_blocks(*F.quantize_e4m3_blocks(torch.randn(1, 32)), d),
+    lambda d: F.dequantize_e2m1_blocks(*F.quantize_e2m1_blocks(torch.randn(1, 32)), d),
+])
+def test_output_dtype_must_be_float(call):
+    with pytest.raises(InputError, match=r"^dtype: expected torch\.float32, torch\.float64, torch\.bfloat16 or "
+                                         r"torch\.float16, got torch\.int32$"):
+        call(torch.int32)
+    with pytest.raises(InputError, match=r"^dtype: expected .*got 'float32'$"):
+        call("float32")
+
+
+def test_ue8m0_ceil_clamp_must_be_bool():
+    with pytest.raises(InputError, match=r"^clamp: expected True or False, got 'no'$"):
+        F.ue8m0_ceil(torch.ones(2), clamp="no")

@@ -233,3 +233,30 @@ def test_sm90_rs_permutation_bad_input():
         L.permute_e2m1_for_sm90_rs(torch.zeros(2, 96, dtype=torch.uint8))
     with pytest.raises(InputError, match=r"^w1"):
         L.permute_e2m1_for_sm90_rs(torch.zeros(2, 64), name="w1")
+
+
+@pytest.mark.parametrize("gran, got", [(0, "0"), (-8, "-8"), (2.5, r"2\.5"), (8.0, r"8\.0"), (True, "True"),
+                                       ("8", "'8'")])
+@pytest.mark.parametrize("fn", ["interleave_gate_up", "deinterleave_gate_up"])
+def test_gran_must_be_a_positive_int(fn, gran, got):
+    """gran=0 was a ZeroDivisionError."""
+    with pytest.raises(InputError, match=r"^gran: expected a positive integer \(rows per gate/up group, 8 for the "
+                                         rf"kernels\), got {got}$"):
+        getattr(L, fn)(torch.zeros(1, 32, 4, dtype=torch.uint8), gran=gran)
+
+
+def test_gran_other_than_8_round_trips():
+    t = torch.arange(2 * 12 * 3, dtype=torch.int32).reshape(2, 12, 3)
+    assert torch.equal(L.deinterleave_gate_up(L.interleave_gate_up(t, gran=3), gran=3), t)
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(rows=2.5), r"^rows: expected None or a positive integer, got 2\.5$"),
+    (dict(k="64"), r"^k: expected None or a positive integer, got '64'$"),
+    (dict(k=0), r"^k: expected None or a positive integer, got 0$"),
+])
+def test_check_mxfp4_weights_rows_and_k(kw, msg):
+    w, sf = torch.zeros(1, 8, 32, dtype=torch.uint8), torch.zeros(1, 8, 2, dtype=torch.uint8)
+    assert L.check_mxfp4_weights(w, sf, "w") == (1, 8, 64)
+    with pytest.raises(InputError, match=msg):
+        L.check_mxfp4_weights(w, sf, "w", **kw)

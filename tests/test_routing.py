@@ -1,5 +1,7 @@
 """Routing generators: seeded, deterministic, distinct experts per token, file loading."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -199,3 +201,113 @@ def test_scenario_topk_idx_is_checked_like_a_routing_file():
     for ids, msg in cases:
         with pytest.raises(InputError, match=msg):
             Scenario(shape="deepseek-v4-flash", num_ranks=1, topk_idx=ids)
+
+
+@pytest.mark.parametrize("path", ["/tmp/x_{rank}_{foo}.npy", "/tmp/x_{rank}{.npy", "/tmp/x_{ranks}.npy",
+                                  "/tmp/x}.npy", "/tmp/{}.npy"])
+def test_routing_file_braces_other_than_rank_are_refused(path):
+    """``{rank}`` is the only placeholder of a routing file path: any other brace is an
+    InputError on routing.file at parse time (str.format used to raise KeyError / ValueError)."""
+    msg = r"^routing\.file: expected a path whose only placeholder is \{rank\} \(no other \{ or \}\), got "
+    with pytest.raises(InputError, match=msg + re.escape(path) + "$"):
+        RoutingSpec.parse("file:" + path)
+    with pytest.raises(InputError, match=msg):
+        load_routing_file(path, 2, 8, 2)
+
+
+def test_routing_file_rank_placeholder_is_replaced_literally(tmp_path):
+    ids = np.array([[0, 1], [2, 3]])
+    for r in range(2):
+        np.save(tmp_path / f"ids_{r}.npy", ids + r)
+    got = generate(RoutingSpec.parse(f"file:{tmp_path}/ids_{{rank}}.npy"), 2, [], 8, 2, 0)
+    assert [g.tolist() for g in got] == [ids.tolist(), (ids + 1).tolist()]
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(kind="hot", hot_experts=2.5), r"^routing\.hot_experts: expected an integer >= 1, got 2\.5$"),
+    (dict(kind="hot", hot_experts=True), r"^routing\.hot_experts: expected an integer >= 1, got True$"),
+    (dict(kind="hot", hot_experts="4"), r"^routing\.hot_experts: expected an integer >= 1, got '4'$"),
+    (dict(kind="masked", masked_ratio="0.5"), r"^routing\.masked_ratio: expected a ratio in \[0, 1\], got '0\.5'$"),
+    (dict(kind="masked", masked_ratio=float("nan")), r"^routing\.masked_ratio: expected a ratio in \[0, 1\], got nan$"),
+    (dict(kind="zipf", zipf_exponent=None), r"^routing\.zipf_exponent: expected a finite number >= 0, got None$"),
+    (dict(kind="hot", hot_fraction="x"), r"^routing\.hot_fraction: expected a fraction in \[0, 1\], got 'x'$"),
+    (dict(kind=None), r"^routing: expected one of uniform, masked, zipf, hot, one_expert, file, got None$"),
+    (dict(kind="file", path=None), r"^routing\.file: expected a path string, got None$"),
+])
+def test_routing_spec_field_types(kw, msg):
+    with pytest.raises(InputError, match=msg):
+        RoutingSpec(**kw)
+
+
+def test_routing_parse_hot_n_must_be_an_integer():
+    with pytest.raises(InputError, match=r"^routing\.hot_experts: expected an integer, got 2\.5$"):
+        RoutingSpec.parse("hot:0.5:2.5")
+    with pytest.raises(InputError, match=r"^routing: expected a RoutingSpec or its CLI spelling .*got 42$"):
+        RoutingSpec.parse(42)
+
+
+@pytest.mark.parametrize("args, msg", [
+    (dict(tokens_per_rank=[-1]), r"^tokens_per_rank: expected integers >= 0 \(one per rank\), got -1$"),
+    (dict(tokens_per_rank=[2.5]), r"^tokens_per_rank: expected integers >= 0 \(one per rank\), got 2\.5$"),
+    (dict(tokens_per_rank=[4, 4]), r"^tokens_per_rank: expected a list of 1 token count \(one per rank\), got 2 values$"),
+    (dict(tokens_per_rank=4), r"^tokens_per_rank: expected a list of 1 token count \(one per rank\), got 4$"),
+    (dict(seed=-1), r"^seed: expected an integer >= 0, got -1$"),
+    (dict(seed="abc"), r"^seed: expected an integer >= 0, got 'abc'$"),
+    (dict(num_ranks=0), r"^num_ranks: expected an integer >= 1, got 0$"),
+    (dict(top_k=9), r"^top_k: expected <= num_experts \(8\), got 9$"),
+    (dict(spec="uniform"), r"^routing: expected a RoutingSpec, got str$"),
+])
+def test_generate_checks_its_arguments(args, msg):
+    kw = dict(spec=RoutingSpec(), num_ranks=1, tokens_per_rank=[4], num_experts=8, top_k=2, seed=0)
+    with pytest.raises(InputError, match=msg):
+        generate(**{**kw, **args})
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(tokens_per_rank=64.5), r"^tokens: expected integers in \[0, 131072\] per rank, got 64\.5$"),
+    (dict(tokens_per_rank="64"), r"^tokens: expected integers in \[0, 131072\] per rank, got '64'$"),
+    (dict(tokens_per_rank=float("nan")), r"^tokens: expected integers in \[0, 131072\] per rank, got nan$"),
+    (dict(tokens_per_rank=True), r"^tokens: expected integers in \[0, 131072\] per rank, got True$"),
+    (dict(tokens_per_rank=[64, 64.0]), r"^tokens: expected integers in \[0, 131072\] per rank, got 64\.0$"),
+    (dict(tokens_per_rank=np.zeros((2, 1), int)), r"^tokens: expected one integer or a 1-D list with one per rank"),
+    (dict(shape=123), r"^shape: expected a preset name, an E,k,H,I string or a MoEShape, got 123$"),
+    (dict(shape=None), r"^shape: expected a preset name, an E,k,H,I string or a MoEShape, got None$"),
+    (dict(seed=-1), r"^seed: expected an integer >= 0, got -1$"),
+    (dict(seed=1.5), r"^seed: expected an integer >= 0, got 1\.5$"),
+    (dict(seed="abc"), r"^seed: expected an integer >= 0, got 'abc'$"),
+    (dict(seed=None), r"^seed: expected an integer >= 0, got None$"),
+    (dict(hardware=None), r"^hardware: expected a preset name \(b200, h200, h20\) or a \.toml path, got None$"),
+    (dict(hardware=""), r"^hardware: expected a preset name \(b200, h200, h20\) or a \.toml path, got ''$"),
+    (dict(routing=42), r"^routing: expected a RoutingSpec or its CLI spelling \(e\.g\. 'uniform', 'zipf:1\.2'\), got 42$"),
+    (dict(reserved_sms=2.5), r"^reserved_sms: expected an integer >= 0, got 2\.5$"),
+    (dict(reserved_sms=-1), r"^reserved_sms: expected an integer >= 0, got -1$"),
+    (dict(design="sm90"), r"^design: expected deepgemm-sm100 or megamoe-sm90, got sm90$"),
+    (dict(l2_wait="block"), r"^l2_wait: expected k_block or pool_block, got block$"),
+    (dict(l2_wait=None), r"^l2_wait: expected k_block or pool_block, got None$"),
+    (dict(num_ranks=True), r"^ranks: expected an integer >= 1, got True$"),
+    (dict(num_ranks=8.0), r"^ranks: expected an integer >= 1, got 8\.0$"),
+    (dict(max_tokens_per_rank=True), r"^max_tokens: expected an integer in \[1, 131072\], got True$"),
+    (dict(block_m=True), r"^block_m: expected a positive integer, got True$"),
+    (dict(num_stages=2.0), r"^num_stages: expected a positive integer, got 2\.0$"),
+    (dict(policies=None), r"^policies: expected a list of policy specs or objects"),
+    (dict(policies="rank-by-rank"), r"^policies: expected a list of policy specs or objects .*got rank-by-rank$"),
+])
+def test_scenario_field_types_and_ranges(kw, msg):
+    """Every Scenario field is checked at construction under its own name: nothing is rounded
+    (64.5 tokens was truncated to 64), converted ('64') or left to fail later (numpy / simulate)."""
+    from megamoe.scenario import Scenario
+
+    with pytest.raises(InputError, match=msg):
+        Scenario(**kw)
+
+
+def test_scenario_accepts_numpy_integers():
+    from megamoe.scenario import Scenario
+
+    sc = Scenario(shape="deepseek-v4-flash", num_ranks=np.int64(2), tokens_per_rank=np.array([3, 4]),
+                  seed=np.int32(5), reserved_sms=np.int64(1))
+    assert sc.tokens_list() == [3, 4] and len(sc.routing_ids()) == 2
+    assert type(sc.num_ranks) is int and type(sc.seed) is int and type(sc.reserved_sms) is int
+    import json
+
+    json.dumps(sc.to_dict())
