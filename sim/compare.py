@@ -91,12 +91,13 @@ def scenario_from_meta(trace: Trace):
 
     Raises:
         InputError: the trace has no ``meta`` or no ``topk_idx``, a meta number is not an
-            integer, or the stored routing is not one ``[T, top_k]`` array of expert ids in
+            integer, meta's ``shape`` names another shape than its numbers, its
+            ``tokens_per_rank`` differ from the stored routing's, or the stored routing is not one ``[T, top_k]`` array of expert ids in
             ``[-1, num_experts)`` per rank.
     """
     from megamoe.routing import check_ids
     from megamoe.scenario import Scenario
-    from megamoe.shapes import MoEShape
+    from megamoe.shapes import MoEShape, get_shape
 
     meta = trace.meta
     require(isinstance(meta, dict) and "num_experts" in meta, "trace.meta",
@@ -109,24 +110,42 @@ def scenario_from_meta(trace: Trace):
                 "missing" if v is None else v)
         return v
 
-    shape = MoEShape(str(meta.get("shape", "custom")), num("num_experts"), num("top_k"), num("hidden"),
-                     num("intermediate"))
+    dims = (num("num_experts"), num("top_k"), num("hidden"), num("intermediate"))
+    name = meta.get("shape", "custom")
+    require(isinstance(name, str), "trace.meta.shape", "a string", name)
+    if name != "custom":  # a named shape must be the one meta's numbers describe
+        try:
+            named = get_shape(name)
+        except InputError:
+            raise InputError("trace.meta.shape", "a preset name, an E,k,H,I string or 'custom'", name) from None
+        got = (named.num_experts, named.top_k, named.hidden, named.intermediate)
+        require(got == dims, "trace.meta.shape", "a shape with meta's E,k,H,I = " + ",".join(map(str, dims)),
+                f"{name} = {','.join(map(str, got))}")
+    shape = MoEShape(name, *dims)
     R = num("num_ranks")
     require(len(trace.topk_idx) == R, "trace.topk_idx", f"{R} arrays topk_idx_0 .. topk_idx_{R - 1} (meta num_ranks)",
             f"{len(trace.topk_idx)} array{'s' * (len(trace.topk_idx) != 1)}")
     ids = [check_ids(np.asarray(t), f"trace.topk_idx_{r}", shape.num_experts, shape.top_k)
            for r, t in enumerate(trace.topk_idx)]
+    counts = [len(t) for t in ids]
+    toks = meta.get("tokens_per_rank", counts)
+    require(toks == counts, "trace.meta.tokens_per_rank", f"the stored routing's token counts {counts}", toks)
     plan = meta.get("plan", {})
     require(isinstance(plan, dict), "trace.meta.plan", "an object (block_m, experts_per_wave, ...)",
             type(plan).__name__)
+    fixed = {}
+    for key in ("experts_per_wave", "block_m"):
+        v = plan.get(key, meta.get(key))
+        require(v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1),
+                f"trace.meta.plan.{key}", "an integer >= 1", v)
+        fixed[key] = v
     for key in ("hardware", "design", "l2_wait"):
         require(isinstance(meta.get(key, ""), str), f"trace.meta.{key}", "a string", meta.get(key))
     return Scenario(shape=shape, num_ranks=R,
                     max_tokens_per_rank=num("max_tokens_per_rank") if meta.get("max_tokens_per_rank")
                     else max(1, max(len(t) for t in ids)),
                     hardware=meta.get("hardware", "h200"), design=meta.get("design", "megamoe-sm90"),
-                    experts_per_wave=plan.get("experts_per_wave", meta.get("experts_per_wave")),
-                    block_m=plan.get("block_m", meta.get("block_m")),
+                    **fixed,
                     l2_wait=meta.get("l2_wait", "k_block"),
                     topk_idx=ids)
 

@@ -186,6 +186,17 @@ def test_bad_stored_routing_or_meta_is_refused(tmp_path, capsys):
          "trace.meta.hardware: expected a string, got 5"),
         (_variant(tmp_path, z, "floatrank", rank=z["rank"].astype(float)),
          "trace.rank: expected an integer column, got dtype float64"),
+        (_variant(tmp_path, z, "bogus", meta_json=np.array(json.dumps({**meta, "shape": "bogus"}))),
+         "trace.meta.shape: expected a preset name, an E,k,H,I string or 'custom', got bogus"),
+        (_variant(tmp_path, z, "pro", meta_json=np.array(json.dumps({**meta, "shape": "deepseek-v4-pro"}))),
+         "trace.meta.shape: expected a shape with meta's E,k,H,I = 256,6,4096,2048, "
+         "got deepseek-v4-pro = 384,6,7168,3072"),
+        (_variant(tmp_path, z, "toks", meta_json=np.array(json.dumps({**meta, "tokens_per_rank": "x"}))),
+         "trace.meta.tokens_per_rank: expected the stored routing's token counts [96, 40], got x"),
+        (_variant(tmp_path, z, "toks2", meta_json=np.array(json.dumps({**meta, "tokens_per_rank": [96, 41]}))),
+         "trace.meta.tokens_per_rank: expected the stored routing's token counts [96, 40], got [96, 41]"),
+        (_variant(tmp_path, z, "bm", meta_json=np.array(json.dumps({**meta, "plan": {**meta["plan"], "block_m": "16"}}))),
+         "trace.meta.plan.block_m: expected an integer >= 1, got 16"),
     ]
     for path, line in cases:
         assert _compare_line(path, capsys) == (2, [f"megamoe: error: {line}"]), path
