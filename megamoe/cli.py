@@ -2,14 +2,18 @@
 
 ``megamoe simulate`` (the main job) predicts one Mega MoE call; ``megamoe validate``
 compares the simulator with DeepGEMM PR #316's published rows.  Bad input prints one line
-``megamoe: error: <field>: expected ..., got ...`` on stderr and exits with code 2.
+``megamoe: error: <field>: expected ..., got ...`` on stderr and exits with code 2.  Output
+files are checked before any work and written all or nothing (:class:`Outputs`): a failed
+command leaves no partial output and no existing file changed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 
 from .errors import InputError
 
@@ -43,23 +47,140 @@ def _tokens(text: str) -> int | list[int]:
 
 
 def _out_path(*suffixes: str):
-    """An output file path whose folder exists (and whose suffix is one of ``suffixes``)."""
+    """An output file path whose folder exists, that is not a folder, and whose suffix is one
+    of ``suffixes`` in any case (``X.NPZ`` is an NPZ file, ``T.JSON.GZ`` a gzipped JSON: the
+    file is written in the format its suffix names, see :class:`Outputs`)."""
     def conv(text: str) -> str:
-        import os
-
         folder = os.path.dirname(os.path.abspath(text))
         if not os.path.isdir(folder):
             raise argparse.ArgumentTypeError(f"expected a path in an existing folder, got {text!r}")
+        if os.path.isdir(text):
+            raise argparse.ArgumentTypeError(f"expected a file path (not a folder), got {text!r}")
         if suffixes and not text.lower().endswith(suffixes):
             raise argparse.ArgumentTypeError(f"expected a file ending in {' or '.join(suffixes)}, got {text!r}")
         return text
     return conv
 
 
+class Outputs:
+    """The files one command writes, all or nothing.
+
+    Every output is *reserved* before the command does any work: its folder must exist, the
+    path must not be a folder, nor another output's path, nor an existing file this user may
+    not overwrite, and a hidden temporary folder is made next to it (``.megamoe-tmp-XXXX``,
+    which proves the folder is writable).  The command writes each output into its temporary
+    folder; :meth:`commit` renames them into place (``os.replace``, same file system) only
+    once every one of them was written.  Leaving the ``with`` block without a commit (an
+    error, Ctrl-C, a broken pipe) removes the temporaries: a failed command leaves no partial
+    output and clobbers no existing file.
+
+    The suffixes are case-blind (``X.NPZ``, ``T.JSON.GZ``) and the suffix decides the
+    format: the temporary name ends in the accepted suffix lower-cased (``T.json.gz``), so a
+    writer that goes by the suffix (NumPy appends ``.npz`` to anything else, gzip for ``.gz``,
+    matplotlib's format) writes what the final name says, whatever its case.
+    """
+
+    def __init__(self) -> None:
+        self._items: list[tuple[str, str, str, str]] = []  # (flag, path as given, final real path, temp path)
+        self._dirs: list[str] = []  # the temporary folders this object made
+
+    def __enter__(self) -> "Outputs":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.discard()
+
+    def _check(self, flag: str, path: str) -> str:
+        final = os.path.realpath(path)  # a symlink's target is written, as open(path, "w") would
+        if not os.path.isdir(os.path.dirname(final)):
+            raise InputError(flag, "a path in an existing folder", path)
+        if os.path.isdir(final):
+            raise InputError(flag, "a file path (not a folder)", path)
+        for other_flag, other, other_final, _ in self._items:
+            if final == other_final or (os.path.exists(final) and os.path.exists(other_final)
+                                        and os.path.samefile(final, other_final)):
+                raise InputError(flag, f"a path other than {other_flag}'s (each output its own file)",
+                                 path if path == other else f"{path} (the same file as {other})")
+        if os.path.exists(final) and not os.access(final, os.W_OK):
+            raise InputError(flag, "a file this user may overwrite", f"{path} (read-only)")
+        return final
+
+    def _tmpdir(self, flag: str, path: str, final: str) -> str:
+        try:
+            d = tempfile.mkdtemp(prefix=".megamoe-tmp-", dir=os.path.dirname(final))
+        except OSError as exc:
+            raise InputError(flag, "a path in a folder this user can write",
+                             f"{path} ({exc.strerror or type(exc).__name__})") from None
+        self._dirs.append(d)
+        return d
+
+    def reserve(self, flag: str, path: str | None, suffixes: tuple[str, ...] = ()) -> str | None:
+        """Check ``path`` (given as ``flag``) and return the temporary path to write it to
+        (``None`` for no path).  ``suffixes``: the accepted suffixes; the longest that ends
+        ``path`` (in any case) ends the temporary name, lower-cased.
+
+        Raises:
+            InputError: (naming ``flag``) the folder is missing or not writable, the path is
+                a folder, another output's path or a read-only file.
+        """
+        if path is None:
+            return None
+        final = self._check(flag, path)
+        name = os.path.basename(final)
+        ext = max((x for x in suffixes if name.lower().endswith(x.lower())), key=len, default="")
+        tmp = os.path.join(self._tmpdir(flag, path, final), name[:len(name) - len(ext)] + ext.lower())
+        self._items.append((flag, path, final, tmp))
+        return tmp
+
+    def reserve_derived(self, flag: str, path: str, tails: list[str]) -> str:
+        """Outputs a writer derives from one base path, ``path + tail`` for each of ``tails``
+        (``megamoe run --ranks R --trace T`` writes ``T.rank<r>.json``): check each and return
+        the temporary base path to hand the writer."""
+        finals = [self._check(flag, path + t) for t in tails]
+        base = os.path.join(self._tmpdir(flag, path, finals[0]), os.path.basename(path))  # finals' file system
+        for t, final in zip(tails, finals):
+            self._items.append((flag, path + t, final, base + t))
+        return base
+
+    def unwritten(self) -> list[str]:
+        """Outputs (paths as given) the command has not written (no file, or an empty one)."""
+        return [p for _, p, _, tmp in self._items if not (os.path.isfile(tmp) and os.path.getsize(tmp) > 0)]
+
+    def commit(self) -> list[str]:
+        """Rename every output into place; returns the paths as given.
+
+        Raises:
+            RuntimeError: an output was not written (a command bug; nothing is renamed).
+        """
+        absent = self.unwritten()
+        if absent:
+            raise RuntimeError(f"outputs not written: {', '.join(absent)}")
+        umask = os.umask(0)
+        os.umask(umask)
+        for _, _, final, tmp in self._items:
+            if os.path.exists(final):  # keep an existing file's permissions, as open(path, "w") would
+                os.chmod(tmp, os.stat(final).st_mode & 0o7777)
+            else:
+                os.chmod(tmp, 0o666 & ~umask)
+        done = []
+        for _, path, final, tmp in self._items:
+            os.replace(tmp, final)
+            done.append(path)
+        self._items = []
+        self.discard()
+        return done
+
+    def discard(self) -> None:
+        """Remove the temporary folders and what is left in them (safe to call twice)."""
+        import shutil
+
+        for d in self._dirs:
+            shutil.rmtree(d, ignore_errors=True)
+        self._items, self._dirs = [], []
+
+
 def _out_dir(text: str) -> str:
     """An output folder: an existing folder, or a new one under an existing folder (not a file)."""
-    import os
-
     path = os.path.abspath(text)
     while not os.path.exists(path):  # the nearest part of the path that exists must be a folder
         path = os.path.dirname(path)
@@ -152,10 +273,15 @@ def scenario_from_args(a: argparse.Namespace):
 
 
 def _console():
-    """A rich console that does not cut wide tables when stdout is not a terminal."""
+    """A rich console that does not cut wide tables when stdout is not a terminal, and leaves
+    a closed stdout to :func:`main` (rich itself would exit 1)."""
     from rich.console import Console
 
-    return Console() if sys.stdout.isatty() else Console(width=200)
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    return _Console() if sys.stdout.isatty() else _Console(width=200)
 
 
 def _fmt_overlap(v: float | None) -> str:
@@ -207,31 +333,45 @@ def _print_summary(res) -> None:
                   "null in --json)", highlight=False)
 
 
+_SUFFIXES = {"json": (".json",), "trace": (".json", ".json.gz"), "npz": (".npz",), "plot": (".png", ".svg", ".pdf"),
+             "toml": (".toml",)}
+
+
 def cmd_simulate(a: argparse.Namespace) -> int:
     from sim.engine import simulate
 
-    res = simulate(scenario_from_args(a))
+    with Outputs() as outs:  # every output path is checked before the simulation runs
+        j = outs.reserve("--json", a.json, _SUFFIXES["json"])
+        tr = outs.reserve("--trace", a.trace, _SUFFIXES["trace"])
+        npz = outs.reserve("--trace-npz", a.trace_npz, _SUFFIXES["npz"])
+        png = outs.reserve("--plot", a.plot, _SUFFIXES["plot"])
+        res = simulate(scenario_from_args(a))
+        if j:
+            out = dict(res.summary)
+            out["plan"] = res.plan.to_dict()
+            out["scenario"] = res.scenario.to_dict()
+            out["hardware"] = {"name": res.hardware.name, "path": res.hardware.path}
+            with open(j, "w") as f:
+                json.dump(out, f, indent=1, allow_nan=False)
+        if tr:
+            res.trace.save_chrome(tr, max_sms=a.trace_sms)
+        if npz:
+            res.trace.save_npz(npz)
+        if png:
+            from sim.plots import plot_timeline
+
+            plot_timeline(res, png)
+        outs.commit()  # all outputs produced: rename them into place, then report
     _print_summary(res)
     if a.json:
-        out = dict(res.summary)
-        out["plan"] = res.plan.to_dict()
-        out["scenario"] = res.scenario.to_dict()
-        out["hardware"] = {"name": res.hardware.name, "path": res.hardware.path}
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1, allow_nan=False)
         print(f"wrote {a.json}")
     if a.trace:
-        res.trace.save_chrome(a.trace, max_sms=a.trace_sms)
         n = min(a.trace_sms, res.plan.num_sms)
         print(f"wrote {a.trace} (Chrome trace; SMs 0..{n - 1} of every rank"
               f"{'' if n == res.plan.num_sms else f', of {res.plan.num_sms}'})")
     if a.trace_npz:
-        res.trace.save_npz(a.trace_npz)
         print(f"wrote {a.trace_npz}")
     if a.plot:
-        from sim.plots import plot_timeline
-
-        plot_timeline(res, a.plot)
         print(f"wrote {a.plot}")
     return 0
 
@@ -241,7 +381,14 @@ def cmd_validate(a: argparse.Namespace) -> int:
 
     from sim.validate import validate, verdict
 
-    rows = validate(a.hardware, seed=a.seed)
+    with Outputs() as outs:
+        j = outs.reserve("--json", a.json, _SUFFIXES["json"])
+        rows = validate(a.hardware, seed=a.seed)
+        v = verdict(rows)
+        if j:
+            with open(j, "w") as f:
+                json.dump({"rows": rows, **v}, f, indent=1)
+        outs.commit()  # written whatever the verdict: the report of a FAIL is a result too
     t = Table(title=f"simulator ({a.hardware}) vs DeepGEMM PR #316 (V4-Flash, 8 x B200, EP8)")
     for c in ("tokens/rank", "time us pred", "pub", "err", "TFLOPS pred", "pub", "HBM GB/s pred",
               "pub", "NVL GB/s pred", "pub", "speedup pred", "pub"):
@@ -253,15 +400,40 @@ def cmd_validate(a: argparse.Namespace) -> int:
                   f"{r['nvlink_gbs_pub']:.0f}", f"{r['speedup_vs_legacy_pred']:.2f}",
                   f"{r['speedup_vs_legacy_pub']:.2f}")
     _console().print(t)
-    v = verdict(rows)
     print(f"time error: max {100 * v['max_abs_time_error']:.1f}%, median "
           f"{100 * v['median_abs_time_error']:.1f}% (targets 15% / 8%): {'PASS' if v['pass'] else 'FAIL'}")
     if a.hardware != "b200":
         print(f"note: the published rows were measured on B200s; this run used hardware {a.hardware!r}")
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"rows": rows, **v}, f, indent=1)
+        print(f"wrote {a.json}")
     return 0 if v["pass"] else 1
+
+
+def _check_sweep_out(out: str, names: list[str]) -> None:
+    """``sweep --out``, checked before any point runs: the folder (or, when it is still to be
+    made, its nearest existing parent) is writable, and none of the files the sweep writes
+    there is a folder or a read-only file.  (The sweep makes the folder once a point is valid,
+    keeps ``points.jsonl`` as its resume log and writes the results at the end: sim.sweep.)
+
+    Raises:
+        InputError: ``--out`` as above.
+    """
+    folder = os.path.abspath(out)
+    while not os.path.exists(folder):
+        folder = os.path.dirname(folder)
+    try:  # a real probe: os.access says yes to root on read-only file systems and /proc
+        fd, probe = tempfile.mkstemp(prefix=".megamoe-probe-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise InputError("--out", "a folder this user can write (existing or new)",
+                         f"{out} ({folder}: {exc.strerror or type(exc).__name__})") from None
+    for name in names:
+        path = os.path.join(out, name)
+        if os.path.isdir(path):
+            raise InputError("--out", f"a folder where {name} can be written", f"{out} ({name} is a folder)")
+        if os.path.exists(path) and not os.access(path, os.W_OK):
+            raise InputError("--out", f"a folder where {name} can be written", f"{out} ({name} is read-only)")
 
 
 def cmd_sweep(a: argparse.Namespace) -> int:
@@ -277,6 +449,7 @@ def cmd_sweep(a: argparse.Namespace) -> int:
         axes[axis] = parse_values(axis, vals)
     if not axes:
         raise InputError("--set", "at least one AXIS=VALUES", "none")
+    _check_sweep_out(a.out, ["points.jsonl", "results.csv", "results.parquet", *(f"time_us_vs_{x}.png" for x in axes)])
     base = scenario_from_args(a)  # validates the shared fields once
     kw = {"shape": base.shape, "num_ranks": base.num_ranks, "tokens_per_rank": base.tokens_per_rank,
           "max_tokens_per_rank": a.max_tokens, "routing": base.routing, "seed": base.seed,
@@ -286,7 +459,6 @@ def cmd_sweep(a: argparse.Namespace) -> int:
           "launch_skew_us": base.launch_skew_us}
     rows = sweep(axes, kw, a.out, jobs=a.jobs, resume=not a.no_resume, address=a.address)
     bad = [r for r in rows if r["error"]]  # not all: sweep() refuses a sweep with no valid point
-    import os
     written = [f for f in ["results.csv", "results.parquet", *(f"time_us_vs_{x}.png" for x in axes)]
                if os.path.exists(os.path.join(a.out, f))]
     print(f"{len(rows)} point{'s' * (len(rows) != 1)} ({len(bad)} invalid) -> {a.out}/" + ", ".join(written))
@@ -301,7 +473,16 @@ def cmd_compare(a: argparse.Namespace) -> int:
     from sim.compare import compare_file, plot_overlay
     from sim.hardware import load_hardware
 
-    report, measured, res = compare_file(a.trace, load_hardware(a.hardware) if a.hardware else None)
+    with Outputs() as outs:
+        j = outs.reserve("--json", a.json, _SUFFIXES["json"])
+        png = outs.reserve("--plot", a.plot, _SUFFIXES["plot"])
+        report, measured, res = compare_file(a.trace, load_hardware(a.hardware) if a.hardware else None)
+        if j:
+            with open(j, "w") as f:
+                json.dump(report, f, indent=1)
+        if png:
+            plot_overlay(measured, res.trace, png)
+        outs.commit()
     con = _console()
     con.print(f"{a.trace}: measured {report['makespan_measured_us']:.1f} us, simulated "
               f"{report['makespan_simulated_us']:.1f} us, makespan error {100 * report['makespan_error']:+.1f}%, "
@@ -323,11 +504,8 @@ def cmd_compare(a: argparse.Namespace) -> int:
     con.print(f"overlap efficiency: measured {_fmt_overlap(report['overlap_efficiency_measured'])}, simulated "
               f"{_fmt_overlap(report['overlap_efficiency_simulated'])}")
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(report, f, indent=1)
         print(f"wrote {a.json}")
     if a.plot:
-        plot_overlay(measured, res.trace, a.plot)
         print(f"wrote {a.plot}")
     return 0
 
@@ -336,15 +514,18 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     from sim.calibrate import calibrated_toml, from_kernel_trace, measure
     from sim.hardware import load_hardware
 
-    load_hardware(a.base)  # a bad --base or --kernel-trace is reported before measuring
-    if a.kernel_trace:
-        from megamoe.trace import Trace
-        Trace.load(a.kernel_trace)
-    measured = measure()
-    kernel = from_kernel_trace(a.kernel_trace, measured["fp8_gemm_tflops"]) if a.kernel_trace else None
-    text = calibrated_toml(a.base, measured, kernel)
-    with open(a.out, "w") as f:
-        f.write(text)
+    with Outputs() as outs:  # a bad --base, --kernel-trace or --out is reported before measuring
+        out = outs.reserve("--out", a.out, _SUFFIXES["toml"])
+        load_hardware(a.base)
+        if a.kernel_trace:
+            from megamoe.trace import Trace
+            Trace.load(a.kernel_trace)
+        measured = measure()
+        kernel = from_kernel_trace(a.kernel_trace, measured["fp8_gemm_tflops"]) if a.kernel_trace else None
+        text = calibrated_toml(a.base, measured, kernel)
+        with open(out, "w") as f:
+            f.write(text)
+        outs.commit()
     print(json.dumps({"measured": measured, "from_kernel_trace": kernel}, indent=1))
     print(f"wrote {a.out}")
     return 0
@@ -361,15 +542,49 @@ def cmd_run(a: argparse.Namespace) -> int:
     from .routing import kernel_routing_name
     from .shapes import get_shape
 
-    s = get_shape(a.shape)  # bad --shape / --routing are reported before looking for a GPU
+    s = get_shape(a.shape)  # bad --shape / --routing / --trace are reported before looking for a GPU
     routing = kernel_routing_name(a.routing)  # simulate's vocabulary -> the kernel generator's name
-    if a.ranks > 1:  # one process per GPU (starts torchrun, or joins an existing process group)
-        from .kernel.ep import run_ep_main
+    with Outputs() as outs:
+        if a.ranks > 1:  # one process per GPU (starts torchrun, or joins an existing process group)
+            from .kernel.ep import run_ep_main
 
-        return run_ep_main(a.ranks, s.num_experts, s.top_k, s.hidden, s.intermediate, a.tokens, routing,
-                           a.clamp, a.reps, a.trace, not a.no_check, a.seed)
-    return run_main(s.num_experts, s.top_k, s.hidden, s.intermediate, a.tokens, routing, a.clamp, a.reps,
-                    a.trace, not a.no_check, a.seed)
+            # every rank writes <trace>.rank<r>.json; a rank process of a running group only its own
+            here = [int(os.environ["RANK"])] if "RANK" in os.environ else range(a.ranks)
+            tr = outs.reserve_derived("--trace", a.trace, [f".rank{r}.json" for r in here]) if a.trace else None
+            rc = run_ep_main(a.ranks, s.num_experts, s.top_k, s.hidden, s.intermediate, a.tokens, routing,
+                             a.clamp, a.reps, tr, not a.no_check, a.seed)
+        else:
+            tr = outs.reserve("--trace", a.trace, _SUFFIXES["json"])
+            with _StdoutRewrite(tr, a.trace):  # run_main names the path it wrote: show the final one
+                rc = run_main(s.num_experts, s.top_k, s.hidden, s.intermediate, a.tokens, routing, a.clamp, a.reps,
+                              tr, not a.no_check, a.seed)
+        # the trace is kept when it was written (a failed reference check still writes it, exit 1)
+        if a.trace and not outs.unwritten():
+            outs.commit()
+    return rc
+
+
+class _StdoutRewrite:
+    """Within the block, ``old`` printed on stdout appears as ``new`` (no-op when ``old`` is None)."""
+
+    def __init__(self, old: str | None, new: str | None):
+        self.old, self.new, self.saved = old, new, None
+
+    def __enter__(self):
+        if self.old:
+            self.saved = sys.stdout
+            sys.stdout = self
+        return self
+
+    def __exit__(self, *exc):
+        if self.saved is not None:
+            sys.stdout = self.saved
+
+    def write(self, text: str) -> int:
+        return self.saved.write(text.replace(self.old, self.new))
+
+    def __getattr__(self, name):
+        return getattr(self.saved, name)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -438,8 +653,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "to expert 3); default uniform")
     r.add_argument("--clamp", type=_clamp, default=None,
                    help="SwiGLU clamp: a finite number > 0 (default: no clamp)")
-    r.add_argument("--reps", type=_positive, default=10)
-    r.add_argument("--trace", type=_out_path(".json"), help="write the kernel's own trace (Chrome JSON)")
+    r.add_argument("--reps", type=_positive, default=10,
+                   help="timed repetitions; the median is reported (default 10)")
+    r.add_argument("--trace", type=_out_path(".json"),
+                   help="write the kernel's own trace (Chrome JSON; with --ranks R one file per rank, "
+                        "TRACE.rank<r>.json)")
     r.add_argument("--no-check", action="store_true", help="skip the reference check")
     r.add_argument("--seed", type=_nonneg, default=0, help="input seed (default 0)")
     r.set_defaults(func=cmd_run)
@@ -447,26 +665,48 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--hardware", default="b200",
                    help="hardware preset or TOML (default b200: the rows were measured on B200s)")
     v.add_argument("--seed", type=_nonneg, default=0, help="routing seed (default 0)")
-    v.add_argument("--json", type=_out_path(".json"))
+    v.add_argument("--json", type=_out_path(".json"),
+                   help="write the rows (predicted and published) and the verdict as JSON")
     v.set_defaults(func=cmd_validate)
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser()
-    if not argv:
-        parser.print_help()
-        return 0
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
+def _stdout_gone() -> None:
+    """stdout's reader went away (``megamoe sweep ... | head -1``): point stdout at /dev/null
+    so the interpreter's last flush does not complain again."""
     try:
-        return args.func(args)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no real file descriptor (tests capturing stdout)
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns the exit code: 0, 1 (a failed verdict or check), 2 (bad input,
+    one line on stderr), 130 (Ctrl-C: one line), 141 (stdout closed early, quietly, like a
+    unix tool stopped by SIGPIPE).  Outputs are written all or nothing (:class:`Outputs`)."""
+    try:
+        argv = sys.argv[1:] if argv is None else argv
+        parser = build_parser()
+        if not argv:
+            parser.print_help()
+            return 0
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
+        rc = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not after main returned
+        return rc
     except InputError as exc:
         print(f"megamoe: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        _stdout_gone()
+        return 141
+    except KeyboardInterrupt:
+        print("megamoe: interrupted", file=sys.stderr)
+        return 130
     except OSError as exc:  # an input or output path the OS refused (a folder, no permission, ...)
         where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
         print(f"megamoe: error: {where}{exc.strerror or exc}", file=sys.stderr)

@@ -18,7 +18,8 @@ global block list ``(phase, local expert, m block, n block, wave)``; SM ``s`` ru
 (expert, m block)).  Every return value is checked: a wrong type, a missing block or a
 non-permutation raises :class:`InputError` naming the policy and the method.
 
-Built-ins (``--policy NAME``): ``reference-waves``, ``fixed-waves:N``, ``adaptive-waves``,
+Built-ins (``--policy NAME``): ``reference-waves``, ``fixed-waves:N`` (N in [1, local experts],
+refused above the pool's limit, not capped), ``adaptive-waves``,
 ``reference-blocks``, ``block-m:N``, ``round-robin`` (min-remaining, the reference),
 ``rank-by-rank`` (naive: source ranks one after another), ``wave-scheduler`` (the
 reference ``MegaMoEScheduler``), ``interleaved`` (L2 blocks of expert e right after the L1
@@ -110,15 +111,27 @@ class ReferenceWaves:
 
 
 class FixedWaves:
-    """A fixed number of experts per wave (capped by the pool)."""
+    """A fixed number of experts per wave, ``N`` in [1, local experts] and at most the experts
+    whose worst-case wave fits the pool; a larger ``N`` is refused (one-line InputError, like
+    ``--experts-per-wave``), not capped."""
 
     def __init__(self, n: int):
-        require(int(n) >= 1, "policy fixed-waves", "N >= 1", n)
+        require(isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 1, "policy",
+                _FIXED_WAVES_EXPECTED, f"fixed-waves:{n}")
         self.n = int(n)
         self.name = f"fixed-waves:{self.n}"
 
     def experts_per_wave(self, ctx: WaveContext) -> int:
-        return min(self.n, ctx.experts_per_rank, ctx.max_experts_per_wave or ctx.experts_per_rank)
+        require(self.n <= ctx.experts_per_rank, f"policy {self.name}",
+                f"N in [1, {ctx.experts_per_rank}] (local experts)", self.n)
+        cap = ctx.max_experts_per_wave or ctx.experts_per_rank
+        require(self.n <= cap, f"policy {self.name}",
+                f"N in [1, {cap}] (the most experts whose worst-case wave fits the pool of {ctx.pool_tokens} "
+                f"tokens at block_m {ctx.block_m})", self.n)
+        return self.n
+
+
+_FIXED_WAVES_EXPECTED = "fixed-waves:N with an integer N >= 1"
 
 
 class AdaptiveWaves:
@@ -293,11 +306,13 @@ def make_policy(spec: str | object):
         name, _, arg = spec.partition(":")
         if name in BUILTINS:
             cls = BUILTINS[name]
+            expected = {"fixed-waves": _FIXED_WAVES_EXPECTED, "block-m": "block-m:N with an integer N"}.get(name, name)
             try:
                 obj = cls(int(arg)) if arg else cls()
+            except InputError:
+                raise
             except (TypeError, ValueError):
-                raise InputError("policy", f"{name}" + (":N" if name in ("fixed-waves", "block-m") else ""),
-                                 spec) from None
+                raise InputError("policy", expected, spec) from None
         else:
             cls = _load_class(spec)
             try:

@@ -1,6 +1,8 @@
 """`megamoe` CLI: the main job runs, outputs are written, bad input -> one line, exit 2."""
 
+import argparse
 import json
+import os
 import subprocess
 import sys
 
@@ -132,7 +134,8 @@ def test_unwritable_or_wrong_kind_of_path_is_one_line_exit_2(tmp_path):
     """Paths the OS refuses (a folder given as a file) and a plain .npy given as a trace."""
     np.save(tmp_path / "a.npy", np.zeros(3))
     (tmp_path / "d.json").mkdir()
-    for args, needle in ((["simulate", "--tokens", "8", "--json", str(tmp_path / "d.json")], "Is a directory"),
+    for args, needle in ((["simulate", "--tokens", "8", "--json", str(tmp_path / "d.json")],
+                          "argument --json: expected a file path (not a folder)"),
                          (["simulate", "--tokens", "8", "--hardware", str(tmp_path)], "hardware: expected an existing TOML file"),
                          (["compare", str(tmp_path / "a.npy")], "a single array")):
         rc, out, err = run(*args)
@@ -419,3 +422,253 @@ def test_numeric_flag_type_errors_are_one_line_naming_the_flag(argv, line, capsy
         main(argv)
     assert e.value.code == 2
     assert capsys.readouterr().err.strip().splitlines() == [f"megamoe: error: {line}"]
+
+
+# -- outputs: checked before any work, written all or nothing --------------------------------
+FLASH = ["--shape", "deepseek-v4-flash", "--ranks", "2", "--tokens", "8"]
+PRECIOUS = '{"precious":1}\n'
+needs_proc = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux /proc (a folder nobody can write)")
+
+
+def _no_temporaries(folder):
+    return [p.name for p in folder.iterdir() if p.name.startswith(".megamoe-tmp-")] == []
+
+
+def _no_simulation(monkeypatch):
+    from sim import engine
+    monkeypatch.setattr(engine, "simulate", lambda *a, **k: pytest.fail("simulated before checking the outputs"))
+
+
+@needs_proc
+@pytest.mark.parametrize("flag,bad", [("--plot", "/proc/x.png"), ("--trace", "/proc/x.json"),
+                                      ("--trace-npz", "/proc/x.npz")])
+def test_an_unwritable_output_fails_before_the_simulation_and_loses_nothing(flag, bad, tmp_path, monkeypatch, capsys):
+    """`--json keep.json --plot /proc/x.png` used to print "wrote keep.json", overwrite it, then
+    fail; `--json a.json --trace /proc/x.json` left a.json behind."""
+    keep, new = tmp_path / "keep.json", tmp_path / "a.json"
+    keep.write_text(PRECIOUS)
+    _no_simulation(monkeypatch)
+    for j in (keep, new):
+        assert main(["simulate", *FLASH, "--json", str(j), flag, bad]) == 2
+        out, err = capsys.readouterr()
+        assert err.splitlines() == [f"megamoe: error: {flag}: expected a path in a folder this user can write, got "
+                                    f"{bad} (No such file or directory)"] and "wrote" not in out
+    assert keep.read_text() == PRECIOUS and not new.exists() and _no_temporaries(tmp_path)
+
+
+def test_a_failure_after_some_outputs_were_written_keeps_the_old_files(tmp_path, monkeypatch, capsys):
+    """The JSON and trace are written, then the plot fails: nothing is renamed into place."""
+    from sim import plots
+
+    keep, tr = tmp_path / "keep.json", tmp_path / "t.json"
+    keep.write_text(PRECIOUS)
+
+    def boom(res, path):
+        open(path, "w").write("half a figure")
+        raise OSError(28, "No space left on device", path)
+
+    monkeypatch.setattr(plots, "plot_timeline", boom)
+    assert main(["simulate", *FLASH, "--json", str(keep), "--trace", str(tr), "--plot", str(tmp_path / "p.png")]) == 2
+    out, err = capsys.readouterr()
+    assert "No space left on device" in err and len(err.splitlines()) == 1 and "wrote" not in out
+    assert keep.read_text() == PRECIOUS and not tr.exists() and not (tmp_path / "p.png").exists()
+    assert _no_temporaries(tmp_path)
+
+
+def test_a_folder_given_as_an_output_is_refused_before_the_simulation(tmp_path, monkeypatch, capsys):
+    (tmp_path / "d.json").mkdir()
+    (tmp_path / "d.png").mkdir()
+    _no_simulation(monkeypatch)
+    for flag, name in (("--json", "d.json"), ("--trace", "d.json"), ("--plot", "d.png")):
+        with pytest.raises(SystemExit) as e:
+            main(["simulate", *FLASH, flag, str(tmp_path / name)])
+        assert e.value.code == 2
+        assert capsys.readouterr().err.splitlines() == [
+            f"megamoe: error: argument {flag}: expected a file path (not a folder), got '{tmp_path / name}'"]
+
+
+def test_two_outputs_on_one_path_are_refused(tmp_path, monkeypatch, capsys):
+    """`--json same.json --trace same.json` printed "wrote same.json" twice and lost the JSON."""
+    same = tmp_path / "same.json"
+    _no_simulation(monkeypatch)
+    assert main(["simulate", *FLASH, "--json", str(same), "--trace", str(same)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"megamoe: error: --trace: expected a path other than --json's (each output its own file), got {same}"]
+    other = tmp_path / "sub" / ".." / "same.json"  # the same file under another name
+    (tmp_path / "sub").mkdir()
+    assert main(["simulate", *FLASH, "--json", str(same), "--trace", str(other)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"megamoe: error: --trace: expected a path other than --json's (each output its own file), got {other} "
+        f"(the same file as {same})"]
+    assert not same.exists() and _no_temporaries(tmp_path)
+
+
+def test_suffixes_in_any_case_are_written_in_the_format_they_name(tmp_path, capsys):
+    """`--trace-npz X.NPZ` used to write X.NPZ.npz (NumPy adds .npz) and `--trace T.JSON.GZ`
+    an uncompressed file: the suffix check is case-blind, so the writers are too."""
+    import gzip
+
+    from megamoe.trace import Trace
+
+    npz, gz, png, j = tmp_path / "X.NPZ", tmp_path / "T.JSON.GZ", tmp_path / "P.PNG", tmp_path / "S.Json"
+    assert main(["simulate", *FLASH, "--trace-npz", str(npz), "--trace", str(gz), "--plot", str(png),
+                 "--json", str(j)]) == 0
+    out = capsys.readouterr().out
+    for f in (npz, gz, png, j):
+        assert f"wrote {f}" in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["P.PNG", "S.Json", "T.JSON.GZ", "X.NPZ"]
+    assert len(Trace.load(str(npz))) > 0
+    assert json.loads(gzip.decompress(gz.read_bytes()))["traceEvents"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and json.loads(j.read_text())["time_us"] > 0
+
+
+def test_outputs_get_the_usual_permissions_and_follow_symlinks(tmp_path):
+    """A new output gets what open() gives (0666 & ~umask, not mkstemp's 0600), an existing
+    one keeps its mode, a symlink's target is replaced and the link stays."""
+    from megamoe.cli import Outputs
+
+    umask = os.umask(0o022)
+    try:
+        old, target = tmp_path / "old.json", tmp_path / "target.json"
+        old.write_text("x")
+        old.chmod(0o640)
+        target.write_text("x")
+        link = tmp_path / "link.json"
+        link.symlink_to(target)
+        with Outputs() as outs:
+            for name in ("new.json", "old.json", "link.json"):
+                with open(outs.reserve("--json", str(tmp_path / name), (".json",)), "w") as f:
+                    f.write(name)
+            outs.commit()
+        assert (tmp_path / "new.json").stat().st_mode & 0o777 == 0o644 and old.stat().st_mode & 0o777 == 0o640
+        assert link.is_symlink() and target.read_text() == "link.json" and old.read_text() == "old.json"
+        assert _no_temporaries(tmp_path)
+    finally:
+        os.umask(umask)
+
+
+def test_validate_json_is_reported_and_every_option_has_help():
+    """`validate --json` printed no "wrote" line; `validate --json` and `run --reps` had no help."""
+    parser = __import__("megamoe.cli", fromlist=["build_parser"]).build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [f"{name} {'/'.join(a.option_strings) or a.dest}" for name, p in sub.choices.items()
+               for a in p._actions if not a.help]
+    assert missing == []
+
+
+def test_validate_writes_its_json_after_the_table(tmp_path, monkeypatch, capsys):
+    from sim import validate as V
+
+    row = {"tokens_per_rank": 1, **{f"{k}_{s}": 1.0 for k in ("time_us", "tflops", "hbm_gbs", "nvlink_gbs",
+                                                               "speedup_vs_legacy") for s in ("pred", "pub")},
+           "time_us_err": 0.0}
+    monkeypatch.setattr(V, "validate", lambda hw, seed=0: [row])
+    j = tmp_path / "v.json"
+    assert main(["validate", "--json", str(j)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1] == f"wrote {j}" and json.loads(j.read_text())["rows"] == [row]
+    keep = tmp_path / "keep.json"
+    keep.write_text(PRECIOUS)
+    monkeypatch.setattr(V, "validate", lambda hw, seed=0: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert main(["validate", "--json", str(keep)]) == 130
+    assert keep.read_text() == PRECIOUS and _no_temporaries(tmp_path)
+
+
+@needs_proc
+def test_compare_and_calibrate_check_their_outputs_first(tmp_path, monkeypatch, capsys):
+    from sim import calibrate, compare
+
+    monkeypatch.setattr(compare, "compare_file", lambda *a, **k: pytest.fail("compared before checking outputs"))
+    monkeypatch.setattr(calibrate, "measure", lambda *a, **k: pytest.fail("measured before checking --out"))
+    keep = tmp_path / "keep.json"
+    keep.write_text(PRECIOUS)
+    assert main(["compare", str(tmp_path / "t.npz"), "--json", str(keep), "--plot", "/proc/x.png"]) == 2
+    assert capsys.readouterr().err.startswith("megamoe: error: --plot: expected a path in a folder this user can write")
+    assert main(["calibrate", "--out", "/proc/x.toml"]) == 2
+    assert capsys.readouterr().err.startswith("megamoe: error: --out: expected a path in a folder this user can write")
+    assert keep.read_text() == PRECIOUS and _no_temporaries(tmp_path)
+
+
+def test_compare_writes_both_outputs(tmp_path, capsys):
+    npz, j, png = tmp_path / "t.npz", tmp_path / "r.json", tmp_path / "o.png"
+    assert main(["simulate", *FLASH, "--trace-npz", str(npz)]) == 0
+    assert main(["compare", str(npz), "--json", str(j), "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert f"wrote {j}" in out and f"wrote {png}" in out and "makespan_error" in json.loads(j.read_text())
+    assert _no_temporaries(tmp_path)
+
+
+def test_sweep_checks_its_out_folder_before_any_point(tmp_path, monkeypatch, capsys):
+    """The folder the sweep would write to is checked first (the sweep makes it once a point is
+    valid, by design, and keeps points.jsonl as its resume log)."""
+    from sim import sweep as S
+
+    monkeypatch.setattr(S, "sweep", lambda *a, **k: pytest.fail("swept before checking --out"))
+    out = tmp_path / "sw"
+    (out / "time_us_vs_tokens.png").mkdir(parents=True)
+    assert main(["sweep", "--set", "tokens=1,2", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"megamoe: error: --out: expected a folder where time_us_vs_tokens.png can be written, got {out} "
+        "(time_us_vs_tokens.png is a folder)"]
+    if os.path.isdir("/proc/self"):
+        assert main(["sweep", "--set", "tokens=1,2", "--out", "/proc/sw"]) == 2
+        assert capsys.readouterr().err.startswith("megamoe: error: --out: expected a folder this user can write")
+    monkeypatch.undo()
+    new = tmp_path / "new" / "deeper"  # a new folder under a new folder: made by the sweep, as documented
+    assert main(["sweep", *FLASH, "--set", "tokens=1,2", "--out", str(new), "--jobs", "1"]) == 0
+    assert (new / "results.csv").exists() and _no_temporaries(tmp_path)
+
+
+def test_run_trace_is_staged_and_named_by_its_final_path(tmp_path, monkeypatch, capsys):
+    """`megamoe run --trace` goes through the same mechanism: the kernel writes a temporary
+    (its "-> path" line names the final file), kept when written (a failed check, exit 1,
+    still writes it), and an existing file is left alone when the run writes nothing."""
+    from megamoe.kernel import cli_support, ep
+
+    def fake_run(*a):
+        path = a[8]
+        with open(path, "w") as f:
+            f.write('{"traceEvents": []}')
+        print(f"trace: 0 records -> {path}")
+        return 1
+
+    monkeypatch.setattr(cli_support, "run_main", fake_run)
+    tr = tmp_path / "k.json"
+    assert main(["run", "--tokens", "4", "--trace", str(tr)]) == 1
+    assert capsys.readouterr().out.splitlines() == [f"trace: 0 records -> {tr}"] and tr.read_text()
+    tr.write_text(PRECIOUS)
+    monkeypatch.setattr(cli_support, "run_main", lambda *a: 2)  # e.g. no GPU: nothing written
+    assert main(["run", "--tokens", "4", "--trace", str(tr)]) == 2 and tr.read_text() == PRECIOUS
+
+    def fake_ep(ranks, *a):
+        for r in range(ranks):
+            with open(f"{a[8]}.rank{r}.json", "w") as f:
+                f.write("{}")
+        return 0
+
+    monkeypatch.setattr(ep, "run_ep_main", fake_ep)
+    monkeypatch.delenv("RANK", raising=False)
+    assert main(["run", "--tokens", "4", "--ranks", "2", "--trace", str(tr)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["k.json", "k.json.rank0.json", "k.json.rank1.json"]
+    assert tr.read_text() == PRECIOUS
+
+
+def test_a_closed_stdout_exits_quietly():
+    """`megamoe sweep ... | head -1` ended with "megamoe: error: Broken pipe", exit 2: now no
+    message and 141 (128 + SIGPIPE, what a shell reports for a unix tool stopped that way)."""
+    p = subprocess.Popen([sys.executable, "-m", "megamoe.cli", "simulate", *FLASH], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    p.stdout.close()
+    err = p.stderr.read()
+    assert p.wait(timeout=300) == 141 and err == b""
+
+
+def test_ctrl_c_is_one_line_exit_130(tmp_path, monkeypatch, capsys):
+    from sim import engine
+
+    keep = tmp_path / "keep.json"
+    keep.write_text(PRECIOUS)
+    monkeypatch.setattr(engine, "simulate", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert main(["simulate", *FLASH, "--json", str(keep), "--plot", str(tmp_path / "p.png")]) == 130
+    assert capsys.readouterr().err.splitlines() == ["megamoe: interrupted"]
+    assert keep.read_text() == PRECIOUS and sorted(p.name for p in tmp_path.iterdir()) == ["keep.json"]

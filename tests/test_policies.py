@@ -94,3 +94,34 @@ def test_fixed_override_and_policy_for_the_same_decision_conflict():
         Scenario(block_m=128, policies=["block-m:64"])
     with pytest.raises(InputError, match="experts_per_wave: expected either"):
         Scenario(experts_per_wave=8, policies=["fixed-waves:4"])
+
+
+@pytest.mark.parametrize("spec,line", [
+    ("fixed-waves:0", "policy: expected fixed-waves:N with an integer N >= 1, got fixed-waves:0"),
+    ("fixed-waves:-3", "policy: expected fixed-waves:N with an integer N >= 1, got fixed-waves:-3"),
+    ("fixed-waves:x", "policy: expected fixed-waves:N with an integer N >= 1, got fixed-waves:x"),
+    ("fixed-waves", "policy: expected fixed-waves:N with an integer N >= 1, got fixed-waves"),
+    ("block-m:x", "policy: expected block-m:N with an integer N, got block-m:x"),
+])
+def test_bad_built_in_arguments_say_what_is_expected(spec, line):
+    with pytest.raises(InputError) as e:
+        policies_from_specs([spec])
+    assert str(e.value) == line
+
+
+def test_fixed_waves_is_refused_above_its_bounds_not_capped(capsys):
+    """`--policy fixed-waves:1000` was silently capped to the 32 local experts (and to what the
+    pool holds) while `--experts-per-wave 1000` is refused: both are refused now."""
+    assert main(["simulate", "--shape", "deepseek-v4-flash", "--tokens", "64", "--policy", "fixed-waves:1000"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "megamoe: error: policy fixed-waves:1000: expected N in [1, 32] (local experts), got 1000"]
+    assert main(["simulate", "--shape", "deepseek-v4-flash", "--tokens", "64", "--experts-per-wave", "1000"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "megamoe: error: experts_per_wave: expected in [1, 32] (local experts), got 1000"]
+    assert main(["simulate", "--shape", "deepseek-v4-flash", "--tokens", "64", "--pool-tokens", "70000",
+                 "--policy", "fixed-waves:2"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "megamoe: error: policy fixed-waves:2: expected N in [1, 1] (the most experts whose worst-case wave fits "
+        "the pool of 70000 tokens at block_m 32), got 2"]
+    sc = Scenario(shape="deepseek-v4-flash", tokens_per_rank=64, policies=["fixed-waves:32"])
+    assert all(r.experts_per_wave == 32 for r in sc.plan(148, P.SM100_SMEM_CAPACITY).ranks)
