@@ -60,10 +60,34 @@ Figures (units in the key names):
 * ``legacy_launch_ns`` — per-kernel launch gap of the unfused path.
 * ``legacy_a2a_latency_ns`` — fixed latency of each DeepEP all-to-all (dispatch, combine) of
   the unfused path beyond its bytes and barrier: notify round, layout and CPU-side sync.
+
+Ranges.  Every figure must be a finite number in the closed range that :data:`FIGURE_RANGES`
+gives it (``num_sms`` an integer in ``[2, megamoe.plan.MAX_SMS]``), in a file and after
+:meth:`Hardware.scaled` (a sweep's ``<figure>_scale`` axes) alike; anything else is an
+``InputError`` naming the figure, its range and unit, and the value.  Nothing is clamped.
+The ranges are wide around every GPU this simulator models (the presets sit inside them),
+but bounded for two reasons:
+
+* The simulator's cost grows with *simulated* time: each bandwidth resource (HBM, and NVLink
+  egress / ingress per GPU, and per GPU pair where ``nvlink_peer_gbs`` is below
+  ``nvlink_gbs_per_direction``) is a calendar of 250 ns buckets, about 50 bytes each, up to
+  the call's end (about 3.5 GB per simulated second for the default EP8 scenario, 15 GB with
+  the per-pair calendars).  So the rates and efficiencies have floors and the latencies
+  ceilings, tightest for the costs paid per block or per K block.  Measured (2-core CI
+  machine) with every figure at its slow end at once: the default scenario (``megamoe
+  simulate``) 0.17 s simulated, 2.5 GB, 7 s at the presets' 148 SMs; ``--shape
+  deepseek-v4-flash --tokens 131072 --ranks 1`` 1.0 s simulated, 0.4 GB, 1.4 s.  Before,
+  ``hbm_gbs = 0.01`` or ``launch_ns = 1e12`` ran out of memory after 7 GB.  With very few
+  SMs (``num_sms`` down to 2, or ``--reserved-sms``) the per-SM costs run in series: the
+  same corners take 0.65 s simulated (3.1 GB, 6 s; 10 GB and 19 s with per-pair calendars)
+  and 4.7 s simulated (1.1 GB, 2 s).
+* Beyond them the numbers stop meaning a GPU: infinite or denormal bandwidths overflow the
+  calendars, and ``smem_per_block_bytes = 1e30`` plans an absurd pipeline depth.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from dataclasses import dataclass, fields
@@ -134,47 +158,126 @@ class Hardware:
     def sm_load_bytes_per_ns(self) -> float:
         return self.sm_load_gbs
 
-    def scaled(self, **factors: float) -> "Hardware":
-        """A copy with figures multiplied (``hbm_gbs=0.5`` halves HBM bandwidth)."""
+    def scaled(self, labels: dict[str, str] | None = None, /, **factors: float) -> "Hardware":
+        """A copy with figures multiplied (``hbm_gbs=0.5`` halves HBM bandwidth).
+
+        Args:
+            labels: figure -> the name the user gave its factor (a sweep's ``hbm_scale``), used
+                as the field of an error; default ``hardware.<figure> scale``.
+            factors: figure -> factor (any figure but ``num_sms``).
+
+        Raises:
+            InputError: an unknown figure, a factor that is not a finite number > 0, or a
+                scaled figure outside its range (:data:`FIGURE_RANGES`).
+        """
         vals = {f.name: getattr(self, f.name) for f in fields(self)}
         for k, v in factors.items():
-            require(k in vals and isinstance(vals[k], (int, float)) and k != "num_sms", "hardware scale",
-                    "a numeric figure name", k)
-            require(v > 0, f"hardware.{k} scale", "> 0", v)
-            vals[k] = type(vals[k])(vals[k] * v)
+            field = (labels or {}).get(k, f"hardware.{k} scale")
+            require(k in FIGURE_RANGES and k != "num_sms", field,
+                    "a hardware figure other than num_sms", k)
+            require(_is_number(v) and math.isfinite(v) and v > 0, field, "a finite number > 0", v)
+            lo, hi, unit = FIGURE_RANGES[k]
+            x = vals[k] * v
+            units = "" if unit in ("", "fraction") else f"{unit}; "
+            require(lo <= x <= hi, field,
+                    f"a factor that keeps {k} in [{_num(lo)}, {_num(hi)}] ({units}{self.name} has {_num(vals[k])})",
+                    f"{_num(v)} ({k} {_num(x)})")
+            vals[k] = int(x) if k in _INTS else float(x)
         return Hardware(**vals)
 
 
 _FIGURES = [f.name for f in fields(Hardware) if f.name not in ("name", "sources", "path")]
 _INTS = {"num_sms", "smem_per_block_bytes", "l2_cache_bytes"}
-_FRACTIONS = {"mma_efficiency", "hbm_efficiency", "nvlink_efficiency", "sm90_mma_fraction"}
+
+_KIB, _MIB, _GIB = 1024, 1024**2, 1024**3
+#: figure -> (lo, hi, unit): the closed range a figure must lie in (see the module docstring
+#: for why it is bounded); a fraction's unit is ``"fraction"``.
+FIGURE_RANGES: dict[str, tuple[float, float, str]] = {
+    "num_sms": (2, MAX_SMS, ""),
+    "clock_ghz": (0.1, 10.0, "GHz"),
+    "smem_per_block_bytes": (16 * _KIB, 4 * _MIB, "bytes"),
+    "l2_cache_bytes": (1 * _MIB, 16 * _GIB, "bytes"),
+    "fp8_dense_tflops": (200.0, 100_000.0, "TFLOP/s"),
+    "mma_efficiency": (0.25, 1.0, "fraction"),
+    "hbm_gbs": (200.0, 100_000.0, "GB/s"),
+    "hbm_efficiency": (0.25, 1.0, "fraction"),
+    "sm_load_gbs": (50.0, 10_000.0, "GB/s"),
+    "nvlink_gbs_per_direction": (100.0, 100_000.0, "GB/s"),
+    "nvlink_peer_gbs": (10.0, 100_000.0, "GB/s"),
+    "nvlink_efficiency": (0.25, 1.0, "fraction"),
+    "nvlink_latency_ns": (0.01, 10_000.0, "ns"),
+    "launch_ns": (0.01, 1_000_000.0, "ns"),
+    "grid_sync_ns": (0.01, 1_000_000.0, "ns"),
+    "nvl_barrier_ns": (0.01, 1_000_000.0, "ns"),
+    "atomic_same_address_ns": (0.01, 10_000.0, "ns"),
+    "tma_latency_ns": (0.01, 5_000.0, "ns"),
+    "pull_latency_ns": (0.01, 10_000.0, "ns"),
+    "l1_epilogue_thread_ns_per_elem": (0.01, 300.0, "ns"),
+    "l2_epilogue_thread_ns_per_elem": (0.01, 300.0, "ns"),
+    "block_overhead_ns": (0.01, 10_000.0, "ns"),
+    "sm90_mma_fraction": (0.25, 1.0, "fraction"),
+    "e2m1_decode_thread_ns_per_elem": (0.01, 20.0, "ns"),
+    "stage_handoff_ns": (0.01, 5_000.0, "ns"),
+    "sm90_issue_kblock_ns": (0.01, 5_000.0, "ns"),
+    "sched_block_ns": (0.01, 10_000.0, "ns"),
+    "sched_step_ns": (0.01, 10_000.0, "ns"),
+    "l2_epilogue_fixed_ns": (0.01, 10_000.0, "ns"),
+    "l2_epilogue_ep_ns": (0.01, 10_000.0, "ns"),
+    "combine_round_ns": (0.01, 100_000.0, "ns"),
+    "legacy_launch_ns": (0.01, 1_000_000.0, "ns"),
+    "legacy_a2a_latency_ns": (0.01, 1_000_000.0, "ns"),
+}
+assert set(FIGURE_RANGES) == set(_FIGURES)
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _num(x: float) -> str:
+    """A figure as written in messages: ``100000``, ``0.01``, ``1e-06``."""
+    x = float(x)
+    if math.isfinite(x) and x.is_integer() and abs(x) < 1e16:
+        return str(int(x))
+    return f"{x:.6g}"
+
+
+def _range_text(k: str) -> str:
+    lo, hi, unit = FIGURE_RANGES[k]
+    return f"[{_num(lo)}, {_num(hi)}]" + ("" if unit in ("", "fraction") else f" ({unit})")
+
+
+def check_figure(k: str, v: float, field: str | None = None) -> None:
+    """Raise :class:`InputError` on ``field`` (default ``hardware.figures.<k>``) unless the
+    number ``v`` lies in figure ``k``'s range (a non-finite ``v`` never does)."""
+    lo, hi, unit = FIGURE_RANGES[k]
+    kind = "an integer" if k in _INTS else "a fraction" if unit == "fraction" else "a number"
+    require(lo <= v <= hi, field or f"hardware.figures.{k}", f"{kind} in {_range_text(k)}", v)
 
 
 def parse_hardware(data: dict, path: str = "<dict>") -> Hardware:
     """Validate a parsed hardware TOML document.
 
     Raises:
-        InputError: missing or non-numeric figure, a figure <= 0 (e.g. a negative bandwidth),
-            an efficiency above 1, or a figure without a source.
+        InputError: not a table, a missing or non-numeric figure, a figure outside its range
+            (:data:`FIGURE_RANGES`: e.g. a negative or infinite bandwidth, an efficiency above
+            1), a non-integer count, or a figure without a source.
     """
+    require(isinstance(data, dict), "hardware", "a table (name, [figures], [sources])", type(data).__name__)
     require(isinstance(data.get("name"), str), "hardware.name", "a string", data.get("name"))
     figs = data.get("figures")
     require(isinstance(figs, dict), "hardware.figures", "a [figures] table", type(figs).__name__)
     srcs = data.get("sources", {})
+    require(isinstance(srcs, dict), "hardware.sources", "a [sources] table", type(srcs).__name__)
     vals = {}
     for k in _FIGURES:
         require(k in figs, f"hardware.figures.{k}", "a number", "missing")
         v = figs[k]
-        require(isinstance(v, (int, float)) and not isinstance(v, bool), f"hardware.figures.{k}",
-                "a number", v)
-        require(v > 0, f"hardware.figures.{k}", "a positive number", v)
+        require(_is_number(v), f"hardware.figures.{k}", "a number", v)
+        check_figure(k, v)
         if k in _INTS:
             require(float(v).is_integer(), f"hardware.figures.{k}", "an integer", v)
             v = int(v)
-        if k == "num_sms":
-            require(2 <= v <= MAX_SMS, f"hardware.figures.{k}", f"an integer in [2, {MAX_SMS}]", v)
-        if k in _FRACTIONS:
-            require(v <= 1.0, f"hardware.figures.{k}", "a fraction in (0, 1]", v)
         require(isinstance(srcs.get(k), str) and srcs[k].strip() != "", f"hardware.sources.{k}",
                 "a source string", srcs.get(k, "missing"))
         vals[k] = float(v) if k not in _INTS else v
@@ -200,7 +303,10 @@ def load_hardware(spec: str) -> Hardware:
                 f"a preset ({', '.join(preset_names())}) or a .toml path", spec)
         require(p.is_file(), "hardware", "an existing TOML file", spec)
     try:
-        data = tomllib.loads(p.read_text())
+        data = tomllib.loads(p.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise InputError("hardware", "a UTF-8 TOML file",
+                         f"{p} (byte 0x{exc.object[exc.start]:02x} at offset {exc.start} is not UTF-8)") from None
     except tomllib.TOMLDecodeError as exc:
         raise InputError("hardware", "valid TOML", f"{p}: {exc}") from None
     except OSError as exc:

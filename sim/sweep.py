@@ -5,7 +5,10 @@ Axes are scenario fields (``tokens``, ``ranks``, ``shape``, ``routing``, ``seed`
 ``l2_wait``, ``reserved_sms``, ``max_tokens``), ``policy`` (one policy spec per point; join
 several with ``+``), or hardware scale factors ``<figure>_scale`` (e.g. ``nvlink_gbs_per_direction_scale``,
 with the short forms ``nvlink_scale``, ``hbm_scale``, ``tc_scale``).  Values: ``a,b,c`` or an
-inclusive integer range ``start:stop[:step]``.  The grid is the Cartesian product.
+inclusive integer range ``start:stop[:step]``.  The grid is the Cartesian product.  A scaled
+figure must stay in its range (``sim.hardware.FIGURE_RANGES``); every grid point's scaled
+hardware is checked before any point runs or anything is written, and the first one out of
+range refuses the whole sweep, naming the axis.
 
 Runs in parallel over local cores (``concurrent.futures``) with a progress bar, appends
 every finished point to ``points.jsonl`` (so an interrupted sweep resumes where it stopped),
@@ -87,13 +90,74 @@ def parse_values(axis: str, text: str) -> list:
                 f"microseconds in [0, {MAX_LAUNCH_SKEW_US:g}]", text)
         return out
     if axis.endswith("_scale") or axis in SCALE_ALIASES:
+        from .hardware import FIGURE_RANGES
+
+        fig = scale_figure(axis)
+        require(fig in FIGURE_RANGES and fig != "num_sms", "sweep axis",
+                "<hardware figure>_scale for a figure other than num_sms (or nvlink_scale, hbm_scale, tc_scale)",
+                axis)
         try:
             out = [float(v) for v in vals]
         except ValueError:
             raise InputError(f"sweep.{axis}", "numbers", text) from None
-        require(all(v > 0 for v in out), f"sweep.{axis}", "factors > 0", text)
+        require(all(math.isfinite(v) and v > 0 for v in out), f"sweep.{axis}", "finite factors > 0", text)
         return out
     return vals
+
+
+def scale_figure(axis: str) -> str:
+    """The hardware figure a scale axis multiplies (``hbm_scale`` -> ``hbm_gbs``)."""
+    return SCALE_ALIASES.get(axis, axis[: -len("_scale")])
+
+
+def _split_point(point: dict, base: dict) -> tuple[dict, dict, dict]:
+    """(Scenario keyword arguments, figure -> factor, figure -> the axis that gave it)."""
+    kw = dict(base)
+    scales, labels = {}, {}
+    for axis, v in point.items():
+        if axis in SCENARIO_AXES:
+            kw[SCENARIO_AXES[axis]] = v
+        elif axis == "policy":
+            kw["policies"] = list(kw.get("policies", [])) + [p for p in str(v).split("+") if p]
+        else:
+            fig = scale_figure(axis)
+            require(fig not in scales, "sweep", "one scale axis per hardware figure",
+                    f"{labels.get(fig, '?').removeprefix('sweep.')} and {axis} both scale {fig}")
+            scales[fig] = v
+            labels[fig] = f"sweep.{axis}"
+    return kw, scales, labels
+
+
+def check_scaled_hardware(points: list[dict], base: dict) -> None:
+    """Check every point's scaled hardware (each distinct hardware and factors once).
+
+    Raises:
+        InputError: a scaled figure outside its range, named by the axis that scaled it
+            (``sweep.hbm_scale: expected a factor that keeps hbm_gbs in ...``).  A point whose
+            hardware itself does not load is left to :func:`run_point`, which records it.
+    """
+    from megamoe.scenario import Scenario
+
+    from .hardware import load_hardware
+
+    default_hw = Scenario.__dataclass_fields__["hardware"].default
+    seen, loaded = set(), {}
+    for p in points:
+        kw, scales, labels = _split_point(p, base)
+        if not scales:
+            continue
+        spec = kw.get("hardware") or default_hw
+        key = (str(spec), tuple(sorted(scales.items())))
+        if key in seen:
+            continue
+        seen.add(key)
+        if spec not in loaded:
+            try:
+                loaded[spec] = load_hardware(spec)
+            except (InputError, TypeError, AttributeError):
+                loaded[spec] = None
+        if loaded[spec] is not None:
+            loaded[spec].scaled(labels, **scales)
 
 
 def grid(axes: dict[str, list]) -> list[dict]:
@@ -121,22 +185,14 @@ def run_point(point: dict, base: dict) -> dict:
     from .engine import simulate
     from .hardware import load_hardware
 
-    kw = dict(base)
-    scales = {}
-    for axis, v in point.items():
-        if axis in SCENARIO_AXES:
-            kw[SCENARIO_AXES[axis]] = v
-        elif axis == "policy":
-            kw["policies"] = list(kw.get("policies", [])) + [p for p in str(v).split("+") if p]
-        else:
-            scales[SCALE_ALIASES.get(axis, axis[: -len("_scale")])] = v
     row = {**point, **{k: None for k in RESULT_KEYS}, "experts_per_wave_r0": None, "block_m_r0": None,
            "error": ""}
     try:
+        kw, scales, labels = _split_point(point, base)
         sc = Scenario(**kw)
         hw = load_hardware(sc.hardware)
         if scales:
-            hw = hw.scaled(**scales)
+            hw = hw.scaled(labels, **scales)
         res = simulate(sc, hw)
         for k in RESULT_KEYS:
             row[k] = res.summary[k]
@@ -207,11 +263,14 @@ def sweep(axes: dict[str, list], base: dict, out_dir: str, jobs: int | None = No
     ``points.jsonl`` as it was).
 
     Raises:
-        InputError: more than :data:`MAX_POINTS` points, or no valid point (the first
-            point's error is quoted).
+        InputError: more than :data:`MAX_POINTS` points, a point whose scaled hardware
+            leaves a figure's range (checked before anything runs, see
+            :func:`check_scaled_hardware`), or no valid point (the first point's error is
+            quoted).
     """
     log = os.path.join(out_dir, "points.jsonl")
     points = grid(axes)
+    check_scaled_hardware(points, base)
     done: dict[str, dict] = {}
     if resume and os.path.exists(log):
         with open(log) as f:

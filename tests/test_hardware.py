@@ -34,7 +34,8 @@ def _data():
 def test_negative_bandwidth_is_rejected():
     d = _data()
     d["figures"]["hbm_gbs"] = -1.0
-    with pytest.raises(InputError, match=r"^hardware.figures.hbm_gbs: expected a positive number, got -1.0"):
+    with pytest.raises(InputError, match=r"^hardware.figures.hbm_gbs: expected a number in \[200, 100000\] \(GB/s\), "
+                                         r"got -1.0$"):
         parse_hardware(d)
 
 
@@ -66,3 +67,112 @@ def test_sm_count_is_bounded():
     with pytest.raises(InputError, match=rf"^hardware.figures.num_sms: expected an integer in \[2, {MAX_SMS}\], "
                                          rf"got {MAX_SMS + 1}"):
         parse_hardware(d)
+
+
+@pytest.mark.parametrize("key,value,msg", [
+    ("hbm_gbs", float("inf"), r"hardware.figures.hbm_gbs: expected a number in \[200, 100000\] \(GB/s\), got inf"),
+    ("clock_ghz", float("inf"), r"hardware.figures.clock_ghz: expected a number in \[0.1, 10\] \(GHz\), got inf"),
+    ("hbm_efficiency", float("nan"), r"hardware.figures.hbm_efficiency: expected a fraction in \[0.25, 1\], got nan"),
+    ("smem_per_block_bytes", 1e30,
+     r"hardware.figures.smem_per_block_bytes: expected an integer in \[16384, 4194304\] \(bytes\), got 1e\+30"),
+    ("launch_ns", 1e300, r"hardware.figures.launch_ns: expected a number in \[0.01, 1000000\] \(ns\), got 1e\+300"),
+    ("launch_ns", 1e12, r"hardware.figures.launch_ns: expected a number in \[0.01, 1000000\] \(ns\), got 1000000000000.0"),
+    ("nvlink_gbs_per_direction", 1e-300,
+     r"hardware.figures.nvlink_gbs_per_direction: expected a number in \[100, 100000\] \(GB/s\), got 1e-300"),
+    ("hbm_gbs", 0.01, r"hardware.figures.hbm_gbs: expected a number in \[200, 100000\] \(GB/s\), got 0.01"),
+    ("mma_efficiency", 1.5, r"hardware.figures.mma_efficiency: expected a fraction in \[0.25, 1\], got 1.5"),
+    ("tma_latency_ns", 0, r"hardware.figures.tma_latency_ns: expected a number in \[0.01, 5000\] \(ns\), got 0"),
+])
+def test_figure_outside_its_range_is_one_line(key, value, msg):
+    """Infinite, absurd or tiny figures used to pass (> 0 was the only check) and then print
+    nonsense, overflow, or eat > 7 GB in the simulator: each is refused with its range."""
+    d = _data()
+    d["figures"][key] = value
+    with pytest.raises(InputError, match="^" + msg + "$"):
+        parse_hardware(d)
+
+
+def test_every_preset_is_inside_the_ranges_and_valid_at_each_bound():
+    """Every shipped preset loads; each of its figures may sit at either end of its range
+    (the file still loads) and just outside it is refused, naming the figure."""
+    from sim.hardware import FIGURE_RANGES
+
+    for n in preset_names():
+        base = tomllib.loads((PRESET_DIR / f"{n}.toml").read_text())
+        assert parse_hardware(base).name == base["name"]
+        for k, (lo, hi, _unit) in FIGURE_RANGES.items():
+            assert lo <= base["figures"][k] <= hi, (n, k)
+            for v in (lo, hi):
+                d = tomllib.loads((PRESET_DIR / f"{n}.toml").read_text())
+                d["figures"][k] = v
+                assert getattr(parse_hardware(d), k) == v
+            for v in (lo * 0.999 if lo > 0 else -1, hi * 1.001):
+                d = tomllib.loads((PRESET_DIR / f"{n}.toml").read_text())
+                d["figures"][k] = v
+                with pytest.raises(InputError, match=rf"^hardware.figures.{k}: expected "):
+                    parse_hardware(d)
+
+
+def test_not_a_table_and_bad_sources_table():
+    with pytest.raises(InputError, match=r"^hardware: expected a table \(name, \[figures\], \[sources\]\), got list$"):
+        parse_hardware([])
+    d = _data()
+    d["sources"] = "datasheet"
+    with pytest.raises(InputError, match=r"^hardware.sources: expected a \[sources\] table, got str$"):
+        parse_hardware(d)
+
+
+def test_non_utf8_file_is_one_line(tmp_path, capsys):
+    from megamoe.cli import main
+
+    bad = tmp_path / "b.toml"
+    bad.write_bytes(b"\xff\xfe")
+    with pytest.raises(InputError, match=rf"^hardware: expected a UTF-8 TOML file, got {bad} "
+                                         r"\(byte 0xff at offset 0 is not UTF-8\)$"):
+        load_hardware(str(bad))
+    assert main(["simulate", "--hardware", str(bad)]) == 2
+    out = capsys.readouterr()
+    assert out.err.splitlines() == [f"megamoe: error: hardware: expected a UTF-8 TOML file, got {bad} "
+                                    "(byte 0xff at offset 0 is not UTF-8)"]
+
+
+def test_cli_simulate_with_an_out_of_range_figure_exits_2_with_one_line(tmp_path, capsys):
+    from megamoe.cli import main
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text((PRESET_DIR / "b200.toml").read_text().replace("hbm_gbs = 8000.0", "hbm_gbs = inf"))
+    js = tmp_path / "out.json"
+    assert main(["simulate", "--hardware", str(bad), "--tokens", "1", "--json", str(js)]) == 2
+    out = capsys.readouterr()
+    assert out.err.splitlines() == [
+        "megamoe: error: hardware.figures.hbm_gbs: expected a number in [200, 100000] (GB/s), got inf"]
+    assert not js.exists()
+
+
+@pytest.mark.parametrize("factors,msg", [
+    ({"hbm_gbs": 1e-6}, r"hardware.hbm_gbs scale: expected a factor that keeps hbm_gbs in \[200, 100000\] "
+                        r"\(GB/s; B200 has 8000\), got 1e-06 \(hbm_gbs 0.008\)"),
+    ({"hbm_gbs": 1e308}, r"hardware.hbm_gbs scale: expected a factor that keeps hbm_gbs in \[200, 100000\] "
+                         r"\(GB/s; B200 has 8000\), got 1e\+308 \(hbm_gbs inf\)"),
+    ({"launch_ns": 1e9}, r"hardware.launch_ns scale: expected a factor that keeps launch_ns in \[0.01, 1000000\] "
+                         r"\(ns; B200 has 3000\), got 1000000000 \(launch_ns 3000000000000\)"),
+    ({"smem_per_block_bytes": 1e-300}, r"hardware.smem_per_block_bytes scale: expected a factor that keeps "
+                                       r"smem_per_block_bytes in \[16384, 4194304\] \(bytes; B200 has 232448\), "
+                                       r"got 1e-300 \(smem_per_block_bytes 2.32448e-295\)"),
+    ({"hbm_efficiency": 2}, r"hardware.hbm_efficiency scale: expected a factor that keeps hbm_efficiency in "
+                            r"\[0.25, 1\] \(B200 has 0.85\), got 2 \(hbm_efficiency 1.7\)"),
+    ({"hbm_gbs": float("inf")}, r"hardware.hbm_gbs scale: expected a finite number > 0, got inf"),
+    ({"num_sms": 2}, r"hardware.num_sms scale: expected a hardware figure other than num_sms, got num_sms"),
+])
+def test_scaled_figure_must_stay_in_range(factors, msg):
+    hw = load_hardware("b200")
+    with pytest.raises(InputError, match="^" + msg + "$"):
+        hw.scaled(**factors)
+
+
+def test_scaled_names_the_users_axis_and_keeps_types():
+    hw = load_hardware("b200")
+    with pytest.raises(InputError, match=r"^sweep.hbm_scale: expected a factor that keeps hbm_gbs in "):
+        hw.scaled({"hbm_gbs": "sweep.hbm_scale"}, hbm_gbs=1e-6)
+    s = hw.scaled(hbm_gbs=0.5, smem_per_block_bytes=0.5)
+    assert s.hbm_gbs == 4000.0 and s.smem_per_block_bytes == 116224 and isinstance(s.smem_per_block_bytes, int)

@@ -148,3 +148,63 @@ def test_sweep_with_no_valid_point_writes_nothing(tmp_path, capsys):
     with pytest.raises(InputError, match="^sweep: expected at least one valid point"):
         sweep({"experts_per_wave": [999]}, BASE, str(out), jobs=1, resume=False, progress=False)
     assert (out / "points.jsonl").read_text() == log and rows[0]["error"] == ""
+
+
+def test_out_of_range_scale_refuses_the_sweep_before_anything_runs(tmp_path, capsys):
+    """A scale factor that takes a figure out of its range (1e-6, 1e308, launch_ns x 1e9) used to
+    crash the workers (OverflowError, MemoryError, BrokenProcessPool) and leave a partial
+    points.jsonl behind: every point's scaled hardware is checked first, nothing is written."""
+    out = tmp_path / "sw"
+    for axis, vals, msg in (
+            ("hbm_scale", [1.0, 1e-6], r"sweep.hbm_scale: expected a factor that keeps hbm_gbs in \[200, 100000\] "
+                                       r"\(GB/s; B200 has 8000\), got 1e-06 \(hbm_gbs 0.008\)"),
+            ("nvlink_scale", [1e308], r"sweep.nvlink_scale: expected a factor that keeps nvlink_gbs_per_direction "
+                                      r"in \[100, 100000\] \(GB/s; B200 has 900\), got 1e\+308 "
+                                      r"\(nvlink_gbs_per_direction inf\)"),
+            ("launch_ns_scale", [1e9], r"sweep.launch_ns_scale: expected a factor that keeps launch_ns in "
+                                       r"\[0.01, 1000000\] \(ns; B200 has 3000\), got 1000000000 "
+                                       r"\(launch_ns 3000000000000\)")):
+        with pytest.raises(InputError, match="^" + msg + "$"):
+            sweep({"tokens": [4], axis: vals}, BASE, str(out), jobs=2, progress=False)
+        assert not out.exists()
+    # a scale valid on one hardware axis value and not on another refuses the sweep too
+    with pytest.raises(InputError, match=r"^sweep.tc_scale: expected a factor that keeps fp8_dense_tflops in "
+                                         r"\[200, 100000\] \(TFLOP/s; H20 has 296\), got 0.1 "):
+        sweep({"hardware": ["b200", "h20"], "tc_scale": [0.1]}, BASE, str(out), jobs=1, progress=False)
+    assert not out.exists()
+    # an earlier sweep's log stays as it was
+    sweep({"tokens": [4]}, BASE, str(out), jobs=1, progress=False)
+    log = (out / "points.jsonl").read_text()
+    with pytest.raises(InputError, match="^sweep.hbm_scale: "):
+        sweep({"tokens": [4], "hbm_scale": [1e-300]}, BASE, str(out), jobs=1, resume=False, progress=False)
+    assert (out / "points.jsonl").read_text() == log
+    # the CLI: exit 2, one line, no folder
+    out2 = tmp_path / "cli"
+    assert main(["sweep", "--shape", "deepseek-v4-flash", "--ranks", "2", "--tokens", "4",
+                 "--set", "hbm_scale=1e-6,1", "--out", str(out2), "--jobs", "2"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "megamoe: error: sweep.hbm_scale: expected a factor that keeps hbm_gbs in [200, 100000] "
+        "(GB/s; B200 has 8000), got 1e-06 (hbm_gbs 0.008)"]
+    assert not out2.exists()
+
+
+def test_scale_axes_name_a_figure_and_finite_factors():
+    with pytest.raises(InputError, match=r"^sweep axis: expected <hardware figure>_scale for a figure other than "
+                                         r"num_sms \(or nvlink_scale, hbm_scale, tc_scale\), got foo_scale$"):
+        parse_values("foo_scale", "2")
+    with pytest.raises(InputError, match=r"^sweep axis: expected <hardware figure>_scale .*, got num_sms_scale$"):
+        parse_values("num_sms_scale", "2")
+    with pytest.raises(InputError, match=r"^sweep.hbm_scale: expected finite factors > 0, got 1,inf$"):
+        parse_values("hbm_scale", "1,inf")
+    with pytest.raises(InputError, match=r"^sweep: expected one scale axis per hardware figure, got hbm_scale and "
+                                         r"hbm_gbs_scale both scale hbm_gbs$"):
+        sweep({"hbm_scale": [1.0], "hbm_gbs_scale": [2.0]}, BASE, "unused-out", jobs=1, progress=False)
+
+
+def test_sweep_at_the_range_ends_runs_and_plots(tmp_path):
+    """Scales that take figures to the ends of their ranges run, and plot on a log axis (a
+    factor ratio of 1e8 on launch_ns_scale)."""
+    axes = {"hbm_scale": [200 / 8000, 1.0, 12.5], "launch_ns_scale": [0.01 / 3000, 1.0, 1e6 / 3000]}
+    rows = sweep(axes, {**BASE, "num_ranks": 2, "tokens_per_rank": 4}, str(tmp_path), jobs=2, progress=False)
+    assert len(rows) == 9 and all(r["error"] == "" for r in rows)
+    assert (tmp_path / "time_us_vs_hbm_scale.png").exists() and (tmp_path / "time_us_vs_launch_ns_scale.png").exists()
