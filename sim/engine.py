@@ -70,6 +70,14 @@ from megamoe.trace import COLUMNS, KIND, ROLE, Trace
 from .hardware import Hardware, load_hardware
 
 BUCKET_NS = 250.0
+#: Most bandwidth-calendar buckets one simulation keeps over all its resources (HBM, NVLink
+#: egress / ingress per GPU, per GPU pair): memory grows with *simulated* time, ~45 bytes per
+#: bucket (two Python lists), so 2^27 buckets is ~6 GB, beside the ~9 GB ``MAX_BLOCKS`` allows
+#: on the 24 GB CI machine. The default scenario (EP8, 24 calendars, 3.3 ms) takes ~0.3 M;
+#: 16 ranks x 131072 tokens of V4-Pro on B200 (~0.5 s) ~100 M; slow hardware figures or very
+#: few SMs stretch simulated time until this refuses the run (an InputError, not an
+#: out-of-memory kill).
+MAX_CALENDAR_BUCKETS = 1 << 27
 #: Most blocks (L1 + L2, all ranks) one simulation takes: the engine keeps ~1 KB per block
 #: (trace rows, events). 7.9 M blocks measured 8.8 GB and 95 s on the CI machine (24 GB,
 #: 2 cores; 256 ranks x 8192 tokens, shape 256,6,4096,5632).
@@ -95,19 +103,29 @@ class BandwidthCalendar:
     Full buckets are skipped through forward pointers with path compression.
     """
 
-    __slots__ = ("rate", "cap", "full", "used", "nxt", "total_bytes")
+    __slots__ = ("rate", "cap", "full", "used", "nxt", "total_bytes", "budget")
 
-    def __init__(self, bytes_per_ns: float):
+    def __init__(self, bytes_per_ns: float, budget: list[int] | None = None):
+        """``budget``: a one-item list of buckets left, shared by the calendars of one
+        simulation (default: a budget of ``MAX_CALENDAR_BUCKETS`` of its own)."""
         self.rate = bytes_per_ns
         self.cap = bytes_per_ns * BUCKET_NS
         self.full = self.cap * 0.999
-        self.used: list[float] = [0.0] * 4096
-        self.nxt: list[int] = list(range(4096))  # nxt[b] == b: bucket b has room
+        self.budget = [MAX_CALENDAR_BUCKETS] if budget is None else budget
+        self.used: list[float] = []
+        self.nxt: list[int] = []  # nxt[b] == b: bucket b has room
+        self._grow(0)
         self.total_bytes = 0.0
 
     def _grow(self, b: int) -> None:
         n = len(self.used)
         extra = max(4096, b + 2 - n)
+        self.budget[0] -= extra
+        if self.budget[0] < 0:
+            raise InputError("simulated time", f"at most {MAX_CALENDAR_BUCKETS} bandwidth-calendar buckets of "
+                             f"{BUCKET_NS:g} ns over all resources (memory grows with simulated time; slow "
+                             "hardware figures or few SMs stretch it)",
+                             f"a resource busy beyond {(b + 1) * BUCKET_NS / 1e6:.3g} ms")
         self.used.extend([0.0] * extra)
         self.nxt.extend(range(n, n + extra))
 
@@ -242,15 +260,16 @@ class _Engine:
         self.launch_offsets_ns = [0.0] * plan.num_ranks if launch_offsets_ns is None else list(launch_offsets_ns)
         self.env = simpy.Environment()
         R = plan.num_ranks
-        self.hbm = [BandwidthCalendar(hw.hbm_bytes_per_ns) for _ in range(R)]
-        self.egress = [BandwidthCalendar(hw.nvlink_bytes_per_ns) for _ in range(R)]
-        self.ingress = [BandwidthCalendar(hw.nvlink_bytes_per_ns) for _ in range(R)]
+        budget = [MAX_CALENDAR_BUCKETS]  # shared by every calendar of this simulation
+        self.hbm = [BandwidthCalendar(hw.hbm_bytes_per_ns, budget) for _ in range(R)]
+        self.egress = [BandwidthCalendar(hw.nvlink_bytes_per_ns, budget) for _ in range(R)]
+        self.ingress = [BandwidthCalendar(hw.nvlink_bytes_per_ns, budget) for _ in range(R)]
         # one calendar per directed GPU pair, only where a pair is slower than a GPU's port
         # (a link carries a subset of one port's bytes, so an equal or faster link never binds)
         self.links = None
         if hw.nvlink_peer_gbs < hw.nvlink_gbs_per_direction and R > 1:
             rate = hw.nvlink_peer_gbs * hw.nvlink_efficiency
-            self.links = [[BandwidthCalendar(rate) for _ in range(R)] for _ in range(R)]
+            self.links = [[BandwidthCalendar(rate, budget) for _ in range(R)] for _ in range(R)]
         self.rows: list[tuple] = []      # rank-level intervals (COLUMNS order, codes)
         # per block, in simulation order, 9 numbers: block id, load start, MMA start, MMA end,
         # epilogue start, epilogue end, dependency, first-touch bytes, ring stage free; the

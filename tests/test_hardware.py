@@ -72,7 +72,7 @@ def test_sm_count_is_bounded():
 @pytest.mark.parametrize("key,value,msg", [
     ("hbm_gbs", float("inf"), r"hardware.figures.hbm_gbs: expected a number in \[200, 100000\] \(GB/s\), got inf"),
     ("clock_ghz", float("inf"), r"hardware.figures.clock_ghz: expected a number in \[0.1, 10\] \(GHz\), got inf"),
-    ("hbm_efficiency", float("nan"), r"hardware.figures.hbm_efficiency: expected a fraction in \[0.25, 1\], got nan"),
+    ("hbm_efficiency", float("nan"), r"hardware.figures.hbm_efficiency: expected a fraction in \[0.05, 1\], got nan"),
     ("smem_per_block_bytes", 1e30,
      r"hardware.figures.smem_per_block_bytes: expected an integer in \[16384, 4194304\] \(bytes\), got 1e\+30"),
     ("launch_ns", 1e300, r"hardware.figures.launch_ns: expected a number in \[0.01, 1000000\] \(ns\), got 1e\+300"),
@@ -80,7 +80,7 @@ def test_sm_count_is_bounded():
     ("nvlink_gbs_per_direction", 1e-300,
      r"hardware.figures.nvlink_gbs_per_direction: expected a number in \[100, 100000\] \(GB/s\), got 1e-300"),
     ("hbm_gbs", 0.01, r"hardware.figures.hbm_gbs: expected a number in \[200, 100000\] \(GB/s\), got 0.01"),
-    ("mma_efficiency", 1.5, r"hardware.figures.mma_efficiency: expected a fraction in \[0.25, 1\], got 1.5"),
+    ("mma_efficiency", 1.5, r"hardware.figures.mma_efficiency: expected a fraction in \[0.05, 1\], got 1.5"),
     ("tma_latency_ns", 0, r"hardware.figures.tma_latency_ns: expected a number in \[0.01, 5000\] \(ns\), got 0"),
 ])
 def test_figure_outside_its_range_is_one_line(key, value, msg):
@@ -160,7 +160,7 @@ def test_cli_simulate_with_an_out_of_range_figure_exits_2_with_one_line(tmp_path
                                        r"smem_per_block_bytes in \[16384, 4194304\] \(bytes; B200 has 232448\), "
                                        r"got 1e-300 \(smem_per_block_bytes 2.32448e-295\)"),
     ({"hbm_efficiency": 2}, r"hardware.hbm_efficiency scale: expected a factor that keeps hbm_efficiency in "
-                            r"\[0.25, 1\] \(B200 has 0.85\), got 2 \(hbm_efficiency 1.7\)"),
+                            r"\[0.05, 1\] \(B200 has 0.85\), got 2 \(hbm_efficiency 1.7\)"),
     ({"hbm_gbs": float("inf")}, r"hardware.hbm_gbs scale: expected a finite number > 0, got inf"),
     ({"num_sms": 2}, r"hardware.num_sms scale: expected a hardware figure other than num_sms, got num_sms"),
 ])

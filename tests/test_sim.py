@@ -5,6 +5,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from megamoe.errors import InputError
 from megamoe.scenario import Scenario
 from megamoe.trace import KIND, ROLE
 from sim import simulate
@@ -381,3 +382,23 @@ def test_sm90_pull_rounds_follow_the_kernel_order():
     eng.topk_idx = sc.routing_ids()
     rnd, pb_round = eng._sm90_pull_rounds(plan.ranks[0], np.zeros(int(plan.ranks[0].tokens_per_expert.sum()), int))
     assert rnd.max() == 5 and np.median(pb_round) == 5
+
+
+def test_calendar_budget_refuses_runaway_simulated_time(monkeypatch):
+    """Calendars of one simulation share MAX_CALENDAR_BUCKETS: each starts with 4096 buckets
+    and grows by at least 4096; a transfer that would need more is an InputError naming the
+    simulated time, not an out-of-memory kill."""
+    import sim.engine as eng
+
+    budget = [3 * 4096]
+    a, b = BandwidthCalendar(2.0, budget), BandwidthCalendar(2.0, budget)
+    assert budget == [4096]
+    # 4096 buckets of 500 bytes are full at 1.024 ms; one more byte needs bucket 4096 -> grow by 4096
+    assert a.reserve(0.0, 4096 * 500) == pytest.approx(4096 * 250.0)
+    assert budget == [0]
+    with pytest.raises(InputError, match=r"^simulated time: expected at most \d+ bandwidth-calendar buckets of 250 ns"
+                                         r" .*got a resource busy beyond 1.02 ms"):
+        b.reserve(4096 * 250.0, 1.0)  # bucket 4096 of b (ends at 1.02425 ms): 4096 more, none left
+    monkeypatch.setattr(eng, "MAX_CALENDAR_BUCKETS", 3 * 4096)  # HBM, egress, ingress: no room to grow
+    with pytest.raises(InputError, match=r"^simulated time: expected at most 12288 bandwidth-calendar buckets"):
+        eng.simulate(Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=8192))  # ~1.6 ms
