@@ -319,28 +319,44 @@ def sweep(axes: dict[str, list], base: dict, out_dir: str, jobs: int | None = No
 
 
 def write_outputs(rows: list[dict], axis_names: list[str], out_dir: str) -> None:
-    """``results.csv``, ``results.parquet`` (pandas + pyarrow) and ``time_us_vs_<axis>.png``."""
+    """``results.csv``, ``results.parquet`` (pandas + pyarrow) and ``time_us_vs_<axis>.png``,
+    all or nothing (:class:`megamoe.outputs.Outputs`: an error leaves the folder's earlier
+    results as they were).
+
+    Raises:
+        InputError: an output path is a folder or a read-only file, or the folder is not writable.
+    """
+    from megamoe.outputs import Outputs
+
     if not rows:
         return
     cols = list(rows[0])
-    with open(os.path.join(out_dir, "results.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
-        w.writeheader()
-        w.writerows(rows)
-    try:
-        import pandas as pd
+    with Outputs() as outs:
+        csv_path = outs.reserve("sweep --out", os.path.join(out_dir, "results.csv"), (".csv",))
+        try:
+            import pandas as pd
+        except ImportError:  # pragma: no cover - the analysis extra is missing
+            pd = None
+        pq_path = outs.reserve("sweep --out", os.path.join(out_dir, "results.parquet"), (".parquet",)) if pd else None
+        ok = any(r["time_us"] is not None for r in rows)  # nothing valid: no plots
+        pngs = {a: outs.reserve("sweep --out", os.path.join(out_dir, f"time_us_vs_{a}.png"), (".png",))
+                for a in (axis_names if ok else [])}
+        with open(csv_path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=cols)
+            w.writeheader()
+            w.writerows(rows)
+        if pd is not None:
+            df = pd.DataFrame(rows)
+            for c in axis_names:
+                if df[c].map(type).nunique() > 1:
+                    df[c] = df[c].astype(str)
+            df.to_parquet(pq_path, index=False)
+        plot_axes(rows, axis_names, pngs)
+        outs.commit()
 
-        df = pd.DataFrame(rows)
-        for c in axis_names:
-            if df[c].map(type).nunique() > 1:
-                df[c] = df[c].astype(str)
-        df.to_parquet(os.path.join(out_dir, "results.parquet"), index=False)
-    except ImportError:  # pragma: no cover - the analysis extra is missing
-        df = None
-    plot_axes(rows, axis_names, out_dir)
 
-
-def plot_axes(rows: list[dict], axis_names: list[str], out_dir: str) -> None:
+def plot_axes(rows: list[dict], axis_names: list[str], paths: dict[str, str]) -> None:
+    """One PNG per axis, ``paths[axis]``: predicted time against the axis (mean over the others)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -369,6 +385,6 @@ def plot_axes(rows: list[dict], axis_names: list[str], out_dir: str) -> None:
         ax.set_ylabel("predicted time (us)" + (" (mean over other axes)" if len(axis_names) > 1 else ""))
         ax.grid(alpha=0.3)
         fig.tight_layout()
-        fig.savefig(os.path.join(out_dir, f"time_us_vs_{axis}.png"), dpi=100)
+        fig.savefig(paths[axis], dpi=100)
         plt.close(fig)
 

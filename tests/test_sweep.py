@@ -208,3 +208,22 @@ def test_sweep_at_the_range_ends_runs_and_plots(tmp_path):
     rows = sweep(axes, {**BASE, "num_ranks": 2, "tokens_per_rank": 4}, str(tmp_path), jobs=2, progress=False)
     assert len(rows) == 9 and all(r["error"] == "" for r in rows)
     assert (tmp_path / "time_us_vs_hbm_scale.png").exists() and (tmp_path / "time_us_vs_launch_ns_scale.png").exists()
+
+
+def test_write_outputs_all_or_nothing(tmp_path):
+    """The sweep's result files go through megamoe.outputs.Outputs: when one cannot be written
+    (results.parquet is a folder) the earlier results.csv is left as it was and no temporary
+    folder stays behind; otherwise all three kinds are written."""
+    from sim.sweep import write_outputs
+
+    rows = [{"tokens": 8, "time_us": 10.0}, {"tokens": 64, "time_us": 30.0}]
+    (tmp_path / "results.csv").write_text("old\n")
+    (tmp_path / "results.parquet").mkdir()
+    with pytest.raises(InputError, match=r"^sweep --out: expected a file path \(not a folder\), got .*results.parquet"):
+        write_outputs(rows, ["tokens"], str(tmp_path))
+    assert (tmp_path / "results.csv").read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.csv", "results.parquet"]
+    (tmp_path / "results.parquet").rmdir()
+    write_outputs(rows, ["tokens"], str(tmp_path))
+    assert (tmp_path / "results.csv").read_text().splitlines() == ["tokens,time_us", "8,10.0", "64,30.0"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.csv", "results.parquet", "time_us_vs_tokens.png"]
