@@ -2,8 +2,9 @@
 
 Run on a GPU machine: ``python benchmarks/kernel_bench.py --out results.json``. Measures in
 the same process: device copy bandwidth, FP8 GEMM rate, this kernel (checked against the
-reference at every token count), trace overhead, and the unfused path (torch grouped GEMMs
-+ separate SwiGLU/quant + gather/scatter). Formulas: shared/anchors/README.md.
+reference at every token count), trace overhead, the unfused path (torch grouped GEMMs
++ separate SwiGLU/quant + gather/scatter) and FlagGems' Triton fused MoE with FP8 weights
+(``flag_gems`` importable; wheels carried to the device). Formulas: shared/anchors/README.md.
 """
 
 from __future__ import annotations
@@ -93,12 +94,55 @@ class Unfused:
         return y.to(torch.bfloat16)
 
 
+class FlagGemsFP8:
+    """FlagGems' Triton fused MoE (``flag_gems.fused.fused_experts_impl``, the vLLM-style
+    kernel pair): E4M3 weights with 128 x 128 block scales, BF16 input quantized inside the
+    call to E4M3 per 128-element token group (the DeepSeek-V3 FP8 recipe), sort by expert
+    (``moe_align_block_size``), grouped GEMM 1, SwiGLU, FP8 quant, grouped GEMM 2 with the
+    top-k weight, ``moe_sum``. FP8 weights (twice our FP4 bytes) and coarser scales: its
+    own numerics, checked against an FP32 reference of its own weights."""
+
+    def __init__(self):
+        from flag_gems.fused import fused_experts_impl
+
+        self.fn = fused_experts_impl
+        g = torch.Generator(device="cuda").manual_seed(6)
+        self.w1 = (torch.randn(E, 2 * I, H, device="cuda", generator=g, dtype=torch.bfloat16) * 0.05).to(torch.float8_e4m3fn)
+        self.w2 = (torch.randn(E, H, I, device="cuda", generator=g, dtype=torch.bfloat16) * 0.05).to(torch.float8_e4m3fn)
+        self.s1 = torch.rand(E, 2 * I // 128, H // 128, device="cuda", generator=g) + 0.5
+        self.s2 = torch.rand(E, H // 128, I // 128, device="cuda", generator=g) + 0.5
+
+    def __call__(self, xb, idx, w):
+        return self.fn(xb, self.w1, self.w2, w, idx, use_fp8_w8a8=True, w1_scale=self.s1, w2_scale=self.s2,
+                       block_shape=[128, 128])
+
+    def reference(self, xb, idx, w):
+        """FP32 math on the same FP8 weights (block scales applied), BF16 input: gate = first I rows."""
+        def deq(q, s):
+            return q.float() * s.repeat_interleave(128, 0).repeat_interleave(128, 1)
+        y = torch.zeros(xb.shape[0], H, device="cuda")
+        x = xb.float()
+        for e in torch.unique(idx[idx >= 0]).tolist():
+            t, k = (idx == e).nonzero(as_tuple=True)
+            h = x[t] @ deq(self.w1[e], self.s1[e]).T
+            a = torch.nn.functional.silu(h[:, :I]) * h[:, I:]
+            y.index_add_(0, t, (a @ deq(self.w2[e], self.s2[e]).T) * w[t, k][:, None])
+        return y
+
+
+def dequantized_bf16(x, xs):
+    """The kernel's E4M3 input (UE8M0 per 32) as BF16: the same values, for the BF16-input peers."""
+    v = x.view(torch.float8_e4m3fn).float().reshape(x.shape[0], -1, 32)
+    return (v * torch.pow(2.0, xs.float() - 127.0)[..., None]).reshape(x.shape).to(torch.bfloat16)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", default="1,16,64,256,1024,4096,8192")
     ap.add_argument("--out", default="kernel_bench.json")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--no-flaggems", action="store_true", help="skip FlagGems' Triton fused MoE")
     args = ap.parse_args()
     tokens = [int(t) for t in args.tokens.split(",")]
     res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, shape=dict(E=E, K=K, H=H, I=I),
@@ -112,6 +156,16 @@ def main():
     w = make_weights(E, H, I, "cuda", seed=11)
     kern = MegaMoEKernel(E, K, H, I, max(tokens), prepare_weights(*w))
     peer = None if args.no_peer else Unfused()
+    fg = None
+    if not args.no_flaggems:
+        try:
+            fg = FlagGemsFP8()
+            import flag_gems
+            res["flaggems"] = getattr(flag_gems, "__version__", "?")
+        except Exception as e:  # noqa: BLE001 - reported in the results, not fatal
+            res["flaggems_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            print(f"flaggems: not run: {res['flaggems_error']}", flush=True)
+    fg_checked = False
     wb_fp4 = 2 * I * H // 2 + H * I // 2
     wb_fp8 = 2 * I * H + H * I
     for T in tokens:
@@ -142,6 +196,24 @@ def main():
             except Exception as e:  # noqa: BLE001
                 print(f"unfused T={T}: failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
                 res.setdefault("peer_errors", []).append(f"T={T}: {type(e).__name__}: {str(e)[:300]}")
+        if fg is not None:
+            try:
+                xb = dequantized_bf16(x, xs)
+                row_fg = {}
+                if not fg_checked and T >= 16:  # its own numerics against FP32 math on its weights
+                    yf, yr = fg(xb, idx, tw).float(), fg.reference(xb, idx, tw)
+                    row_fg["check_rel_l2_vs_fp32"] = float((yf - yr).norm() / yr.norm())
+                    fg_checked = True
+                med_f, best_f = time_fn(lambda a=(xb, idx, tw): fg(*a), reps=max(5, args.reps // 2))
+                rf = dict(impl="flaggems_fused_experts_fp8_w8a8_block128", **metrics(T, idx, med_f, wb_fp8),
+                          us_min=best_f, **row_fg)
+                res["rows"].append(rf)
+                print(f"flaggems T={T:5d} {med_f:9.1f} us {rf['tflops']:7.1f} TFLOP/s {rf['hbm_gbs']:7.0f} GB/s"
+                      + (f" relL2 vs fp32 {row_fg['check_rel_l2_vs_fp32']:.2e}" if row_fg else ""), flush=True)
+                Path(args.out).write_text(json.dumps(res, indent=1))
+            except Exception as e:  # noqa: BLE001
+                print(f"flaggems T={T}: failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                res.setdefault("peer_errors", []).append(f"flaggems T={T}: {type(e).__name__}: {str(e)[:300]}")
     # trace overhead and clock resolution at one size
     Tt = 4096 if 4096 in tokens else tokens[-1]
     x, xs, idx, tw = make_inputs(Tt, E, K, H, "cuda", seed=7)
