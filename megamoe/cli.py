@@ -156,6 +156,20 @@ def scenario_from_args(a: argparse.Namespace):
                     launch_skew_us=a.launch_skew_us)
 
 
+def _json_safe(obj):
+    """``obj`` with every non-finite float as ``None``: JSON has no NaN or infinity (a NaN
+    error of a comparison without matched intervals is written as ``null``)."""
+    import math
+
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
 def _console():
     """A rich console that does not cut wide tables when stdout is not a terminal, and leaves
     a closed stdout to :func:`main` (rich itself would exit 1)."""
@@ -271,7 +285,7 @@ def cmd_validate(a: argparse.Namespace) -> int:
         v = verdict(rows)
         if j:
             with open(j, "w") as f:
-                json.dump({"rows": rows, **v}, f, indent=1)
+                json.dump(_json_safe({"rows": rows, **v}), f, indent=1, allow_nan=False)
         outs.commit()  # written whatever the verdict: the report of a FAIL is a result too
     t = Table(title=f"simulator ({a.hardware}) vs DeepGEMM PR #316 (V4-Flash, 8 x B200, EP8)")
     for c in ("tokens/rank", "time us pred", "pub", "err", "TFLOPS pred", "pub", "HBM GB/s pred",
@@ -363,7 +377,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
         report, measured, res = compare_file(a.trace, load_hardware(a.hardware) if a.hardware else None)
         if j:
             with open(j, "w") as f:
-                json.dump(report, f, indent=1)
+                json.dump(_json_safe(report), f, indent=1, allow_nan=False)
         if png:
             plot_overlay(measured, res.trace, png)
         outs.commit()

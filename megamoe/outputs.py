@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import tempfile
 from typing import Self
 
@@ -26,6 +27,9 @@ class Outputs:
     once every one of them was written.  Leaving the ``with`` block without a commit (an
     error, Ctrl-C, a broken pipe) removes the temporaries: a failed command leaves no partial
     output and clobbers no existing file.
+
+    An existing output that is not a regular file (``/dev/null``, a pipe) is written into at
+    the commit instead of being replaced.
 
     The suffixes are case-blind (``X.NPZ``, ``T.JSON.GZ``) and the suffix decides the
     format: the temporary name ends in the accepted suffix lower-cased (``T.json.gz``), so a
@@ -56,6 +60,10 @@ class Outputs:
                                  path if path == other else f"{path} (the same file as {other})")
         if os.path.exists(final) and not os.access(final, os.W_OK):
             raise InputError(flag, "a file this user may overwrite", f"{path} (read-only)")
+        name_max = os.pathconf(os.path.dirname(final), "PC_NAME_MAX")
+        if len(os.fsencode(os.path.basename(final))) > name_max:
+            raise InputError(flag, f"a file name of at most {name_max} bytes",
+                             f"{len(os.fsencode(os.path.basename(final)))} bytes")
         return final
 
     def _tmpdir(self, flag: str, path: str, final: str) -> str:
@@ -117,7 +125,12 @@ class Outputs:
                 os.chmod(tmp, 0o666 & ~umask)
         done = []
         for _, path, final, tmp in self._items:
-            os.replace(tmp, final)
+            if os.path.exists(final) and not stat.S_ISREG(os.stat(final).st_mode):
+                # a device or a pipe (``--json /dev/null``): written into, never replaced by a file
+                with open(tmp, "rb") as src, open(final, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+            else:
+                os.replace(tmp, final)
             done.append(path)
         self._items = []
         self.discard()

@@ -933,12 +933,13 @@ class _Engine:
         return Trace(out)
 
 
-def simulate(scenario: Scenario, hardware: Hardware | None = None) -> SimResult:
+def simulate(scenario: Scenario, hardware: Hardware | str | None = None) -> SimResult:
     """Simulate one call.
 
     Args:
         scenario: the inputs (shape, ranks, tokens, routing, hardware name, design, overrides).
-        hardware: a :class:`Hardware` to use instead of ``scenario.hardware``.
+        hardware: a :class:`Hardware`, or a preset name / TOML path for
+            :func:`sim.hardware.load_hardware`, to use instead of ``scenario.hardware``.
 
     Returns:
         :class:`SimResult` with the trace and ``summary`` (see :func:`sim.metrics.summarize`).
@@ -959,8 +960,14 @@ def simulate(scenario: Scenario, hardware: Hardware | None = None) -> SimResult:
             gc.enable()
 
 
-def _simulate(scenario: Scenario, hardware: Hardware | None, summarize) -> SimResult:
-    hw = hardware if hardware is not None else load_hardware(scenario.hardware)
+def _simulate(scenario: Scenario, hardware: Hardware | str | None, summarize) -> SimResult:
+    if not isinstance(scenario, Scenario):
+        raise InputError("scenario", "a megamoe.scenario.Scenario", type(scenario).__name__)
+    if not (hardware is None or isinstance(hardware, (Hardware, str))):
+        raise InputError("hardware", "a sim.hardware.Hardware, a preset name or a .toml path",
+                         type(hardware).__name__)
+    hw = load_hardware(hardware if isinstance(hardware, str) else scenario.hardware) \
+        if not isinstance(hardware, Hardware) else hardware
     plan = scenario.plan(hw.num_sms, hw.smem_per_block_bytes)
     n_blocks = sum(int(rp.m_blocks_per_expert.sum()) * (rp.l1_n_blocks + rp.l2_n_blocks) for rp in plan.ranks)
     if n_blocks > MAX_BLOCKS:  # checked before the block lists and the engine allocate

@@ -297,8 +297,11 @@ def load_hardware(spec: str) -> Hardware:
     """Load a preset (``b200``, ``h200``, ``h20``; case-insensitive) or a TOML path.
 
     Raises:
-        InputError: unknown preset, unreadable file, or an invalid figure.
+        InputError: ``spec`` not a non-empty string, unknown preset, unreadable file, or an
+            invalid figure.
     """
+    require(isinstance(spec, str) and spec != "", "hardware", "a preset name or a .toml path",
+            type(spec).__name__ if not isinstance(spec, str) else "an empty string")
     p = PRESET_DIR / f"{spec.lower()}.toml"
     if not p.exists():
         p = Path(spec)

@@ -672,3 +672,44 @@ def test_ctrl_c_is_one_line_exit_130(tmp_path, monkeypatch, capsys):
     assert main(["simulate", *FLASH, "--json", str(keep), "--plot", str(tmp_path / "p.png")]) == 130
     assert capsys.readouterr().err.splitlines() == ["megamoe: interrupted"]
     assert keep.read_text() == PRECIOUS and sorted(p.name for p in tmp_path.iterdir()) == ["keep.json"]
+
+
+def test_outputs_into_special_files_and_overlong_names(tmp_path, capsys):
+    """An existing output that is not a regular file (a FIFO here; /dev/null alike) is written
+    into, not replaced by a regular file; a file name longer than the folder allows is refused
+    by flag before the simulation."""
+    import threading
+
+    fifo = tmp_path / "ff.json"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
+    reader.start()
+    assert main(["simulate", "--shape", "deepseek-v4-flash", "--ranks", "1", "--tokens", "8", "--json", str(fifo)]) == 0
+    reader.join(timeout=60)
+    assert os.path.exists(fifo) and not os.path.isfile(fifo)  # still the FIFO
+    assert json.loads(got[0])["scenario"]["tokens_per_rank"] == [8]
+    capsys.readouterr()
+    long = tmp_path / ("a" * 260 + ".json")
+    assert main(["simulate", "--shape", "deepseek-v4-flash", "--tokens", "8", "--json", str(long)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "megamoe: error: --json: expected a file name of at most 255 bytes, got 265 bytes"]
+    assert sorted(os.listdir(tmp_path)) == ["ff.json"]
+
+
+def test_compare_json_writes_null_not_nan(tmp_path, capsys):
+    """A comparison whose per-kind error is undefined (no matched intervals: a kernel trace
+    whose stored routing is all masked) is written as JSON null, never the non-JSON NaN."""
+
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "benchmarks" / "traces" / "kernel_flash_ep1_t1.npz"
+    z = dict(np.load(src, allow_pickle=False))
+    z["topk_idx_0"] = np.full_like(z["topk_idx_0"], -1)  # the re-simulation matches none of its kinds
+    p = tmp_path / "t.npz"
+    np.savez(p, **z)
+    out = tmp_path / "c.json"
+    rc = main(["compare", str(p), "--json", str(out)])
+    text = out.read_text()
+    assert rc == 0 and "NaN" not in text and json.loads(text)["median_kind_error"] is None
+    json.loads(text, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))

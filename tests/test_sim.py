@@ -402,3 +402,18 @@ def test_calendar_budget_refuses_runaway_simulated_time(monkeypatch):
     monkeypatch.setattr(eng, "MAX_CALENDAR_BUCKETS", 3 * 4096)  # HBM, egress, ingress: no room to grow
     with pytest.raises(InputError, match=r"^simulated time: expected at most 12288 bandwidth-calendar buckets"):
         eng.simulate(Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=8192))  # ~1.6 ms
+
+
+def test_simulate_argument_types():
+    """simulate() takes a Scenario and optionally a Hardware or a preset name / TOML path;
+    anything else is a one-line InputError (they were AttributeErrors)."""
+    sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=8)
+    assert simulate(sc, "h200").hardware.name == simulate(sc, load_hardware("h200")).hardware.name == "H200"
+    for args, msg in [((None,), "scenario: expected a megamoe.scenario.Scenario, got NoneType"),
+                      (({},), "scenario: expected a megamoe.scenario.Scenario, got dict"),
+                      ((sc, 3), "hardware: expected a sim.hardware.Hardware, a preset name or a .toml path, got int")]:
+        with pytest.raises(InputError) as e:
+            simulate(*args)
+        assert str(e.value) == msg
+    with pytest.raises(InputError, match=r"^hardware: expected a preset name or a \.toml path, got NoneType$"):
+        load_hardware(None)
