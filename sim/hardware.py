@@ -305,7 +305,7 @@ def load_hardware(spec: str) -> Hardware:
     p = PRESET_DIR / f"{spec.lower()}.toml"
     if not p.exists():
         p = Path(spec)
-        require(spec.endswith(".toml") or os.sep in spec, "hardware",
+        require(spec.lower().endswith(".toml") or os.sep in spec, "hardware",
                 f"a preset ({', '.join(preset_names())}) or a .toml path", spec)
         require(p.is_file(), "hardware", "an existing TOML file", spec)
     try:

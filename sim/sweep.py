@@ -10,16 +10,32 @@ figure must stay in its range (``sim.hardware.FIGURE_RANGES``); every grid point
 hardware is checked before any point runs or anything is written, and the first one out of
 range refuses the whole sweep, naming the axis.
 
-Runs in parallel over local cores (``concurrent.futures``) with a progress bar, appends
-every finished point to ``points.jsonl`` (so an interrupted sweep resumes where it stopped),
-and writes ``results.csv``, ``results.parquet`` and one PNG per swept axis (mean predicted
-time against the axis, other axes averaged).  ``address`` runs the points on a Dask
-(``tcp://...``) or Ray (``ray://...``) cluster instead (those packages are optional).
+Runs in parallel over local cores (``concurrent.futures``; at most :func:`max_jobs` worker
+processes, 4 per CPU, and never more than there are points to run) with a progress bar,
+appends every finished *valid* point to ``points.jsonl`` (so an interrupted sweep resumes
+where it stopped), and writes ``results.csv``, ``results.parquet`` and one PNG per swept axis
+(mean predicted time against the axis, other axes averaged).  ``address`` runs the points on
+a Dask (``tcp://...``) or Ray (``ray://...``) cluster instead (those packages are optional;
+the cluster's own workers run the points, so ``jobs`` is refused with it).
+
+Resume log (``points.jsonl``): one JSON object per line, a point's row plus ``_key``, its
+identity: the point, the base scenario and a SHA-256 of the bytes of every input file they
+name (hardware TOML, presets included; routing ``file:`` arrays, each ``{rank}`` file; policy
+``.py`` files), so a point is reused only while its inputs' contents are unchanged.  The rule
+that keeps a failed sweep from changing the log: only valid points are journaled.  An
+invalid point (its row carries ``error``) fails fast and is recomputed on every run, so a
+sweep with no valid point writes nothing (and leaves an earlier log byte for byte as it was).
+The base hardware is loaded (and refused if bad) before the log is read, and the whole log
+is checked before any point runs: a line that is not such an object (cut off, not UTF-8, no
+``_key``, a missing result field) refuses the sweep with one error naming the file and the
+line, never skipped; ``--no-resume`` (``resume=False``) ignores the log and replaces it once
+a point is valid.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import itertools
 import json
 import math
@@ -41,6 +57,16 @@ INT_AXES = {"tokens", "ranks", "seed", "experts_per_wave", "block_m", "pool_toke
             "reserved_sms", "max_tokens"}
 RESULT_KEYS = ("time_us", "tflops", "hbm_gbs", "nvlink_gbs", "t_reduction_us", "overlap_efficiency",
                "speedup_vs_legacy")
+#: The fields a row has besides its axes (in this order), and so every line of points.jsonl.
+ROW_FIELDS = (*RESULT_KEYS, "experts_per_wave_r0", "block_m_r0", "error")
+#: Local worker processes per CPU at most (``jobs``): more only add memory (each worker holds
+#: a Python interpreter and the simulator), not speed.
+JOBS_PER_CPU = 4
+
+
+def max_jobs() -> int:
+    """The most local worker processes a sweep takes: ``JOBS_PER_CPU`` x the CPU count."""
+    return JOBS_PER_CPU * (os.cpu_count() or 1)
 
 
 def parse_values(axis: str, text: str) -> list:
@@ -172,10 +198,125 @@ def grid(axes: dict[str, list]) -> list[dict]:
     return [dict(zip(names, combo)) for combo in itertools.product(*(axes[n] for n in names))]
 
 
-def point_key(point: dict, base: dict) -> str:
-    """Identity of a finished point for resuming: the point and the base it ran on (a sweep
-    resumed with other base options, e.g. another --hardware, recomputes every point)."""
-    return json.dumps({"base": base, "point": point}, sort_keys=True, default=str)
+def _file_digest(path: str, cache: dict) -> str:
+    """SHA-256 of a file's bytes (``missing`` / ``unreadable (...)`` when it cannot be read:
+    the point then fails when it runs, and a later run with the file back recomputes it)."""
+    if path not in cache:
+        try:
+            h = hashlib.sha256()
+            with open(path, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+            cache[path] = h.hexdigest()
+        except FileNotFoundError:
+            cache[path] = "missing"
+        except OSError as exc:
+            cache[path] = f"unreadable ({exc.strerror or type(exc).__name__})"
+    return cache[path]
+
+
+def input_files(kw: dict) -> list[str]:
+    """The files a point's scenario keyword arguments read: the hardware TOML (a preset is a
+    file too, resolved as :func:`sim.hardware.load_hardware` does), a ``file:`` routing's
+    array(s) (each ``{rank}`` expansion) and ``file.py:Class`` policies.  Values that do not
+    parse name no file (the point fails when it runs)."""
+    from megamoe.policies import BUILTINS
+    from megamoe.routing import RoutingSpec
+    from megamoe.scenario import MAX_RANKS_X_EXPERTS, Scenario
+
+    from .hardware import PRESET_DIR
+
+    files = []
+    hw = kw.get("hardware") or Scenario.__dataclass_fields__["hardware"].default
+    if isinstance(hw, str):
+        preset = PRESET_DIR / f"{hw.lower()}.toml"
+        files.append(str(preset) if preset.exists() else hw)
+    routing = kw.get("routing", "uniform")
+    try:
+        spec = RoutingSpec.parse(routing) if isinstance(routing, str) else routing
+    except InputError:
+        spec = None
+    if getattr(spec, "kind", None) == "file" and isinstance(spec.path, str):
+        if "{rank}" in spec.path:
+            n = kw.get("num_ranks", Scenario.__dataclass_fields__["num_ranks"].default)
+            n = n if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_RANKS_X_EXPERTS else 0
+            files += [spec.path.replace("{rank}", str(r)) for r in range(n)]
+        else:
+            files.append(spec.path)
+    for pol in kw.get("policies") or []:
+        if isinstance(pol, str) and pol.partition(":")[0] not in BUILTINS:
+            mod = pol.rpartition(":")[0]
+            if mod.endswith(".py"):
+                files.append(mod)
+    return files
+
+
+def point_key(point: dict, base: dict, digests: dict | None = None) -> str:
+    """Identity of a finished point for resuming: the point, the base it ran on and the
+    SHA-256 of every input file they name (:func:`input_files`).  A sweep resumed with other
+    base options (another --hardware) or after an input file changed recomputes the points
+    concerned.  ``digests`` caches the hashes by path (one sweep reads each file once)."""
+    digests = {} if digests is None else digests
+    try:
+        kw = _split_point(point, base)[0]
+    except InputError:  # two scale axes on one figure: refused before this is called
+        kw = dict(base)
+    files = {p: _file_digest(p, digests) for p in input_files(kw)}
+    return json.dumps({"base": base, "point": point, "files": files}, sort_keys=True, default=str)
+
+
+def read_log(log: str) -> dict[str, dict]:
+    """The valid points of a resume log: ``_key`` -> the row's :data:`ROW_FIELDS` (its axis
+    values come from the point the key matches).  Rows with an ``error`` (written by earlier
+    versions) are left out: invalid points are recomputed.
+
+    Raises:
+        InputError: on ``<log>``: the file cannot be read, or a line (named by its number) is
+            not UTF-8, not a JSON object, has no string ``_key``, lacks a result field or
+            holds a result that is not a number.
+    """
+    expected = ("one JSON object per line as megamoe sweep writes it (delete or fix the line, or "
+                "rerun with --no-resume to start the log over)")
+    try:
+        with open(log, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise InputError(log, "a readable resume log (or rerun with --no-resume)",
+                         f"{exc.strerror or type(exc).__name__}") from None
+    done: dict[str, dict] = {}
+    for n, raw in enumerate(data.split(b"\n"), 1):
+        def bad(what: str) -> InputError:
+            return InputError(log, expected, f"line {n}: {what}")
+
+        try:
+            line = raw.decode("utf-8").strip()
+        except UnicodeDecodeError as exc:
+            raise bad(f"byte 0x{raw[exc.start]:02x} at column {exc.start + 1} is not UTF-8") from None
+        if not line:
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise bad(f"not JSON, e.g. cut off ({exc.msg} at column {exc.colno})") from None
+        if not isinstance(row, dict):
+            raise bad(f"a JSON {type(row).__name__ if not isinstance(row, list) else 'array'}, not an object")
+        key = row.pop("_key", None)
+        if not isinstance(key, str):
+            raise bad("no _key" if key is None else "a _key that is not a string")
+        missing = [k for k in ROW_FIELDS if k not in row]
+        if missing:
+            raise bad(f"no {', '.join(missing)}")
+        if not isinstance(row["error"], str):
+            raise bad("an error field that is not a string")
+        if row["error"]:
+            continue
+        for k in ROW_FIELDS[:-1]:
+            v = row[k]
+            if not (v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))) or \
+                    (k == "time_us" and v is None):
+                raise bad(f"{k} {json.dumps(v)} is not a number")
+        done[key] = {k: row[k] for k in ROW_FIELDS}  # a reused row takes its axes from its point
+    return done
 
 
 def run_point(point: dict, base: dict) -> dict:

@@ -176,3 +176,10 @@ def test_scaled_names_the_users_axis_and_keeps_types():
         hw.scaled({"hbm_gbs": "sweep.hbm_scale"}, hbm_gbs=1e-6)
     s = hw.scaled(hbm_gbs=0.5, smem_per_block_bytes=0.5)
     assert s.hbm_gbs == 4000.0 and s.smem_per_block_bytes == 116224 and isinstance(s.smem_per_block_bytes, int)
+
+
+def test_toml_suffix_is_case_blind(tmp_path):
+    """A hardware file named X.TOML loads like x.toml (output suffixes are case-blind too)."""
+    p = tmp_path / "MY.TOML"
+    p.write_text((PRESET_DIR / "h200.toml").read_text())
+    assert load_hardware(str(p)).num_sms == load_hardware("h200").num_sms == 132
