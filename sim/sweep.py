@@ -377,11 +377,12 @@ def _executor_map(points, base, jobs, address):
         finally:
             client.close()
         return
-    if jobs <= 1:
+    workers = min(jobs, len(points))  # no idle workers: each one is a process with its own memory
+    if workers <= 1:
         for p in points:
             yield run_point(p, base)
         return
-    with ProcessPoolExecutor(max_workers=jobs) as ex:
+    with ProcessPoolExecutor(max_workers=workers) as ex:
         futs = [ex.submit(run_point, p, base) for p in points]
         for f in as_completed(futs):
             yield f.result()
@@ -395,50 +396,60 @@ def sweep(axes: dict[str, list], base: dict, out_dir: str, jobs: int | None = No
         axes: axis name -> values (see :func:`parse_values`).
         base: :class:`megamoe.scenario.Scenario` keyword arguments shared by every point.
         out_dir: folder for ``points.jsonl``, ``results.csv``, ``results.parquet``, PNGs.
-        jobs: local worker processes (default: CPU count).
-        resume: skip points already in ``points.jsonl``.
+        jobs: local worker processes (default: CPU count), at most :func:`max_jobs`; no more
+            are started than there are points to run.  Not with ``address``.
+        resume: skip points already in ``points.jsonl`` (same point, base and input files'
+            contents: :func:`point_key`).
         address: Dask scheduler (``tcp://host:port``) or Ray (``ray://host:port``) address.
 
-    Nothing is written (not even ``out_dir``) before a valid point has finished: a sweep
-    whose points are all invalid leaves no folder or file behind (and an earlier
-    ``points.jsonl`` as it was).
+    Nothing is written (not even ``out_dir``) before a valid point has finished, and only
+    valid points are journaled: a sweep whose points are all invalid leaves no folder or
+    file behind (and an earlier ``points.jsonl`` byte for byte as it was).
 
     Raises:
-        InputError: more than :data:`MAX_POINTS` points, a point whose scaled hardware
-            leaves a figure's range (checked before anything runs, see
-            :func:`check_scaled_hardware`), or no valid point (the first point's error is
-            quoted).
+        InputError: ``jobs`` out of range (``sweep --jobs``), more than :data:`MAX_POINTS`
+            points, a point whose scaled hardware leaves a figure's range (checked before
+            anything runs, see :func:`check_scaled_hardware`), a base hardware that does not
+            load (``hardware``), a bad line in ``points.jsonl`` (:func:`read_log`), or no
+            valid point (the first point's error is quoted).
     """
+    bound = max_jobs()
+    if jobs is not None:
+        require(isinstance(jobs, int) and not isinstance(jobs, bool) and 1 <= jobs <= bound, "sweep --jobs",
+                f"an integer in [1, {bound}] ({JOBS_PER_CPU} x the {os.cpu_count() or 1} CPUs)", jobs)
+        require(not address, "sweep --jobs", "no --jobs with --address (the cluster's own workers run the points)",
+                jobs)
     log = os.path.join(out_dir, "points.jsonl")
     points = grid(axes)
     check_scaled_hardware(points, base)
+    if "hardware" not in axes:  # one hardware for every point: a bad one refuses the sweep now
+        from megamoe.scenario import Scenario
+
+        from .hardware import load_hardware
+
+        load_hardware(base.get("hardware") or Scenario.__dataclass_fields__["hardware"].default)
+    digests: dict[str, str] = {}  # each input file hashed once, before any point runs
+    keys = [point_key(p, base, digests) for p in points]
+    key_of = {json.dumps(p, sort_keys=True, default=str): k for p, k in zip(points, keys)}
     done: dict[str, dict] = {}
     if resume and os.path.exists(log):
-        with open(log) as f:
-            for line in f:
-                line = line.strip()
-                if line:
-                    row = json.loads(line)
-                    done[row.pop("_key")] = row
-    todo = [p for p in points if point_key(p, base) not in done]
+        old = read_log(log)
+        done = {k: {**p, **old[k]} for p, k in zip(points, keys) if k in old}
+    todo = [p for p, k in zip(points, keys) if k not in done]
     jobs = jobs or os.cpu_count() or 1
     rows_iter = _executor_map(todo, base, jobs, address)
-    pending: list[str] = []  # log lines held back until a valid point makes the sweep worth a folder
-    valid = any(not r["error"] for r in done.values())
     mode = "a" if resume else "w"  # a fresh sweep replaces an earlier log, once it has a valid point
 
     def record(row: dict) -> None:
-        nonlocal valid, mode
-        key = point_key({k: row[k] for k in axes}, base)
+        nonlocal mode
+        key = key_of[json.dumps({k: row[k] for k in axes}, sort_keys=True, default=str)]
         done[key] = row
-        pending.append(json.dumps({"_key": key, **row}) + "\n")
-        valid = valid or not row["error"]
-        if valid:
-            os.makedirs(out_dir, exist_ok=True)
-            with open(log, mode) as f:
-                f.writelines(pending)
-            pending.clear()
-            mode = "a"
+        if row["error"]:  # invalid points are not journaled: recomputed (fast) on every run
+            return
+        os.makedirs(out_dir, exist_ok=True)
+        with open(log, mode) as f:
+            f.write(json.dumps({"_key": key, **row}) + "\n")
+        mode = "a"
 
     if progress and todo:
         from rich.progress import Progress
@@ -451,7 +462,7 @@ def sweep(axes: dict[str, list], base: dict, out_dir: str, jobs: int | None = No
     else:
         for row in rows_iter:
             record(row)
-    rows = [done[point_key(p, base)] for p in points if point_key(p, base) in done]
+    rows = [done[k] for k in keys if k in done]
     bad = [r for r in rows if r["error"]]
     if bad and len(bad) == len(rows):
         raise InputError("sweep", "at least one valid point", f"none ({bad[0]['error']})")

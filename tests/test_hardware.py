@@ -178,8 +178,9 @@ def test_scaled_names_the_users_axis_and_keeps_types():
     assert s.hbm_gbs == 4000.0 and s.smem_per_block_bytes == 116224 and isinstance(s.smem_per_block_bytes, int)
 
 
-def test_toml_suffix_is_case_blind(tmp_path):
-    """A hardware file named X.TOML loads like x.toml (output suffixes are case-blind too)."""
-    p = tmp_path / "MY.TOML"
-    p.write_text((PRESET_DIR / "h200.toml").read_text())
-    assert load_hardware(str(p)).num_sms == load_hardware("h200").num_sms == 132
+def test_toml_suffix_is_case_blind(tmp_path, monkeypatch):
+    """A hardware file named X.TOML (relative, no folder) loads like x.toml (output suffixes
+    are case-blind too)."""
+    (tmp_path / "MY.TOML").write_text((PRESET_DIR / "h200.toml").read_text())
+    monkeypatch.chdir(tmp_path)
+    assert load_hardware("MY.TOML").num_sms == load_hardware("h200").num_sms == 132
