@@ -141,13 +141,20 @@ def scenario_from_meta(trace: Trace):
         fixed[key] = v
     for key in ("hardware", "design", "l2_wait"):
         require(isinstance(meta.get(key, ""), str), f"trace.meta.{key}", "a string", meta.get(key))
-    return Scenario(shape=shape, num_ranks=R,
-                    max_tokens_per_rank=num("max_tokens_per_rank") if meta.get("max_tokens_per_rank")
-                    else max(1, max(len(t) for t in ids)),
-                    hardware=meta.get("hardware", "h200"), design=meta.get("design", "megamoe-sm90"),
-                    **fixed,
-                    l2_wait=meta.get("l2_wait", "k_block"),
-                    topk_idx=ids)
+    keys = {"max_tokens": "max_tokens_per_rank", "tokens": "tokens_per_rank", "ranks": "num_ranks",
+            "block_m": "plan.block_m", "experts_per_wave": "plan.experts_per_wave"}
+    try:
+        return Scenario(shape=shape, num_ranks=R,
+                        max_tokens_per_rank=num("max_tokens_per_rank") if meta.get("max_tokens_per_rank")
+                        else max(1, max(len(t) for t in ids)),
+                        hardware=meta.get("hardware", "h200"), design=meta.get("design", "megamoe-sm90"),
+                        **fixed,
+                        l2_wait=meta.get("l2_wait", "k_block"),
+                        topk_idx=ids)
+    except InputError as e:  # name the trace's own key, not the Scenario field it went into
+        if e.field.startswith("trace."):
+            raise
+        raise InputError(f"trace.meta.{keys.get(e.field, e.field)}", e.expected, e.got) from None
 
 
 def launch_skew_from_trace(trace: Trace) -> list[float]:

@@ -197,6 +197,10 @@ def test_bad_stored_routing_or_meta_is_refused(tmp_path, capsys):
          "trace.meta.tokens_per_rank: expected the stored routing's token counts [96, 40], got [96, 41]"),
         (_variant(tmp_path, z, "bm", meta_json=np.array(json.dumps({**meta, "plan": {**meta["plan"], "block_m": "16"}}))),
          "trace.meta.plan.block_m: expected an integer >= 1, got 16"),
+        (_variant(tmp_path, z, "design", meta_json=np.array(json.dumps({**meta, "design": "bogus"}))),
+         "trace.meta.design: expected deepgemm-sm100 or megamoe-sm90, got bogus"),
+        (_variant(tmp_path, z, "maxtok", meta_json=np.array(json.dumps({**meta, "max_tokens_per_rank": 50}))),
+         "trace.meta.tokens_per_rank: expected <= max_tokens (50), got 96"),
     ]
     for path, line in cases:
         assert _compare_line(path, capsys) == (2, [f"megamoe: error: {line}"]), path
