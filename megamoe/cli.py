@@ -516,8 +516,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "separated by ';' when one is a custom E,k,H,I; repeatable")
     w.add_argument("--out", type=_out_dir, default="sweep-out",
                    help="output folder (default sweep-out; made once a point is valid)")
-    w.add_argument("--jobs", type=_positive, default=None, help="local worker processes")
-    w.add_argument("--no-resume", action="store_true", help="ignore points.jsonl from an earlier run")
+    w.add_argument("--jobs", type=_positive, default=None,
+                   help="local worker processes, at most 4 x the CPUs (default: the CPUs; none with --address)")
+    w.add_argument("--no-resume", action="store_true",
+                   help="ignore points.jsonl from an earlier run (a point is reused only when its scenario and "
+                        "the contents of the files it names are unchanged)")
     w.add_argument("--address", help="Dask (tcp://host:port) or Ray (ray://host:port) cluster address")
     w.set_defaults(func=cmd_sweep)
     c = sub.add_parser("compare", help="simulate a kernel trace's scenario and compare the timelines")

@@ -285,7 +285,7 @@ def read_log(log: str) -> dict[str, dict]:
                          f"{exc.strerror or type(exc).__name__}") from None
     done: dict[str, dict] = {}
     for n, raw in enumerate(data.split(b"\n"), 1):
-        def bad(what: str) -> InputError:
+        def bad(what: str, n: int = n) -> InputError:
             return InputError(log, expected, f"line {n}: {what}")
 
         try:
@@ -297,7 +297,7 @@ def read_log(log: str) -> dict[str, dict]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise bad(f"not JSON, e.g. cut off ({exc.msg} at column {exc.colno})") from None
+            raise bad(f"not JSON, e.g. cut off ({exc.msg}, column {exc.colno})") from None
         if not isinstance(row, dict):
             raise bad(f"a JSON {type(row).__name__ if not isinstance(row, list) else 'array'}, not an object")
         key = row.pop("_key", None)

@@ -1,6 +1,7 @@
 """megamoe sweep: grid parsing, parallel run, resume, outputs, bad axes."""
 
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -227,3 +228,186 @@ def test_write_outputs_all_or_nothing(tmp_path):
     write_outputs(rows, ["tokens"], str(tmp_path))
     assert (tmp_path / "results.csv").read_text().splitlines() == ["tokens,time_us", "8,10.0", "64,30.0"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.csv", "results.parquet", "time_us_vs_tokens.png"]
+
+
+def test_jobs_is_bounded_and_no_idle_worker_is_started(tmp_path, monkeypatch, capsys):
+    """`--jobs 100000` used to start one process per job (thousands, 23 GB): jobs above
+    JOBS_PER_CPU x CPUs are refused before anything runs, and no more workers start than
+    there are points to run."""
+    import os
+
+    from sim import sweep as S
+
+    bound = S.max_jobs()
+    assert bound == S.JOBS_PER_CPU * (os.cpu_count() or 1)
+    out = tmp_path / "j"
+    for jobs in (bound + 1, 0, -1, True, 2.0):
+        with pytest.raises(InputError, match=rf"^sweep --jobs: expected an integer in \[1, {bound}\] "
+                                             rf"\({S.JOBS_PER_CPU} x the {os.cpu_count() or 1} CPUs\), got "):
+            sweep({"tokens": [4]}, BASE, str(out), jobs=jobs, progress=False)
+    with pytest.raises(InputError, match=r"^sweep --jobs: expected no --jobs with --address \(the cluster's own "
+                                         r"workers run the points\), got 2$"):
+        sweep({"tokens": [4]}, BASE, str(out), jobs=2, address="tcp://127.0.0.1:1", progress=False)
+    assert main(["sweep", "--shape", "deepseek-v4-flash", "--set", "tokens=4", "--out", str(out),
+                 "--jobs", str(bound + 1)]) == 2
+    assert capsys.readouterr().err.splitlines() == [(
+        f"megamoe: error: sweep --jobs: expected an integer in [1, {bound}] ({S.JOBS_PER_CPU} x the "
+        f"{os.cpu_count() or 1} CPUs), got {bound + 1}")]
+    assert not out.exists()
+    # at most one worker per point to run: two points with `bound` jobs start two workers; a
+    # resumed sweep with one point left runs it in this process
+    started = []
+    real = S.ProcessPoolExecutor
+
+    def recording(max_workers):
+        started.append(max_workers)
+        return real(max_workers=max_workers)
+
+    monkeypatch.setattr(S, "ProcessPoolExecutor", recording)
+    sweep({"tokens": [4, 8]}, BASE, str(out), jobs=bound, progress=False)
+    lines = (out / "points.jsonl").read_text().splitlines()
+    (out / "points.jsonl").write_text(lines[0] + "\n")
+    sweep({"tokens": [4, 8]}, BASE, str(out), jobs=bound, progress=False)
+    assert started == [2] if bound >= 2 else started == []
+
+
+def _set_hbm(path, value):
+    """The hardware TOML with its first ``hbm_gbs = ...`` line set to ``value``."""
+    lines = path.read_text().splitlines()
+    i = next(i for i, x in enumerate(lines) if x.startswith("hbm_gbs ="))
+    lines[i] = f"hbm_gbs = {value}"
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_resume_key_holds_the_input_files_contents(tmp_path, capsys):
+    """The resume key held only path strings: a hardware TOML edited between two runs gave the
+    first run's times (137 us instead of 1213 us), and an invalid one was never read.  The key
+    now holds each input file's SHA-256, and the base hardware is loaded before resuming."""
+    from sim.hardware import PRESET_DIR
+
+    hw = tmp_path / "my.toml"
+    hw.write_bytes((PRESET_DIR / "h200.toml").read_bytes())
+    base = {**BASE, "hardware": str(hw)}
+    out = tmp_path / "sr"
+    r1 = sweep({"tokens": [8, 64]}, base, str(out), jobs=1, progress=False)
+    _set_hbm(hw, 400.0)
+    r2 = sweep({"tokens": [8, 64]}, base, str(out), jobs=1, progress=False)
+    fresh = sweep({"tokens": [8, 64]}, base, str(tmp_path / "fresh"), jobs=1, progress=False)
+    assert [r["time_us"] for r in r2] == [r["time_us"] for r in fresh]
+    assert all(b["time_us"] > 2 * a["time_us"] for a, b in zip(r1, r2))
+    assert len((out / "points.jsonl").read_text().splitlines()) == 4
+    # unchanged contents: every point is reused
+    r3 = sweep({"tokens": [8, 64]}, base, str(out), jobs=1, progress=False)
+    assert r3 == r2 and len((out / "points.jsonl").read_text().splitlines()) == 4
+    # an invalid TOML refuses the resumed sweep (exit 2), the log stays as it was
+    log = (out / "points.jsonl").read_bytes()
+    hw.write_text("garbage\n")
+    with pytest.raises(InputError, match=r"^hardware: expected valid TOML, got .*my.toml: "):
+        sweep({"tokens": [8, 64]}, base, str(out), jobs=1, progress=False)
+    assert main(["sweep", "--shape", "deepseek-v4-flash", "--ranks", "4", "--hardware", str(hw),
+                 "--set", "tokens=8,64", "--out", str(out), "--jobs", "1"]) == 2
+    assert capsys.readouterr().err.startswith(f"megamoe: error: hardware: expected valid TOML, got {hw}: ")
+    assert (out / "points.jsonl").read_bytes() == log
+
+
+def test_resume_key_holds_routing_and_policy_files(tmp_path):
+    """A `file:` routing (each {rank} file too) and a policy .py file are in the key by content."""
+    import numpy as np
+
+    from sim.sweep import point_key
+
+    rng = np.random.default_rng(0)
+
+    def ids(hot):  # 16 tokens x top-6 distinct experts, `hot` experts in every token
+        return np.stack([np.concatenate([np.arange(hot), rng.choice(np.arange(hot, 256), 6 - hot, replace=False)])
+                         for _ in range(16)]).astype(np.int64)
+
+    f = tmp_path / "ids.npy"
+    np.save(f, np.stack([ids(0) for _ in range(4)]))
+    base = {**BASE, "routing": f"file:{f}"}
+    out = tmp_path / "sw"
+    r1 = sweep({"reserved_sms": [0, 8]}, base, str(out), jobs=1, progress=False)
+    np.save(f, np.stack([ids(6) for _ in range(4)]))  # every token on experts 0..5 (rank 0)
+    r2 = sweep({"reserved_sms": [0, 8]}, base, str(out), jobs=1, progress=False)
+    fresh = sweep({"reserved_sms": [0, 8]}, base, str(tmp_path / "fresh"), jobs=1, progress=False)
+    assert [r["time_us"] for r in r2] == [r["time_us"] for r in fresh] != [r["time_us"] for r in r1]
+    # {rank}: every rank's file counts
+    for r in range(4):
+        np.save(tmp_path / f"ids{r}.npy", ids(0))
+    rb = {**BASE, "routing": f"file:{tmp_path}/ids{{rank}}.npy"}
+    k1 = point_key({"tokens": 16}, rb)
+    np.save(tmp_path / "ids3.npy", ids(6))
+    assert point_key({"tokens": 16}, rb) != k1
+    (tmp_path / "ids3.npy").unlink()
+    assert point_key({"tokens": 16}, rb) != k1
+    # a policy .py file, on the base or the policy axis
+    pol = tmp_path / "pol.py"
+    pol.write_text("class P:\n    def experts_per_wave(self, ctx):\n        return 2\n")
+    k_axis, k_base = point_key({"policy": f"{pol}:P"}, BASE), point_key({"tokens": 4}, {**BASE, "policies": [f"{pol}:P"]})
+    pol.write_text("class P:\n    def experts_per_wave(self, ctx):\n        return 4\n")
+    assert point_key({"policy": f"{pol}:P"}, BASE) != k_axis
+    assert point_key({"tokens": 4}, {**BASE, "policies": [f"{pol}:P"]}) != k_base
+    # built-in names and presets: stable keys
+    assert point_key({"policy": "fixed-waves:2"}, BASE) == point_key({"policy": "fixed-waves:2"}, BASE)
+
+
+def _corrupt(lines):
+    """Corruptions of a two-point log: (bytes, the message's end)."""
+    row0 = json.loads(lines[0])
+    no_time = {k: v for k, v in row0.items() if k != "time_us"}
+    good = "\n".join(lines).encode() + b"\n"
+    return [
+        (good[:100], "line 1: not JSON, e.g. cut off (Unterminated string starting at, column "),
+        (good + b'{"a": 1}\n', "line 3: no _key"),
+        (good + b"[1, 2]\n", "line 3: a JSON array, not an object"),
+        (good + b"\xff\n", "line 3: byte 0xff at column 1 is not UTF-8"),
+        ((json.dumps(no_time) + "\n" + lines[1] + "\n").encode(), "line 1: no time_us"),
+        ((lines[0] + "\n" + json.dumps({**json.loads(lines[1]), "time_us": "x"}) + "\n").encode(),
+         'line 2: time_us "x" is not a number'),
+    ]
+
+
+def test_corrupt_log_is_one_error_naming_the_line(tmp_path, capsys):
+    """A cut-off, non-object, non-UTF-8 or incomplete line in points.jsonl used to crash with a
+    traceback (JSONDecodeError, KeyError, TypeError, UnicodeDecodeError): now one InputError
+    naming the file and the line, exit 2, nothing changed; --no-resume starts over."""
+    out = tmp_path / "c"
+    cmd = ["sweep", "--shape", "deepseek-v4-flash", "--ranks", "4", "--set", "tokens=4,8", "--out", str(out),
+           "--jobs", "1"]
+    assert main(cmd) == 0
+    lines = (out / "points.jsonl").read_text().splitlines()
+    csv_before = (out / "results.csv").read_bytes()
+    capsys.readouterr()
+    log = out / "points.jsonl"
+    prefix = (f"{log}: expected one JSON object per line as megamoe sweep writes it (delete or fix the line, "
+              "or rerun with --no-resume to start the log over), got ")
+    for data, what in _corrupt(lines):
+        log.write_bytes(data)
+        assert main(cmd) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and err[0].startswith("megamoe: error: " + prefix + what), err
+        assert log.read_bytes() == data and (out / "results.csv").read_bytes() == csv_before
+        with pytest.raises(InputError, match="^" + re.escape(prefix + what)):
+            sweep({"tokens": [4, 8]}, {**BASE}, str(out), jobs=1, progress=False)
+    assert main([*cmd, "--no-resume"]) == 0
+    assert len(log.read_text().splitlines()) == 2
+
+
+def test_failed_sweep_leaves_the_log_byte_for_byte(tmp_path):
+    """A sweep with no valid point (fixed-waves:1000) appended its error row to an existing
+    points.jsonl: invalid points are not journaled now (recomputed on each run)."""
+    out = tmp_path / "sr"
+    sweep({"tokens": [4, 8]}, BASE, str(out), jobs=1, progress=False)
+    log = (out / "points.jsonl").read_bytes()
+    csv_before = (out / "results.csv").read_bytes()
+    with pytest.raises(InputError, match=r"^sweep: expected at least one valid point, got none \(policy "
+                                         r"fixed-waves:1000: expected N in \[1, "):
+        sweep({"tokens": [4, 8], "policy": ["fixed-waves:1000"]}, BASE, str(out), jobs=1, progress=False)
+    assert (out / "points.jsonl").read_bytes() == log and (out / "results.csv").read_bytes() == csv_before
+    # a sweep with valid and invalid points journals only the valid ones, and returns both
+    rows = sweep({"tokens": [4], "experts_per_wave": [1, 999]}, BASE, str(out), jobs=1, progress=False)
+    assert [bool(r["error"]) for r in rows] == [False, True]
+    logged = [json.loads(x) for x in (out / "points.jsonl").read_text().splitlines()]
+    assert len(logged) == 3 and all(r["error"] == "" for r in logged)
+    again = sweep({"tokens": [4], "experts_per_wave": [1, 999]}, BASE, str(out), jobs=1, progress=False)
+    assert again == rows and len((out / "points.jsonl").read_text().splitlines()) == 3
