@@ -921,8 +921,9 @@ class Gen:
             ax.set_ylabel("time per call (us)")
             ax.legend(fontsize=7)
             ax.set_title(f"Committed measurements: {Path(f).name}", fontsize=9)
-            self.fig("kernel_times", fig)
-            out.append("![Measured and simulated time per call](generated/kernel_times.png)\n")
+            name = f"kernel_times_{Path(f).stem}"  # one figure per results file
+            self.fig(name, fig)
+            out.append(f"![Measured and simulated time per call](generated/{name}.png)\n")
         if traces:
             f, d = traces[0]
             ev = [e for e in d["traceEvents"] if e.get("ph") == "X"]
