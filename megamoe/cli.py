@@ -64,7 +64,14 @@ def _out_path(*suffixes: str):
 
 
 def _out_dir(text: str) -> str:
-    """An output folder: an existing folder, or a new one under an existing folder (not a file)."""
+    """An output folder: an existing folder, or a new one under an existing folder (not a file),
+    each name in it short enough for its file system."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a folder (existing or new), got an empty path")
+    for part in os.path.normpath(text).split(os.sep):
+        if len(os.fsencode(part)) > 255:  # NAME_MAX of Linux file systems
+            raise argparse.ArgumentTypeError(f"expected folder names of at most 255 bytes, got one of "
+                                             f"{len(os.fsencode(part))} bytes")
     path = os.path.abspath(text)
     while not os.path.exists(path):  # the nearest part of the path that exists must be a folder
         path = os.path.dirname(path)

@@ -40,6 +40,7 @@ import itertools
 import json
 import math
 import os
+import stat
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
 from megamoe.errors import InputError, require
@@ -278,6 +279,9 @@ def read_log(log: str) -> dict[str, dict]:
     expected = ("one JSON object per line as megamoe sweep writes it (delete or fix the line, or "
                 "rerun with --no-resume to start the log over)")
     try:
+        if not stat.S_ISREG(os.stat(log).st_mode):  # a pipe or device would block or never end
+            raise InputError(log, "a regular file as the resume log (or rerun with --no-resume)",
+                             "not a regular file")
         with open(log, "rb") as f:
             data = f.read()
     except OSError as exc:
@@ -315,8 +319,19 @@ def read_log(log: str) -> dict[str, dict]:
             if not (v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))) or \
                     (k == "time_us" and v is None):
                 raise bad(f"{k} {json.dumps(v)} is not a number")
+            if v is not None and not (math.isfinite(v) and v >= 0):  # results are finite and >= 0
+                raise bad(f"{k} {json.dumps(v)} is not a finite number >= 0")
         done[key] = {k: row[k] for k in ROW_FIELDS}  # a reused row takes its axes from its point
     return done
+
+
+def _quiet_sigint() -> None:
+    """A worker process ends at once and silently on Ctrl-C (the parent prints one line and
+    exits 130; each worker used to print a KeyboardInterrupt traceback).  Ignoring it instead
+    would make the parent's pool wait for every queued point before exiting."""
+    import signal
+
+    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
 
 
 def run_point(point: dict, base: dict) -> dict:
@@ -382,7 +397,7 @@ def _executor_map(points, base, jobs, address):
         for p in points:
             yield run_point(p, base)
         return
-    with ProcessPoolExecutor(max_workers=workers) as ex:
+    with ProcessPoolExecutor(max_workers=workers, initializer=_quiet_sigint) as ex:
         futs = [ex.submit(run_point, p, base) for p in points]
         for f in as_completed(futs):
             yield f.result()
@@ -447,8 +462,13 @@ def sweep(axes: dict[str, list], base: dict, out_dir: str, jobs: int | None = No
         if row["error"]:  # invalid points are not journaled: recomputed (fast) on every run
             return
         os.makedirs(out_dir, exist_ok=True)
-        with open(log, mode) as f:
-            f.write(json.dumps({"_key": key, **row}) + "\n")
+        with open(log, mode + "b") as f:
+            if mode == "a" and f.tell() > 0:  # a log cut short without its last newline: start a line
+                with open(log, "rb") as r:
+                    r.seek(-1, os.SEEK_END)
+                    if r.read(1) != b"\n":
+                        f.write(b"\n")
+            f.write((json.dumps({"_key": key, **row}) + "\n").encode())
         mode = "a"
 
     if progress and todo:

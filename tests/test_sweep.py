@@ -1,6 +1,7 @@
 """megamoe sweep: grid parsing, parallel run, resume, outputs, bad axes."""
 
 import json
+import os
 import re
 
 import pandas as pd
@@ -259,9 +260,9 @@ def test_jobs_is_bounded_and_no_idle_worker_is_started(tmp_path, monkeypatch, ca
     started = []
     real = S.ProcessPoolExecutor
 
-    def recording(max_workers):
+    def recording(max_workers, **kw):
         started.append(max_workers)
-        return real(max_workers=max_workers)
+        return real(max_workers=max_workers, **kw)
 
     monkeypatch.setattr(S, "ProcessPoolExecutor", recording)
     sweep({"tokens": [4, 8]}, BASE, str(out), jobs=bound, progress=False)
@@ -364,6 +365,10 @@ def _corrupt(lines):
         ((json.dumps(no_time) + "\n" + lines[1] + "\n").encode(), "line 1: no time_us"),
         ((lines[0] + "\n" + json.dumps({**json.loads(lines[1]), "time_us": "x"}) + "\n").encode(),
          'line 2: time_us "x" is not a number'),
+        ((lines[0] + "\n" + json.dumps({**json.loads(lines[1]), "time_us": float("nan")}) + "\n").encode(),
+         "line 2: time_us NaN is not a finite number >= 0"),
+        ((lines[0] + "\n" + json.dumps({**json.loads(lines[1]), "time_us": -5}) + "\n").encode(),
+         "line 2: time_us -5 is not a finite number >= 0"),
     ]
 
 
@@ -411,3 +416,54 @@ def test_failed_sweep_leaves_the_log_byte_for_byte(tmp_path):
     assert len(logged) == 3 and all(r["error"] == "" for r in logged)
     again = sweep({"tokens": [4], "experts_per_wave": [1, 999]}, BASE, str(out), jobs=1, progress=False)
     assert again == rows and len((out / "points.jsonl").read_text().splitlines()) == 3
+
+
+def test_log_without_its_last_newline_fifo_log_and_bad_out_names(tmp_path, capsys):
+    """A log cut short of its last newline gets one before the next row (rows used to be glued
+    into one line); a FIFO as the log is refused (it blocked forever); an empty or over-long
+    --out name is refused before any point runs."""
+    out = tmp_path / "e"
+    assert main(["sweep", "--shape", "deepseek-v4-flash", "--set", "tokens=4", "--out", str(out), "--jobs", "1"]) == 0
+    log = out / "points.jsonl"
+    log.write_bytes(log.read_bytes()[:-1])
+    assert main(["sweep", "--shape", "deepseek-v4-flash", "--set", "tokens=4,8", "--out", str(out), "--jobs", "1"]) == 0
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["tokens"] for r in rows] == [4, 8]
+    fifo_dir = tmp_path / "f"
+    fifo_dir.mkdir()
+    os.mkfifo(fifo_dir / "points.jsonl")
+    capsys.readouterr()
+    assert main(["sweep", "--shape", "deepseek-v4-flash", "--set", "tokens=4", "--out", str(fifo_dir), "--jobs", "1"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"megamoe: error: {fifo_dir / 'points.jsonl'}: expected a regular file as the resume log (or rerun with "
+        "--no-resume), got not a regular file"]
+    for name, msg in (("", "expected a folder (existing or new), got an empty path"),
+                      (str(tmp_path / ("d" * 300)), "expected folder names of at most 255 bytes, got one of 300 bytes")):
+        with pytest.raises(SystemExit) as e:
+            main(["sweep", "--shape", "deepseek-v4-flash", "--set", "tokens=4", "--out", name])
+        assert e.value.code == 2 and capsys.readouterr().err.splitlines()[-1] == f"megamoe: error: argument --out: {msg}"
+
+
+def test_ctrl_c_on_a_multi_worker_sweep_is_one_line(tmp_path):
+    """Ctrl-C (SIGINT to the process group) during a 2-worker sweep: exit 130, one line, no
+    worker traceback, and the parent does not wait for the queued points (workers used to
+    print a KeyboardInterrupt traceback each)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "s"
+    code = ("import signal; signal.signal(signal.SIGINT, signal.default_int_handler); from megamoe.cli import main; "
+            f"raise SystemExit(main(['sweep', '--shape', 'deepseek-v4-flash', '--set', 'seed=0:3000', '--jobs', '2', "
+            f"'--out', {str(out)!r}]))")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         start_new_session=True)
+    log = out / "points.jsonl"
+    t0 = time.time()
+    while not (log.exists() and log.read_text().count("\n") >= 1) and time.time() - t0 < 120:
+        time.sleep(0.2)
+    os.killpg(p.pid, signal.SIGINT)
+    err = p.communicate(timeout=60)[1].decode()
+    assert p.returncode == 130 and err.splitlines() == ["megamoe: interrupted"], err
+    assert 1 <= log.read_text().count("\n") < 3001
