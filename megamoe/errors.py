@@ -7,6 +7,8 @@ one-line message on stderr and exit code 2, with no traceback.
 
 from __future__ import annotations
 
+import numpy as np
+
 
 class InputError(ValueError):
     """Bad input: names the field, what was expected and what came.
@@ -34,3 +36,19 @@ def require(cond: bool, field: str, expected: str, got: object) -> None:
     """Raise :class:`InputError` unless ``cond`` holds."""
     if not cond:
         raise InputError(field, expected, got)
+
+
+def is_int(v: object) -> bool:
+    """An integer value (``int`` or numpy integer, not ``bool``): what integer fields take."""
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def is_real(v: object) -> bool:
+    """A real number (``int`` / ``float`` or numpy scalar, not ``bool``); may be NaN or Inf."""
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+
+def shown(v: object) -> object:
+    """``v`` for an error message: a string where a number belongs is quoted (``'64'``, not
+    ``64``, which :class:`InputError` would print for the string)."""
+    return repr(v) if isinstance(v, str) else v

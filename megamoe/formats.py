@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import torch
 
-from megamoe.errors import InputError
+from megamoe.errors import InputError, shown
 
 __all__ = [
     "BLOCK_K", "E4M3_MAX", "E2M1_MAX", "UE8M0_BIAS", "E2M1_VALUES",
@@ -117,16 +117,11 @@ def _check_last_dim_multiple(t: torch.Tensor, name: str, multiple: int) -> None:
 _FLOAT_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 
-def _shown(v):
-    """``v`` for an error message: a string where a number belongs is quoted."""
-    return repr(v) if isinstance(v, str) else v
-
-
 def _check_block(block: object, name: str = "block") -> int:
     """Elements per scale: an ``int`` >= 1 (not ``bool``, not a float: nothing is rounded)."""
     if not (isinstance(block, int) and not isinstance(block, bool) and block >= 1):
         raise InputError(name, f"a positive integer (elements per scale, {BLOCK_K} in the MegaMoE recipe)",
-                         _shown(block))
+                         shown(block))
     return block
 
 
@@ -134,7 +129,7 @@ def _check_out_dtype(dtype: object, name: str = "dtype") -> torch.dtype:
     """An output dtype: one of float16 / bfloat16 / float32 / float64 (never an integer dtype,
     which would truncate the decoded values)."""
     if dtype not in _FLOAT_DTYPES:
-        raise InputError(name, "torch.float32, torch.float64, torch.bfloat16 or torch.float16", _shown(dtype))
+        raise InputError(name, "torch.float32, torch.float64, torch.bfloat16 or torch.float16", shown(dtype))
     return dtype
 
 
@@ -341,7 +336,7 @@ def ue8m0_ceil(x: torch.Tensor, clamp: bool = True) -> torch.Tensor:
     """
     _check_tensor(x, "x", dtypes=_FLOAT_DTYPES, contiguous=False)
     if not isinstance(clamp, bool):
-        raise InputError("clamp", "True or False", _shown(clamp))
+        raise InputError("clamp", "True or False", shown(clamp))
     bits = x.float().abs().contiguous().view(torch.int32).long()
     exp = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).long()
     if clamp:

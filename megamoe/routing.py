@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InputError, require
+from .errors import InputError, is_int, is_real, require, shown
 
 KINDS = ("uniform", "masked", "zipf", "hot", "one_expert", "file")
 ONE_EXPERT_ID = 3  # the expert every token picks in ``one_expert`` (as megamoe.kernel.check.make_inputs)
@@ -81,19 +81,18 @@ class RoutingSpec:
     def __post_init__(self) -> None:
         require(isinstance(self.kind, str) and self.kind in KINDS, "routing", f"one of {', '.join(KINDS)}",
                 self.kind)
-        require(_is_real(self.masked_ratio) and 0.0 <= self.masked_ratio <= 1.0, "routing.masked_ratio",
-                "a ratio in [0, 1]", _shown(self.masked_ratio))
-        require(_is_real(self.zipf_exponent) and 0.0 <= self.zipf_exponent < float("inf"),
-                "routing.zipf_exponent", "a finite number >= 0", _shown(self.zipf_exponent))
-        require(_is_real(self.hot_fraction) and 0.0 <= self.hot_fraction <= 1.0, "routing.hot_fraction",
-                "a fraction in [0, 1]", _shown(self.hot_fraction))
-        require(_is_int(self.hot_experts) and self.hot_experts >= 1, "routing.hot_experts",
-                "an integer >= 1", _shown(self.hot_experts))
+        require(is_real(self.masked_ratio) and 0.0 <= self.masked_ratio <= 1.0, "routing.masked_ratio",
+                "a ratio in [0, 1]", shown(self.masked_ratio))
+        require(is_real(self.zipf_exponent) and 0.0 <= self.zipf_exponent < float("inf"),
+                "routing.zipf_exponent", "a finite number >= 0", shown(self.zipf_exponent))
+        require(is_real(self.hot_fraction) and 0.0 <= self.hot_fraction <= 1.0, "routing.hot_fraction",
+                "a fraction in [0, 1]", shown(self.hot_fraction))
+        require(is_int(self.hot_experts) and self.hot_experts >= 1, "routing.hot_experts",
+                "an integer >= 1", shown(self.hot_experts))
         require(isinstance(self.path, str), "routing.file", "a path string", self.path)
         if self.kind == "file":
             require(bool(self.path), "routing.file", "a path", self.path)
-            require(not any(c in self.path.replace("{rank}", "") for c in "{}"), "routing.file",
-                    "a path whose only placeholder is {rank} (no other { or })", self.path)
+            _check_rank_placeholder(self.path)
 
     @classmethod
     def parse(cls, text: str) -> "RoutingSpec":
@@ -145,19 +144,10 @@ class RoutingSpec:
         }[self.kind]
 
 
-def _is_int(v) -> bool:
-    """An integer value (``int`` or numpy integer, not ``bool``)."""
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-
-
-def _shown(v):
-    """``v`` for an error message: a string where a number belongs is quoted (``'0.5'``, not ``0.5``)."""
-    return repr(v) if isinstance(v, str) else v
-
-
-def _is_real(v) -> bool:
-    """A real number (``int``/``float`` or numpy scalar, not ``bool``); may be NaN or Inf."""
-    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+def _check_rank_placeholder(path: str) -> None:
+    """``{rank}`` is a routing file path's only placeholder: any other brace is refused."""
+    require(not any(c in path.replace("{rank}", "") for c in "{}"), "routing.file",
+            "a path whose only placeholder is {rank} (no other { or })", path)
 
 
 def _sample_without_replacement(rng: np.random.Generator, num_tokens: int, num_experts: int,
@@ -249,8 +239,8 @@ def load_routing_file(path: str, num_ranks: int, num_experts: int, top_k: int) -
         InputError: a brace other than ``{rank}`` in ``path``, missing file, wrong dtype or
             shape, ids outside ``[-1, num_experts)``.
     """
-    require(isinstance(path, str) and not any(c in path.replace("{rank}", "") for c in "{}"), "routing.file",
-            "a path whose only placeholder is {rank} (no other { or })", path)
+    require(isinstance(path, str), "routing.file", "a path string", path)
+    _check_rank_placeholder(path)
     if "{rank}" in path:  # plain replacement: str.format would read any other brace as a field
         return [check_ids(_load_array(path.replace("{rank}", str(r))), "routing.file", num_experts, top_k)
                 for r in range(num_ranks)]
@@ -287,9 +277,9 @@ def generate(spec: RoutingSpec, num_ranks: int, tokens_per_rank: list[int], num_
     """
     require(isinstance(spec, RoutingSpec), "routing", "a RoutingSpec", type(spec).__name__)
     for name, v in (("num_ranks", num_ranks), ("num_experts", num_experts), ("top_k", top_k)):
-        require(_is_int(v) and v >= 1, name, "an integer >= 1", _shown(v))
+        require(is_int(v) and v >= 1, name, "an integer >= 1", shown(v))
     require(top_k <= num_experts, "top_k", f"<= num_experts ({num_experts})", top_k)
-    require(_is_int(seed) and seed >= 0, "seed", "an integer >= 0", _shown(seed))
+    require(is_int(seed) and seed >= 0, "seed", "an integer >= 0", shown(seed))
     if spec.kind == "file":
         return load_routing_file(spec.path, num_ranks, num_experts, top_k)
     probs = None
@@ -319,9 +309,9 @@ def generate(spec: RoutingSpec, num_ranks: int, tokens_per_rank: list[int], num_
     toks = list(tokens_per_rank) if isinstance(tokens_per_rank, (list, tuple, np.ndarray)) else None
     require(toks is not None and len(toks) == num_ranks, "tokens_per_rank",
             f"a list of {num_ranks} token count{'s' if num_ranks != 1 else ''} (one per rank)",
-            f"{len(toks)} value{'s' if len(toks) != 1 else ''}" if toks is not None else _shown(tokens_per_rank))
+            f"{len(toks)} value{'s' if len(toks) != 1 else ''}" if toks is not None else shown(tokens_per_rank))
     for t in toks:
-        require(_is_int(t) and t >= 0, "tokens_per_rank", "integers >= 0 (one per rank)", _shown(t))
+        require(is_int(t) and t >= 0, "tokens_per_rank", "integers >= 0 (one per rank)", shown(t))
     out = []
     for r in range(num_ranks):
         rng = np.random.default_rng([seed, r])

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import require
+from .errors import is_int, require, shown
 from .plan import DESIGNS, Plan, build_plan
 from .routing import RoutingSpec, check_ids, generate
 from .shapes import MoEShape, get_shape
@@ -44,16 +44,6 @@ def skew_in_range(v: float) -> bool:
     """A launch skew the model takes: finite microseconds in ``[0, MAX_LAUNCH_SKEW_US]``
     (the CLI, the sweep and :class:`Scenario` check with this)."""
     return math.isfinite(v) and 0 <= v <= MAX_LAUNCH_SKEW_US
-
-
-def _is_int(v) -> bool:
-    """An integer value (``int`` or numpy integer, not ``bool``)."""
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-
-
-def _shown(v):
-    """``v`` for an error message: a string where a number belongs is quoted (``'64'``, not ``64``)."""
-    return repr(v) if isinstance(v, str) else v
 
 
 def _skew_values(skew) -> tuple[bool, list]:
@@ -134,23 +124,23 @@ class Scenario:
                 "a RoutingSpec or its CLI spelling (e.g. 'uniform', 'zipf:1.2')", self.routing)
         if isinstance(self.routing, str):
             self.routing = RoutingSpec.parse(self.routing)
-        require(_is_int(self.seed) and self.seed >= 0, "seed", "an integer >= 0", _shown(self.seed))
+        require(is_int(self.seed) and self.seed >= 0, "seed", "an integer >= 0", shown(self.seed))
         require(isinstance(self.hardware, str) and bool(self.hardware), "hardware",
-                "a preset name (b200, h200, h20) or a .toml path", _shown(self.hardware))
+                "a preset name (b200, h200, h20) or a .toml path", shown(self.hardware))
         require(isinstance(self.design, str) and self.design in DESIGNS, "design", " or ".join(DESIGNS),
                 self.design)
         require(isinstance(self.l2_wait, str) and self.l2_wait in L2_WAITS, "l2_wait", " or ".join(L2_WAITS),
                 self.l2_wait)
-        require(_is_int(self.num_ranks) and self.num_ranks >= 1, "ranks", "an integer >= 1",
-                _shown(self.num_ranks))
+        require(is_int(self.num_ranks) and self.num_ranks >= 1, "ranks", "an integer >= 1",
+                shown(self.num_ranks))
         given = self.tokens_per_rank
         if isinstance(given, np.ndarray):
             require(given.ndim == 1, "tokens", "one integer or a 1-D list with one per rank",
                     f"an array of shape {list(given.shape)}")
         # the raw values, before anything converts them: 64.5, '64', NaN or True are refused, not rounded
         for t in [] if given is None else list(given) if isinstance(given, (list, tuple, np.ndarray)) else [given]:
-            require(_is_int(t) and 0 <= t <= MAX_TOKENS_PER_RANK, "tokens",
-                    f"integers in [0, {MAX_TOKENS_PER_RANK}] per rank", _shown(t))
+            require(is_int(t) and 0 <= t <= MAX_TOKENS_PER_RANK, "tokens",
+                    f"integers in [0, {MAX_TOKENS_PER_RANK}] per rank", shown(t))
         require(self.shape.num_experts % self.num_ranks == 0, "ranks",
                 f"a divisor of the expert count {self.shape.num_experts}", self.num_ranks)
         E = self.shape.num_experts
@@ -187,12 +177,12 @@ class Scenario:
                 else f"{sum(toks)} tokens x {k} = {slots}")
         if self.max_tokens_per_rank is None:
             self.max_tokens_per_rank = max([DEFAULT_MAX_TOKENS, *toks])
-        require(_is_int(self.max_tokens_per_rank)
+        require(is_int(self.max_tokens_per_rank)
                 and 1 <= self.max_tokens_per_rank <= MAX_TOKENS_PER_RANK, "max_tokens",
-                f"an integer in [1, {MAX_TOKENS_PER_RANK}]", _shown(self.max_tokens_per_rank))
+                f"an integer in [1, {MAX_TOKENS_PER_RANK}]", shown(self.max_tokens_per_rank))
         require(max(toks) <= self.max_tokens_per_rank, "tokens",
                 f"<= max_tokens ({self.max_tokens_per_rank})", max(toks))
-        require(_is_int(self.reserved_sms) and self.reserved_sms >= 0, "reserved_sms", "an integer >= 0", _shown(self.reserved_sms))
+        require(is_int(self.reserved_sms) and self.reserved_sms >= 0, "reserved_sms", "an integer >= 0", shown(self.reserved_sms))
         is_list, vals = _skew_values(self.launch_skew_us)
         for v in vals:
             require(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
@@ -211,7 +201,7 @@ class Scenario:
         self._policies = policies_from_specs(self.policies)
         for name in ("experts_per_wave", "block_m", "pool_tokens", "num_stages"):
             v = getattr(self, name)
-            require(v is None or (_is_int(v) and v >= 1), name, "a positive integer", _shown(v))
+            require(v is None or (is_int(v) and v >= 1), name, "a positive integer", shown(v))
         # checked integers: a numpy integer is kept as the same Python int (JSON-able in to_dict)
         for name in ("num_ranks", "seed", "max_tokens_per_rank", "reserved_sms", "experts_per_wave", "block_m",
                      "pool_tokens", "num_stages"):

@@ -28,7 +28,7 @@ import dataclasses
 
 import numpy as np
 
-from megamoe.errors import InputError, require
+from megamoe.errors import InputError, is_int, require
 from megamoe.trace import KIND, KINDS, Trace
 
 from .metrics import busy_fractions, overlap_efficiency
@@ -136,7 +136,7 @@ def scenario_from_meta(trace: Trace):
     fixed = {}
     for key in ("experts_per_wave", "block_m"):
         v = plan.get(key, meta.get(key))
-        require(v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1),
+        require(v is None or (is_int(v) and v >= 1),
                 f"trace.meta.plan.{key}", "an integer >= 1", v)
         fixed[key] = v
     for key in ("hardware", "design", "l2_wait"):

@@ -966,8 +966,8 @@ def _simulate(scenario: Scenario, hardware: Hardware | str | None, summarize) ->
     if not (hardware is None or isinstance(hardware, (Hardware, str))):
         raise InputError("hardware", "a sim.hardware.Hardware, a preset name or a .toml path",
                          type(hardware).__name__)
-    hw = load_hardware(hardware if isinstance(hardware, str) else scenario.hardware) \
-        if not isinstance(hardware, Hardware) else hardware
+    hw = hardware if isinstance(hardware, Hardware) else \
+        load_hardware(scenario.hardware if hardware is None else hardware)
     plan = scenario.plan(hw.num_sms, hw.smem_per_block_bytes)
     n_blocks = sum(int(rp.m_blocks_per_expert.sum()) * (rp.l1_n_blocks + rp.l2_n_blocks) for rp in plan.ranks)
     if n_blocks > MAX_BLOCKS:  # checked before the block lists and the engine allocate

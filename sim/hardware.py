@@ -293,6 +293,13 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.toml"))
 
 
+def hardware_path(spec: str) -> Path:
+    """The file a hardware spec names: its preset's TOML when ``spec`` is a preset name
+    (case-insensitive), else ``spec`` itself as a path (not checked here)."""
+    p = PRESET_DIR / f"{spec.lower()}.toml"
+    return p if p.exists() else Path(spec)
+
+
 def load_hardware(spec: str) -> Hardware:
     """Load a preset (``b200``, ``h200``, ``h20``; case-insensitive) or a TOML path.
 
@@ -302,9 +309,8 @@ def load_hardware(spec: str) -> Hardware:
     """
     require(isinstance(spec, str) and spec != "", "hardware", "a preset name or a .toml path",
             type(spec).__name__ if not isinstance(spec, str) else "an empty string")
-    p = PRESET_DIR / f"{spec.lower()}.toml"
-    if not p.exists():
-        p = Path(spec)
+    p = hardware_path(spec)
+    if not (p.parent == PRESET_DIR and p.exists()):  # a path, not a preset
         require(spec.lower().endswith(".toml") or os.sep in spec, "hardware",
                 f"a preset ({', '.join(preset_names())}) or a .toml path", spec)
         require(p.is_file(), "hardware", "an existing TOML file", spec)

@@ -43,7 +43,7 @@ import os
 import stat
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
-from megamoe.errors import InputError, require
+from megamoe.errors import InputError, is_int, require
 
 SCENARIO_AXES = {"tokens": "tokens_per_rank", "ranks": "num_ranks", "shape": "shape", "routing": "routing",
                  "seed": "seed", "hardware": "hardware", "design": "design",
@@ -225,13 +225,12 @@ def input_files(kw: dict) -> list[str]:
     from megamoe.routing import RoutingSpec
     from megamoe.scenario import MAX_RANKS_X_EXPERTS, Scenario
 
-    from .hardware import PRESET_DIR
+    from .hardware import hardware_path
 
     files = []
     hw = kw.get("hardware") or Scenario.__dataclass_fields__["hardware"].default
     if isinstance(hw, str):
-        preset = PRESET_DIR / f"{hw.lower()}.toml"
-        files.append(str(preset) if preset.exists() else hw)
+        files.append(str(hardware_path(hw)))
     routing = kw.get("routing", "uniform")
     try:
         spec = RoutingSpec.parse(routing) if isinstance(routing, str) else routing
@@ -240,7 +239,7 @@ def input_files(kw: dict) -> list[str]:
     if getattr(spec, "kind", None) == "file" and isinstance(spec.path, str):
         if "{rank}" in spec.path:
             n = kw.get("num_ranks", Scenario.__dataclass_fields__["num_ranks"].default)
-            n = n if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_RANKS_X_EXPERTS else 0
+            n = n if is_int(n) and 1 <= n <= MAX_RANKS_X_EXPERTS else 0
             files += [spec.path.replace("{rank}", str(r)) for r in range(n)]
         else:
             files.append(spec.path)
