@@ -137,14 +137,37 @@ __device__ __forceinline__ void dispatch_role_ep(const Params& p, const int BM, 
         unsigned long long v;
         wait_published(p, p.send_count + e, v, e, kRoleDispatch, p.timeout_ns);
         const int total = (int)(uint32_t)v;
-        int base = 0;
-        #pragma unroll 8
-        for (int c2 = 0; c2 < c; ++c2) base += __ldcg(p.cta_hist + (size_t)c2 * E + e);
-        cta_base[e] = base;
+        cta_base[e] = 0;
         if (total > cap) raise_error(p, kErrSrcOverflow, kRoleDispatch, e, me, -1, -1, (uint32_t)total);
         if (c == 0) {  // send counts into the owner's receive table
             const int dst = e / EL, el = e - dst * EL;
             reinterpret_cast<int32_t*>(peer_ptr(p, dst, p.off_recv_count))[el * R + me] = total;
+        }
+    }
+    named_bar_sync(kBarDispatch, kDispatchThreads);
+    // The base is a sum over the c earlier CTAs' histogram rows, latency-bound (one L2 round
+    // trip per few rows): with E % 4 == 0 a thread reads four experts per 16-byte load and the
+    // threads left over (E / 4 < 128) split the rows between them; integer partial sums meet
+    // in shared memory (any order: the same result).
+    {
+        const int vec = (E & 3) == 0 ? 4 : 1, cols = E / vec;
+        const int groups = max(1, kDispatchThreads / cols), g = tid / cols;
+        for (int q = tid - g * cols; g < groups && q < cols; q += kDispatchThreads) {
+            int4 acc = make_int4(0, 0, 0, 0);
+            if (vec == 4) {
+                const int4* col = reinterpret_cast<const int4*>(p.cta_hist) + q;
+                #pragma unroll 8
+                for (int c2 = g; c2 < c; c2 += groups) {
+                    const int4 h = __ldcg(col + (size_t)c2 * cols);
+                    acc.x += h.x; acc.y += h.y; acc.z += h.z; acc.w += h.w;
+                }
+                atomicAdd(cta_base + 4 * q, acc.x); atomicAdd(cta_base + 4 * q + 1, acc.y);
+                atomicAdd(cta_base + 4 * q + 2, acc.z); atomicAdd(cta_base + 4 * q + 3, acc.w);
+            } else {
+                #pragma unroll 8
+                for (int c2 = g; c2 < c; c2 += groups) acc.x += __ldcg(p.cta_hist + (size_t)c2 * E + q);
+                atomicAdd(cta_base + q, acc.x);
+            }
         }
     }
     named_bar_sync(kBarDispatch, kDispatchThreads);
