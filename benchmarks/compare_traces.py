@@ -4,8 +4,8 @@ and the ranking of plan choices measured on the kernel.
 Prints two tables and writes benchmarks/results/compare_h200.json.  Runs on any CPU: the
 traces (benchmarks/traces/*.npz) and the kernel's plan-choice times
 (results/kernel_plan_choices_h200.json) were measured on the lent H200s: the EP1 traces and
-plan choices on 2026-12-01 with the FP8 WGMMA kernel v6.3 (build 3e7928b5), the EP2 traces on
-2026-11-30 with v6.2 (build e3e06e89; the two-GPU machine was not lent on 2026-12-01). EP
+plan choices on one H200, the EP2 traces on two (NV18), all on 2026-12-01 with the FP8 WGMMA
+kernel v6.4 (build fbc2931d). EP
 traces are simulated with the ranks' launch skew read off the trace (host jitter; the column
 without it is shown too).
 A plan-choice pair must be ordered like the kernel only where the kernel's times differ by
@@ -67,7 +67,7 @@ def main() -> None:
         print(f"{r['ranks']:3d} {r['tokens']:6d} {r['makespan_measured_us']:12.1f} {r['makespan_simulated_us']:13.1f} "
               f"{100 * r['makespan_error']:+12.1f}% {100 * r['median_kind_error']:15.1f}% "
               f"{max(r['launch_skew_us']):15.1f} {100 * r['makespan_error_no_skew']:+12.1f}%  "
-              f"{(r['kernel_build'] or 'e3e06e89 (v6.2; not the fitted kernel)')[:8]}")
+              f"{(r['kernel_build'] or 'not recorded')[:8]}")
     print()
     print(f"{'tokens':>6s} {'choice A':>22s} {'choice B':>22s} {'kernel us A/B':>18s} {'sim us A/B':>18s} {'same order':>10s}")
     for p in pairs:
@@ -78,8 +78,8 @@ def main() -> None:
     ok = all(p["same_order"] for p in pairs if p["must_agree"])
     print(f"plan choices apart by more than 5% ordered like the kernel: {ok}")
     with open(out, "w") as f:
-        json.dump({"kernel": "EP1: FP8 WGMMA v6.3 (2026-12-01, build 3e7928b5); EP2: v6.2 (2026-11-30, build e3e06e89)",
-                   "plan_choices_kernel": "FP8 WGMMA v6.3 (2026-12-01, build 3e7928b5)",
+        json.dump({"kernel": "EP1 and EP2: FP8 WGMMA v6.4 (2026-12-01, build fbc2931d)",
+                   "plan_choices_kernel": "FP8 WGMMA v6.4 (2026-12-01, build fbc2931d)",
                    "traces": rows, "plan_choices": pairs, "ranking_ok": ok}, f, indent=1)
     print(f"wrote {out}")
 

@@ -599,13 +599,12 @@ SM90_EP_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep2_t{t}.npz" for t 
 SM90_EP_FIT_DEVICE = "two lent H200s (EP2, NV18)"
 SM90_FIT_PROFILE = "benchmarks/results/kernel_profile_stages_h200.json"
 SM90_FIT_DATE = "2026-12-01"
-SM90_FIT_KERNEL = ("FP8 WGMMA v6.3 (TMA loads, E2M1 decoded into WGMMA registers by shifts, four producer warps, "
-                   "one-ballot scheduler, build 3e7928b5)")
-SM90_PROFILE_KERNEL = "FP8 WGMMA v6.3 kernel"
-#: The EP2 traces are older than the EP1 ones when the two-GPU machine was not lent in the
-#: session that re-recorded the EP1 traces.
-SM90_EP_FIT_KERNEL = "FP8 WGMMA v6.2 (TMA loads, E2M1 decoded into WGMMA registers, lean K loop, build e3e06e89)"
-SM90_EP_FIT_DATE = "2026-11-30"
+SM90_FIT_KERNEL = ("FP8 WGMMA v6.4 (TMA loads, E2M1 decoded into WGMMA registers by shifts, four producer warps, "
+                   "one-ballot scheduler, vectorized EP index prefix, build fbc2931d)")
+SM90_PROFILE_KERNEL = "FP8 WGMMA v6.4 kernel"
+#: The EP2 traces are of the same build as the EP1 ones.
+SM90_EP_FIT_KERNEL = SM90_FIT_KERNEL
+SM90_EP_FIT_DATE = "2026-12-01"
 
 
 def sm90_fit_sources(fit: dict, traces=SM90_FIT_TRACES, profile_path: str | None = SM90_FIT_PROFILE,

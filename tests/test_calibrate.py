@@ -1,6 +1,7 @@
 """megamoe calibrate: the TOML it writes loads and carries the measured figures (no GPU
 needed for that part); without a GPU the command fails cleanly."""
 
+import re
 import tomllib
 
 import pytest
@@ -72,25 +73,26 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
         assert getattr(hw, key) == value and hw.sources[key] == src, key
         assert fit[key][1] in src and "2026-12-01" in src and SM90_FIT_KERNEL in src, key
         assert "kernel_flash_ep1_t{64,512,4096}.npz" in src, key
-    # the slope: K blocks of 491.5 and 490.5 ns at block_m 16 (T=64, T=512: the mean of the median
-    # L1 K loop / 32 and L2 K loop / 16: (15840 / 32 + 7808 / 16) / 2 = (495 + 488) / 2, (493 + 488)
-    # / 2) and 1506 ns at block_m 128 (T=4096: (47872 / 32 + 24256 / 16) / 2 = (1496 + 1516) / 2);
+    # the slope: K blocks of 496 and 495 ns at block_m 16 (T=64, T=512: the mean of the median
+    # L1 K loop / 32 and L2 K loop / 16: (15936 / 32 + 7904 / 16) / 2 = (498 + 494) / 2, (496 + 494)
+    # / 2) and 1508 ns at block_m 128 (T=4096: (47936 / 32 + 24288 / 16) / 2 = (1498 + 1518) / 2);
     # least squares over x = 16, 16, 128 puts the line through the mean of the two block_m 16
-    # points: (1506 - 491) / 112 = 9.06 ns per block_m row and K block; 128 weight rows x 128 K x
-    # 2 = 32768 FLOP per row and K block -> 3.62 TFLOP/s per SM, 477 TFLOP/s on 132 SMs, 33.6% of
+    # points: (1508 - 495.5) / 112 = 9.04 ns per block_m row and K block; 128 weight rows x 128 K x
+    # 2 = 32768 FLOP per row and K block -> 3.62 TFLOP/s per SM, 478 TFLOP/s on 132 SMs, 33.7% of
     # 1419 TFLOP/s
-    assert fit["sm90_mma_fraction"][0] == pytest.approx(32768 / ((1506 - 491) / 112 * 1e-9) * 132 / 1419e12,
+    assert fit["sm90_mma_fraction"][0] == pytest.approx(32768 / ((1508 - 495.5) / 112 * 1e-9) * 132 / 1419e12,
                                                         abs=0.002)
     # the scheduler: ~1.0 us per block plus ~0.29 us per chunk scan beyond a call's first
     assert fit["sched_block_ns"][0] == pytest.approx(1001, abs=30)
     assert fit["sched_step_ns"][0] == pytest.approx(290, abs=15)
-    # the producer's copy issues in each CTA's first L1 block (ring empty): a median 300, 306
-    # and 1305 ns per K block at T=64, 512 (block_m 16, 16 stages) and 4096 (block_m 128, 7
-    # stages), the last issue 8.96, 8.93 and 11.14 us before the consumers' K loop ends: 18.1,
-    # 18.1 and 7.4 K blocks, a full ring or more everywhere (four producer warps issue faster than
-    # the consumers free stages), so the figure is the smallest, an upper bound
+    # the producer's copy issues in each CTA's first L1 block (ring empty): ~300 ns per K block
+    # at T=64 and 512 (block_m 16, 16 stages), ~1.3 us at 4096 (block_m 128, 7 stages; kernel
+    # v6.3's traces: 300, 306 and 1305 ns, the last issue 18.1, 18.1 and 7.4 K blocks before the
+    # consumers' K loop ends), a full ring or more everywhere (four producer warps issue faster
+    # than the consumers free stages), so the figure is the smallest, an upper bound
     assert fit["sm90_issue_kblock_ns"][0] == pytest.approx(300, abs=5)
-    assert "upper bound" in fit["sm90_issue_kblock_ns"][1] and "T=4096 (block_m 128) 1305 ns" in fit["sm90_issue_kblock_ns"][1]
+    assert "upper bound" in fit["sm90_issue_kblock_ns"][1]
+    assert re.search(r"T=4096 \(block_m 128\) 1[23]\d\d ns", fit["sm90_issue_kblock_ns"][1])
 
 
 def test_one_trace_gives_the_same_mma_fraction():
@@ -99,7 +101,7 @@ def test_one_trace_gives_the_same_mma_fraction():
     hw = load_hardware("h200")
     got = from_kernel_trace(_root(TRACES[-1]), hw.fp8_dense_tflops * hw.mma_efficiency)
     assert got["sm90_mma_fraction"] == pytest.approx(hw.sm90_mma_fraction, rel=0.01)
-    assert got["grid_sync_ns"] == 1344.0  # last arrival (15392 ns) to first release (16736 ns) in that trace
+    assert got["grid_sync_ns"] == 1856.0  # last arrival (15200 ns) to first release (17056 ns) in that trace
 
 
 def test_fit_needs_two_block_m():
@@ -147,22 +149,22 @@ def test_h200_ep_figures_are_the_fit_to_the_ep2_traces():
     assert set(fit) == {"nvlink_latency_ns", "l2_epilogue_ep_ns"}
     for key, (value, src) in sm90_ep_fit_sources(fit).items():
         assert getattr(hw, key) == value and hw.sources[key] == src, key
-        assert fit[key][1] in src and "2026-11-30" in src and "two lent H200s" in src, key
+        assert fit[key][1] in src and "2026-12-01" in src and "two lent H200s" in src, key
         assert "kernel_flash_ep2_t{64,512,2048}.npz" in src, key
     # at 64 tokens per rank every CTA's dispatch warp 0 pulls one item, and the CTA's pull record
-    # ends with warp 0's loop: 5.60 us for a local item (median of 131 CTAs), 12.54 us for a
-    # remote one (133 CTAs); the 6.94 us between them is the remote pull's 4 dependent NVLink
-    # round trips, 1.74 us each (the fit takes the median over the three traces of the same
-    # difference by least squares: 6.95 us)
-    assert fit["nvlink_latency_ns"][0] == pytest.approx((12544 - 5600) / 4, rel=0.05)
-    # median L2 epilogue measured (the EP2 traces: kernel v6.2) vs the one-rank line (fitted to
-    # the v6.3 EP1 traces: 309.6 ns + 52.88 ns x (block_m + rows) / 2, with (block_m + median
-    # rows) / 2 = 9.49, 28.0 and 112 per trace): 1056 vs 811 ns at 64 tokens per rank
-    # (block_m 16), 2336 vs 1790 at 512 (block_m 32), 7072 vs 6232 at 2048 (block_m 128); in
-    # relative error each trace's excess counts by 1 / duration^2: (245/1056^2 + 546/2336^2 +
-    # 840/7072^2) / (1/1056^2 + 1/2336^2 + 1/7072^2) = 306 ns (the fit, over every epilogue
-    # rather than the medians: 304)
-    assert fit["l2_epilogue_ep_ns"][0] == pytest.approx(306, abs=25)
+    # ends with warp 0's loop: the records fall in two groups, 131 under 9 us (local items,
+    # median 5.12 us) and 133 over (remote, median 11.62 us); the 6.50 us between them is the
+    # remote pull's 4 dependent NVLink round trips, 1.62 us each (the fit takes the median over
+    # the three traces of the same difference by least squares: 6.97 us, 1.74 us each)
+    assert fit["nvlink_latency_ns"][0] == pytest.approx((11616 - 5120) / 4, rel=0.1)
+    # median L2 epilogue measured (the EP2 traces) vs the one-rank line (fitted to the EP1
+    # traces: 309.4 ns + 52.78 ns x (block_m + rows) / 2, with (block_m + median rows) / 2 =
+    # 9.5, 28 and 112 per trace): 960 vs 811 ns at 64 tokens per rank (block_m 16), 2432 vs
+    # 1787 at 512 (block_m 32), 6848 vs 6221 at 2048 (block_m 128); in relative error each
+    # trace's excess counts by 1 / duration^2: (149/960^2 + 645/2432^2 + 627/6848^2) /
+    # (1/960^2 + 1/2432^2 + 1/6848^2) = 223 ns (the fit, over every epilogue rather than the
+    # medians: 206)
+    assert fit["l2_epilogue_ep_ns"][0] == pytest.approx(223, abs=25)
 
 
 def test_ep_fit_needs_several_ranks():

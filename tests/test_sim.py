@@ -310,8 +310,8 @@ def test_sm90_block_lanes():
 def test_sm90_k_block_priced_linearly_in_block_m():
     """The SM90 K loop: (2 x block_m x 128 x 128 FLOP at sm90_mma_fraction of the SM's FP8
     rate) + the decode of 128 x 128 / 256 elements per thread + the stage hand-off, per K
-    block, at every block_m (kernel v6.3: 476 ns at block_m 16, 614 ns at 32, 1522 ns at 128;
-    a line through 16 and 128 gives 625 ns at 32)."""
+    block, at every block_m (kernel v6.4's traces, median L1 K loop / 32: 498 ns at block_m 16,
+    688 ns at 32, 1498 ns at 128; a line through 16 and 128 gives 668 ns at 32)."""
     hw = load_hardware("h200")
     for bm in (16, 32, 64, 128):
         t_k = (2.0 * bm * 128 * 128 / (hw.tc_flops_per_ns_per_sm * hw.sm90_mma_fraction)
