@@ -106,6 +106,21 @@ def test_kernel_error_text_grid_sync_waits_twice_the_timeout():
     assert "pipeline barrier" in msg and msg.endswith("after 0.3 s"), msg
 
 
+def test_rank_entry_runs_without_python_warnings():
+    """``megamoe run --ranks R`` starts ``torchrun -m megamoe.kernel.ep_launch`` (a module the
+    package does not import: ``-m megamoe.kernel.ep`` made Python warn that the module was
+    already imported). Under ``-W error`` the entry still reaches its own check: without R GPUs
+    one line, exit 2."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available() and torch.cuda.device_count() >= 2:
+        pytest.skip("two GPUs present: the entry would start torchrun")
+    p = subprocess.run([sys.executable, "-W", "error", "-m", "megamoe.kernel.ep_launch", "--ranks", "2"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    assert (p.returncode, p.stdout, p.stderr) == (
+        2, "", f"megamoe: error: ranks: expected 2 CUDA GPUs (one per rank), got {n}\n")
+
+
 # ------------------------------------------------------------------ GPU: one torchrun job
 def _num_gpus() -> int:
     try:

@@ -616,7 +616,7 @@ def run_ep_main(ranks: int = 2, num_experts: int = 256, topk: int = 6, hidden: i
                 tokens: int = 64, routing: str = "uniform", clamp: float | None = None, reps: int = 10,
                 trace_path: str | None = None, check: bool = True, seed: int = 0) -> int:
     """``megamoe run --ranks R``: one EP scenario on R GPUs. Outside a process group it starts
-    ``torchrun --standalone --nproc-per-node R -m megamoe.kernel.ep ...`` and returns its exit
+    ``torchrun --standalone --nproc-per-node R -m megamoe.kernel.ep_launch ...`` and returns its exit
     code; inside one (``RANK`` set) it runs the scenario on this rank: random MXFP4 weights
     (same seed everywhere), ``tokens`` tokens per rank, the EP kernel, timings, and with
     ``check`` the output of every rank compared bitwise with the single-GPU kernel on the
@@ -630,7 +630,7 @@ def run_ep_main(ranks: int = 2, num_experts: int = 256, topk: int = 6, hidden: i
                   f"{torch.cuda.device_count() if torch.cuda.is_available() else 0}", file=sys.stderr)
             return 2
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-               "-m", "megamoe.kernel.ep", "--experts", str(num_experts), "--topk", str(topk), "--hidden", str(hidden),
+               "-m", "megamoe.kernel.ep_launch", "--experts", str(num_experts), "--topk", str(topk), "--hidden", str(hidden),
                "--inter", str(inter), "--tokens", str(tokens), "--routing", routing, "--reps", str(reps),
                "--seed", str(seed)] + (["--clamp", str(clamp)] if clamp is not None else []) + \
               (["--trace", trace_path] if trace_path else []) + ([] if check else ["--no-check"])
@@ -667,7 +667,8 @@ def _ep_rank_main(num_experts, topk, hidden, inter, tokens, routing, clamp, reps
         routed = int((gidx >= 0).sum())
         line = (f"rank {rank}/{R}: {tokens} tokens/rank, {us:.1f} us median of {reps}, "
                 f"{2 * routed * hidden * inter * 3 / us / 1e6:.1f} TFLOP/s (all ranks' FLOPs), "
-                f"design {k.last_design.block_m=} {k.last_design.experts_per_wave=}, transport {k.transport}")
+                f"design block_m={k.last_design.block_m} experts_per_wave={k.last_design.experts_per_wave}, "
+                f"transport {k.transport}")
         if check:
             one = MegaMoEKernel(num_experts, topk, hidden, inter, tokens * R, prepare_weights(*w), clamp=clamp)
             ref = one(gx, gxs, gidx, gw)
@@ -690,24 +691,3 @@ def _ep_rank_main(num_experts, topk, hidden, inter, tokens, routing, clamp, reps
     dist.all_gather_object(codes, rc)
     dist.destroy_process_group()
     return max(codes)
-
-
-if __name__ == "__main__":
-    import argparse
-    import sys
-    ap = argparse.ArgumentParser(prog="python -m megamoe.kernel.ep", description=run_ep_main.__doc__)
-    ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--experts", type=int, default=256)
-    ap.add_argument("--topk", type=int, default=6)
-    ap.add_argument("--hidden", type=int, default=4096)
-    ap.add_argument("--inter", type=int, default=2048)
-    ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--routing", default="uniform")
-    ap.add_argument("--clamp", type=float, default=None)
-    ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--trace", default=None)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-check", action="store_true")
-    a = ap.parse_args()
-    sys.exit(run_ep_main(a.ranks, a.experts, a.topk, a.hidden, a.inter, a.tokens, a.routing, a.clamp, a.reps, a.trace,
-                         not a.no_check, a.seed))
