@@ -202,8 +202,11 @@ def _load_array(path: str) -> np.ndarray:
     except InputError:
         raise
     except Exception as exc:  # unreadable file: report it in one line
+        # numpy's ValueError text (about pickles) misleads for a file that is no NumPy file at all
+        why = (": not a NumPy file (an .npz is a zip archive, an .npy starts with a NumPy header)"
+               if isinstance(exc, ValueError) and not path.endswith(".pt") else "")
         raise InputError("routing.file", "a readable .npy/.npz/.pt integer array",
-                         f"{path} ({type(exc).__name__})") from None
+                         f"{path} ({type(exc).__name__}{why})") from None
     return np.asarray(arr)
 
 

@@ -179,7 +179,8 @@ class Trace:
         def unreadable(exc: BaseException) -> InputError:
             # numpy's ValueError text (about pickles) misleads for a file that is no NPZ at all
             zipped = isinstance(exc, (zipfile.BadZipFile, zlib.error, EOFError)) and str(exc)
-            msg = f": {str(exc).splitlines()[0]}" if zipped else ""
+            msg = (f": {str(exc).splitlines()[0]}" if zipped
+                   else ": not a zip archive, which an .npz is" if isinstance(exc, ValueError) else "")
             kind = "zlib.error" if isinstance(exc, zlib.error) else type(exc).__name__
             return InputError("trace", "an .npz trace file", f"{path} ({kind}{msg})")
 

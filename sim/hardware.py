@@ -269,7 +269,8 @@ def parse_hardware(data: dict, path: str = "<dict>") -> Hardware:
     require(isinstance(data, dict), "hardware", "a table (name, [figures], [sources])", type(data).__name__)
     require(isinstance(data.get("name"), str), "hardware.name", "a string", data.get("name"))
     figs = data.get("figures")
-    require(isinstance(figs, dict), "hardware.figures", "a [figures] table", type(figs).__name__)
+    require(isinstance(figs, dict), "hardware.figures", "a [figures] table",
+            "missing" if figs is None else type(figs).__name__)
     srcs = data.get("sources", {})
     require(isinstance(srcs, dict), "hardware.sources", "a [sources] table", type(srcs).__name__)
     vals = {}

@@ -31,6 +31,16 @@ def _data():
     return tomllib.loads((PRESET_DIR / "b200.toml").read_text())
 
 
+def test_missing_figures_table_is_named():
+    d = _data()
+    del d["figures"]
+    with pytest.raises(InputError, match=r"^hardware.figures: expected a \[figures\] table, got missing$"):
+        parse_hardware(d)
+    d["figures"] = 3
+    with pytest.raises(InputError, match=r"^hardware.figures: expected a \[figures\] table, got int$"):
+        parse_hardware(d)
+
+
 def test_negative_bandwidth_is_rejected():
     d = _data()
     d["figures"]["hbm_gbs"] = -1.0

@@ -79,6 +79,12 @@ def test_file_routing(tmp_path):
     np.save(tmp_path / "bad_range.npy", np.array([[0, 4]]))
     with pytest.raises(InputError, match=r"routing.file: expected ids in \[-1, 4\)"):
         load_routing_file(str(tmp_path / "bad_range.npy"), 1, 4, 2)
+    for name in ("text.npz", "text.npy"):  # a text file under a NumPy name: why, not numpy's pickle text
+        (tmp_path / name).write_text("0 1\n2 3\n")
+        with pytest.raises(InputError, match=r"^routing\.file: expected a readable \.npy/\.npz/\.pt integer array, "
+                                             r"got .*text\.np[yz] \(ValueError: not a NumPy file \(an \.npz is a zip "
+                                             r"archive, an \.npy starts with a NumPy header\)\)$"):
+            load_routing_file(str(tmp_path / name), 1, 4, 2)
     np.save(tmp_path / "bad_shape.npy", np.zeros((3, 3), dtype=np.int64))
     with pytest.raises(InputError, match=r"shape \[T, 2\]"):
         load_routing_file(str(tmp_path / "bad_shape.npy"), 1, 4, 2)
