@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from megamoe.kernel.build import library_path
 from megamoe.kernel.check import make_inputs, make_weights  # noqa: E402
 from megamoe.kernel.ep import MegaMoEKernelEP, p2p_bandwidth  # noqa: E402
 from megamoe.kernel.runtime import prepare_weights  # noqa: E402
@@ -164,7 +165,8 @@ def main():
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
     rank, R = dist.get_rank(), dist.get_world_size()
     res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, ranks=R, shape=dict(E=E, K=K, H=H, I=I),
-               date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), rows=[])
+               date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), rows=[],
+               build=library_path("sm_90a").parent.name)  # the source hash the library is cached under
     if rank == 0 and torch.cuda.device_count() >= 2:
         try:
             res["p2p"] = p2p_bandwidth(0, 1, nbytes=1 << 30, reps=10)
