@@ -602,9 +602,10 @@ SM90_FIT_DATE = "2026-12-01"
 SM90_FIT_KERNEL = ("FP8 WGMMA v6.4 (TMA loads, E2M1 decoded into WGMMA registers by shifts, four producer warps, "
                    "one-ballot scheduler, vectorized EP index prefix, build fbc2931d)")
 SM90_PROFILE_KERNEL = "FP8 WGMMA v6.4 kernel"
-#: The EP2 traces are of the same build as the EP1 ones.
+#: The kernel and day of the EP2 traces: those of the EP1 ones now (set them apart when the
+#: two-GPU machine is not lent in the session that re-records the EP1 traces).
 SM90_EP_FIT_KERNEL = SM90_FIT_KERNEL
-SM90_EP_FIT_DATE = "2026-12-01"
+SM90_EP_FIT_DATE = SM90_FIT_DATE
 
 
 def sm90_fit_sources(fit: dict, traces=SM90_FIT_TRACES, profile_path: str | None = SM90_FIT_PROFILE,

@@ -3,8 +3,10 @@
 # is not lent (it runs on the x2 machine too, on GPU 0): the EP1 GPU suite and the one-GPU EP
 # tests, compute-sanitizer (memcheck / racecheck / synccheck) on a small launch, EP1 traces at
 # every benchmark size and the per-role profile (what the model is fitted to, first), the EP1
-# benchmark with its peers, plan-choice timings, the trace overhead and the timing variants. Packed into $OUT/final.tgz after every step (a run cut short still returns
-# what it finished). The EP2 parts are in verify_x2.sh / session_x2.sh / refresh_x2.sh.
+# benchmark with its peers, plan-choice timings, the trace overhead and the timing variants.
+# Packed into $OUT/final.tgz after every step (a run cut short still returns what it
+# finished). The EP2 parts are in ep2_x2.sh / ab_ep2.sh (or verify_x2.sh / session_x2.sh /
+# refresh_x2.sh).
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/out}; W=/tmp/final; mkdir -p $OUT $W
 T0=$(date +%s); stamp() { echo "[$(( $(date +%s) - T0 )) s] $*"; (cd $W && tar czf $OUT/final.tgz .); }
