@@ -55,10 +55,15 @@ WGMMAS_IN_FLIGHT = {16: 4, 32: 4, 64: 2, 128: 1}
 SMEM_LIMIT_SM90 = 232448
 #: Most stages the kernel accepts.
 MAX_STAGES = 16
-#: Numerics the SM90 kernel implements: UE8M0 scales applied per 32-K group on an FP32
-#: partial sum, for both operands (``Numerics.sm90(fold_k=None)``: ``w_fold_k=None``,
-#: ``x_fold_k=None``).
-W_FOLD_K = None
+#: Numerics the SM90 kernel implements (``megamoe.reference.Numerics.sm90_kernel()``): the
+#: weights' per-32 scales folded per row into the E4M3 decode with the row's largest at 2^6
+#: (``W_FOLD_K = "row"``, ``W_FOLD_TOP = 6``; ``megamoe.layouts.fold_e2m1_scales_for_sm90``),
+#: so the FP32 promotion of each 32-K partial sum multiplies by the token's scale only and the
+#: row's scale is applied once in the epilogue (kernel v6.5); the activation scales per 32-K
+#: group on the partial sums (``X_FOLD_K = None``). Bitwise the per-32 numerics
+#: (``Numerics.sm90()``) when every row's nonzero 32-groups lie within 14 binades of its largest.
+W_FOLD_K = "row"
+W_FOLD_TOP = 6
 X_FOLD_K = None
 
 

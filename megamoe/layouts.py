@@ -35,11 +35,14 @@ bytes and decodes E2M1 into E4M3 ``wgmma`` register fragments.  It needs the sam
 gate/up interleave, so its epilogue pairs gate/up exactly like SM100's; one byte permutation
 inside every 64-byte K block of a row (:func:`permute_e2m1_for_sm90_rs`), so that a thread's
 fragment of all four k32 steps is one 16-byte chunk, and a nibble permutation inside every
-4-byte word (low nibbles: its first four values, high nibbles: the next four); and **tiles**: the bytes of one
+4-byte word (magnitudes as byte selectors, signs where the decode ORs them in); and **tiles**: the bytes of one
 128-row N block x one 128-element K block are contiguous (``[E, N/128, K/128, 128, 64]``,
 scales ``[E, N/128, K/128, 128, 4]``), so the producer loads a stage's weights and scales
-with two TMA bulk copies (``cp.async.bulk``).  Scales stay ``uint8`` UE8M0 bytes; no UTCCP
-transpose (no TMEM).  Applied once when the SM90 kernel object is built.
+with two TMA bulk copies (``cp.async.bulk``).  No UTCCP transpose (no TMEM).  The scale
+bytes the SM90 kernel reads are not the UE8M0 bytes but the weight *fold*
+(:func:`fold_e2m1_scales_for_sm90`): every row's per-32 scales relative to the row's
+largest, as offsets into a table of E4M3 decodings, and one FP32 scale per row.  Applied
+once when the SM90 kernel object is built.
 
 Every transform has an inverse and round-trips bit-exactly; all raise
 :class:`megamoe.errors.InputError` naming the tensor on a bad shape or dtype.
@@ -50,7 +53,15 @@ from __future__ import annotations
 import torch
 
 from megamoe.errors import InputError
-from megamoe.formats import BLOCK_K, _check_tensor, pack_ue8m0, unpack_ue8m0
+from megamoe.formats import (
+    BLOCK_K,
+    E2M1_VALUES,
+    UE8M0_BIAS,
+    _check_tensor,
+    cast_to_e4m3,
+    pack_ue8m0,
+    unpack_ue8m0,
+)
 
 __all__ = [
     "GATE_UP_GRANULARITY", "UTCCP_ROWS", "SM90_TILE_N", "SM90_TILE_K",
@@ -60,6 +71,7 @@ __all__ = [
     "transform_weights_for_mega_moe", "untransform_weights_for_mega_moe",
     "transform_weights_for_sm90", "untransform_weights_for_sm90",
     "permute_e2m1_for_sm90_rs", "unpermute_e2m1_for_sm90_rs",
+    "SM90_FOLD_TOP", "SM90_FOLD_ROWS", "sm90_fold_table", "fold_e2m1_scales_for_sm90",
     "check_mxfp4_weights",
 ]
 
@@ -372,18 +384,24 @@ def _rs_view(w: torch.Tensor, name: str) -> torch.Tensor:
 
 
 def _nibble_split(w: torch.Tensor) -> torch.Tensor:
-    """Every 4-byte word: nibbles ``n0..n7`` (``n_j`` in byte ``j // 2``, low nibble first) ->
-    byte ``b`` = ``n_b | n_{4+b} << 4``."""
+    """Every 4-byte word: E2M1 codes ``c0..c7`` (``c_j`` in byte ``j // 2``, low nibble first)
+    -> the word the SM90 decode reads (``csrc/megamoe/fp4.cuh``): nibble ``j`` holds the
+    magnitude (low 3 bits) of ``c_j`` in its bits 0-2; the sign of ``c_j`` (j < 4) is bit
+    ``8j + 7`` and the sign of ``c_{4+j}`` is bit ``8j + 3``, i.e. byte ``b`` =
+    ``m_{2b} | s_{4+b} << 3 | m_{2b+1} << 4 | s_b << 7``."""
     x = w.view(*w.shape[:-1], w.shape[-1] // 4, 4)
-    nib = torch.stack((x & 0xF, x >> 4), dim=-1).reshape(*x.shape[:-1], 8)  # n0..n7
-    return (nib[..., :4] | (nib[..., 4:] << 4)).reshape(w.shape)
+    c = torch.stack((x & 0xF, x >> 4), dim=-1).reshape(*x.shape[:-1], 8)  # c0..c7
+    m, s = c & 7, c >> 3
+    return (m[..., 0::2] | (s[..., 4:] << 3) | (m[..., 1::2] << 4) | (s[..., :4] << 7)).reshape(w.shape)
 
 
 def _nibble_join(w: torch.Tensor) -> torch.Tensor:
     """Inverse of :func:`_nibble_split`."""
     x = w.view(*w.shape[:-1], w.shape[-1] // 4, 4)
-    nib = torch.cat((x & 0xF, x >> 4), dim=-1)  # n0..n3, n4..n7
-    return (nib[..., 0::2] | (nib[..., 1::2] << 4)).reshape(w.shape)
+    m = torch.stack((x & 7, (x >> 4) & 7), dim=-1).reshape(*x.shape[:-1], 8)  # magnitudes c0..c7
+    s = torch.cat(((x >> 7) & 1, (x >> 3) & 1), dim=-1)                        # signs c0..c7
+    c = m | (s << 3)
+    return (c[..., 0::2] | (c[..., 1::2] << 4)).reshape(w.shape)
 
 
 def permute_e2m1_for_sm90_rs(w: torch.Tensor, name: str = "weights") -> torch.Tensor:
@@ -395,10 +413,12 @@ def permute_e2m1_for_sm90_rs(w: torch.Tensor, name: str = "weights") -> torch.Te
     ``p`` of a row's 64-byte (128-element) K block.  This moves byte ``8p + 2t + b`` of every K
     block to ``16t + 2p + b``: thread ``t`` reads its whole fragment as 16-byte chunk ``t``,
     and word ``q`` of that chunk decodes into its registers of step ``q``.  Then, inside
-    every 4-byte word, the eight values ``n0..n7`` (in K order) are re-packed so that byte
-    ``b`` holds ``n_b`` in its low nibble and ``n_{4+b}`` in its high nibble: the kernel
-    turns the low nibbles into its first register and the high nibbles into its second with
-    two shifts and masks each (``csrc/megamoe/fp4.cuh``).
+    every 4-byte word, the bits of the eight values ``c0..c7`` (in K order) are re-packed:
+    nibble ``j`` holds the magnitude of ``c_j`` (bits 0-2, a byte selector of ``prmt``), the
+    sign of ``c_j`` is bit ``8j + 7`` and that of ``c_{4+j}`` bit ``8j + 3`` (``j < 4``): the
+    kernel turns ``c0..c3`` into its first register with one byte permute from a 8-byte
+    table and a masked OR of the signs, and ``c4..c7`` into its second the same way on the
+    word shifted (``csrc/megamoe/fp4.cuh``).
 
     Args:
         w: ``uint8``/``int8`` ``[..., K/2]`` packed E2M1 (element ``2i`` in the low nibble of
@@ -420,3 +440,66 @@ def unpermute_e2m1_for_sm90_rs(w: torch.Tensor, name: str = "weights") -> torch.
     kb = w.shape[-1] // 64
     w = _nibble_join(w.view(torch.uint8)).view(w.dtype)
     return w.view(*w.shape[:-1], kb, 4, 8, 2).transpose(-3, -2).contiguous().view(w.shape)
+
+
+# ============================================================================ SM90 weight fold
+
+#: The SM90 decode puts a row's largest per-32 scale at E2M1 x 2^6 (6 x 2^6 = 384 <= 448, the
+#: largest finite E4M3), the row's other 32-groups 2^d lower (``d`` = that group's scale
+#: exponent below the row's largest), so every E2M1 value of a group within 14 binades of its
+#: row's largest is an exact E4M3 value (0.5 x 2^(6-14) = 2^-9, E4M3's smallest subnormal)
+#: and ``Numerics(w_fold_k="row", w_fold_top=6)`` is then the per-32 numerics exactly.
+SM90_FOLD_TOP = 6
+#: Rows of :func:`sm90_fold_table`: ``d = 0..19``; from ``d = 19`` on, every E2M1 value
+#: x 2^(6 - d) rounds to E4M3 zero (6 x 2^-13 < 2^-10, half the smallest subnormal).
+SM90_FOLD_ROWS = 20
+
+
+def sm90_fold_table() -> torch.Tensor:
+    """The SM90 kernel's E2M1 -> E4M3 decode table, ``uint8 [20, 8]``.
+
+    Row ``d``, byte ``c`` = the E4M3 bits of E2M1 magnitude code ``c`` (0, 0.5, 1, 1.5, 2, 3,
+    4, 6) x 2^(6 - d), rounded to nearest-even with subnormals (:func:`megamoe.formats.
+    cast_to_e4m3`, the rounding of :func:`megamoe.reference.block_scaled_gemm`'s fold).  The
+    kernel copies it into shared memory and reads one row (8 bytes) per weight row, 32-group
+    pair of registers: ``prmt`` selects byte ``c`` for each code (``csrc/megamoe/fp4.cuh``)."""
+    d = torch.arange(SM90_FOLD_ROWS, dtype=torch.float64)[:, None]
+    v = torch.tensor(E2M1_VALUES[:8], dtype=torch.float64)[None, :]
+    return cast_to_e4m3(v * torch.exp2(SM90_FOLD_TOP - d)).view(torch.uint8).contiguous()
+
+
+def fold_e2m1_scales_for_sm90(w: torch.Tensor, sf: torch.Tensor,
+                              name: str = "weights") -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-32 UE8M0 weight scales -> the SM90 kernel's fold: table offsets and row exponents.
+
+    For each row, ``s_max`` = the largest scale byte over the row's 32-groups that hold a
+    nonzero E2M1 value (127 for a row of zeros; an all-zero group decodes to zeros whatever
+    its scale).  Group ``g`` then decodes through table row ``d = min(max(s_max - s_g, 0),
+    19)`` of :func:`sm90_fold_table` (values x 2^(6 - d)), and the row's FP32 result is
+    multiplied once by ``2^(s_max - 127 - 6)`` (the kernel's row scale) instead of every
+    32-group partial sum by ``2^(s_g - 127)``.  This is exactly
+    ``megamoe.reference.Numerics(arch="sm90", w_fold_k="row", w_fold_top=6)``; when every
+    group with a nonzero value lies within 14 binades of its row's largest (``d <= 14``) the
+    decoded values are exact and the result is bitwise the per-32 one.
+
+    Args:
+        w: packed E2M1 ``uint8 [..., N, K/2]`` (checkpoint layout, element ``2i`` in the low
+            nibble of byte ``i``).
+        sf: UE8M0 bytes ``uint8 [..., N, K/32]``.
+    Returns:
+        ``(offsets uint8 [..., N, K/32] = 8 d`` (byte offset of the table row),
+        ``s_max uint8 [..., N])``, on ``sf``'s device.
+    Raises:
+        InputError: not byte tensors, or shapes that do not match.
+    """
+    _check_tensor(w, name, dtypes=_BYTE_DTYPES, contiguous=False)
+    _check_tensor(sf, name + "_sf", dtypes=(torch.uint8,), min_ndim=1, contiguous=False)
+    if w.dim() < 1 or w.shape[-1] % 16 or tuple(sf.shape) != (*w.shape[:-1], w.shape[-1] // 16):
+        raise InputError(name + "_sf", f"[..., N, K/32] UE8M0 bytes for {name} {tuple(w.shape)}", tuple(sf.shape))
+    mag = w.view(torch.uint8) & 0x77  # both nibbles' magnitudes (a -0 code holds no value)
+    nonzero = (mag.reshape(*sf.shape, 16) != 0).any(-1)
+    s = sf.to(torch.int32)
+    smax = torch.where(nonzero, s, torch.full_like(s, -1)).amax(-1) if s.shape[-1] else s.new_full(s.shape[:-1], -1)
+    smax = torch.where(smax < 0, torch.full_like(smax, UE8M0_BIAS), smax)
+    d = (smax.unsqueeze(-1) - s).clamp(0, SM90_FOLD_ROWS - 1)
+    return (d * 8).to(torch.uint8), smax.to(torch.uint8)

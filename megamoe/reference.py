@@ -32,7 +32,10 @@ holds it exactly), multiplied by both scales, rounded once to FP32 and added to 
 accumulator (the first group initialises it).  With ``*_fold_k = G`` the per-32 scales of
 that operand inside each G-wide K group are folded into its values as ``2^(s_i - s_max)``
 (rounded to E4M3, nearest-even with subnormals, as an SM90 kernel decoding E2M1 into E4M3
-in shared memory would), and the group's ``2^s_max`` multiplies the G-wide partial sum.
+would; ``s_max`` over the 32-groups that hold a nonzero value), and the group's ``2^s_max``
+multiplies the G-wide partial sum.  ``w_fold_k = "row"`` folds the weights over each row's
+whole K, and ``w_fold_top = t`` decodes them as ``2^(s_i - s_max + t)`` with ``2^(s_max - t)``
+applied per 32-wide partial sum (this project's SM90 kernel: ``Numerics.sm90_kernel()``).
 What this does *not* model: the internal accumulation order/precision of a tensor-core
 instruction (Hopper FP8 ``wgmma`` is known to keep fewer than 32 accumulator bits), and
 the last-ulp behaviour of the GPU's ``expf``/``__expf``/``rcp.approx`` (here: correctly
@@ -93,8 +96,10 @@ class Numerics:
         w_fold_k: None: weight scales applied per 32-element K group on that group's FP32
             partial sum.  G (multiple of 32): per-32 weight scales folded into the E4M3
             operand as ``2^(s_i - s_max)`` per G-wide group (rounded to E4M3), group scale
-            ``2^s_max`` applied to the G-wide partial sum.
+            ``2^s_max`` applied to the G-wide partial sum.  ``"row"``: G = the GEMM's whole K.
         x_fold_k: the same for the activation operand (x in L1, the FP8 SwiGLU output in L2).
+        w_fold_top: folded weights are ``2^(s_i - s_max + w_fold_top)`` (E2M1's 6 x 2^6 = 384
+            still fits E4M3: 0..6), the scale ``2^(s_max - w_fold_top)``; 0 without a fold.
         bf16_before_swiglu: round gate/up to BF16 before clamp and SwiGLU (the reference
             kernel does; False keeps FP32 and clamps in FP32).
         fast_math: ``__expf`` + approximate reciprocal in SiLU (DeepGEMM's
@@ -103,24 +108,29 @@ class Numerics:
             not guaranteed bit-exact against the GPU's approximate instructions.
 
     Raises:
-        InputError: unknown arch, fold not a positive multiple of 32, or x/w folds that
-            are both set but differ.
+        InputError: unknown arch, fold not a positive multiple of 32 (or ``"row"``), x/w
+            folds that are both set but differ, or ``w_fold_top`` outside 0..6 (or set
+            without ``w_fold_k``).
     """
 
     arch: str = "sm100"
-    w_fold_k: int | None = None
-    x_fold_k: int | None = None
+    w_fold_k: int | str | None = None
+    x_fold_k: int | str | None = None
     bf16_before_swiglu: bool = True
     fast_math: bool = False
+    w_fold_top: int = 0
 
     def __post_init__(self) -> None:
         if self.arch not in ("sm100", "sm90"):
             raise InputError("numerics.arch", "'sm100' or 'sm90'", self.arch)
         for f in ("w_fold_k", "x_fold_k"):
             v = getattr(self, f)
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0
-                                  or v % BLOCK_K != 0):
-                raise InputError(f"numerics.{f}", "None or a positive multiple of 32", v)
+            if v is not None and v != "row" and (not isinstance(v, int) or isinstance(v, bool) or v <= 0
+                                                 or v % BLOCK_K != 0):
+                raise InputError(f"numerics.{f}", "None, 'row' or a positive multiple of 32", v)
+        t = self.w_fold_top
+        if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t <= 6 or (t and self.w_fold_k is None):
+            raise InputError("numerics.w_fold_top", "an int 0..6 (6 x 2^t <= 448), 0 when w_fold_k is None", t)
         if self.w_fold_k is not None and self.x_fold_k is not None \
                 and self.w_fold_k != self.x_fold_k:
             raise InputError("numerics.x_fold_k", f"equal to w_fold_k ({self.w_fold_k}) "
@@ -139,12 +149,22 @@ class Numerics:
         ``fold_k=G`` folds both operands' per-32 scales into E4M3 values per G-wide group."""
         return cls("sm90", fold_k, fold_k, True, fast_math)
 
+    @classmethod
+    def sm90_kernel(cls, fast_math: bool = False) -> Numerics:
+        """What this project's SM90 kernel computes (``megamoe.design_sm90.W_FOLD_K`` /
+        ``W_FOLD_TOP``): weights folded per row into E4M3 with the row's largest scale at
+        2^6 (``megamoe.layouts.fold_e2m1_scales_for_sm90``), activation scales per 32 on
+        the partial sums.  Bitwise :meth:`sm90` ``()`` when every weight row's nonzero
+        32-groups lie within 14 binades of its largest."""
+        from megamoe import design_sm90
+        return cls("sm90", design_sm90.W_FOLD_K, design_sm90.X_FOLD_K, True, fast_math, design_sm90.W_FOLD_TOP)
+
     @property
     def group_k(self) -> int:
         """Width of the K groups whose FP32 partial sums are accumulated."""
         if self.w_fold_k is None or self.x_fold_k is None:
             return BLOCK_K
-        return self.w_fold_k
+        return self.w_fold_k  # (both "row": block_scaled_gemm reads it as K)
 
 
 # ============================================================================ weights
@@ -405,19 +425,34 @@ def _decode_e2m1_rows(packed: torch.Tensor, dtype: torch.dtype = torch.float64) 
     return torch.nn.functional.embedding(p.long(), tab).reshape(p.shape[0], p.shape[1] * 2)
 
 
-def _fold(vals: torch.Tensor, scales: torch.Tensor, fold: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _fold(vals: torch.Tensor, scales: torch.Tensor, fold: int, top: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Fold per-32 scales into E4M3 values per ``fold``-wide group.
 
     vals float64 [n, K] (decoded, unscaled), scales float64 [n, K/32] -> (E4M3-rounded
-    float64 values of ``vals * 2^(s_i - s_max)``, float64 ``2^s_max`` [n, K/fold])."""
+    float64 values of ``vals * 2^(s_i - s_max + top)``, float64 ``2^(s_max - top)``
+    [n, K/fold]); ``s_max`` over the 32-groups with a nonzero value (1 if none)."""
     n, k = vals.shape
     per = fold // BLOCK_K
     s = scales.reshape(n, k // fold, per)
-    smax = s.amax(dim=-1)
-    ratio = s / smax.unsqueeze(-1)  # exact powers of two <= 1 (float64 holds 2^-254)
+    nonzero = (vals.reshape(n, k // fold, per, BLOCK_K) != 0).any(dim=-1)
+    smax = torch.where(nonzero, s, torch.zeros((), dtype=s.dtype, device=s.device)).amax(dim=-1)
+    smax = torch.where(smax > 0, smax, torch.ones((), dtype=s.dtype, device=s.device))
+    ratio = s / smax.unsqueeze(-1) * 2.0 ** top  # exact powers of two (float64 holds 2^-254)
     v = vals.reshape(n, k // fold, per, BLOCK_K) * ratio.unsqueeze(-1)
     folded = decode_e4m3(cast_to_e4m3(v), torch.float64).reshape(n, k)
-    return folded, smax
+    return folded, smax / 2.0 ** top
+
+
+def _fold_is_exact(packed: torch.Tensor, sf: torch.Tensor, fold: int, top: int) -> bool:
+    """Whether :func:`_fold` of E2M1 rows keeps every value exact: each 32-group holding a
+    nonzero value lies at most ``8 + top`` binades below its fold group's largest (0.5 and
+    1.5 x 2^-8 are E4M3 subnormals; one binade lower they round)."""
+    n, kb = sf.shape
+    nonzero = ((packed.view(torch.uint8) & 0x77).reshape(n, kb, -1) != 0).any(dim=-1)
+    s = torch.where(nonzero, sf.to(torch.int32), torch.full((), -1, dtype=torch.int32, device=sf.device))
+    s = s.reshape(n, kb // (fold // BLOCK_K), -1)
+    smax = s.amax(dim=-1, keepdim=True)
+    return bool(((s < 0) | (smax - s <= 8 + top)).all())
 
 
 def block_scaled_gemm(a_vals: torch.Tensor, a_scales: torch.Tensor,
@@ -445,15 +480,16 @@ def block_scaled_gemm(a_vals: torch.Tensor, a_scales: torch.Tensor,
     """
     m, k = a_vals.shape
     n = b_packed.shape[0]
-    for nm, f in (("numerics.x_fold_k", numerics.x_fold_k), ("numerics.w_fold_k", numerics.w_fold_k)):
+    x_fold, w_fold = (k if f == "row" else f for f in (numerics.x_fold_k, numerics.w_fold_k))
+    for nm, f in (("numerics.x_fold_k", x_fold), ("numerics.w_fold_k", w_fold)):
         if f is not None and k % f:
             raise InputError(nm, f"a divisor of K = {k}", f)
-    p = numerics.group_k
+    p = k if numerics.group_k == "row" else numerics.group_k
     groups = k // p
-    if numerics.x_fold_k is not None:
-        a_vals, a_s = _fold(a_vals, a_scales, numerics.x_fold_k)
+    if x_fold is not None:
+        a_vals, a_s = _fold(a_vals, a_scales, x_fold)
         if p == BLOCK_K:  # the other operand is per-32: broadcast the folded group scale
-            a_s = a_s.repeat_interleave(numerics.x_fold_k // BLOCK_K, dim=1)
+            a_s = a_s.repeat_interleave(x_fold // BLOCK_K, dim=1)
     else:
         a_s = a_scales
     a_g = a_vals.reshape(m, groups, p).transpose(0, 1)          # [G, m, p]
@@ -466,8 +502,9 @@ def block_scaled_gemm(a_vals: torch.Tensor, a_scales: torch.Tensor,
     # sum rounded once; when both scales lie in [2^-58, 2^55] every scaled value stays a
     # normal FP32 number (|sum| in [2^-10, 2^17)), so scaling in FP32 is exact too and the
     # result equals the float64 route's.  Otherwise the halves go through float64.
-    fast = (numerics.w_fold_k is None and p == BLOCK_K
-            and torch.get_float32_matmul_precision() == "highest")
+    # A weight fold takes this path too where it is exact (every folded value an E4M3 value):
+    # then each 32-group's partial is the unfolded one times a power of two, bit for bit.
+    fast = p == BLOCK_K and torch.get_float32_matmul_precision() == "highest"
     if fast:
         a32 = a_g.to(torch.float32).contiguous()
         a_hi = torch.where(a32.abs() >= 0.125, a32, torch.zeros((), device=a32.device))
@@ -480,7 +517,9 @@ def block_scaled_gemm(a_vals: torch.Tensor, a_scales: torch.Tensor,
     for n0 in range(0, n, nc):
         n1 = min(n, n0 + nc)
         bs = decode_ue8m0(b_sf[n0:n1], torch.float64)
-        if fast:
+        fold_here = w_fold is not None and (p != BLOCK_K or not _fold_is_exact(
+            b_packed[n0:n1], b_sf[n0:n1], w_fold, numerics.w_fold_top))
+        if fast and not fold_here:
             bv = _decode_e2m1_rows(b_packed[n0:n1], torch.float32)
             b_g = bv.reshape(n1 - n0, groups, p).permute(1, 2, 0)
             hi, lo = torch.bmm(a_hi, b_g), torch.bmm(a_lo, b_g)     # each exact in FP32
@@ -497,10 +536,10 @@ def block_scaled_gemm(a_vals: torch.Tensor, a_scales: torch.Tensor,
             part.add_(lo)                                           # float64, exact
         else:
             bv = _decode_e2m1_rows(b_packed[n0:n1])
-            if numerics.w_fold_k is not None:
-                bv, bs = _fold(bv, bs, numerics.w_fold_k)
+            if fold_here:
+                bv, bs = _fold(bv, bs, w_fold, numerics.w_fold_top)
                 if p == BLOCK_K:
-                    bs = bs.repeat_interleave(numerics.w_fold_k // BLOCK_K, dim=1)
+                    bs = bs.repeat_interleave(w_fold // BLOCK_K, dim=1)
             b_g = bv.reshape(n1 - n0, groups, p).permute(1, 2, 0)   # [G, p, nc]
             part = torch.bmm(a_g, b_g)                              # exact in float64
         # scales are powers of two: multiplying by each in turn is exact in float64

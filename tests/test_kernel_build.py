@@ -131,19 +131,26 @@ def test_design_from_plan_takes_the_plan_numbers(E, K, H, I, T):
     assert des.pool_rows >= int(r.pool_block_offset[-1]) * des.block_m
 
 
-@pytest.mark.parametrize("clamp", [None, 0.05])
-def test_kernel_check_reference_equals_numerics_sm90(clamp):
+@pytest.mark.parametrize("clamp,sf_lo", [(None, 119), (0.05, 119), (None, 100), (0.05, 100)])
+def test_kernel_check_reference_equals_numerics_sm90_kernel(clamp, sf_lo):
     """The GPU tests compare the kernel with check.reference_sm90; that reference is bitwise
-    megamoe.reference.moe_reference_quantized(numerics=Numerics.sm90(fold_k=None))."""
+    megamoe.reference.moe_reference_quantized(numerics=Numerics.sm90_kernel()) (the weight fold
+    of two independent implementations). With scales in [119, 121] the fold is exact and both
+    are also the per-32 numerics (Numerics.sm90()); with [100, 121] (21 binades) groups more
+    than 14 below their row's largest round, and the numbers differ from the per-32 ones."""
     torch = pytest.importorskip("torch")
     ref = pytest.importorskip("megamoe.reference")
     from megamoe.kernel.check import make_weights, make_inputs, reference_sm90
-    w1, s1, w2, s2 = make_weights(8, 256, 128, "cpu", seed=3)
+    w1, s1, w2, s2 = make_weights(8, 256, 128, "cpu", seed=3, sf_lo=sf_lo)
     x, xs, idx, tw = make_inputs(40, 8, 2, 256, "cpu", seed=4, mask_frac=0.2)
     a = reference_sm90(x, xs, idx, tw, w1, s1, w2, s2, clamp=clamp)
-    b = ref.moe_reference_quantized(x.view(torch.float8_e4m3fn), xs, idx, tw, (w1, s1), (w2, s2),
-                                    activation_clamp=clamp, numerics=ref.Numerics.sm90(None))
+    q = x.view(torch.float8_e4m3fn)
+    b = ref.moe_reference_quantized(q, xs, idx, tw, (w1, s1), (w2, s2),
+                                    activation_clamp=clamp, numerics=ref.Numerics.sm90_kernel())
     assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+    per32 = ref.moe_reference_quantized(q, xs, idx, tw, (w1, s1), (w2, s2),
+                                        activation_clamp=clamp, numerics=ref.Numerics.sm90())
+    assert torch.equal(b.view(torch.int16), per32.view(torch.int16)) == (sf_lo == 119)
 
 
 def test_trace_capacity_by_hand():

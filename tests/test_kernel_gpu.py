@@ -141,6 +141,35 @@ def test_wide_weight_scales(case):
     assert a["bytes_equal"] >= 0.99 and a["max_error_top_ulps"] <= 1.0 and a["scales_equal"] >= 0.999, a
 
 
+def test_weight_fold_drops_groups_far_below_the_row():
+    """The SM90 weight fold (Numerics.sm90_kernel(), megamoe.layouts.fold_e2m1_scales_for_sm90)
+    where it differs from the per-32 numerics: in every third L1 row the first 32-group holds a
+    single 0.5 at K = 0, with its scale 40 binades above the row's other groups, and x[:, 0] = 0;
+    so that group contributes nothing but sets the row's s_max, and the other groups (d = 40 ->
+    table row 19, zeros) vanish: the rows' gate/up is 0 in the fold, not in the per-32 numbers.
+    In every third row from 1 an all-zero group carries the largest scale byte (254) and must not
+    set s_max. The kernel must follow the fold (reference_sm90), far from the per-32 result."""
+    from megamoe.reference import Numerics, moe_reference_quantized
+    shape, T = TINY, 64
+    w1, s1, w2, s2 = make_weights(shape["E"], shape["H"], shape["I"], "cuda", seed=9)
+    w1[:, 0::3, :16] = 0
+    w1[:, 0::3, 0] = 0x01                 # code 1 (0.5) at K = 0, code 0 at K = 1
+    s1[:, 0::3, 0] += 40
+    w1[:, 1::3, 16:32] = 0
+    s1[:, 1::3, 1] = 254
+    k = MegaMoEKernel(shape["E"], shape["K"], shape["H"], shape["I"], T, prepare_weights(w1, s1, w2, s2))
+    x, xs, idx, tw = make_inputs(T, shape["E"], shape["K"], shape["H"], "cuda", seed=5)
+    x[:, 0] = 0
+    y = k(x, xs, idx, tw)
+    k.check()
+    ref = reference_sm90(x, xs, idx, tw, w1, s1, w2, s2)
+    per32 = moe_reference_quantized(x.view(torch.float8_e4m3fn), xs, idx, tw, (w1, s1), (w2, s2),
+                                    numerics=Numerics.sm90())
+    c = compare(y, ref)
+    assert c["nan"] == 0 and c["rel_l2"] <= REL_L2_TOL, c
+    assert compare(per32, ref)["rel_l2"] > 0.1  # the fold really changes these numbers
+
+
 def test_deterministic_and_pool():
     k, inp, y1 = _check(TINY, 150)
     y2 = k(*inp)

@@ -118,8 +118,14 @@ def test_megamoe_kernel_on_sm90_loads_the_sm90_library(monkeypatch, fake_loader)
     w = k.weights
     assert tuple(w.w1.shape) == (8, 2, 2, 128, 64) and tuple(w.w2_sf.shape) == (8, 2, 1, 128, 4)
     back = layouts.untransform_weights_for_sm90((w.w1, w.w1_sf), (w.w2, w.w2_sf))
-    for got, want in zip((*back[0], *back[1]), ck):
+    # (the scale tiles hold the weight fold's table offsets; its row exponents give the row scales)
+    o1, r1 = layouts.fold_e2m1_scales_for_sm90(ck[0], ck[1])
+    o2, r2 = layouts.fold_e2m1_scales_for_sm90(ck[2], ck[3])
+    for got, want in zip((*back[0], *back[1]), (ck[0], o1, ck[2], o2)):
         assert torch.equal(got, want)
+    assert torch.equal(layouts.deinterleave_gate_up(w.w1_row_scale), torch.exp2(r1.double() - 133).float())
+    assert torch.equal(w.w2_row_scale, torch.exp2(r2.double() - 133).float())
+    assert torch.equal(w.fold_table, layouts.sm90_fold_table())
     assert k.path is select.PATHS["sm_90a"] and isinstance(k.lib, _FakeLib)
     assert k.num_sms == 4
     # positional arguments (device is the 14th) select the same way
@@ -138,15 +144,15 @@ def test_megamoe_kernel_on_sm90_loads_the_sm90_library(monkeypatch, fake_loader)
     assert runtime.MegaMoEKernel(num_experts=8, topk=2, hidden=256, inter=128, max_tokens=16,
                                  weights=runtime.prepare_weights(*make_weights(8, 256, 128, "cpu")), clamp=7,
                                  num_sms=4, device="cuda:0").clamp == 7.0
-    # the SM90 decode adds 6 to every weight scale byte (E2M1 as E4M3 x 2^-6): 248 is the
-    # largest byte it takes (248 + 6 = 254, the largest finite UE8M0 byte)
+    # 254 is the largest finite UE8M0 byte (2^127), 255 is NaN: the SM90 kernel takes every byte
+    # up to 254 (its row scale 2^(s_max - 133) and the fold offsets are computed on the host)
     for field, idx in (("w1_sf", 1), ("w2_sf", 3)):
         ck = list(make_weights(8, 256, 128, "cpu"))
-        ck[idx][3, 5, 1] = 248
+        ck[idx][3, 5, 1] = 254
         _kernel(weights=runtime.prepare_weights(*ck))
-        ck[idx][3, 5, 1] = 249
-        with pytest.raises(InputError, match=rf"^weights\.{field}: expected UE8M0 bytes <= 248 \(scales up to 2\^121: "
-                                             r"the SM90 kernel adds 6 to each\), got a byte 249$"):
+        ck[idx][3, 5, 1] = 255
+        with pytest.raises(InputError, match=rf"^weights\.{field}: expected UE8M0 bytes <= 254 \(255 is NaN\), "
+                                             r"got a byte 255$"):
             _kernel(weights=runtime.prepare_weights(*ck))
 
 
@@ -256,7 +262,8 @@ def _expected_fields(k, cfg, T, x, x_sf, idx, w, y, trace_cap=0, tr=None, trc=No
         y=ptr(y), trace=ptr(tr) if tr is not None else None, trace_count=ptr(trc) if trc is not None else None,
         progress=None, combine_rows=T, device=-1, num_ranks=1, rank=0,
         off_x=0, off_x_sf=0, off_topk_w=0, off_src_idx=0, off_recv_count=0, off_combine=0, off_flag=0,
-        peer_base=None, send_count=None, cta_hist=None, pool_rank=None, epoch_counter=None)
+        peer_base=None, send_count=None, cta_hist=None, pool_rank=None, epoch_counter=None,
+        w1_row_scale=None, w2_row_scale=None, fold_table=None)  # the SM90 weight fold: not read by SM100
     ext = dict(block_k=cfg.block_k, pull_bytes=cfg.bytes_per_pull, sf_pool_rows=cfg.sf_pool_rows, reserved=0)
     return base, ext
 

@@ -90,7 +90,8 @@ def test_transform_for_mega_moe_matches_index_formulas_and_inverts():
 def test_sm90_tiles_element_by_element():
     """Tile (e, j, kb) row r byte c holds, for L1, checkpoint row interleaved_source_row(128 j + r)
     and, for L2, row 128 j + r; the register-fragment order puts source byte 8p + 2t + b at
-    16t + 2p + b, then byte b of every word holds that word's values b (low nibble) and 4 + b."""
+    16t + 2p + b, then byte b of every word holds that word's values' magnitudes 2b (bits 0-2)
+    and 2b + 1 (bits 4-6) and the signs of values 4 + b (bit 3) and b (bit 7)."""
     inter, h = 128, 256
     (w1, s1), (w2, s2) = _ckpt(inter=inter, h=h, seed=1)
     (w1t, s1t), (w2t, s2t) = L.transform_weights_for_sm90((w1, s1), (w2, s2))
@@ -112,8 +113,9 @@ def test_sm90_tiles_element_by_element():
                 for kb in range(KB):
                     for r in (0, 7, 8, 15, 16, 63, 64, 127):
                         row = interleaved_source_row(128 * j + r, inter) if l1 else 128 * j + r
-                        # byte b of each word: value b low, value 4 + b high
-                        want = [nib(w[e, row], kb, c, c % 4) | nib(w[e, row], kb, c, 4 + c % 4) << 4 for c in range(64)]
+                        want = [(nib(w[e, row], kb, c, 2 * (c % 4)) & 7) | (nib(w[e, row], kb, c, 4 + c % 4) >> 3) << 3
+                                | (nib(w[e, row], kb, c, 2 * (c % 4) + 1) & 7) << 4 | (nib(w[e, row], kb, c, c % 4) >> 3) << 7
+                                for c in range(64)]
                         assert wt[e, j, kb, r].tolist() == want, (l1, e, j, kb, r)
                         assert st[e, j, kb, r].tolist() == s[e, row, 4 * kb: 4 * kb + 4].tolist()
     (a, b), (c, d) = L.untransform_weights_for_sm90((w1t, s1t), (w2t, s2t))
@@ -169,21 +171,34 @@ def test_bad_inputs_name_the_tensor():
 
 
 def test_sm90_rs_permutation_by_hand():
-    # one row, one K block: bytes 0..63. Thread t's chunk = bytes 8p + 2t, 8p + 2t + 1, p = 0..7
+    # one row, one K block: bytes 0..63. Thread t's chunk = bytes 8p + 2t, 8p + 2t + 1, p = 0..7.
+    # Chunk 0 word 0 = bytes 0, 1, 8, 9: codes c0..c7 (low nibble first) 0,0, 1,0, 8,0, 9,0;
+    # magnitudes 0,0,1,0,0,0,1,0, signs only c4 and c6. Byte b = m(2b) | s(4+b) << 3 |
+    # m(2b+1) << 4 | s(b) << 7: 0|8, 1, 0|8, 1. Word 1 = bytes 16, 17, 24, 25 = 0x10, 0x11, 0x18,
+    # 0x19: codes 0,1, 1,1, 8,1, 9,1 -> 8|16, 1|16, 8|16, 1|16. Chunk 1 word 0 = bytes 2, 3, 10,
+    # 11: codes 2,0, 3,0, 10,0, 11,0 -> 2|8, 3, 2|8, 3.
     row = torch.arange(64, dtype=torch.uint8).view(1, 64)
-    # then byte b of each word = value b | value (4 + b) << 4, values in K order (low nibble
-    # first). Chunk 0 word 0 = bytes 0, 1, 8, 9: values 0,0, 1,0, 8,0, 9,0 -> 0|8<<4, 0|0,
-    # 1|9<<4, 0|0; word 1 = bytes 16, 17, 24, 25 = 0x10, 0x11, 0x18, 0x19: values 0,1, 1,1,
-    # 8,1, 9,1 -> 0|8<<4, 1|1<<4, 1|9<<4, 1|1<<4; chunk 1 word 0 = bytes 2, 3, 10, 11.
     got = L.permute_e2m1_for_sm90_rs(row)[0].tolist()
-    assert got[:8] == [128, 0, 145, 0, 128, 17, 145, 17]
-    assert got[16:20] == [2 | 10 << 4, 0, 3 | 11 << 4, 0]
+    assert got[:8] == [8, 1, 8, 1, 24, 17, 24, 17]
+    assert got[16:20] == [10, 3, 10, 3]
+    # a negative c0 (code 15 = -6 in byte 0's low nibble) sets bit 7 of byte 0, its magnitude 7
+    # bits 0-2 of byte 0
+    row = torch.zeros(1, 64, dtype=torch.uint8)
+    row[0, 0] = 0x0F
+    assert L.permute_e2m1_for_sm90_rs(row)[0, :4].tolist() == [0x87, 0, 0, 0]
+
+
+def _codes_of_word(word):
+    """The eight E2M1 codes of a permuted 4-byte word (fp4.cuh's bit layout, read back)."""
+    v = int.from_bytes(bytes(word), "little")
+    return [((v >> (4 * j)) & 7) | (((v >> (8 * j + 7)) if j < 4 else (v >> (8 * (j - 4) + 3))) & 1) << 3
+            for j in range(8)]
 
 
 def test_sm90_rs_permutation_gives_each_thread_its_wgmma_fragment():
     """Word q of chunk t holds the K elements of registers a0 / a2 of k32 step q for
-    t = lane % 4: [32q + 4t, +4) in its low nibbles, [32q + 16 + 4t, +4) in its high nibbles
-    (CuTe ALayout_64x32)."""
+    t = lane % 4: [32q + 4t, +4) as its values 0..3, [32q + 16 + 4t, +4) as 4..7 (CuTe
+    ALayout_64x32)."""
     g = torch.Generator().manual_seed(0)
     w = torch.randint(0, 256, (3, 5, 128), dtype=torch.uint8, generator=g)  # K = 256: two K blocks
     nib = torch.stack([w & 15, w >> 4], -1).reshape(3, 5, 256)              # element k of each row
@@ -192,10 +207,10 @@ def test_sm90_rs_permutation_gives_each_thread_its_wgmma_fragment():
         for t in range(4):
             chunk = pw[..., kb * 64 + 16 * t: kb * 64 + 16 * t + 16]
             for q in range(4):
-                word = chunk[..., 4 * q: 4 * q + 4]
-                got = torch.cat([word & 15, word >> 4], -1)  # low nibbles, then high nibbles
+                word = chunk[..., 4 * q: 4 * q + 4].reshape(-1, 4)
+                got = torch.tensor([_codes_of_word(wd.tolist()) for wd in word]).view(3, 5, 8)
                 k0 = kb * 128 + 32 * q + 4 * t
-                want = torch.cat([nib[..., k0:k0 + 4], nib[..., k0 + 16:k0 + 20]], -1)
+                want = torch.cat([nib[..., k0:k0 + 4], nib[..., k0 + 16:k0 + 20]], -1).long()
                 assert torch.equal(got, want), (kb, t, q)
     assert torch.equal(L.unpermute_e2m1_for_sm90_rs(pw), w)
 
@@ -203,15 +218,50 @@ def test_sm90_rs_permutation_gives_each_thread_its_wgmma_fragment():
 E2M1_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]  # OCP MX: codes 0..7, bit 3 the sign
 
 
-def test_sm90_decode_formula_gives_e2m1_times_2_to_minus_6():
-    """csrc/megamoe/fp4.cuh decode_e2m1x8, evaluated here on 32-bit integers, turns every
-    permuted word into E4M3 bytes whose values are the E2M1 values x 2^-6, in register order
-    (x: the word's values 0..3, y: 4..7). Byte-local, so all 256 bytes in each of the four
-    byte positions cover every case."""
-    def decode(w):  # the kernel's two lines
-        x = ((w << 2) & 0x1C1C1C1C) | ((w << 4) & 0x80808080)
-        y = ((w >> 2) & 0x1C1C1C1C) | (w & 0x80808080)
-        return x & 0xFFFFFFFF, y & 0xFFFFFFFF
+def _prmt(a, b, sel):
+    """PTX prmt.b32 (default mode): byte n of the result = byte (sel nibble n & 7) of {b, a};
+    if that nibble's bit 3 is set, the selected byte's sign bit replicated (PTX ISA)."""
+    src = [(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)]
+    out = 0
+    for n in range(4):
+        nib = (sel >> (4 * n)) & 0xF
+        byte = src[nib & 7]
+        out |= ((0xFF if byte & 0x80 else 0) if nib & 8 else byte) << (8 * n)
+    return out
+
+
+def _decode(w, tab_row):
+    """csrc/megamoe/fp4.cuh decode_e2m1x8 on Python integers (prmt as the PTX ISA defines it)."""
+    tx, ty = int.from_bytes(bytes(tab_row[:4]), "little"), int.from_bytes(bytes(tab_row[4:]), "little")
+    m = w & 0x77777777
+    x = _prmt(tx, ty, m) | (w & 0x80808080)
+    y = _prmt(tx, ty, m >> 16) | ((w << 4) & 0x80808080)
+    return x & 0xFFFFFFFF, y & 0xFFFFFFFF
+
+
+def test_sm90_fold_table_by_hand():
+    """Row d, byte c: E4M3 of E2M1 magnitude c x 2^(6 - d), nearest-even with subnormals.
+    d = 0: 0, 32 = 2^5 (exponent field 12: 0x60), 64 (0x68), 96 (0x6C), 128 (0x70), 192 (0x74),
+    256 (0x78), 384 (0x7C). d = 14 (x 2^-8): 2^-9 .. 1.5 x 2^-6 -> subnormals 1, 2, 3, 4, 6
+    (units of 2^-9), then 2^-6 (0x08) and 1.5 x 2^-6 (0x0C): still exact. d = 15 (x 2^-9): 0.5 x
+    2^-9 ties to 0, 1.5 x 2^-9 ties to 2 x 2^-9. d = 18: only 6 x 2^-12 = 0.75 x 2^-9 rounds up
+    to 2^-9 (4 x 2^-12 ties to 0). d = 19: all zero."""
+    t = L.sm90_fold_table()
+    assert t.dtype == torch.uint8 and tuple(t.shape) == (20, 8)
+    assert t[0].tolist() == [0, 0x60, 0x68, 0x6C, 0x70, 0x74, 0x78, 0x7C]
+    assert t[14].tolist() == [0, 1, 2, 3, 4, 6, 8, 12]
+    assert t[15].tolist() == [0, 0, 1, 2, 2, 3, 4, 6]
+    assert t[18].tolist() == [0, 0, 0, 0, 0, 0, 0, 1]
+    assert t[19].tolist() == [0] * 8
+
+
+def test_sm90_decode_gives_the_folded_e2m1_values():
+    """The kernel's decode (prmt through the fold table row d, then the signs) turns every
+    permuted word into E4M3 bytes, in register order (x: the word's values 0..3, y: 4..7),
+    whose values are E2M1 x 2^(6 - d) exactly for d <= 14 (float64, by hand), and for every d
+    those of torch's float8 cast of E2M1 x 2^(6 - d) (a second rounding implementation).
+    Byte-local except for the signs, so all 256 bytes in each byte position cover every case."""
+    tab = L.sm90_fold_table()
 
     def e4m3(word):
         b = torch.tensor([(word >> (8 * i)) & 0xFF for i in range(4)], dtype=torch.uint8)
@@ -220,12 +270,39 @@ def test_sm90_decode_formula_gives_e2m1_times_2_to_minus_6():
     def e2m1(code):
         return (-1.0 if code & 8 else 1.0) * E2M1_VALUES[code & 7]
 
-    for pos in range(4):
-        for byte in range(256):
-            w = 0x11111111 & ~(0xFF << (8 * pos)) | byte << (8 * pos)  # other bytes: 0.5, 0.5
-            values = [e2m1((w >> (8 * b)) & 0xF) for b in range(4)] + [e2m1((w >> (8 * b + 4)) & 0xF) for b in range(4)]
-            x, y = decode(w)
-            assert e4m3(x) + e4m3(y) == [v * 2.0 ** -6 for v in values], (pos, byte)
+    for d in (0, 1, 7, 14, 15, 16, 18, 19):
+        for pos in range(4):
+            for byte in range(256):
+                w = 0x11111111 & ~(0xFF << (8 * pos)) | byte << (8 * pos)  # other bytes: codes 1, 1
+                values = [e2m1(c) for c in _codes_of_word(list(w.to_bytes(4, "little")))]
+                x, y = _decode(w, tab[d].tolist())
+                got = e4m3(x) + e4m3(y)
+                cast = torch.tensor(values, dtype=torch.float32) * 2.0 ** (6 - d)
+                assert got == cast.to(torch.float8_e4m3fn).to(torch.float64).tolist(), (d, pos, byte)
+                if d <= 14:
+                    assert got == [v * 2.0 ** (6 - d) for v in values], (d, pos, byte)
+
+
+def test_fold_e2m1_scales_by_hand():
+    """s_max = the largest scale over the row's groups with a nonzero value; offset 8 min(max(
+    s_max - s, 0), 19)."""
+    w = torch.zeros(3, 64, dtype=torch.uint8)  # 3 rows x 128 K: four 32-groups of 16 bytes
+    sf = torch.tensor([[120, 127, 100, 130], [1, 2, 3, 4], [127, 127, 127, 127]], dtype=torch.uint8)
+    w[0, 0:16] = 0x21        # group 0: codes 1, 2
+    w[0, 16] = 0x0F          # group 1: one -6
+    w[0, 32] = 0x80          # group 2: a -0 (code 8) and a 0: no value, still a value-less group ...
+    w[0, 33] = 0x01          # ... until this 0.5
+    # group 3 stays zero (scale 130 ignored): s_max = 127; d = 7, 0, 27 -> 19, -3 -> 0
+    w[1, 20] = 0x70          # row 1: only group 1 (scale 2) has a value: d = 1, 0, -1 -> 0, -2 -> 0
+    # row 2: all zero -> s_max = 127 (any), d = 0
+    off, smax = L.fold_e2m1_scales_for_sm90(w, sf)
+    assert smax.tolist() == [127, 2, 127] and smax.dtype == torch.uint8
+    assert off.tolist() == [[56, 0, 152, 0], [8, 0, 0, 0], [0, 0, 0, 0]] and off.dtype == torch.uint8
+    # batched [E, N, K/2] like the checkpoint; int8 weights are fine (DeepGEMM's dtype)
+    o3, s3 = L.fold_e2m1_scales_for_sm90(w.view(torch.int8).expand(2, 3, 64), sf.expand(2, 3, 4))
+    assert torch.equal(o3[1], off) and torch.equal(s3[0], smax)
+    with pytest.raises(InputError, match=r"^w1_sf: expected \[\.\.\., N, K/32\] UE8M0 bytes for w1 \(3, 64\), got \(3, 3\)$"):
+        L.fold_e2m1_scales_for_sm90(w, sf[:, :3], "w1")
 
 
 def test_sm90_rs_permutation_bad_input():

@@ -225,13 +225,47 @@ def test_block_scaled_gemm_fold_matches_independent():
     assert np.array_equal(unfolded, gemm(av.numpy(), asc.numpy(), wv, wsc))
 
 
+def test_block_scaled_gemm_row_fold_matches_independent():
+    """Numerics.sm90_kernel() (the SM90 kernel's weight fold: per row, values x 2^(s - s_max + 6)
+    rounded to E4M3, 2^(s_max - 6) on each 32-wide partial, s_max over the groups with a nonzero
+    value) against numpy: bitwise the per-32 result when the row's nonzero groups span <= 14
+    binades, rounded small groups (and different numbers) when they span more."""
+    g = torch.Generator().manual_seed(6)
+    k = 256
+    import megamoe.formats as F
+    q, qs = F.quantize_e4m3_blocks(torch.randn((3, k), generator=g))
+    av, asc = F.decode_e4m3(q, torch.float64), F.decode_ue8m0(qs, torch.float64)
+    for spread, exact in ((-1.0, True), (-1.5, True), (-3.0, False)):  # 8 groups: ~7, ~11, ~21 binades
+        w = torch.randn((40, k), generator=g) * torch.exp2(torch.arange(k) // 32 * spread)
+        wp, ws = F.quantize_e2m1_blocks(w.reshape(1, 40, k))
+        wp, ws = wp[0].clone(), ws[0].clone()
+        wp[5, 16:32] = 0                          # row 5, group 1 all zero, with the largest scale:
+        ws[5, 1] = 200                            # it must not set s_max
+        got = R.block_scaled_gemm(av, asc, wp, ws, R.Numerics.sm90_kernel()).numpy()
+        wv, wsc = dec_w(wp.numpy(), ws.numpy())
+        g32 = wv.reshape(40, -1, 32)
+        smax = np.where((g32 != 0).any(-1), wsc, 0).max(-1, keepdims=True)
+        d = np.log2(smax / wsc)[(g32 != 0).any(-1)]
+        assert (d.max() <= 14) == exact  # the case is what it says
+        fw = np_e4m3(g32 * (wsc / smax * 64.0)[..., None]).reshape(wv.shape)
+        want = gemm(av.numpy(), asc.numpy(), fw, np.broadcast_to(smax / 64.0, wsc.shape))
+        assert np.array_equal(got, want)
+        per32 = R.block_scaled_gemm(av, asc, wp, ws, R.Numerics.sm90()).numpy()
+        assert np.array_equal(got, per32) == exact, spread
+
+
 def test_numerics_constructors_and_validation():
     assert R.Numerics.sm100() == R.Numerics("sm100", None, None, True, False)
     s = R.Numerics.sm90(128)
     assert (s.arch, s.w_fold_k, s.x_fold_k, s.bf16_before_swiglu) == ("sm90", 128, 128, True)
     assert R.Numerics.sm90().group_k == 32 and s.group_k == 128
-    with pytest.raises(InputError, match=r"^numerics.w_fold_k"):
+    with pytest.raises(InputError, match=r"^numerics.w_fold_k: expected None, 'row' or a positive multiple of 32, got 48$"):
         R.Numerics("sm90", 48, None)
+    k = R.Numerics.sm90_kernel()
+    assert (k.arch, k.w_fold_k, k.x_fold_k, k.w_fold_top, k.group_k) == ("sm90", "row", None, 6, 32)
+    for top, fold in ((7, "row"), (-1, "row"), (1.0, "row"), (True, "row"), (2, None)):
+        with pytest.raises(InputError, match=r"^numerics.w_fold_top: expected an int 0\.\.6"):
+            R.Numerics("sm90", fold, None, w_fold_top=top)
     with pytest.raises(InputError, match=r"^numerics.arch"):
         R.Numerics("sm80")
     # sm90 without folding is numerically the SM100 path

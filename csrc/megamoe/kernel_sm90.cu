@@ -63,6 +63,9 @@ static_assert(kDispatchThreads == kSharedDispatchThreads && kBarDispatch == kSha
               "the dispatch warps run roles_shared.cuh's count_items / dispatch_pull with its barrier");
 
 __host__ __device__ constexpr size_t align128(size_t x) { return (x + 127) & ~size_t(127); }
+constexpr int kMaxStages = 16;
+constexpr uint32_t kFoldTableOffset = 2 * kMaxStages * 8;  // the fold table (fp4.cuh) after the full/empty barriers
+static_assert(kFoldTableOffset + kFoldTableBytes <= 1024, "fold table inside the barrier kilobyte");
 
 // Shared-memory layout (mirrored by megamoe.design_sm90.smem_bytes). Every stage starts on a
 // 1024-B boundary, and so does its shared-memory WGMMA operand (the token tile): the 128-byte
@@ -75,7 +78,7 @@ __host__ __device__ constexpr size_t stage_bytes(int bm) {
     return align1024((size_t)bm * 128 + 8192 + 512 + align128((size_t)bm * 4) + (size_t)bm * 32);
 }
 __host__ __device__ constexpr size_t fixed_bytes(int bm, int num_experts) {
-    // barriers | dispatch scratch | per-warp amax [8][bm] f32
+    // barriers + fold table (kFoldTableOffset) | dispatch scratch | per-warp amax [8][bm] f32
     return align1024(1024 + align128((size_t)num_experts * 12 + 64) + align128((size_t)8 * bm * 4));
 }
 __host__ __device__ constexpr size_t smem_bytes(int bm, int stages, int num_experts) {
@@ -473,7 +476,8 @@ struct Producer {
 // n_block * 64 + 32 g + 8 wi + lane/4, and warpgroup g owns exactly one 32-wide UE8M0
 // group of the L1 output (n_block * 2 + g).
 template <int BM>
-__device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, uint64_t* empty, float* red) {
+__device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, uint64_t* empty, float* red,
+                              const uint8_t* fold_tab) {
     using Tile = Sm90Tile<BM>;
     constexpr int NJ = Tile::NJ;
     const int ctid = threadIdx.x - kDispatchThreads - kProducerThreads;
@@ -515,6 +519,11 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
         const uint32_t tslot = trace ? trace_reserve(p, 2) : 0;  // the block's two records (MMA, epilogue)
         if (ctid == 0) progress(p, 4, (uint32_t)((b.phase << 28) | (b.expert << 16) | (b.m_block << 8) | b.n_block));
         tile.zero();
+        // this thread's two weight rows' scales 2^(s_max - 133) (the fold, fp4.cuh), applied
+        // in the epilogue; loaded now, used after the K loop
+        const float* rs = b.phase == kPhaseL1 ? p.w1_row_scale + (size_t)b.expert * 2 * I
+                                              : p.w2_row_scale + (size_t)b.expert * H;
+        const float rs0 = __ldg(rs + b.n_block * 128 + tile.row_of(0)), rs8 = __ldg(rs + b.n_block * 128 + tile.row_of(2));
         for (int kb = 0; kb < b.num_k_blocks; ++kb) {
             // After an error every wait fails fast; keep walking the block list so that all
             // consumer warps still meet at the named barriers (no hang).
@@ -545,14 +554,14 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
             const int n0 = tile.row_of(0);
             const uint32_t* w0 = reinterpret_cast<const uint32_t*>(st.bpk + n0 * 64 + (lane & 3) * 16);
             const uint32_t* w8 = w0 + 8 * 16;  // row n0 + 8
-            const uint32_t sw0 = *reinterpret_cast<const uint32_t*>(st.sfb + n0 * 4);
-            const uint32_t sw8 = *reinterpret_cast<const uint32_t*>(st.sfb + (n0 + 8) * 4);
+            const uint32_t o0 = *reinterpret_cast<const uint32_t*>(st.sfb + n0 * 4);  // fold-table offsets
+            const uint32_t o8 = *reinterpret_cast<const uint32_t*>(st.sfb + (n0 + 8) * 4);
             // (The token tile was written by TMA, the async proxy WGMMA reads it through: no
             // proxy fence; the full barrier's completion makes it visible.)
             if constexpr (!Tile::kDirectScales) named_bar_sync(kBarConsumerWg0 + g, 128);
             c0 = clock64();
             cyc_decode += c0 - c1;
-            if (!dead && mma_on) tile.mma_k_block(w0, w8, sw0, sw8, st.a, fsx, st.sfa);
+            if (!dead && mma_on) tile.mma_k_block(w0, w8, o0, o8, fold_tab, st.a, fsx, st.sfa);
             __syncwarp();
             if (lane == 0) mbar_arrive(empty + s);
             cyc_mma += clock64() - c0;
@@ -568,6 +577,11 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
         // never have been pulled: compute nothing into memory, above all no write-back through
         // a stale source rank (EP). The named barriers below are still met.
         const bool store = !dead && !aborted(p);
+        #pragma unroll
+        for (int j = 0; j < NJ; ++j) {  // the row scales: rows row_of(0) (r = 0, 1) and row_of(2) (r = 2, 3)
+            tile.acc[j][0] *= rs0; tile.acc[j][1] *= rs0;
+            tile.acc[j][2] *= rs8; tile.acc[j][3] *= rs8;
+        }
         if (b.phase == kPhaseL1) {
             // SwiGLU (BF16-rounded gate/up, optional clamp) x top-k weight, per-32 amax. The
             // top-k weights are loaded up front: one round trip, not one per token. (Loading
@@ -683,7 +697,10 @@ __global__ void __launch_bounds__(kThreads, 1) megamoe_sm90_kernel(const __grid_
     int* scan = off_blk + E;
     float* red = reinterpret_cast<float*>(smem + 1024 + align128((size_t)E * 12 + 64));
     uint8_t* stages = smem + fixed_bytes(BM, E);
+    uint8_t* fold_tab = smem + kFoldTableOffset;  // after the 2 x 16 barriers, inside the first 1024 B
     const int warp = threadIdx.x >> 5;
+    if (threadIdx.x < kFoldTableBytes / 4)
+        reinterpret_cast<uint32_t*>(fold_tab)[threadIdx.x] = __ldg(reinterpret_cast<const uint32_t*>(p.fold_table) + threadIdx.x);
     if (threadIdx.x == 0) {
         for (int s = 0; s < S; ++s) {
             mbar_init(full + s, 1);  // the producer lane's arrive.expect_tx; the TMA bytes complete it
@@ -710,7 +727,7 @@ __global__ void __launch_bounds__(kThreads, 1) megamoe_sm90_kernel(const __grid_
         if (threadIdx.x == kDispatchThreads) progress(p, 3, 0xD0);
     } else {
         setmaxnreg_inc<kRegsConsumer>();
-        consumer_role<BM>(p, stages, full, empty, red);
+        consumer_role<BM>(p, stages, full, empty, red, fold_tab);
         __syncwarp();
         if (threadIdx.x == kDispatchThreads + kProducerThreads) progress(p, 6, 0xD0);
         setmaxnreg_dec<kRegsEven>();
@@ -862,9 +879,10 @@ int megamoe_sm90_launch(const Params* p_in, void* stream) {
     max_smem = g_dev[dev].max_smem;
     if (p->num_sms < 1 || p->num_sms > sms) return -2;
     if (p->hidden % 128 || p->inter % 128 || 2 * p->inter / 128 > 64 || p->num_experts > 512 ||
-        p->num_experts < 1 || p->num_stages < 2 || p->num_stages > 16 || p->experts_per_wave < 1 ||
+        p->num_experts < 1 || p->num_stages < 2 || p->num_stages > megamoe::kMaxStages || p->experts_per_wave < 1 ||
         p->pool_rows % p->block_m)
         return -5;
+    if (p->fold_table == nullptr || p->w1_row_scale == nullptr || p->w2_row_scale == nullptr) return -9;
     if (p->num_ranks < 1 || p->num_experts % p->num_ranks || p->num_experts / p->num_ranks > 256 ||
         p->rank < 0 || p->rank >= p->num_ranks || p->combine_rows < p->num_tokens ||
         (p->num_ranks > 1 && (p->peer_base == nullptr || p->epoch_counter == nullptr ||
@@ -892,6 +910,7 @@ const char* megamoe_sm90_error_string(int code) {
         case -5: return "unsupported shape (hidden, inter multiples of 128; 2*inter/128 <= 64; E <= 512; 2 <= stages <= 16)";
         case -7: return "cuTensorMapEncodeTiled not available from the CUDA driver (TMA descriptors need driver 12.0+)";
         case -8: return "the driver refused a TMA descriptor (pool address not 16-byte aligned, or hidden/inter/pool_rows out of range)";
+        case -9: return "the weight fold is not set (fold_table, w1_row_scale, w2_row_scale: megamoe.kernel.runtime.sm90_weights)";
         case -6: return "bad expert-parallel parameters (R divides E, E/R <= 256, rank < R, combine_rows >= T, EP buffers and the call counter set)";
         default: return cudaGetErrorString((cudaError_t)code);
     }

@@ -14,20 +14,25 @@
 // +8 (a1, a3), K elements [4 t, 4 t + 4) (a0, a1) and [16 + 4 t, 16 + 4 t + 4) (a2, a3) with
 // t = l % 4. The weights are stored so that those elements of all four k32 steps of a
 // 128-K block are one 16-byte chunk per row and thread (megamoe.layouts.
-// permute_e2m1_for_sm90_rs): chunk t of a row's 64-byte K block; its word q (nibbles
-// reordered, fp4.cuh) decodes to (a0 or a1, a2 or a3) of step q.
+// permute_e2m1_for_sm90_rs): chunk t of a row's 64-byte K block; its word q (bits
+// reordered, fp4.cuh) decodes to (a0 or a1, a2 or a3) of step q through the fold table row
+// of that row's K group q.
 //
 // B (tokens) sits in shared memory K-major as 128-byte rows (one K block of FP8) with the
 // 16-byte chunk index XOR-swizzled by (row % 8) inside 1024-byte atoms: the 128-byte swizzle
 // of a WGMMA shared-memory descriptor (stride between 8-row atoms 1024 B; the K step of 32
 // FP8 = 32 B advances the start address, DeepGEMM's idiom). Atoms must be 1024-B aligned.
 //
-// Numerics (`megamoe.reference.Numerics.sm90(fold_k=None)`): each 32-wide K group is one
-// WGMMA with a zeroed accumulator (scale-d = 0), and its FP32 partial sum is promoted into
-// the FP32 accumulator as acc = fma(d * 2^(sw + 6), 2^sx, acc) with the UE8M0 scales of the
-// weight row and the token for that group (the decoded weights are E2M1 x 2^-6, fp4.cuh: d is
-// the true partial x 2^-6 exactly, so the result is bitwise the unscaled one). The weight scales are read as bytes (4 per row
-// and K block), the token scales from an FP32 table [4][BLOCK_M] the warpgroup builds per stage.
+// Numerics (`megamoe.reference.Numerics.sm90_kernel()`): each 32-wide K group is one WGMMA
+// with a zeroed accumulator (scale-d = 0), and its FP32 partial sum d is promoted into the
+// FP32 accumulator as acc = fma(d, 2^sx, acc) with the token's UE8M0 scale for that group. The
+// weight scales are folded into the decoded values (fp4.cuh: E2M1 x 2^(6 - d) for a group 2^d
+// below its row's largest scale), so acc is the row's result / 2^(s_max - 133) and the
+// epilogue multiplies by that row scale once (in exact arithmetic the per-32 promotion
+// acc = fma(d' * 2^sw, 2^sx, acc) when the fold is exact: the partials differ by powers of
+// two only; the H200's FP8 WGMMA rounds a little differently, benchmarks/NOTES_kernel.md v6.5).
+// The weights' table offsets are read as bytes (4 per row and K block), the token scales as
+// bytes (block_m <= 32) or from an FP32 table [4][BLOCK_M] the warpgroup builds per stage.
 //
 // The MMA atoms, the descriptor and the wgmma fences come from CUTLASS/CuTe
 // (cute/arch/mma_sm90_gmma.hpp, cute/arch/mma_sm90_desc.hpp).
@@ -131,11 +136,10 @@ struct Sm90Tile {
         else if (n == 2) cute::warpgroup_wait<2>();
         else cute::warpgroup_wait<3>();
     }
-    // acc += part * 2^sw(row) * 2^sx(token) for K group q; sw0 / sw8 carry the decode's
-    // exponent offset (mma_k_block), so part * 2^(sw + 6) is the product of the true values
-    // (sxw: kDirectScales only, the scale words of tokens tok_of(j, 0) and tok_of(j, 1))
-    __device__ __forceinline__ void promote(int pb, int q, uint32_t sw0, uint32_t sw8, const float* fsx, const uint2* sxw) {
-        const float s0 = ue8m0_to_float((sw0 >> (8 * q)) & 0xFFu), s8 = ue8m0_to_float((sw8 >> (8 * q)) & 0xFFu);
+    // acc += part * 2^sx(token) for K group q (the weight scale is in the decoded values and
+    // the epilogue's row scale; sxw: kDirectScales only, the scale words of tokens tok_of(j, 0)
+    // and tok_of(j, 1))
+    __device__ __forceinline__ void promote(int pb, int q, const float* fsx, const uint2* sxw) {
         #pragma unroll
         for (int j = 0; j < NJ; ++j) {
             float2 sx;
@@ -143,27 +147,28 @@ struct Sm90Tile {
                 sx = make_float2(ue8m0_to_float((sxw[j].x >> (8 * q)) & 0xFFu), ue8m0_to_float((sxw[j].y >> (8 * q)) & 0xFFu));
             else
                 sx = *reinterpret_cast<const float2*>(fsx + q * BLOCK_M + tok_of(j, 0));
-            acc[j][0] = fmaf(part[pb][j][0] * s0, sx.x, acc[j][0]);
-            acc[j][1] = fmaf(part[pb][j][1] * s0, sx.y, acc[j][1]);
-            acc[j][2] = fmaf(part[pb][j][2] * s8, sx.x, acc[j][2]);
-            acc[j][3] = fmaf(part[pb][j][3] * s8, sx.y, acc[j][3]);
+            acc[j][0] = fmaf(part[pb][j][0], sx.x, acc[j][0]);
+            acc[j][1] = fmaf(part[pb][j][1], sx.y, acc[j][1]);
+            acc[j][2] = fmaf(part[pb][j][2], sx.x, acc[j][2]);
+            acc[j][3] = fmaf(part[pb][j][3], sx.y, acc[j][3]);
         }
     }
     // Operands of one 128-deep K block. w0 / w8: this thread's 16-byte chunk of packed E2M1
     // (shared memory, read one word per k32 step) for its rows row_of(0) and row_of(2) (see
-    // the file comment); sw0 / sw8: those rows' 4 UE8M0 scale bytes (byte q = K group q); a:
-    // [BLOCK_M][128] E4M3 tokens, swizzled and 1024-B aligned; fsx: FP32 [4][BLOCK_M] token
-    // scales.
+    // the file comment); o0 / o8: those rows' 4 fold-table offsets (byte q = K group q); tab:
+    // the fold table in shared memory (fp4.cuh); a: [BLOCK_M][128] E4M3 tokens, swizzled and
+    // 1024-B aligned; fsx: FP32 [4][BLOCK_M] token scales; sfa: [BLOCK_M][4] UE8M0 bytes.
+    __device__ __forceinline__ void decode(int ia, const uint32_t* w0, const uint32_t* w8, uint32_t o0, uint32_t o8,
+                                           const uint8_t* tab, int q) {
+        ra0[ia] = decode_e2m1x8(w0[q], *reinterpret_cast<const uint2*>(tab + byte_of(o0, q)));
+        ra8[ia] = decode_e2m1x8(w8[q], *reinterpret_cast<const uint2*>(tab + byte_of(o8, q)));
+    }
 
     // One K block: issue, wait, promote.
-    __device__ __forceinline__ void mma_k_block(const uint32_t* w0, const uint32_t* w8, uint32_t sw0, uint32_t sw8,
-                                                const uint8_t* a, const float* fsx, const uint8_t* sfa) {
+    __device__ __forceinline__ void mma_k_block(const uint32_t* w0, const uint32_t* w8, uint32_t o0, uint32_t o8,
+                                                const uint8_t* tab, const uint8_t* a, const float* fsx,
+                                                const uint8_t* sfa) {
         const uint64_t db = sw128_kmajor_desc(a);
-        // the decoded weights are E2M1 x 2^-6 (fp4.cuh): 6 more on each scale byte (no carry:
-        // the host rejects weight scale bytes above 248, megamoe.kernel.runtime.sm90_weights)
-        constexpr uint32_t kOff = kE2M1DecodeExpOffset * 0x01010101u;
-        sw0 += kOff;
-        sw8 += kOff;
         uint2 sxw[kDirectScales ? NJ : 1];
         if constexpr (kDirectScales) {
             #pragma unroll
@@ -172,7 +177,7 @@ struct Sm90Tile {
         if constexpr (NP == 4) {
             // all four issued (four commit groups), each promoted as it completes
             #pragma unroll
-            for (int q = 0; q < 4; ++q) { ra0[q] = decode_e2m1x8(w0[q]); ra8[q] = decode_e2m1x8(w8[q]); }
+            for (int q = 0; q < 4; ++q) decode(q, w0, w8, o0, o8, tab, q);
             cute::warpgroup_arrive();
             #pragma unroll
             for (int q = 0; q < 4; ++q) { gmma(q, db + 2 * q, q); cute::warpgroup_commit_batch(); }
@@ -180,13 +185,13 @@ struct Sm90Tile {
             for (int q = 0; q < 4; ++q) {
                 wait_pending(3 - q);
                 fence_step(q, q);
-                promote(q, q, sw0, sw8, fsx, sxw);
+                promote(q, q, fsx, sxw);
             }
         } else if constexpr (NP == 2) {
             // A registers of two steps: step q's live in set q % 2 until its wait
-            ra0[0] = decode_e2m1x8(w0[0]); ra8[0] = decode_e2m1x8(w8[0]);
+            decode(0, w0, w8, o0, o8, tab, 0);
             issue(0, db, 0);
-            ra0[1] = decode_e2m1x8(w0[1]); ra8[1] = decode_e2m1x8(w8[1]);
+            decode(1, w0, w8, o0, o8, tab, 1);
             #pragma unroll
             for (int q = 0; q < 4; ++q) {
                 const int c = q & 1, n = c ^ 1;
@@ -197,21 +202,21 @@ struct Sm90Tile {
                     cute::warpgroup_wait<0>();
                 }
                 fence_step(c, c);
-                if (q < 2) { ra0[c] = decode_e2m1x8(w0[q + 2]); ra8[c] = decode_e2m1x8(w8[q + 2]); }
-                promote(c, q, sw0, sw8, fsx, sxw);
+                if (q < 2) decode(c, w0, w8, o0, o8, tab, q + 2);
+                promote(c, q, fsx, sxw);
             }
         } else {
             // one partial; step q + 1 is decoded (into the other A register set) while step q's
             // WGMMA runs, so only the promotion lies between two WGMMAs
-            ra0[0] = decode_e2m1x8(w0[0]); ra8[0] = decode_e2m1x8(w8[0]);
+            decode(0, w0, w8, o0, o8, tab, 0);
             #pragma unroll
             for (int q = 0; q < 4; ++q) {
                 const int c = q & 1;
                 issue(c, db + 2 * q, 0);
-                if (q < 3) { ra0[c ^ 1] = decode_e2m1x8(w0[q + 1]); ra8[c ^ 1] = decode_e2m1x8(w8[q + 1]); }
+                if (q < 3) decode(c ^ 1, w0, w8, o0, o8, tab, q + 1);
                 cute::warpgroup_wait<0>();
                 fence_step(c, 0);
-                promote(0, q, sw0, sw8, fsx, sxw);
+                promote(0, q, fsx, sxw);
             }
         }
     }

@@ -83,6 +83,11 @@ struct Params {
     //   x, x_sf, topk_w                 this rank's tokens [max_tokens, ...]
     //   src_idx    i32 [E/R, R, max_tokens]  source-index table: token*K+slot on rank s, ascending
     //   combine    bf16 [K, max_tokens, H]   L2 rows written by the expert owners
+    // ---- SM90 weight fold (megamoe.layouts.fold_e2m1_scales_for_sm90; the SM100 kernel reads none
+    // of it): w1_sf / w2_sf then hold fold-table offsets (8 d per 32-group) instead of UE8M0 bytes.
+    const float* w1_row_scale;            // [E, 2I] 2^(s_max - 133) per L1 row (gate/up interleaved order)
+    const float* w2_row_scale;            // [E, H]
+    const uint8_t* fold_table;            // [20][8] E4M3 bytes of the E2M1 magnitudes x 2^(6 - d)
 };
 
 enum ErrorCode : uint32_t {

@@ -1,7 +1,9 @@
 """Inputs and an independent reference for the SM90 kernel (torch, float64 GEMMs).
 
 ``reference_sm90`` implements the numerics the kernel really runs (``design_sm90.W_FOLD_K =
-X_FOLD_K = None``): UE8M0 scales per 32-K group, FP32-level accumulation (float64 here),
+"row"``, ``W_FOLD_TOP = 6``, ``X_FOLD_K = None``): weight values folded per row as E4M3 of
+``E2M1 x 2^(s - s_max + 6)`` times ``2^(s_max - 6)`` (``s_max`` over the row's 32-groups with a
+nonzero value), activation UE8M0 scales per 32-K group, FP32-level accumulation (float64 here),
 gate/up rounded to BF16 then clamped, SiLU in FP32, times the top-k weight, per-32 amax ->
 UE8M0 (``ceil(log2(amax / 448))``) -> E4M3 (RNE, saturating), L2 in float64 rounded to BF16
 per (token, slot), combine in FP32 over the valid slots in slot order, BF16 out. It is the
@@ -58,6 +60,20 @@ def dequant_e2m1(packed, sf, dtype=None):
     shp = v.shape
     s = torch.pow(2.0, sf.to(dtype) - 127)
     return (v.reshape(*shp[:-1], shp[-1] // 32, 32) * s[..., None]).reshape(shp)
+
+
+def dequant_e2m1_folded(packed, sf, top=6):
+    """float64 ``[N, K]`` weights as the SM90 kernel decodes them: per row, each 32-group's
+    E2M1 values x 2^(s - s_max + top) rounded to E4M3 (torch's float8 cast), times
+    2^(s_max - top); ``s_max`` = the row's largest scale byte over groups with a nonzero value."""
+    torch = _torch()
+    v = dequant_e2m1(packed, torch.full_like(sf, 127))  # unscaled E2M1 values
+    g = v.reshape(*sf.shape, 32)
+    s = sf.to(torch.float64) - 127
+    smax = torch.where((g != 0).any(-1), s, torch.full_like(s, -math.inf)).amax(-1, keepdim=True)
+    smax = torch.where(torch.isinf(smax), torch.zeros_like(smax), smax)
+    f = (g * torch.pow(2.0, s - smax + top)[..., None]).float().to(torch.float8_e4m3fn).to(torch.float64)
+    return (f * torch.pow(2.0, smax - top)[..., None]).reshape(v.shape)
 
 
 def make_weights(E, H, I, device, seed=0, sf_lo=119, sf_hi=121):
@@ -118,7 +134,7 @@ def reference_sm90(x, x_sf, topk_idx, topk_w, w1, w1_sf, w2, w2_sf, clamp=None, 
     for e in torch.unique(flat[flat >= 0]).tolist():
         items = (flat == e).nonzero().squeeze(1)
         t, k = items // K, items % K
-        W1 = dequant_e2m1(w1[e], w1_sf[e])
+        W1 = dequant_e2m1_folded(w1[e], w1_sf[e])
         h = xd[t] @ W1.T
         gate = h[:, :I].to(torch.float32).to(torch.bfloat16).to(torch.float32)
         up = h[:, I:].to(torch.float32).to(torch.bfloat16).to(torch.float32)
@@ -128,7 +144,7 @@ def reference_sm90(x, x_sf, topk_idx, topk_w, w1, w1_sf, w2, w2_sf, clamp=None, 
         silu = gate / (1.0 + torch.exp(-gate))
         v = (silu * up) * topk_w[t, k].to(torch.float32)[:, None]
         q, qsf = quantize_e4m3_per32(v)
-        W2 = dequant_e2m1(w2[e], w2_sf[e])
+        W2 = dequant_e2m1_folded(w2[e], w2_sf[e])
         o = dequant_e4m3(q, qsf) @ W2.T
         cb[k, t] = o.to(torch.float32).to(torch.bfloat16)
         if return_l2_input:

@@ -56,7 +56,7 @@ def run_main(num_experts: int = 256, topk: int = 6, hidden: int = 4096, inter: i
     if check:
         c = compare(y, reference_sm90(x, xs, idx, tw, *w, clamp=clamp))
         ok = c["nan"] == 0 and c["rel_l2"] <= REL_L2_TOL
-        print(f"check vs reference (Numerics.sm90(fold_k=None), rel L2 <= {REL_L2_TOL:g} for the FP8 WGMMA "
+        print(f"check vs reference (Numerics.sm90_kernel(), rel L2 <= {REL_L2_TOL:g} for the FP8 WGMMA "
               f"accumulation): {c} -> {'OK' if ok else 'FAIL'}")
         rc = 0 if ok else 1
     if trace_path:

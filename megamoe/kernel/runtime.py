@@ -71,7 +71,8 @@ class Params(ctypes.Structure):
         (n, ctypes.c_int64) for n in (
             "combine_rows", "device", "num_ranks", "rank", "off_x", "off_x_sf", "off_topk_w", "off_src_idx",
             "off_recv_count", "off_combine", "off_flag")] + [
-        (n, ctypes.c_void_p) for n in ("peer_base", "send_count", "cta_hist", "pool_rank", "epoch_counter")]
+        (n, ctypes.c_void_p) for n in ("peer_base", "send_count", "cta_hist", "pool_rank", "epoch_counter",
+                                       "w1_row_scale", "w2_row_scale", "fold_table")]
 
 
 def cuda_available() -> bool:
@@ -142,34 +143,66 @@ def prepare_weights(w1, w1_sf, w2, w2_sf) -> Weights:
     return Weights(*(t.contiguous().view(torch.uint8) for t in (w1, w1_sf, w2, w2_sf)))
 
 
-#: Largest weight scale byte the SM90 kernel takes: it adds 6 (its E2M1 decode's exponent
-#: offset, csrc/megamoe/fp4.cuh) to each byte of a packed word; 254 is the largest finite
-#: UE8M0 byte (2^127), and the add must not carry into the next byte.
-SM90_MAX_WEIGHT_SCALE_BYTE = 254 - 6
+#: Largest weight scale byte the SM90 kernel takes: 254 is the largest finite UE8M0 byte
+#: (2^127; 255 is NaN in the OCP MX formats). The kernel's row scale is 2^(s_max - 133).
+SM90_MAX_WEIGHT_SCALE_BYTE = 254
 
 
-def sm90_weights(weights: Weights) -> Weights:
-    """Checkpoint-layout weights -> what the SM90 kernel reads: every tensor cut into the
-    tiles of :func:`megamoe.layouts.transform_weights_for_sm90` (gate/up interleave, bytes in
-    register-fragment order, one contiguous 8192 + 512-byte tile per 128 rows x 128 K), so
-    the producer loads a stage's weights and scales with two TMA bulk copies. A new copy on
-    the same device: the weights' memory once more.
+@dataclass
+class Sm90Weights(Weights):
+    """What the SM90 kernel reads (:func:`sm90_weights`): w1 / w2 in the TMA tiles of
+    :func:`megamoe.layouts.transform_weights_for_sm90`, w1_sf / w2_sf the same tiles of the
+    weight fold's table offsets (``uint8``, 8 d per 32-group,
+    :func:`megamoe.layouts.fold_e2m1_scales_for_sm90`), ``w1_row_scale`` float32 ``[E, 2I]``
+    (gate/up interleaved every 8 rows) and ``w2_row_scale`` ``[E, H]``: 2^(s_max - 133) per
+    row; ``fold_table`` uint8 ``[20, 8]`` (:func:`megamoe.layouts.sm90_fold_table`)."""
+    w1_row_scale: object = None
+    w2_row_scale: object = None
+    fold_table: object = None
 
-    The kernel decodes E2M1 as E4M3 values x 2^-6 and adds 6 to every weight scale byte
-    (``csrc/megamoe/fp4.cuh``), so the scale bytes must be at most 248 (scales up to 2^121).
+    def params(self) -> dict:
+        """The Params fields (device addresses) of these weights."""
+        return {k: getattr(self, k).data_ptr() for k in ("w1", "w1_sf", "w2", "w2_sf", "w1_row_scale",
+                                                         "w2_row_scale", "fold_table")}
+
+
+def sm90_weights(weights: Weights) -> Sm90Weights:
+    """Checkpoint-layout weights -> what the SM90 kernel reads (:class:`Sm90Weights`): every
+    tensor cut into the tiles of :func:`megamoe.layouts.transform_weights_for_sm90` (gate/up
+    interleave, bits in register-fragment order, one contiguous 8192 + 512-byte tile per 128
+    rows x 128 K), so the producer loads a stage's weights and table offsets with two TMA bulk
+    copies, and the weight fold (:func:`megamoe.layouts.fold_e2m1_scales_for_sm90`: per row,
+    each 32-group's scale relative to the row's largest as a decode-table offset, and the row's
+    scale 2^(s_max - 133)). A new copy on the same device: the weights' memory once more.
+
+    Numerics: ``megamoe.reference.Numerics.sm90_kernel()`` (bitwise the per-32 ones when every
+    row's nonzero 32-groups lie within 14 binades of its largest).
 
     Raises:
         InputError: ``weights`` is not a :class:`Weights` (``prepare_weights``), N / K are
-            not multiples of 128, or a weight scale byte is above 248."""
-    from megamoe.layouts import transform_weights_for_sm90
+            not multiples of 128, or a weight scale byte is 255 (NaN)."""
+    import torch
+
+    from megamoe.layouts import (
+        fold_e2m1_scales_for_sm90,
+        interleave_gate_up,
+        sm90_fold_table,
+        transform_weights_for_sm90,
+    )
     require(isinstance(weights, Weights), "weights", "prepare_weights(...) (checkpoint layout)", type(weights).__name__)
     for name, sf in (("weights.w1_sf", weights.w1_sf), ("weights.w2_sf", weights.w2_sf)):
         top = int(sf.max()) if sf.numel() else 0
         require(top <= SM90_MAX_WEIGHT_SCALE_BYTE, name,
-                f"UE8M0 bytes <= {SM90_MAX_WEIGHT_SCALE_BYTE} (scales up to 2^121: the SM90 kernel adds 6 to each)",
-                f"a byte {top}")
-    (w1, s1), (w2, s2) = transform_weights_for_sm90((weights.w1, weights.w1_sf), (weights.w2, weights.w2_sf))
-    return Weights(w1, s1, w2, s2)
+                f"UE8M0 bytes <= {SM90_MAX_WEIGHT_SCALE_BYTE} (255 is NaN)", f"a byte {top}")
+    o1, r1 = fold_e2m1_scales_for_sm90(weights.w1, weights.w1_sf, "weights.w1")
+    o2, r2 = fold_e2m1_scales_for_sm90(weights.w2, weights.w2_sf, "weights.w2")
+    (w1, t1), (w2, t2) = transform_weights_for_sm90((weights.w1, o1), (weights.w2, o2))
+
+    def row_scale(r):  # 2^(s_max - 133) exactly (float64 -> float32 keeps powers of two down to 2^-149)
+        return torch.exp2(r.to(torch.float64) - 133).to(torch.float32)
+    rs1 = interleave_gate_up(row_scale(r1), name="weights.w1_row_scale")
+    return Sm90Weights(w1, t1, w2, t2, rs1.contiguous(), row_scale(r2).contiguous(),
+                       sm90_fold_table().to(weights.w1.device))
 
 
 def clamp_value(clamp) -> float:
@@ -327,7 +360,7 @@ class MegaMoEKernel:
                    num_sms=design.num_sms, pool_rows=design.pool_rows, timeout_ns=self.timeout_ns, trace_cap=cap,
                    fault_inject=self.fault_inject, clamp=self.clamp,
                    x=x.data_ptr(), x_sf=x_sf.data_ptr(), topk_idx=topk_idx.data_ptr(), topk_w=topk_w.data_ptr(),
-                   w1=w.w1.data_ptr(), w1_sf=w.w1_sf.data_ptr(), w2=w.w2.data_ptr(), w2_sf=w.w2_sf.data_ptr(),
+                   **w.params(),
                    **{k: ws[k].data_ptr() for k in ("l1_pool", "l1_pool_sf", "l2_pool", "l2_pool_sf", "pool_token",
                                                     "pool_slot", "pool_weight", "expert_count", "arrival", "mask",
                                                     "grid_sync", "error", "item_pos", "combine_buf")},
