@@ -78,8 +78,8 @@ def main() -> None:
     ok = all(p["same_order"] for p in pairs if p["must_agree"])
     print(f"plan choices apart by more than 5% ordered like the kernel: {ok}")
     with open(out, "w") as f:
-        json.dump({"kernel": "EP1 and EP2: FP8 WGMMA v6.4 (2026-12-01, build fbc2931d)",
-                   "plan_choices_kernel": "FP8 WGMMA v6.4 (2026-12-01, build fbc2931d)",
+        json.dump({"kernel": "EP1: FP8 WGMMA v6.5 (2026-12-01, build 7d55bbff); EP2: v6.4 (2026-12-01, build fbc2931d)",
+                   "plan_choices_kernel": "FP8 WGMMA v6.5 (2026-12-01, build 7d55bbff)",
                    "traces": rows, "plan_choices": pairs, "ranking_ok": ok}, f, indent=1)
     print(f"wrote {out}")
 

@@ -125,7 +125,7 @@ def add_scenario_args(p: argparse.ArgumentParser) -> None:
                    help=f"num_max_tokens_per_rank (default max(8192, tokens), at most {MAX_TOKENS_PER_RANK})")
     g.add_argument("--routing", default="uniform",
                    help="uniform | masked[:RATIO, default 0.5] | zipf[:S, default 1] | hot[:FRACTION[:N], "
-                        "default 0.5:4] | one_expert (every token to expert 3) | file:PATH (PATH may hold {rank})")
+                        "default 0.5:4] | one_expert (every token to expert 3 in slot 0, its other slots uniform) | file:PATH (PATH may hold {rank})")
     g.add_argument("--seed", type=_nonneg, default=0, help="routing seed (default 0)")
     g.add_argument("--hardware", default="b200", help="b200 | h200 | h20 | path to a TOML file")
     g.add_argument("--design", default="deepgemm-sm100", help="deepgemm-sm100 | megamoe-sm90")

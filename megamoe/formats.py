@@ -102,7 +102,7 @@ def _check_tensor(t: object, name: str, *, dtypes: tuple | None = None, ndim: in
     if ndim is not None and t.dim() != ndim:
         raise InputError(name, f"{ndim} dimensions", f"shape {tuple(t.shape)}")
     if min_ndim is not None and t.dim() < min_ndim:
-        raise InputError(name, f"at least {min_ndim} dimensions", f"shape {tuple(t.shape)}")
+        raise InputError(name, f"at least {min_ndim} dimension{'s' if min_ndim != 1 else ''}", f"shape {tuple(t.shape)}")
     if contiguous and not t.is_contiguous():
         raise InputError(name, "a contiguous tensor", f"strides {tuple(t.stride())}")
     return t

@@ -482,19 +482,25 @@ def fold_e2m1_scales_for_sm90(w: torch.Tensor, sf: torch.Tensor,
     group with a nonzero value lies within 14 binades of its row's largest (``d <= 14``) the
     decoded values are exact and the result is bitwise the per-32 one.
 
+    A scale byte of 255 (NaN in the OCP MX formats) is taken as the number 2^128 here;
+    :func:`megamoe.kernel.runtime.sm90_weights` refuses it before folding.
+
     Args:
-        w: packed E2M1 ``uint8 [..., N, K/2]`` (checkpoint layout, element ``2i`` in the low
-            nibble of byte ``i``).
+        w: packed E2M1 ``uint8`` or ``int8`` ``[..., N, K/2]`` (checkpoint layout, element
+            ``2i`` in the low nibble of byte ``i``), K a multiple of 32.
         sf: UE8M0 bytes ``uint8 [..., N, K/32]``.
     Returns:
         ``(offsets uint8 [..., N, K/32] = 8 d`` (byte offset of the table row),
         ``s_max uint8 [..., N])``, on ``sf``'s device.
     Raises:
-        InputError: not byte tensors, or shapes that do not match.
+        InputError: not byte tensors, fewer than 2 dimensions, K not a multiple of 32 (named
+            ``name``), or ``sf`` not ``[..., N, K/32]`` for ``w`` (named ``name + "_sf"``).
     """
-    _check_tensor(w, name, dtypes=_BYTE_DTYPES, contiguous=False)
-    _check_tensor(sf, name + "_sf", dtypes=(torch.uint8,), min_ndim=1, contiguous=False)
-    if w.dim() < 1 or w.shape[-1] % 16 or tuple(sf.shape) != (*w.shape[:-1], w.shape[-1] // 16):
+    _check_tensor(w, name, dtypes=_BYTE_DTYPES, min_ndim=2, contiguous=False)
+    _check_tensor(sf, name + "_sf", dtypes=(torch.uint8,), min_ndim=2, contiguous=False)
+    if w.shape[-1] % 16:
+        raise InputError(name, "packed E2M1 [..., N, K/2] with K a multiple of 32", f"shape {tuple(w.shape)}")
+    if tuple(sf.shape) != (*w.shape[:-1], w.shape[-1] // 16):
         raise InputError(name + "_sf", f"[..., N, K/32] UE8M0 bytes for {name} {tuple(w.shape)}", tuple(sf.shape))
     mag = w.view(torch.uint8) & 0x77  # both nibbles' magnitudes (a -0 code holds no value)
     nonzero = (mag.reshape(*sf.shape, 16) != 0).any(-1)

@@ -127,10 +127,12 @@ class Numerics:
             v = getattr(self, f)
             if v is not None and v != "row" and (not isinstance(v, int) or isinstance(v, bool) or v <= 0
                                                  or v % BLOCK_K != 0):
-                raise InputError(f"numerics.{f}", "None, 'row' or a positive multiple of 32", v)
+                raise InputError(f"numerics.{f}", "None, 'row' or a positive multiple of 32",
+                                 repr(v) if isinstance(v, str) else v)
         t = self.w_fold_top
         if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t <= 6 or (t and self.w_fold_k is None):
-            raise InputError("numerics.w_fold_top", "an int 0..6 (6 x 2^t <= 448), 0 when w_fold_k is None", t)
+            raise InputError("numerics.w_fold_top", "an int 0..6 (6 x 2^t <= 448), 0 when w_fold_k is None",
+                             repr(t) if isinstance(t, str) else t)
         if self.w_fold_k is not None and self.x_fold_k is not None \
                 and self.w_fold_k != self.x_fold_k:
             raise InputError("numerics.x_fold_k", f"equal to w_fold_k ({self.w_fold_k}) "
@@ -161,7 +163,8 @@ class Numerics:
 
     @property
     def group_k(self) -> int:
-        """Width of the K groups whose FP32 partial sums are accumulated."""
+        """Width of the K groups whose FP32 partial sums are accumulated: 32, a fold width, or
+        ``"row"`` when both operands are folded per row (the GEMM's whole K)."""
         if self.w_fold_k is None or self.x_fold_k is None:
             return BLOCK_K
         return self.w_fold_k  # (both "row": block_scaled_gemm reads it as K)
@@ -460,10 +463,11 @@ def block_scaled_gemm(a_vals: torch.Tensor, a_scales: torch.Tensor,
                       numerics: Numerics, max_chunk_bytes: int = 1 << 28) -> torch.Tensor:
     """``A @ B^T`` with the kernel's block-scaled FP32 accumulation (see :class:`Numerics`).
 
-    Exact per-group partial sums: float64 when a fold is set (or when
-    ``torch.get_float32_matmul_precision() != "highest"``), otherwise two FP32 batched
-    matmuls over a magnitude split of A that are provably exact (see the code comment);
-    both give the same bits.  Runs on the device of the inputs (CPU and CUDA give the same
+    Exact per-group partial sums: float64 when a fold rounds values, when 128-wide (or wider)
+    groups are accumulated, or when ``torch.get_float32_matmul_precision() != "highest"``;
+    otherwise (per-32 groups, a weight fold only where it is exact: then each group's partial
+    is the unfolded one times a power of two) two FP32 batched matmuls over a magnitude split
+    of A that are provably exact (see the code comment); both give the same bits.  Runs on the device of the inputs (CPU and CUDA give the same
     bits; checked on an H200 with torch 2.11).
 
     Args:

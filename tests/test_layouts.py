@@ -303,6 +303,12 @@ def test_fold_e2m1_scales_by_hand():
     assert torch.equal(o3[1], off) and torch.equal(s3[0], smax)
     with pytest.raises(InputError, match=r"^w1_sf: expected \[\.\.\., N, K/32\] UE8M0 bytes for w1 \(3, 64\), got \(3, 3\)$"):
         L.fold_e2m1_scales_for_sm90(w, sf[:, :3], "w1")
+    # K not a multiple of 32 is w's fault, not the scales'; one row is not [..., N, K/2]
+    with pytest.raises(InputError, match=r"^w1: expected packed E2M1 \[\.\.\., N, K/2\] with K a multiple of 32, "
+                                         r"got shape \(3, 40\)$"):
+        L.fold_e2m1_scales_for_sm90(w[:, :40], sf, "w1")
+    with pytest.raises(InputError, match=r"^w1: expected at least 2 dimensions, got shape \(64,\)$"):
+        L.fold_e2m1_scales_for_sm90(w[0], sf[0], "w1")
 
 
 def test_sm90_rs_permutation_bad_input():

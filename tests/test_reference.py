@@ -266,6 +266,11 @@ def test_numerics_constructors_and_validation():
     for top, fold in ((7, "row"), (-1, "row"), (1.0, "row"), (True, "row"), (2, None)):
         with pytest.raises(InputError, match=r"^numerics.w_fold_top: expected an int 0\.\.6"):
             R.Numerics("sm90", fold, None, w_fold_top=top)
+    # a string is shown as one
+    with pytest.raises(InputError, match=r"^numerics.w_fold_top: expected .*, got '6'$"):
+        R.Numerics("sm90", "row", None, w_fold_top="6")
+    with pytest.raises(InputError, match=r"^numerics.w_fold_k: expected None, 'row' or a positive multiple of 32, got 'ROW'$"):
+        R.Numerics("sm90", "ROW", None)
     with pytest.raises(InputError, match=r"^numerics.arch"):
         R.Numerics("sm80")
     # sm90 without folding is numerically the SM100 path
