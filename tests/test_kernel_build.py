@@ -90,7 +90,8 @@ def test_build_sm90a_and_resources():
         pytest.skip("nvcc not installed")
     r = kbuild.build("sm_90a")
     assert r.path.exists()
-    assert set(r.resources) == {f"block_m={b}" for b in d.BLOCK_MS}
+    # each block_m twice: the timed instance and the profile one (fault_inject bit 32)
+    assert set(r.resources) == {f"block_m={b}{p}" for b in d.BLOCK_MS for p in ("", ",profile")}
     # whole-kernel spills stay under the cap (the hot loop itself is checked on the SASS)
     assert r.max_spill() <= kbuild.SPILL_LIMIT_BYTES, r.resources
     lib = ctypes.CDLL(str(r.path))

@@ -475,7 +475,7 @@ struct Producer {
 // thread holds the gate (r = 0, 1) and the up (r = 2, 3) of the same intermediate column
 // n_block * 64 + 32 g + 8 wi + lane/4, and warpgroup g owns exactly one 32-wide UE8M0
 // group of the L1 output (n_block * 2 + g).
-template <int BM>
+template <int BM, bool PROF>
 __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, uint64_t* empty, float* red,
                               const uint8_t* fold_tab) {
     using Tile = Sm90Tile<BM>;
@@ -507,10 +507,14 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
     int s = 0;
     uint32_t parity = 0;
     bool dead = false;
-    // profile (fault_inject bit 32, thread ctid 0): SM cycles waiting for full stages, in
-    // decode + barrier, in the MMA, in the epilogues
+    // profile (PROF: the instance launched with fault_inject bit 32; thread ctid 0): SM cycles
+    // waiting for full stages, in decode + barrier, in the MMA, in the epilogues. A separate
+    // instance because the clock reads cost the K loop ~10 instructions per K block and, at
+    // block_m 128, local-memory traffic (kernel v6.6, benchmarks/NOTES_kernel.md); pclock() is
+    // 0 and the sums fold away when PROF is false.
+    const auto pclock = []() -> long long { if constexpr (PROF) return clock64(); else return 0; };
     long long cyc_full = 0, cyc_decode = 0, cyc_mma = 0, cyc_epi = 0;
-    const long long c_start = clock64();
+    const long long c_start = pclock();
     for (;;) {
         const Block b = sched.next();
         if (b.phase == kPhaseNone) break;
@@ -527,9 +531,9 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
         for (int kb = 0; kb < b.num_k_blocks; ++kb) {
             // After an error every wait fails fast; keep walking the block list so that all
             // consumer warps still meet at the named barriers (no hang).
-            long long c0 = clock64();
+            long long c0 = pclock();
             if (!dead && !mbar_wait(p, full + s, parity, kRoleConsumer)) dead = true;
-            long long c1 = clock64();
+            long long c1 = pclock();
             cyc_full += c1 - c0;
             // Lanes leave the spin wait at different times: reconverge before .aligned ops.
             __syncwarp();
@@ -559,19 +563,19 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
             // (The token tile was written by TMA, the async proxy WGMMA reads it through: no
             // proxy fence; the full barrier's completion makes it visible.)
             if constexpr (!Tile::kDirectScales) named_bar_sync(kBarConsumerWg0 + g, 128);
-            c0 = clock64();
+            c0 = pclock();
             cyc_decode += c0 - c1;
             if (!dead && mma_on) tile.mma_k_block(w0, w8, o0, o8, fold_tab, st.a, fsx, st.sfa);
             __syncwarp();
             if (lane == 0) mbar_arrive(empty + s);
-            cyc_mma += clock64() - c0;
+            cyc_mma += pclock() - c0;
             ++it;
             if (++s == S) { s = 0; parity ^= 1u; }
         }
         if (ctid == 0) progress(p, 5, (uint32_t)it);
         if (lane == 0) progress(p, wslot, 0x03000000 | (dead ? 0x800000 : 0) | (uint32_t)it);
         const uint64_t tm = globaltimer();
-        const long long ce = clock64();
+        const long long ce = pclock();
         const size_t prow0 = (size_t)b.pool_block * BM;
         // After an error (this warp's waits failed, or any role raised one) the pool rows may
         // never have been pulled: compute nothing into memory, above all no write-back through
@@ -666,7 +670,7 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
                     }
             }
         }
-        cyc_epi += clock64() - ce;
+        cyc_epi += pclock() - ce;
         if (trace) {
             const uint64_t te = globaltimer();
             const bool l1 = b.phase == kPhaseL1;
@@ -674,8 +678,8 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
             trace_write(p, tslot + 1, kRoleConsumer, l1 ? kKindL1Epilogue : kKindL2Epilogue, b.expert, b.m_block, b.n_block, wave, b.valid_m, tm, te);
         }
     }
-    if ((p.fault_inject & 32) && ctid == 0) {
-        progress(p, 11, (uint32_t)((clock64() - c_start) >> 6));
+    if (PROF && ctid == 0) {
+        progress(p, 11, (uint32_t)((pclock() - c_start) >> 6));
         progress(p, 12, (uint32_t)(cyc_full >> 6));
         progress(p, 13, (uint32_t)(cyc_decode >> 6));
         progress(p, 14, (uint32_t)(cyc_mma >> 6));
@@ -684,7 +688,7 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
 }
 
 // ------------------------------------------------------------------ the kernel
-template <int BM>
+template <int BM, bool PROF>
 __global__ void __launch_bounds__(kThreads, 1) megamoe_sm90_kernel(const __grid_constant__ Sm90Args args) {
     const Params& p = args.p;
     extern __shared__ __align__(1024) uint8_t smem[];
@@ -727,7 +731,7 @@ __global__ void __launch_bounds__(kThreads, 1) megamoe_sm90_kernel(const __grid_
         if (threadIdx.x == kDispatchThreads) progress(p, 3, 0xD0);
     } else {
         setmaxnreg_inc<kRegsConsumer>();
-        consumer_role<BM>(p, stages, full, empty, red, fold_tab);
+        consumer_role<BM, PROF>(p, stages, full, empty, red, fold_tab);
         __syncwarp();
         if (threadIdx.x == kDispatchThreads + kProducerThreads) progress(p, 6, 0xD0);
         setmaxnreg_dec<kRegsEven>();
@@ -789,9 +793,9 @@ static int pool_map(int dev, int which, const void* base, int64_t rows, int64_t 
     return 0;
 }
 
-template <int BM>
+template <int BM, bool PROF>
 static int launch_bm(const Params* p, cudaStream_t stream, size_t smem, int dev) {
-    auto kern = megamoe::megamoe_sm90_kernel<BM>;
+    auto kern = megamoe::megamoe_sm90_kernel<BM, PROF>;
     static size_t configured[kMaxDevices] = {};  // dynamic smem already set and checked, per device
     if (configured[dev] < smem) {
         cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -892,11 +896,12 @@ int megamoe_sm90_launch(const Params* p_in, void* stream) {
     const size_t smem = megamoe::smem_bytes((int)p->block_m, (int)p->num_stages, (int)p->num_experts);
     if (smem > (size_t)max_smem) return -4;
     cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+    const bool prof = p->fault_inject & 32;  // the profile instance (consumer_role's PROF)
     switch (p->block_m) {
-        case 16: return launch_bm<16>(p, s, smem, dev);
-        case 32: return launch_bm<32>(p, s, smem, dev);
-        case 64: return launch_bm<64>(p, s, smem, dev);
-        case 128: return launch_bm<128>(p, s, smem, dev);
+        case 16: return prof ? launch_bm<16, true>(p, s, smem, dev) : launch_bm<16, false>(p, s, smem, dev);
+        case 32: return prof ? launch_bm<32, true>(p, s, smem, dev) : launch_bm<32, false>(p, s, smem, dev);
+        case 64: return prof ? launch_bm<64, true>(p, s, smem, dev) : launch_bm<64, false>(p, s, smem, dev);
+        case 128: return prof ? launch_bm<128, true>(p, s, smem, dev) : launch_bm<128, false>(p, s, smem, dev);
         default: return -1;
     }
 }
@@ -921,10 +926,13 @@ const char* megamoe_sm90_error_string(int code) {
 // first rank's kernel waits for the second's). Returns 0 or a cudaError_t.
 int megamoe_sm90_preload(void) {
     cudaFuncAttributes a;
-    cudaError_t e = cudaFuncGetAttributes(&a, (const void*)megamoe::megamoe_sm90_kernel<16>);
-    if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, (const void*)megamoe::megamoe_sm90_kernel<32>);
-    if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, (const void*)megamoe::megamoe_sm90_kernel<64>);
-    if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, (const void*)megamoe::megamoe_sm90_kernel<128>);
+    const void* kerns[] = {(const void*)megamoe::megamoe_sm90_kernel<16, false>, (const void*)megamoe::megamoe_sm90_kernel<32, false>,
+                           (const void*)megamoe::megamoe_sm90_kernel<64, false>, (const void*)megamoe::megamoe_sm90_kernel<128, false>,
+                           (const void*)megamoe::megamoe_sm90_kernel<16, true>, (const void*)megamoe::megamoe_sm90_kernel<32, true>,
+                           (const void*)megamoe::megamoe_sm90_kernel<64, true>, (const void*)megamoe::megamoe_sm90_kernel<128, true>};
+    cudaError_t e = cudaSuccess;
+    for (const void* k : kerns)
+        if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, k);
     return (int)e;
 }
 

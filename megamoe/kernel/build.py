@@ -191,9 +191,15 @@ def _split_entries(log: str, res: dict) -> tuple[dict, dict]:
 
 
 def _instance_name(sym: str) -> str:
+    """``block_m=16`` (SM90; ``block_m=16,profile`` for the profile instance, template flag
+    ``Lb1E``), ``block_m=128,block_k=128`` (SM100), or the symbol itself."""
     bmk = re.search(r"ILi(\d+)ELi(\d+)E", sym)
     bm = re.search(r"ILi(\d+)E", sym)
-    return f"block_m={bmk.group(1)},block_k={bmk.group(2)}" if bmk else f"block_m={bm.group(1)}" if bm else sym
+    if bmk:
+        return f"block_m={bmk.group(1)},block_k={bmk.group(2)}"
+    if bm:
+        return f"block_m={bm.group(1)}" + (",profile" if re.search(r"ILi\d+ELb1E", sym) else "")
+    return sym
 
 
 def parse_ptxas(log: str) -> dict:
