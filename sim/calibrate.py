@@ -599,12 +599,12 @@ SM90_EP_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep2_t{t}.npz" for t 
 SM90_EP_FIT_DEVICE = "two lent H200s (EP2, NV18)"
 SM90_FIT_PROFILE = "benchmarks/results/kernel_profile_stages_h200.json"
 SM90_FIT_DATE = "2026-12-01"
-SM90_FIT_KERNEL = ("FP8 WGMMA v6.6 (TMA loads, E2M1 decoded into WGMMA registers through the weight fold's "
+SM90_FIT_KERNEL = ("FP8 WGMMA v6.7 (TMA loads, E2M1 decoded into WGMMA registers through the weight fold's "
                    "table, four producer warps, one-ballot scheduler, vectorized EP index prefix, profile clocks "
-                   "in a separate instance, build 321933bc)")
-SM90_PROFILE_KERNEL = "FP8 WGMMA v6.6 kernel (its profile instance)"
+                   "in a separate instance, idle-wait records after the issue, build 026d9ebf)")
+SM90_PROFILE_KERNEL = "FP8 WGMMA v6.7 kernel (its profile instance)"
 #: The kernel and day of the EP2 traces: v6.4's (the two-GPU machine was not lent in the
-#: session that re-recorded the EP1 traces on v6.5 and v6.6, which changed the consumers' K
+#: session that re-recorded the EP1 traces on v6.5, v6.6 and v6.7, which changed the consumers' K
 #: loop and L2 epilogue only).
 SM90_EP_FIT_KERNEL = ("FP8 WGMMA v6.4 (TMA loads, E2M1 decoded into WGMMA registers by shifts, four producer warps, "
                       "one-ballot scheduler, vectorized EP index prefix, build fbc2931d)")
