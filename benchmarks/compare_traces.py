@@ -5,7 +5,7 @@ Prints two tables and writes benchmarks/results/compare_h200.json.  Runs on any 
 traces (benchmarks/traces/*.npz) and the kernel's plan-choice times
 (results/kernel_plan_choices_h200.json) were measured on the lent H200s: the EP1 traces and
 plan choices on one H200 with the FP8 WGMMA kernel v6.7 (build 026d9ebf), the EP2 traces on
-two (NV18) with v6.4 (build fbc2931d; the two-GPU machine was not lent when v6.5 was
+two (NV18) with v6.4 (build fbc2931d; the two-GPU machine was not lent when v6.5-v6.7 were
 recorded), all on 2026-12-01. EP traces are simulated with the ranks' launch skew read off the trace (host jitter; the column
 without it is shown too).
 A plan-choice pair must be ordered like the kernel only where the kernel's times differ by
