@@ -188,7 +188,15 @@ def compare_file(path: str, hardware=None) -> tuple[dict, Trace, object]:
 
     measured = Trace.load(path)
     base = scenario_from_meta(measured)
-    hw = hardware if hardware is not None else load_hardware(base.hardware)
+    if hardware is not None:
+        hw = hardware
+    else:
+        try:
+            hw = load_hardware(base.hardware)
+        except InputError as e:  # the preset or file the trace's meta names: say where it came from
+            if e.field != "hardware":
+                raise
+            raise InputError("trace.meta.hardware", e.expected, e.got) from None
     require(measured.makespan_ns > 0, "trace", "records spanning some time (a makespan > 0 ns)",
             "a makespan of 0 ns")
     off = measured["sm"] >= hw.num_sms  # the simulation runs on the hardware's SMs

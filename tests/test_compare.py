@@ -185,6 +185,8 @@ def test_bad_stored_routing_or_meta_is_refused(tmp_path, capsys):
          "trace.meta.hidden: expected an integer, got missing"),
         (_variant(tmp_path, z, "hw", meta_json=np.array(json.dumps({**meta, "hardware": 5}))),
          "trace.meta.hardware: expected a string, got 5"),
+        (_variant(tmp_path, z, "hwname", meta_json=np.array(json.dumps({**meta, "hardware": "h100"}))),
+         "trace.meta.hardware: expected a preset (b200, h20, h200) or a .toml path, got h100"),
         (_variant(tmp_path, z, "floatrank", rank=z["rank"].astype(float)),
          "trace.rank: expected an integer column, got dtype float64"),
         (_variant(tmp_path, z, "bogus", meta_json=np.array(json.dumps({**meta, "shape": "bogus"}))),
