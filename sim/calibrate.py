@@ -604,8 +604,9 @@ SM90_FIT_KERNEL = ("FP8 WGMMA v6.7 (TMA loads, E2M1 decoded into WGMMA registers
                    "in a separate instance, idle-wait records after the issue, build 026d9ebf)")
 SM90_PROFILE_KERNEL = "FP8 WGMMA v6.7 kernel (its profile instance)"
 #: The kernel and day of the EP2 traces: v6.4's (the two-GPU machine was not lent in the
-#: session that re-recorded the EP1 traces on v6.5, v6.6 and v6.7, which changed the consumers' K
-#: loop and L2 epilogue only).
+#: session that re-recorded the EP1 traces on v6.5, v6.6 and v6.7; those changed the consumers'
+#: K loop and both epilogues (the weight fold), moved the profile clocks to a separate instance
+#: and the producer's idle-wait records after its issues; the EP dispatch and combine are v6.4's).
 SM90_EP_FIT_KERNEL = ("FP8 WGMMA v6.4 (TMA loads, E2M1 decoded into WGMMA registers by shifts, four producer warps, "
                       "one-ballot scheduler, vectorized EP index prefix, build fbc2931d)")
 SM90_EP_FIT_DATE = "2026-12-01"
