@@ -144,6 +144,15 @@ def test_megamoe_kernel_on_sm90_loads_the_sm90_library(monkeypatch, fake_loader)
     assert runtime.MegaMoEKernel(num_experts=8, topk=2, hidden=256, inter=128, max_tokens=16,
                                  weights=runtime.prepare_weights(*make_weights(8, 256, 128, "cpu")), clamp=7,
                                  num_sms=4, device="cuda:0").clamp == 7.0
+    # checkpoint tensors: uint8, three dimensions, named when not (a float scale tensor used to
+    # pass and be reinterpreted as bytes; a 2-D w1 was a bare unpacking ValueError)
+    ck = list(make_weights(8, 256, 128, "cpu"))
+    with pytest.raises(InputError, match=r"^weights\.w1_sf: expected dtype torch\.uint8, got torch\.float32$"):
+        runtime.prepare_weights(ck[0], ck[1].float(), ck[2], ck[3])
+    with pytest.raises(InputError, match=r"^weights\.w1: expected 3 dimensions, got shape \(256, 128\)$"):
+        runtime.prepare_weights(ck[0][0], ck[1], ck[2], ck[3])
+    with pytest.raises(InputError, match=r"^weights\.w2: expected dtype torch\.uint8, got torch\.int8$"):
+        runtime.prepare_weights(ck[0], ck[1], ck[2].view(torch.int8), ck[3])
     # 254 is the largest finite UE8M0 byte (2^127), 255 is NaN: the SM90 kernel takes every byte
     # up to 254 (its row scale 2^(s_max - 133) and the fold offsets are computed on the host)
     for field, idx in (("w1_sf", 1), ("w2_sf", 3)):

@@ -129,11 +129,17 @@ class Weights:
 
 
 def prepare_weights(w1, w1_sf, w2, w2_sf) -> Weights:
-    """Validate MXFP4 checkpoint tensors (uint8 on one CUDA device) and make them contiguous."""
+    """Validate MXFP4 checkpoint tensors (uint8 on one CUDA device) and make them contiguous.
+
+    Raises:
+        InputError: a tensor that is not ``uint8`` with 3 dimensions, or shapes that do not
+            fit ``w1 [E, 2I, H/2]`` (one line naming the tensor)."""
     import torch
+
+    from megamoe.formats import _check_tensor
+    for name, t in (("w1", w1), ("w1_sf", w1_sf), ("w2", w2), ("w2_sf", w2_sf)):
+        _check_tensor(t, f"weights.{name}", dtypes=(torch.uint8,), ndim=3, contiguous=False)
     E, n1, hh = w1.shape
-    require(w1.dtype == torch.uint8 and w2.dtype == torch.uint8, "weights.dtype", "uint8 (packed E2M1)",
-            str(w1.dtype))
     require(n1 % 2 == 0, "weights.w1", "[E, 2I, H/2]", tuple(w1.shape))
     I, H = n1 // 2, hh * 2
     require(tuple(w1_sf.shape) == (E, 2 * I, H // 32), "weights.w1_sf", f"[{E}, {2 * I}, {H // 32}]",
