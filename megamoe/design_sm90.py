@@ -12,8 +12,9 @@ dispatch (warps 0-3), producer (warps 4-7: one lane issues the TMA loads of each
 tensor-map load of the activation tile and bulk copies of the packed E2M1 weight tile and
 the scales, completing the stage's mbarrier by their bytes) and consumer (warps 8-15, two
 warpgroups: E2M1 -> E4M3 decode straight into the registers of FP8 WGMMA ``m64n{block_m}k32``
-with the weights as the register A operand ("swap AB", 64 weight rows per warpgroup) and
-per-32-K UE8M0 promotion in FP32, then the epilogues). ``setmaxnreg`` moves registers from the dispatch and
+with the weights as the register A operand ("swap AB", 64 weight rows per warpgroup), two
+WGMMAs per 64-K group and one FP32 promotion per group with the token's folded scale, then the
+epilogues). ``setmaxnreg`` moves registers from the dispatch and
 producer warpgroups to the consumers. Block tile ``128 weight rows x block_m tokens x 128``;
 the block order is DeepGEMM's MegaMoEScheduler rule.
 """
@@ -47,10 +48,11 @@ PRODUCER_ISSUE_WARPS = {16: 4, 32: 4, 64: 4, 128: 2}
 #: warpgroups (``kRegs*`` in ``csrc/megamoe/kernel_sm90.cu``; 65536 per SM in all).
 REGS_DISPATCH, REGS_PRODUCER, REGS_CONSUMER = 64, 64, 192
 #: k32 WGMMAs a consumer warpgroup keeps in flight within a K block, per block_m
-#: (``Sm90Tile::NP`` in ``csrc/megamoe/mma_sm90.cuh``): each needs its own FP32 partial
-#: accumulator of ``block_m / 2`` registers per thread beside the accumulator, in the
-#: consumers' 192 registers. At 4 a K block's four WGMMAs are issued at once.
-WGMMAS_IN_FLIGHT = {16: 4, 32: 4, 64: 2, 128: 1}
+#: (``Sm90Tile::WGMMAS_IN_FLIGHT`` in ``csrc/megamoe/mma_sm90.cuh``): two per 64-K group, each
+#: group with its own FP32 partial accumulator of ``block_m / 2`` registers per thread beside
+#: the accumulator, in the consumers' 192 registers: both groups of a K block at once up to
+#: block_m 64, one at a time at 128.
+WGMMAS_IN_FLIGHT = {16: 4, 32: 4, 64: 4, 128: 2}
 #: Largest dynamic shared memory one block may opt into on SM90 (227 KB).
 SMEM_LIMIT_SM90 = 232448
 #: Most stages the kernel accepts.
@@ -58,13 +60,14 @@ MAX_STAGES = 16
 #: Numerics the SM90 kernel implements (``megamoe.reference.Numerics.sm90_kernel()``): the
 #: weights' per-32 scales folded per row into the E4M3 decode with the row's largest at 2^6
 #: (``W_FOLD_K = "row"``, ``W_FOLD_TOP = 6``; ``megamoe.layouts.fold_e2m1_scales_for_sm90``),
-#: so the FP32 promotion of each 32-K partial sum multiplies by the token's scale only and the
-#: row's scale is applied once in the epilogue (kernel v6.5); the activation scales per 32-K
-#: group on the partial sums (``X_FOLD_K = None``). Bitwise the per-32 numerics
-#: (``Numerics.sm90()``) when every row's nonzero 32-groups lie within 14 binades of its largest.
+#: applied once in the epilogue (kernel v6.5); the activations' per-32 scales folded per 64-K
+#: group into their E4M3 values (``X_FOLD_K = 64``; ``megamoe.layouts.fold_e4m3_scales_for_sm90``:
+#: by the dispatch warps as they pull a row into the L1 pool, by the L1 epilogue into the L2
+#: pool, where one L1 N block makes exactly one 64-wide group per token), so two k32 WGMMAs
+#: accumulate in the tensor core and each 64-K partial sum is promoted with one FFMA (kernel v7).
 W_FOLD_K = "row"
 W_FOLD_TOP = 6
-X_FOLD_K = None
+X_FOLD_K = 64
 
 
 def _align(x: int, a: int) -> int:

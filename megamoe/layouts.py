@@ -59,6 +59,7 @@ from megamoe.formats import (
     UE8M0_BIAS,
     _check_tensor,
     cast_to_e4m3,
+    decode_e4m3,
     pack_ue8m0,
     unpack_ue8m0,
 )
@@ -72,6 +73,7 @@ __all__ = [
     "transform_weights_for_sm90", "untransform_weights_for_sm90",
     "permute_e2m1_for_sm90_rs", "unpermute_e2m1_for_sm90_rs",
     "SM90_FOLD_TOP", "SM90_FOLD_ROWS", "sm90_fold_table", "fold_e2m1_scales_for_sm90",
+    "fold_e4m3_scales_for_sm90",
     "check_mxfp4_weights",
 ]
 
@@ -509,3 +511,50 @@ def fold_e2m1_scales_for_sm90(w: torch.Tensor, sf: torch.Tensor,
     smax = torch.where(smax < 0, torch.full_like(smax, UE8M0_BIAS), smax)
     d = (smax.unsqueeze(-1) - s).clamp(0, SM90_FOLD_ROWS - 1)
     return (d * 8).to(torch.uint8), smax.to(torch.uint8)
+
+
+def fold_e4m3_scales_for_sm90(x: torch.Tensor, x_sf: torch.Tensor, fold: int = 64,
+                              name: str = "x") -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-32 UE8M0 activation scales -> the SM90 kernel's activation fold, bytes in, bytes out.
+
+    What the kernel's pools hold (``Numerics.sm90_kernel()``, ``x_fold_k = 64``): the L1 pool
+    as the dispatch warps pull each row, the L2 pool as the L1 epilogue quantizes it.  In every
+    ``fold``-wide K group, ``s_max`` = the largest scale byte over its 32-groups that hold a
+    nonzero E4M3 value; each of those groups' values is multiplied by ``2^(s_max - s_g)``
+    (<= 1) and rounded to nearest-even E4M3 with subnormals (:func:`megamoe.formats.
+    cast_to_e4m3`), and every scale byte of the group becomes ``s_max``.  A group with no
+    nonzero value is kept as it is (values and scale bytes).  The values equal those of
+    :func:`megamoe.reference.block_scaled_gemm`'s fold of the A operand (``x_fold_k``); the
+    kernel's promotion then multiplies each ``fold``-deep partial sum by one token scale.
+
+    Args:
+        x: E4M3 ``uint8``/``int8``/``float8_e4m3fn [..., K]`` (raw bytes), K a multiple of ``fold``.
+        x_sf: UE8M0 bytes ``uint8 [..., K/32]``.
+        fold: fold width, a positive multiple of 32.
+    Returns:
+        ``(values uint8 [..., K], scales uint8 [..., K/32])`` on ``x``'s device.
+    Raises:
+        InputError: wrong dtypes or fewer than 1 dimension, ``fold`` not a positive multiple of
+            32, K not a multiple of ``fold`` (named ``name``), or ``x_sf`` not ``[..., K/32]``
+            (named ``name + "_sf"``).
+    """
+    if isinstance(fold, bool) or not isinstance(fold, int) or fold <= 0 or fold % BLOCK_K:
+        raise InputError("fold", "a positive multiple of 32", repr(fold))
+    _check_tensor(x, name, dtypes=(*_BYTE_DTYPES, torch.float8_e4m3fn), min_ndim=1, contiguous=False)
+    _check_tensor(x_sf, name + "_sf", dtypes=(torch.uint8,), min_ndim=1, contiguous=False)
+    k = x.shape[-1]
+    if k % fold:
+        raise InputError(name, f"[..., K] E4M3 bytes with K a multiple of {fold}", f"shape {tuple(x.shape)}")
+    if tuple(x_sf.shape) != (*x.shape[:-1], k // BLOCK_K):
+        raise InputError(name + "_sf", f"[..., K/32] UE8M0 bytes for {name} {tuple(x.shape)}", tuple(x_sf.shape))
+    per = fold // BLOCK_K
+    xb = x.view(torch.uint8).reshape(*x_sf.shape[:-1], k // fold, per, BLOCK_K)
+    s = x_sf.to(torch.int32).reshape(*x_sf.shape[:-1], k // fold, per)
+    nonzero = ((xb & 0x7F) != 0).any(-1)
+    any_nz = nonzero.any(-1, keepdim=True)
+    smax = torch.where(nonzero, s, torch.full_like(s, -1)).amax(-1, keepdim=True)
+    d = torch.where(nonzero, smax - s, torch.zeros_like(s))          # >= 0
+    v = decode_e4m3(xb, torch.float64) * torch.exp2(-d.to(torch.float64)).unsqueeze(-1)
+    folded = torch.where((d > 0).unsqueeze(-1), cast_to_e4m3(v).view(torch.uint8), xb)
+    new_s = torch.where(any_nz, smax.expand_as(s), s)
+    return folded.reshape(x.shape).contiguous(), new_s.to(torch.uint8).reshape(x_sf.shape).contiguous()

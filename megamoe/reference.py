@@ -98,6 +98,9 @@ class Numerics:
             operand as ``2^(s_i - s_max)`` per G-wide group (rounded to E4M3), group scale
             ``2^s_max`` applied to the G-wide partial sum.  ``"row"``: G = the GEMM's whole K.
         x_fold_k: the same for the activation operand (x in L1, the FP8 SwiGLU output in L2).
+            When both are set they are equal, or ``w_fold_k = "row"`` and the partial sums
+            are ``x_fold_k`` wide (each multiplied by its activation group scale; the
+            weight row's scale is one factor of the whole row).
         w_fold_top: folded weights are ``2^(s_i - s_max + w_fold_top)`` (E2M1's 6 x 2^6 = 384
             still fits E4M3: 0..6), the scale ``2^(s_max - w_fold_top)``; 0 without a fold.
         bf16_before_swiglu: round gate/up to BF16 before clamp and SwiGLU (the reference
@@ -109,7 +112,8 @@ class Numerics:
 
     Raises:
         InputError: unknown arch, fold not a positive multiple of 32 (or ``"row"``), x/w
-            folds that are both set but differ, or ``w_fold_top`` outside 0..6 (or set
+            folds that are both set, differ and ``w_fold_k`` is not ``"row"`` (or
+            ``x_fold_k`` is ``"row"``), or ``w_fold_top`` outside 0..6 (or set
             without ``w_fold_k``).
     """
 
@@ -134,9 +138,9 @@ class Numerics:
             raise InputError("numerics.w_fold_top", "an int 0..6 (6 x 2^t <= 448), 0 when w_fold_k is None",
                              repr(t) if isinstance(t, str) else t)
         if self.w_fold_k is not None and self.x_fold_k is not None \
-                and self.w_fold_k != self.x_fold_k:
-            raise InputError("numerics.x_fold_k", f"equal to w_fold_k ({self.w_fold_k}) "
-                             "when both are set", self.x_fold_k)
+                and self.w_fold_k != self.x_fold_k and (self.w_fold_k != "row" or self.x_fold_k == "row"):
+            raise InputError("numerics.x_fold_k", f"equal to w_fold_k ({self.w_fold_k!r}) when both are "
+                             "set, or a multiple of 32 with w_fold_k='row'", repr(self.x_fold_k))
 
     @classmethod
     def sm100(cls, fast_math: bool = False) -> "Numerics":
@@ -163,11 +167,12 @@ class Numerics:
 
     @property
     def group_k(self) -> int:
-        """Width of the K groups whose FP32 partial sums are accumulated: 32, a fold width, or
-        ``"row"`` when both operands are folded per row (the GEMM's whole K)."""
+        """Width of the K groups whose FP32 partial sums are accumulated: 32, a fold width
+        (``x_fold_k`` when the weights are folded per row), or ``"row"`` when both operands
+        are folded per row (the GEMM's whole K)."""
         if self.w_fold_k is None or self.x_fold_k is None:
             return BLOCK_K
-        return self.w_fold_k  # (both "row": block_scaled_gemm reads it as K)
+        return self.x_fold_k  # (both "row": block_scaled_gemm reads it as K)
 
 
 # ============================================================================ weights
@@ -542,8 +547,8 @@ def block_scaled_gemm(a_vals: torch.Tensor, a_scales: torch.Tensor,
             bv = _decode_e2m1_rows(b_packed[n0:n1])
             if fold_here:
                 bv, bs = _fold(bv, bs, w_fold, numerics.w_fold_top)
-                if p == BLOCK_K:
-                    bs = bs.repeat_interleave(w_fold // BLOCK_K, dim=1)
+                if p != w_fold:  # one scale per row (or fold group), repeated per partial-sum group
+                    bs = bs.repeat_interleave(w_fold // p, dim=1)
             b_g = bv.reshape(n1 - n0, groups, p).permute(1, 2, 0)   # [G, p, nc]
             part = torch.bmm(a_g, b_g)                              # exact in float64
         # scales are powers of two: multiplying by each in turn is exact in float64

@@ -134,11 +134,15 @@ def test_design_from_plan_takes_the_plan_numbers(E, K, H, I, T):
 
 @pytest.mark.parametrize("clamp,sf_lo", [(None, 119), (0.05, 119), (None, 100), (0.05, 100)])
 def test_kernel_check_reference_equals_numerics_sm90_kernel(clamp, sf_lo):
-    """The GPU tests compare the kernel with check.reference_sm90; that reference is bitwise
-    megamoe.reference.moe_reference_quantized(numerics=Numerics.sm90_kernel()) (the weight fold
-    of two independent implementations). With scales in [119, 121] the fold is exact and both
-    are also the per-32 numerics (Numerics.sm90()); with [100, 121] (21 binades) groups more
-    than 14 below their row's largest round, and the numbers differ from the per-32 ones."""
+    """The GPU tests compare the kernel with check.reference_sm90 (float64 GEMMs of the folded
+    operands); megamoe.reference.moe_reference_quantized(numerics=Numerics.sm90_kernel()) is a
+    second implementation of both folds that rounds every 64-deep partial sum to FP32 and sums
+    those in FP32, as the kernel does. With weight scales in [119, 121] the two are bitwise
+    equal; with [100, 121] (21 binades) a weight row's folded values need more bits than FP32
+    keeps of a 64-deep sum, and at most one output in 10,000 differs, by one BF16 ulp (seen: 1
+    of 10,240). The weight fold is exact for [119, 121] and the numbers equal the per-32
+    weight numerics (``Numerics(w_fold_k=None, x_fold_k=64)``); for [100, 121] groups more than
+    14 binades below their row's largest round, and they differ."""
     torch = pytest.importorskip("torch")
     ref = pytest.importorskip("megamoe.reference")
     from megamoe.kernel.check import make_weights, make_inputs, reference_sm90
@@ -148,10 +152,15 @@ def test_kernel_check_reference_equals_numerics_sm90_kernel(clamp, sf_lo):
     q = x.view(torch.float8_e4m3fn)
     b = ref.moe_reference_quantized(q, xs, idx, tw, (w1, s1), (w2, s2),
                                     activation_clamp=clamp, numerics=ref.Numerics.sm90_kernel())
-    assert torch.equal(a.view(torch.int16), b.view(torch.int16))
-    per32 = ref.moe_reference_quantized(q, xs, idx, tw, (w1, s1), (w2, s2),
-                                        activation_clamp=clamp, numerics=ref.Numerics.sm90())
-    assert torch.equal(b.view(torch.int16), per32.view(torch.int16)) == (sf_lo == 119)
+    ulps = (a.view(torch.int16).int() - b.view(torch.int16).int()).abs()
+    if sf_lo == 119:
+        assert int(ulps.max()) == 0
+    else:
+        assert int(ulps.max()) <= 1 and int((ulps > 0).sum()) <= a.numel() // 10_000, int((ulps > 0).sum())
+    k = ref.Numerics.sm90_kernel()
+    per32_w = ref.moe_reference_quantized(q, xs, idx, tw, (w1, s1), (w2, s2), activation_clamp=clamp,
+                                          numerics=ref.Numerics("sm90", None, k.x_fold_k))
+    assert torch.equal(b.view(torch.int16), per32_w.view(torch.int16)) == (sf_lo == 119)
 
 
 def test_trace_capacity_by_hand():

@@ -11,7 +11,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda_available(), reason="
 
 from megamoe.kernel import MegaMoEKernel, prepare_weights, KernelError  # noqa: E402
 from megamoe.kernel.check import (make_weights, make_inputs, reference_sm90, reference_exact, compare,  # noqa: E402
-                                  l2_pool_agreement, REL_L2_TOL)
+                                  l2_pool_agreement, fold_x, REL_L2_TOL)
 from megamoe.kernel.schedule import block_sequence  # noqa: E402
 from megamoe.kernel.trace import block_order  # noqa: E402
 
@@ -175,8 +175,10 @@ def test_deterministic_and_pool():
     y2 = k(*inp)
     k.check()
     assert torch.equal(y1.view(torch.int16), y2.view(torch.int16))
-    # L1 pool after dispatch: byte-identical rows/scales for every routed item
+    # L1 pool after dispatch: byte-identical rows/scales for every routed item (folded per 64-K
+    # group as the pull copies them: check.fold_x)
     x, xs, idx, tw = inp
+    fx, fxs = fold_x(x, xs)
     pool, pool_sf, tok, slot = k.pool_contents()
     flat = idx.reshape(-1)
     valid = (tok >= 0)
@@ -191,8 +193,42 @@ def test_deterministic_and_pool():
     assert len(got) >= n_items
     for r in rows.tolist()[:50]:
         t, s = int(tok[r]), int(slot[r])
-        assert torch.equal(pool[r], x[t].view(torch.uint8))
-        assert torch.equal(pool_sf[r], xs[t])
+        assert torch.equal(pool[r], fx[t])
+        assert torch.equal(pool_sf[r], fxs[t])
+
+
+def test_activation_fold_of_wide_scales():
+    """The pull's activation fold (x_fold_k = 64) where it rounds: token scales spread so that
+    the smaller 32-group of a pair lies 1..40 binades below the larger (every d the FP16 route
+    handles, and past its end), all-zero groups carrying the larger scale byte, a NaN-free
+    all-zero pair. The L1 pool must equal check.fold_x byte for byte (values and scales) for
+    every routed row, and the output must pass the usual checks."""
+    k, w = _kernel(TINY, 64)
+    x, xs, idx, tw = make_inputs(64, TINY["E"], TINY["K"], TINY["H"], "cuda", seed=12)
+    x, xs = x.clone(), xs.clone()
+    g = torch.Generator(device="cuda").manual_seed(13)
+    d = torch.randint(0, 41, xs[:, 1::2].shape, device="cuda", generator=g).to(torch.int32)
+    xs[:, 1::2] = (xs[:, 1::2].to(torch.int32) - d).clamp(0, 254).to(torch.uint8)  # the odd group of each pair
+    x[0::5, 0:32] = 0                      # an all-zero group ...
+    xs[0::5, 0] = 254                      # ... with the largest scale byte: must not set s_max
+    x[1::5, 64:128] = 0                    # an all-zero pair: copied as is
+    k(x, xs, idx, tw)
+    k.check()
+    k._ws["pool_token"].fill_(-1)          # forget rows of earlier calls, run again
+    k._ws["pool_slot"].fill_(-1)
+    y = k(x, xs, idx, tw)
+    k.check()
+    fx, fxs = fold_x(x, xs)
+    assert not torch.equal(fx, x)          # the fold really rounds here
+    pool, pool_sf, tok, slot = k.pool_contents()
+    rows = [(r, int(tok[r])) for r in range(pool.shape[0]) if int(tok[r]) >= 0 and int(slot[r]) >= 0]
+    assert len(rows) == int((idx >= 0).sum())
+    for r, t in rows:
+        assert torch.equal(pool[r], fx[t]), (r, t)
+        assert torch.equal(pool_sf[r], fxs[t]), (r, t)
+    ref = reference_sm90(x, xs, idx, tw, *w)
+    c = compare(y, ref)
+    assert c["nan"] == 0 and c["rel_l2"] <= REL_L2_TOL, c
 
 
 def test_trace_block_order():

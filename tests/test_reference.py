@@ -225,11 +225,15 @@ def test_block_scaled_gemm_fold_matches_independent():
     assert np.array_equal(unfolded, gemm(av.numpy(), asc.numpy(), wv, wsc))
 
 
+ROW_FOLD = R.Numerics("sm90", "row", None, w_fold_top=6)  # the SM90 kernel's weight fold alone
+
+
 def test_block_scaled_gemm_row_fold_matches_independent():
-    """Numerics.sm90_kernel() (the SM90 kernel's weight fold: per row, values x 2^(s - s_max + 6)
-    rounded to E4M3, 2^(s_max - 6) on each 32-wide partial, s_max over the groups with a nonzero
-    value) against numpy: bitwise the per-32 result when the row's nonzero groups span <= 14
-    binades, rounded small groups (and different numbers) when they span more."""
+    """The SM90 kernel's weight fold alone (``Numerics("sm90", "row", None, w_fold_top=6)``: per
+    row, values x 2^(s - s_max + 6) rounded to E4M3, 2^(s_max - 6) on each 32-wide partial, s_max
+    over the groups with a nonzero value) against numpy: bitwise the per-32 result when the row's
+    nonzero groups span <= 14 binades, rounded small groups (and different numbers) when they
+    span more."""
     g = torch.Generator().manual_seed(6)
     k = 256
     import megamoe.formats as F
@@ -241,7 +245,7 @@ def test_block_scaled_gemm_row_fold_matches_independent():
         wp, ws = wp[0].clone(), ws[0].clone()
         wp[5, 16:32] = 0                          # row 5, group 1 all zero, with the largest scale:
         ws[5, 1] = 200                            # it must not set s_max
-        got = R.block_scaled_gemm(av, asc, wp, ws, R.Numerics.sm90_kernel()).numpy()
+        got = R.block_scaled_gemm(av, asc, wp, ws, ROW_FOLD).numpy()
         wv, wsc = dec_w(wp.numpy(), ws.numpy())
         g32 = wv.reshape(40, -1, 32)
         smax = np.where((g32 != 0).any(-1), wsc, 0).max(-1, keepdims=True)
@@ -254,6 +258,50 @@ def test_block_scaled_gemm_row_fold_matches_independent():
         assert np.array_equal(got, per32) == exact, spread
 
 
+def test_block_scaled_gemm_kernel_numerics_match_independent():
+    """Numerics.sm90_kernel(): the weight fold per row (top 6) and the activation fold per 64-K
+    group (``x_fold_k = 64``: in each pair of 32-groups, those with a nonzero value re-encoded
+    with the larger scale, an all-zero group never setting it), 64-deep partial sums formed
+    exactly, times the activation group's scale and the weight row's, rounded to FP32 and summed
+    in FP32 in K order -- against numpy. Activations: a pair 10 binades apart, a pair 30 apart
+    (the small group's values vanish), an all-zero group carrying the largest scale byte."""
+    g = torch.Generator().manual_seed(8)
+    k = 256
+    import megamoe.formats as F
+    q, qs = F.quantize_e4m3_blocks(torch.randn((3, k), generator=g))
+    q, qs = q.view(torch.uint8).clone(), qs.clone()
+    qs[0, 1] -= 10                         # row 0: pair 0 ten binades apart (values < 16 round)
+    qs[1, 3] -= 30                         # row 1: pair 1 thirty binades apart
+    q[2, 64:96] = 0                        # row 2: group 2 all zero ...
+    qs[2, 2] = 250                         # ... with the largest scale: it must not set s_max
+    av, asc = F.decode_e4m3(q, torch.float64), F.decode_ue8m0(qs, torch.float64)
+    w = torch.randn((40, k), generator=g) * torch.exp2(torch.arange(k) // 32 * -1.0)
+    wp, ws = F.quantize_e2m1_blocks(w.reshape(1, 40, k))
+    got = R.block_scaled_gemm(av, asc, wp[0], ws[0], R.Numerics.sm90_kernel()).numpy()
+    # numpy: fold the activations per 64, the weights per row (top 6), 64-wide groups
+    a64, s64 = av.numpy().reshape(3, -1, 2, 32), asc.numpy().reshape(3, -1, 2)
+    nz = (a64 != 0).any(-1)
+    smax = np.where(nz, s64, 0).max(-1)
+    smax = np.where(nz.any(-1), smax, 1.0)
+    fa = np_e4m3(a64 * (s64 / smax[..., None])[..., None]).reshape(3, k)
+    wv, wsc = dec_w(wp[0].numpy(), ws[0].numpy())
+    g32 = wv.reshape(40, -1, 32)
+    wmax = np.where((g32 != 0).any(-1), wsc, 0).max(-1, keepdims=True)
+    fw = np_e4m3(g32 * (wsc / wmax * 64.0)[..., None]).reshape(wv.shape)
+    want = gemm(fa, smax, fw, np.broadcast_to(wmax / 64.0, (40, k // 64)), group=64)
+    assert np.array_equal(got, want)
+    assert (fa[1, 96:128] == 0).all() and not (av.numpy()[1, 96:128] == 0).all()  # 30 binades: gone
+    assert np.array_equal(fa[2, 96:128], av.numpy()[2, 96:128])  # its partner kept its own scale
+    row_only = R.block_scaled_gemm(av, asc, wp[0], ws[0], ROW_FOLD).numpy()
+    assert not np.array_equal(got[0], row_only[0])  # rounded small values change row 0's numbers
+    # the byte-level fold of the kernel's pools gives the same values and group scales
+    from megamoe.layouts import fold_e4m3_scales_for_sm90
+    fb, fs = fold_e4m3_scales_for_sm90(q, qs)
+    assert np.array_equal(F.decode_e4m3(fb, torch.float64).numpy(), fa)
+    assert np.array_equal(F.decode_ue8m0(fs, torch.float64).numpy().reshape(3, -1, 2)[..., 0],
+                          np.where(nz.any(-1), smax, s64[..., 0]))
+
+
 def test_numerics_constructors_and_validation():
     assert R.Numerics.sm100() == R.Numerics("sm100", None, None, True, False)
     s = R.Numerics.sm90(128)
@@ -262,7 +310,13 @@ def test_numerics_constructors_and_validation():
     with pytest.raises(InputError, match=r"^numerics.w_fold_k: expected None, 'row' or a positive multiple of 32, got 48$"):
         R.Numerics("sm90", 48, None)
     k = R.Numerics.sm90_kernel()
-    assert (k.arch, k.w_fold_k, k.x_fold_k, k.w_fold_top, k.group_k) == ("sm90", "row", None, 6, 32)
+    assert (k.arch, k.w_fold_k, k.x_fold_k, k.w_fold_top, k.group_k) == ("sm90", "row", 64, 6, 64)
+    assert R.Numerics("sm90", "row", None, w_fold_top=6).group_k == 32
+    for w, x in ((64, 128), (64, "row")):
+        with pytest.raises(InputError, match=r"^numerics.x_fold_k: expected equal to w_fold_k"):
+            R.Numerics("sm90", w, x)
+    with pytest.raises(InputError, match=r"^numerics.x_fold_k: expected .*, got 'row'$"):
+        R.Numerics("sm90", 64, "row")
     for top, fold in ((7, "row"), (-1, "row"), (1.0, "row"), (True, "row"), (2, None)):
         with pytest.raises(InputError, match=r"^numerics.w_fold_top: expected an int 0\.\.6"):
             R.Numerics("sm90", fold, None, w_fold_top=top)

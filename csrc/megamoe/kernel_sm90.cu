@@ -239,7 +239,7 @@ __device__ __forceinline__ void dispatch_role_ep(const Params& p, const int BM, 
     const int N = scan[0];
     const int2 jr = cta_range(N);  // this CTA's pool positions
     const int j0 = jr.x, j1 = jr.y;
-    const int hv = H / 16, hk = H / 128;
+    const int hv = H / 16;
     const int32_t* tab = reinterpret_cast<const int32_t*>(peer_ptr(p, me, p.off_src_idx));
     for (int j = j0 + warp; j < j1; j += 4) {
         int lo = 0, hi = EL - 1;  // largest local expert whose first item <= j (never an empty one)
@@ -278,13 +278,12 @@ __device__ __forceinline__ void dispatch_role_ep(const Params& p, const int BM, 
         const int t = item / K, k = item - (item / K) * K;
         const int row = off_blk[e] * BM + pos;
         if (row >= p.pool_rows) continue;  // overflow already raised
+        // the row and its scales, folded per 64-K group as they are copied (roles_shared.cuh)
         const uint4* src = reinterpret_cast<const uint4*>(peer_ptr(p, s, p.off_x) + (size_t)t * H);
         uint4* dst = reinterpret_cast<uint4*>(p.l1_pool + (size_t)row * H);
-        #pragma unroll 4
-        for (int v = lane; v < hv; v += 32) dst[v] = __ldcg(src + v);
         const uint32_t* sf_src = reinterpret_cast<const uint32_t*>(peer_ptr(p, s, p.off_x_sf) + (size_t)t * (H / 32));
         uint32_t* sf_dst = reinterpret_cast<uint32_t*>(p.l1_pool_sf);
-        for (int kb = lane; kb < hk; kb += 32) sf_dst[(size_t)kb * p.pool_rows + row] = __ldcg(sf_src + kb);
+        pull_row_x64<true>(src, dst, sf_src, sf_dst + row, p.pool_rows, hv, lane);
         if (lane == 0) {
             p.pool_token[row] = t;
             p.pool_slot[row] = k;
@@ -554,11 +553,12 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
             __syncwarp();
             dead = __any_sync(0xffffffffu, dead);
             const Stage st = get_stage<BM>(stages, s);
-            // Each warpgroup builds its own FP32 table of the token scales, [4][BM] (so the two
-            // warpgroups synchronise only within themselves and drift apart: one promotes while
-            // the other's WGMMA runs); each thread reads its two weight rows' packed chunk and
-            // scale bytes and decodes them into WGMMA registers (mma_sm90.cuh).
-            // (st.sfa is [BM][4] bytes: one 32-bit word per token, byte q = K group q)
+            // Each warpgroup builds its own FP32 table of the token scales, rows 0 and 2 of
+            // [4][BM] (so the two warpgroups synchronise only within themselves and drift
+            // apart: one promotes while the other's WGMMAs run); each thread reads its two weight
+            // rows' packed chunk and scale bytes and decodes them into WGMMA registers
+            // (mma_sm90.cuh). (st.sfa is [BM][4] bytes: one 32-bit word per token, byte q = K
+            // group q; folded per 64: bytes 0 and 1, 2 and 3 are equal.)
             // block_m <= 32: each thread reads its own tokens' scale words (Tile::kDirectScales),
             // no table and no warpgroup barrier
             float* fsx = st.fsx + g * 4 * BM;
@@ -566,8 +566,8 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
                 const int wtid = ctid & 127;
                 for (int m = wtid; m < BM; m += 128) {
                     const uint32_t v = reinterpret_cast<const uint32_t*>(st.sfa)[m];
-                    #pragma unroll
-                    for (int q = 0; q < 4; ++q) fsx[q * BM + m] = ue8m0_to_float((v >> (8 * q)) & 0xFFu);
+                    fsx[m] = ue8m0_to_float(v & 0xFFu);
+                    fsx[2 * BM + m] = ue8m0_to_float((v >> 16) & 0xFFu);
                 }
             }
             const int n0 = tile.row_of(0);
@@ -625,7 +625,9 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
                     if (lane < 4) red[(g * 4 + wi) * BM + m] = a;
                 }
             if (lane == 0) progress(p, wslot, 0x04000000 | (uint32_t)it);
-            named_bar_sync(kBarConsumerWg0 + g, 128);
+            // both warpgroups' amax: the block's 64 columns are one 64-K group of the L2 GEMM
+            // (warpgroup g makes its 32-group g), folded as the pull folds x (roles_shared.cuh)
+            named_bar_sync(kBarConsumer, kConsumerThreads);
             if (lane == 0) progress(p, wslot, 0x05000000 | (uint32_t)it);
             const int gidx = b.n_block * 2 + g;  // 32-wide scale group in the intermediate dim
             const int col = b.n_block * 64 + g * 32 + wi * 8 + lane / 4;
@@ -634,15 +636,22 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
                 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
                     const int m = tile.tok_of(j, r);
-                    float a = 0.0f;
+                    float a = 0.0f, ao = 0.0f;  // amax of this 32-group and of the other one
                     #pragma unroll
-                    for (int w = 0; w < 4; ++w) a = fmaxf(a, red[(g * 4 + w) * BM + m]);
-                    float inv;
-                    const int l = ue8m0_exponent(a, inv);
+                    for (int w = 0; w < 4; ++w) {
+                        a = fmaxf(a, red[(g * 4 + w) * BM + m]);
+                        ao = fmaxf(ao, red[((g ^ 1) * 4 + w) * BM + m]);
+                    }
+                    float inv, inv_o;
+                    const int l = ue8m0_exponent(a, inv), lo = ue8m0_exponent(ao, inv_o);
+                    // s_max over the groups with a nonzero value (amax > 0); zeros stay as they are
+                    const int lm = ao > 0.0f ? (a > 0.0f ? max(l, lo) : lo) : l;
                     if (!store) continue;
-                    p.l2_pool[(prow0 + m) * I + col] = to_e4m3(tile.acc[j][r] * inv);
+                    uint32_t q = to_e4m3(tile.acc[j][r] * inv);  // the per-32 quantization, then the fold
+                    if (a > 0.0f && lm > l) q = e4m3x2_scale(q, pow2_neg_h2(lm - l)) & 0xFFu;
+                    p.l2_pool[(prow0 + m) * I + col] = (uint8_t)q;
                     if (wi == 0 && lane < 4)
-                        p.l2_pool_sf[(((size_t)(gidx >> 2)) * p.pool_rows + prow0 + m) * 4 + (gidx & 3)] = (uint8_t)(l + 127);
+                        p.l2_pool_sf[(((size_t)(gidx >> 2)) * p.pool_rows + prow0 + m) * 4 + (gidx & 3)] = (uint8_t)(lm + 127);
                 }
             fence_proxy_async_global();  // the rows are read by other CTAs' TMA loads
             // every consumer thread's rows happen before thread 0's fence through the barrier
@@ -733,7 +742,7 @@ __global__ void __launch_bounds__(kThreads, 1) megamoe_sm90_kernel(const __grid_
     if (warp < 4) {
         setmaxnreg_dec<kRegsDispatch>();
         if (p.num_ranks > 1) dispatch_role_ep(p, BM, hist, cta_base, off_blk, scan);
-        else dispatch_pull<BM>(p, hist, cta_base, off_blk, scan, IdentitySfRow{p.pool_rows}, (int)p.hidden);  // whole rows
+        else dispatch_pull<BM, IdentitySfRow, true>(p, hist, cta_base, off_blk, scan, IdentitySfRow{p.pool_rows}, (int)p.hidden);  // whole rows, folded
         __syncwarp();
         if (threadIdx.x == 0) progress(p, 0, 0xD0);
     } else if (warp < 8) {
@@ -839,14 +848,15 @@ long long megamoe_sm90_smem_bytes(int block_m, int stages, int num_experts) {
     return (long long)megamoe::smem_bytes(block_m, stages, num_experts);
 }
 
-// k32 WGMMAs a consumer warpgroup keeps in flight per K block at this block_m (Sm90Tile::NP;
-// mirrored by megamoe.design_sm90.WGMMAS_IN_FLIGHT); -1 for an unsupported block_m.
+// k32 WGMMAs a consumer warpgroup keeps in flight per K block at this block_m
+// (Sm90Tile::WGMMAS_IN_FLIGHT; mirrored by megamoe.design_sm90.WGMMAS_IN_FLIGHT); -1 for an
+// unsupported block_m.
 int megamoe_sm90_wgmmas_in_flight(int block_m) {
     switch (block_m) {
-        case 16: return megamoe::Sm90Tile<16>::NP;
-        case 32: return megamoe::Sm90Tile<32>::NP;
-        case 64: return megamoe::Sm90Tile<64>::NP;
-        case 128: return megamoe::Sm90Tile<128>::NP;
+        case 16: return megamoe::Sm90Tile<16>::WGMMAS_IN_FLIGHT;
+        case 32: return megamoe::Sm90Tile<32>::WGMMAS_IN_FLIGHT;
+        case 64: return megamoe::Sm90Tile<64>::WGMMAS_IN_FLIGHT;
+        case 128: return megamoe::Sm90Tile<128>::WGMMAS_IN_FLIGHT;
         default: return -1;
     }
 }

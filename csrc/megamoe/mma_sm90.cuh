@@ -23,16 +23,19 @@
 // of a WGMMA shared-memory descriptor (stride between 8-row atoms 1024 B; the K step of 32
 // FP8 = 32 B advances the start address, DeepGEMM's idiom). Atoms must be 1024-B aligned.
 //
-// Numerics (`megamoe.reference.Numerics.sm90_kernel()`): each 32-wide K group is one WGMMA
-// with a zeroed accumulator (scale-d = 0), and its FP32 partial sum d is promoted into the
-// FP32 accumulator as acc = fma(d, 2^sx, acc) with the token's UE8M0 scale for that group. The
-// weight scales are folded into the decoded values (fp4.cuh: E2M1 x 2^(6 - d) for a group 2^d
-// below its row's largest scale), so acc is the row's result / 2^(s_max - 133) and the
-// epilogue multiplies by that row scale once (in exact arithmetic the per-32 promotion
-// acc = fma(d' * 2^sw, 2^sx, acc) when the fold is exact: the partials differ by powers of
-// two only; the H200's FP8 WGMMA rounds a little differently, benchmarks/NOTES_kernel.md v6.5).
+// Numerics (`megamoe.reference.Numerics.sm90_kernel()`): each 64-wide K group is two chained
+// WGMMAs (the first with a zeroed accumulator, scale-d = 0), and their FP32 partial sum d is
+// promoted into the FP32 accumulator as acc = fma(d, 2^sx, acc) with the token's scale for that
+// group. Both operands' per-32 scales are folded into their E4M3 values: the weights' per row
+// (fp4.cuh: E2M1 x 2^(6 - d) for a group 2^d below its row's largest; the epilogue multiplies
+// by the row scale 2^(s_max - 133) once), the tokens' per 64-K group (the pools hold them
+// folded: megamoe.layouts.fold_e4m3_scales_for_sm90, written by the pull and the L1 epilogue;
+// both scale bytes of a group are its s_max). The H200's FP8 WGMMA does not sum exactly (a few
+// accumulator bits fewer than FP32, benchmarks/NOTES_kernel.md), so the tensor core's partial
+// differs from the reference's exact one in the last bits.
 // The weights' table offsets are read as bytes (4 per row and K block), the token scales as
-// bytes (block_m <= 32) or from an FP32 table [4][BLOCK_M] the warpgroup builds per stage.
+// bytes (block_m <= 32) or from an FP32 table [4][BLOCK_M] (rows 0 and 2 used) the warpgroup
+// builds per stage.
 //
 // The MMA atoms, the descriptor and the wgmma fences come from CUTLASS/CuTe
 // (cute/arch/mma_sm90_gmma.hpp, cute/arch/mma_sm90_desc.hpp).
@@ -65,27 +68,27 @@ template <> struct GmmaE4M3<64> { using Op = cute::SM90::GMMA::MMA_64x64x32_F32E
 template <> struct GmmaE4M3<128> { using Op = cute::SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_RS_TN<>; };
 
 template <class Op, int... I>
-__device__ __forceinline__ void gmma_rs_zero_acc(const uint2& r0, const uint2& r8, uint64_t db, float* d,
-                                                 std::integer_sequence<int, I...>) {
-    Op::fma(r0.x, r8.x, r0.y, r8.y, db, d[I]..., cute::SM90::GMMA::ScaleOut::Zero);
+__device__ __forceinline__ void gmma_rs(const uint2& r0, const uint2& r8, uint64_t db, float* d,
+                                        cute::SM90::GMMA::ScaleOut acc, std::integer_sequence<int, I...>) {
+    Op::fma(r0.x, r8.x, r0.y, r8.y, db, d[I]..., acc);
 }
 
-// One consumer warpgroup's share of a block: 64 weight rows x BLOCK_M tokens.
-// How many k32 WGMMAs are in flight is set by the registers their partial accumulators take
-// (NP partials of BLOCK_M / 2 floats each, beside the accumulator):
-//   block_m 16, 32: the four WGMMAs of a K block issued at once (one fence, four commit
-//     groups), each promoted as it completes.
-//   block_m 64: two in flight (step q + 1 issued before step q is waited for and promoted).
+// One consumer warpgroup's share of a block: 64 weight rows x BLOCK_M tokens. A K block is two
+// 64-K groups (h = 0, 1), each two chained k32 WGMMAs into a partial accumulator, promoted once.
+// How many groups are in flight is set by the registers their partials take (NP partials of
+// BLOCK_M / 2 floats each, beside the accumulator):
+//   block_m 16..64: both groups issued at once (two commit groups, four WGMMAs), each promoted
+//     as it completes.
 //   block_m 128: the accumulator and one partial take 128 registers, a second would spill:
-//     one in flight (step q + 1 decoded while step q's runs); the two warpgroups overlap each
-//     other (one promotes while the other's WGMMA runs).
+//     one group in flight (group 1 decoded while group 0's WGMMAs run); the two warpgroups
+//     overlap each other (one promotes while the other's WGMMAs run).
 template <int BLOCK_M>
 struct Sm90Tile {
     static constexpr int NJ = BLOCK_M / 8;  // n8 column tiles (tokens)
     static_assert(BLOCK_M == 16 || BLOCK_M == 32 || BLOCK_M == 64 || BLOCK_M == 128, "bad block_m");
     using Op = typename GmmaE4M3<BLOCK_M>::Op;
-    static constexpr int NP = BLOCK_M <= 32 ? 4 : BLOCK_M == 64 ? 2 : 1;  // partial accumulators
-    static constexpr int NA = NP < 2 ? 2 : NP;  // A register sets (one k32 step each)
+    static constexpr int NP = BLOCK_M <= 64 ? 2 : 1;  // partial accumulators (64-K groups in flight)
+    static constexpr int WGMMAS_IN_FLIGHT = 2 * NP;  // k32 WGMMAs in flight (design_sm90.WGMMAS_IN_FLIGHT)
     // block_m <= 32: each thread reads its tokens' four UE8M0 scale bytes straight from the
     // stage (one 8-byte word per n8 tile: tokens 2 (lane % 4) and +1) instead of a warpgroup's
     // FP32 table, so the warpgroup needs no barrier per K block
@@ -93,7 +96,7 @@ struct Sm90Tile {
 
     float acc[NJ][4];
     float part[NP][NJ][4];
-    uint2 ra0[NA], ra8[NA];  // decoded E4M3 A fragments: rows row_of(0) and row_of(2)
+    uint2 ra0[4], ra8[4];  // decoded E4M3 A fragments of the four k32 steps: rows row_of(0) and row_of(2)
     int wg, wi, lane;
 
     __device__ __forceinline__ void init(int consumer_thread) {
@@ -111,35 +114,31 @@ struct Sm90Tile {
     __device__ __forceinline__ int row_of(int r) const { return wg * 64 + wi * 16 + lane / 4 + (r >= 2 ? 8 : 0); }
     __device__ __forceinline__ int tok_of(int j, int r) const { return j * 8 + (lane & 3) * 2 + (r & 1); }
 
-    __device__ __forceinline__ void gmma(int ia, uint64_t db, int pb) {
-        gmma_rs_zero_acc<Op>(ra0[ia], ra8[ia], db, &part[pb][0][0], std::make_integer_sequence<int, NJ * 4>{});
-    }
-    __device__ __forceinline__ void issue(int ia, uint64_t db, int pb) {
-        cute::warpgroup_arrive();
-        gmma(ia, db, pb);
+    // 64-K group h (k32 steps 2h, 2h + 1) into partial pb, as one commit group.
+    __device__ __forceinline__ void group(int h, uint64_t db, int pb) {
+        constexpr auto seq = std::make_integer_sequence<int, NJ * 4>{};
+        gmma_rs<Op>(ra0[2 * h], ra8[2 * h], db + 4 * h, &part[pb][0][0], cute::SM90::GMMA::ScaleOut::Zero, seq);
+        gmma_rs<Op>(ra0[2 * h + 1], ra8[2 * h + 1], db + 4 * h + 2, &part[pb][0][0], cute::SM90::GMMA::ScaleOut::One, seq);
         cute::warpgroup_commit_batch();
     }
-    // After the wait for the WGMMA that read A set ia into partial pb: keep the compiler from
-    // reusing those registers earlier (the WGMMA reads and writes them asynchronously).
-    __device__ __forceinline__ void fence_step(int ia, int pb) {
-        cute::warpgroup_fence_operand(ra0[ia].x); cute::warpgroup_fence_operand(ra0[ia].y);
-        cute::warpgroup_fence_operand(ra8[ia].x); cute::warpgroup_fence_operand(ra8[ia].y);
+    // After the wait for group h's WGMMAs (partial pb): keep the compiler from reusing those
+    // registers earlier (the WGMMAs read and write them asynchronously).
+    __device__ __forceinline__ void fence_group(int h, int pb) {
+        #pragma unroll
+        for (int q = 2 * h; q < 2 * h + 2; ++q) {
+            cute::warpgroup_fence_operand(ra0[q].x); cute::warpgroup_fence_operand(ra0[q].y);
+            cute::warpgroup_fence_operand(ra8[q].x); cute::warpgroup_fence_operand(ra8[q].y);
+        }
         #pragma unroll
         for (int j = 0; j < NJ; ++j)
             #pragma unroll
             for (int r = 0; r < 4; ++r) cute::warpgroup_fence_operand(part[pb][j][r]);
     }
-    // wgmma.wait_group with a count known after unrolling
-    __device__ __forceinline__ static void wait_pending(int n) {
-        if (n <= 0) cute::warpgroup_wait<0>();
-        else if (n == 1) cute::warpgroup_wait<1>();
-        else if (n == 2) cute::warpgroup_wait<2>();
-        else cute::warpgroup_wait<3>();
-    }
-    // acc += part * 2^sx(token) for K group q (the weight scale is in the decoded values and
-    // the epilogue's row scale; sxw: kDirectScales only, the scale words of tokens tok_of(j, 0)
-    // and tok_of(j, 1))
-    __device__ __forceinline__ void promote(int pb, int q, const float* fsx, const uint2* sxw) {
+    // acc += part * 2^sx(token) for 64-K group h (scale byte 2h: both bytes of a folded group are
+    // equal; the weight scale is in the decoded values and the epilogue's row scale; sxw:
+    // kDirectScales only, the scale words of tokens tok_of(j, 0) and tok_of(j, 1))
+    __device__ __forceinline__ void promote(int pb, int h, const float* fsx, const uint2* sxw) {
+        const int q = 2 * h;
         #pragma unroll
         for (int j = 0; j < NJ; ++j) {
             float2 sx;
@@ -158,13 +157,13 @@ struct Sm90Tile {
     // the file comment); o0 / o8: those rows' 4 fold-table offsets (byte q = K group q); tab:
     // the fold table in shared memory (fp4.cuh); a: [BLOCK_M][128] E4M3 tokens, swizzled and
     // 1024-B aligned; fsx: FP32 [4][BLOCK_M] token scales; sfa: [BLOCK_M][4] UE8M0 bytes.
-    __device__ __forceinline__ void decode(int ia, const uint32_t* w0, const uint32_t* w8, uint32_t o0, uint32_t o8,
+    __device__ __forceinline__ void decode(const uint32_t* w0, const uint32_t* w8, uint32_t o0, uint32_t o8,
                                            const uint8_t* tab, int q) {
-        ra0[ia] = decode_e2m1x8(w0[q], *reinterpret_cast<const uint2*>(tab + byte_of(o0, q)));
-        ra8[ia] = decode_e2m1x8(w8[q], *reinterpret_cast<const uint2*>(tab + byte_of(o8, q)));
+        ra0[q] = decode_e2m1x8(w0[q], *reinterpret_cast<const uint2*>(tab + byte_of(o0, q)));
+        ra8[q] = decode_e2m1x8(w8[q], *reinterpret_cast<const uint2*>(tab + byte_of(o8, q)));
     }
 
-    // One K block: issue, wait, promote.
+    // One K block: decode, issue, wait, promote.
     __device__ __forceinline__ void mma_k_block(const uint32_t* w0, const uint32_t* w8, uint32_t o0, uint32_t o8,
                                                 const uint8_t* tab, const uint8_t* a, const float* fsx,
                                                 const uint8_t* sfa) {
@@ -174,50 +173,33 @@ struct Sm90Tile {
             #pragma unroll
             for (int j = 0; j < NJ; ++j) sxw[j] = *reinterpret_cast<const uint2*>(sfa + 4 * tok_of(j, 0));
         }
-        if constexpr (NP == 4) {
-            // all four issued (four commit groups), each promoted as it completes
+        if constexpr (NP == 2) {
             #pragma unroll
-            for (int q = 0; q < 4; ++q) decode(q, w0, w8, o0, o8, tab, q);
+            for (int q = 0; q < 4; ++q) decode(w0, w8, o0, o8, tab, q);
             cute::warpgroup_arrive();
-            #pragma unroll
-            for (int q = 0; q < 4; ++q) { gmma(q, db + 2 * q, q); cute::warpgroup_commit_batch(); }
-            #pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                wait_pending(3 - q);
-                fence_step(q, q);
-                promote(q, q, fsx, sxw);
-            }
-        } else if constexpr (NP == 2) {
-            // A registers of two steps: step q's live in set q % 2 until its wait
-            decode(0, w0, w8, o0, o8, tab, 0);
-            issue(0, db, 0);
-            decode(1, w0, w8, o0, o8, tab, 1);
-            #pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                const int c = q & 1, n = c ^ 1;
-                if (q < 3) {
-                    issue(n, db + 2 * (q + 1), n);
-                    cute::warpgroup_wait<1>();  // step q done, step q + 1 in flight
-                } else {
-                    cute::warpgroup_wait<0>();
-                }
-                fence_step(c, c);
-                if (q < 2) decode(c, w0, w8, o0, o8, tab, q + 2);
-                promote(c, q, fsx, sxw);
-            }
+            group(0, db, 0);
+            group(1, db, 1);
+            cute::warpgroup_wait<1>();
+            fence_group(0, 0);
+            promote(0, 0, fsx, sxw);
+            cute::warpgroup_wait<0>();
+            fence_group(1, 1);
+            promote(1, 1, fsx, sxw);
         } else {
-            // one partial; step q + 1 is decoded (into the other A register set) while step q's
-            // WGMMA runs, so only the promotion lies between two WGMMAs
-            decode(0, w0, w8, o0, o8, tab, 0);
-            #pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                const int c = q & 1;
-                issue(c, db + 2 * q, 0);
-                if (q < 3) decode(c ^ 1, w0, w8, o0, o8, tab, q + 1);
-                cute::warpgroup_wait<0>();
-                fence_step(c, 0);
-                promote(0, q, fsx, sxw);
-            }
+            decode(w0, w8, o0, o8, tab, 0);
+            decode(w0, w8, o0, o8, tab, 1);
+            cute::warpgroup_arrive();
+            group(0, db, 0);
+            decode(w0, w8, o0, o8, tab, 2);
+            decode(w0, w8, o0, o8, tab, 3);
+            cute::warpgroup_wait<0>();
+            fence_group(0, 0);
+            promote(0, 0, fsx, sxw);
+            cute::warpgroup_arrive();
+            group(1, db, 0);
+            cute::warpgroup_wait<0>();
+            fence_group(1, 0);
+            promote(0, 1, fsx, sxw);
         }
     }
 };

@@ -14,6 +14,7 @@
 #pragma once
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <stdint.h>
 #include "params.h"
@@ -68,6 +69,83 @@ __device__ __forceinline__ uint8_t to_e4m3(float v) {
     return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
 }
 
+// ------------------------------------------------------------------ the SM90 activation fold
+// Numerics.sm90_kernel() (x_fold_k = 64; megamoe.layouts.fold_e4m3_scales_for_sm90): in each
+// 64-K group of a row, the 32-groups that hold a nonzero value are re-encoded with the largest
+// of their scales s_max (values of a group 2^d below times 2^-d, rounded to nearest-even E4M3),
+// and both scale bytes become s_max; a group of zeros is copied. The SM90 pulls fold each row
+// as they copy it (fold_x64_chunk), the L1 epilogue each value it quantizes (e4m3_scale).
+// 2^-d as FP16 (0 from d = 25).
+__device__ __forceinline__ __half2 pow2_neg_h2(int d) {
+    const unsigned short b = d <= 14 ? (unsigned short)((15 - d) << 10) : d <= 24 ? (unsigned short)(1u << (24 - d)) : 0;
+    return __halves2half2(__ushort_as_half(b), __ushort_as_half(b));
+}
+// Two E4M3 values (low 16 bits) times m = 2^-d, rounded to nearest-even E4M3 once: E4M3 -> FP16
+// is exact, and so is the FP16 product of every value that does not round to zero in E4M3
+// anyway (a product's lowest bit is 2^(e - 3 - d) >= 2^-24 unless the product < 2^-20).
+__device__ __forceinline__ uint32_t e4m3x2_scale(uint32_t two, __half2 m) {
+    const __half2 h = __half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(two & 0xFFFFu), __NV_E4M3));
+    return (uint32_t)__nv_cvt_halfraw2_to_fp8x2(__half2_raw(__hmul2(h, m)), __NV_SATFINITE, __NV_E4M3);
+}
+__device__ __forceinline__ uint32_t e4m3x4_scale(uint32_t w, __half2 m) {
+    return e4m3x2_scale(w, m) | (e4m3x2_scale(w >> 16, m) << 16);
+}
+// One 16-byte chunk of a row (half a 32-group), called by all 32 lanes at once for chunks
+// c0 + lane, c0 a multiple of 8: lanes 8i .. 8i + 7 hold one 128-K block, lanes 2g, 2g + 1 of
+// it 32-group g, groups 2h, 2h + 1 the 64-K group h. sfw: the row's scale word of this lane's K
+// block (byte g = group g). Returns the folded chunk; `word`: the K block's folded scale word
+// (valid in lanes with lane % 8 == 0). Lanes past the row pass zeros (whole K blocks).
+__device__ __forceinline__ uint4 fold_x64_chunk(uint4 x, uint32_t sfw, int lane, uint32_t& word) {
+    const uint32_t s = (sfw >> (8 * ((lane >> 1) & 3))) & 0xFFu;
+    uint32_t nz = ((x.x | x.y | x.z | x.w) & 0x7F7F7F7Fu) != 0u;
+    nz |= __shfl_xor_sync(0xffffffffu, nz, 1);                      // this 32-group has a nonzero value
+    const uint32_t se = nz ? s : 0u;                                // (a group of zeros never sets s_max)
+    const uint32_t any = nz | __shfl_xor_sync(0xffffffffu, nz, 2);  // its 64-K group has one
+    const uint32_t smax = max(se, __shfl_xor_sync(0xffffffffu, se, 2));
+    const int d = nz ? (int)(smax - s) : 0;
+    if (d > 0) {
+        const __half2 m = pow2_neg_h2(d);
+        x.x = e4m3x4_scale(x.x, m); x.y = e4m3x4_scale(x.y, m);
+        x.z = e4m3x4_scale(x.z, m); x.w = e4m3x4_scale(x.w, m);
+    }
+    const uint32_t ob = any ? smax : s;
+    const uint32_t b1 = __shfl_down_sync(0xffffffffu, ob, 2), b2 = __shfl_down_sync(0xffffffffu, ob, 4),
+                   b3 = __shfl_down_sync(0xffffffffu, ob, 6);
+    word = ob | (b1 << 8) | (b2 << 16) | (b3 << 24);
+    return x;
+}
+// A whole row (hv 16-byte chunks, hv a multiple of 8) and its scale words, folded, by one warp:
+// eight chunks per lane in flight. LDCG: read through L2 only (a peer's buffer, EP).
+template <bool LDCG>
+__device__ __forceinline__ void pull_row_x64(const uint4* src, uint4* dst, const uint32_t* sf_src, uint32_t* sf_dst,
+                                             int64_t sf_stride, int hv, int lane) {
+    for (int v0 = 0; v0 < hv; v0 += 32 * 8) {
+        uint4 buf[8];
+        uint32_t sfw[8];
+        #pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            const int v = v0 + u * 32 + lane;
+            buf[u] = make_uint4(0u, 0u, 0u, 0u);
+            sfw[u] = 0u;
+            if (v < hv) {
+                buf[u] = LDCG ? __ldcg(src + v) : __ldg(src + v);
+                sfw[u] = LDCG ? __ldcg(sf_src + v / 8) : __ldg(sf_src + v / 8);
+            }
+        }
+        #pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            const int v = v0 + u * 32 + lane;
+            if (v0 + u * 32 >= hv) break;  // warp-uniform
+            uint32_t word;
+            const uint4 f = fold_x64_chunk(buf[u], sfw[u], lane, word);
+            if (v < hv) {
+                dst[v] = f;
+                if ((lane & 7) == 0) sf_dst[(size_t)(v / 8) * sf_stride] = word;
+            }
+        }
+    }
+}
+
 // ------------------------------------------------------------------ dispatch (128 threads)
 // An even split of n things over the grid: this CTA's [n c / C, n (c + 1) / C).
 __device__ __forceinline__ int2 cta_range(int64_t n) {
@@ -105,7 +183,9 @@ __device__ __forceinline__ void count_items(const Params& p, int* hist, int i0, 
 }
 
 // Scratch in shared memory: hist[E], cta_base[E], off_blk[E], scan[4].
-template <int BM, class SfRow>
+// FOLD_X: SM90 (Numerics.sm90_kernel()): each row is folded per 64-K group as it is copied
+// (pull_row_x64; whole rows, SfRow the identity).
+template <int BM, class SfRow, bool FOLD_X = false>
 __device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* off_blk, int* scan, SfRow sf_row,
                               int pull_bytes) {
     constexpr int kThreads = kSharedDispatchThreads;
@@ -171,26 +251,30 @@ __device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* of
         const int t = i / K, k = i % K;
         const uint4* src = reinterpret_cast<const uint4*>(p.x + (size_t)t * H);
         uint4* dst = reinterpret_cast<uint4*>(p.l1_pool + (size_t)row * H);
-        for (int c0 = 0; c0 < hv; c0 += chunk_vec) {
-            const int c1 = min(hv, c0 + chunk_vec);
-            for (int v0 = c0; v0 < c1; v0 += 32 * 8) {
-                uint4 buf[8];
-                #pragma unroll
-                for (int u = 0; u < 8; ++u) {
-                    const int v = v0 + u * 32 + lane;
-                    if (v < c1) buf[u] = __ldg(src + v);
-                }
-                #pragma unroll
-                for (int u = 0; u < 8; ++u) {
-                    const int v = v0 + u * 32 + lane;
-                    if (v < c1) dst[v] = buf[u];
-                }
-            }
-        }
         const uint32_t* sf_src = reinterpret_cast<const uint32_t*>(p.x_sf + (size_t)t * (H / 32));
         uint32_t* sf_dst = reinterpret_cast<uint32_t*>(p.l1_pool_sf);
         const int64_t srow = sf_row((int64_t)row, BM);
-        for (int kb = lane; kb < hk; kb += 32) sf_dst[(size_t)kb * sf_row.stride() + srow] = __ldg(sf_src + kb);
+        if constexpr (FOLD_X) {
+            pull_row_x64<false>(src, dst, sf_src, sf_dst + srow, sf_row.stride(), hv, lane);
+        } else {
+            for (int c0 = 0; c0 < hv; c0 += chunk_vec) {
+                const int c1 = min(hv, c0 + chunk_vec);
+                for (int v0 = c0; v0 < c1; v0 += 32 * 8) {
+                    uint4 buf[8];
+                    #pragma unroll
+                    for (int u = 0; u < 8; ++u) {
+                        const int v = v0 + u * 32 + lane;
+                        if (v < c1) buf[u] = __ldg(src + v);
+                    }
+                    #pragma unroll
+                    for (int u = 0; u < 8; ++u) {
+                        const int v = v0 + u * 32 + lane;
+                        if (v < c1) dst[v] = buf[u];
+                    }
+                }
+            }
+            for (int kb = lane; kb < hk; kb += 32) sf_dst[(size_t)kb * sf_row.stride() + srow] = __ldg(sf_src + kb);
+        }
         if (lane == 0) {
             p.pool_token[row] = t;
             p.pool_slot[row] = k;

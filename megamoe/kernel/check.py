@@ -1,13 +1,14 @@
 """Inputs and an independent reference for the SM90 kernel (torch, float64 GEMMs).
 
 ``reference_sm90`` implements the numerics the kernel really runs (``design_sm90.W_FOLD_K =
-"row"``, ``W_FOLD_TOP = 6``, ``X_FOLD_K = None``): weight values folded per row as E4M3 of
+"row"``, ``W_FOLD_TOP = 6``, ``X_FOLD_K = 64``): weight values folded per row as E4M3 of
 ``E2M1 x 2^(s - s_max + 6)`` times ``2^(s_max - 6)`` (``s_max`` over the row's 32-groups with a
-nonzero value), activation UE8M0 scales per 32-K group, FP32-level accumulation (float64 here),
-gate/up rounded to BF16 then clamped, SiLU in FP32, times the top-k weight, per-32 amax ->
-UE8M0 (``ceil(log2(amax / 448))``) -> E4M3 (RNE, saturating), L2 in float64 rounded to BF16
-per (token, slot), combine in FP32 over the valid slots in slot order, BF16 out. It is the
-check used until/beside ``megamoe.reference.moe_reference_quantized``.
+nonzero value), activation values folded per 64-K group the same way (:func:`fold_x`, no
+offset), FP32-level accumulation (float64 here), gate/up rounded to BF16 then clamped, SiLU
+in FP32, times the top-k weight, per-32 amax -> UE8M0 (``ceil(log2(amax / 448))``) -> E4M3
+(RNE, saturating) -> the 64-K fold, L2 in float64 rounded to BF16 per (token, slot), combine in
+FP32 over the valid slots in slot order, BF16 out. It is the check used until/beside
+``megamoe.reference.moe_reference_quantized``.
 """
 
 from __future__ import annotations
@@ -76,6 +77,26 @@ def dequant_e2m1_folded(packed, sf, top=6):
     return (f * torch.pow(2.0, smax - top)[..., None]).reshape(v.shape)
 
 
+def fold_x(q, sf, fold=64):
+    """E4M3 bytes ``uint8 [..., K]`` and UE8M0 bytes ``[..., K/32]`` as the SM90 kernel's pools
+    hold them (``design_sm90.X_FOLD_K``; ``fold=None``: unchanged): per ``fold``-wide K group,
+    the 32-groups with a nonzero value re-encoded with the largest of their scales (values
+    x 2^(s - s_max), torch's float8 cast) and given that scale; groups of zeros kept. A second
+    implementation of ``megamoe.layouts.fold_e4m3_scales_for_sm90``."""
+    if fold is None:
+        return q, sf
+    torch = _torch()
+    shp, per = q.shape, fold // 32
+    v = q.view(torch.float8_e4m3fn).to(torch.float64).reshape(*shp[:-1], shp[-1] // fold, per, 32)
+    s = sf.to(torch.int64).reshape(*shp[:-1], shp[-1] // fold, per)
+    nz = (v != 0).any(-1)
+    smax = torch.where(nz, s, torch.full_like(s, -1)).amax(-1, keepdim=True)
+    d = torch.where(nz, smax - s, torch.zeros_like(s))
+    f = (v * torch.pow(2.0, -d.to(torch.float64))[..., None]).to(torch.float32).to(torch.float8_e4m3fn)
+    out = torch.where((d > 0)[..., None], f.view(torch.uint8), q.view(torch.uint8).reshape(v.shape))
+    return out.reshape(shp), torch.where(smax >= 0, smax, s).to(torch.uint8).reshape(sf.shape)
+
+
 def make_weights(E, H, I, device, seed=0, sf_lo=119, sf_hi=121):
     """Random MXFP4 weights: uniform random nibbles, UE8M0 scales in [sf_lo, sf_hi]."""
     torch = _torch()
@@ -126,7 +147,8 @@ def reference_sm90(x, x_sf, topk_idx, topk_w, w1, w1_sf, w2, w2_sf, clamp=None, 
     K = topk_idx.shape[1]
     I = w2.shape[2] * 2
     dev = x.device
-    xd = dequant_e4m3(x, x_sf)
+    from ..design_sm90 import X_FOLD_K
+    xd = dequant_e4m3(*fold_x(x, x_sf, X_FOLD_K))
     cb = torch.zeros(K, T, H, dtype=torch.bfloat16, device=dev)
     l2_in = {}
     flat = topk_idx.reshape(-1).long()
@@ -143,7 +165,7 @@ def reference_sm90(x, x_sf, topk_idx, topk_w, w1, w1_sf, w2, w2_sf, clamp=None, 
             up = up.clamp(-cl, cl)
         silu = gate / (1.0 + torch.exp(-gate))
         v = (silu * up) * topk_w[t, k].to(torch.float32)[:, None]
-        q, qsf = quantize_e4m3_per32(v)
+        q, qsf = fold_x(*quantize_e4m3_per32(v), X_FOLD_K)
         W2 = dequant_e2m1_folded(w2[e], w2_sf[e])
         o = dequant_e4m3(q, qsf) @ W2.T
         cb[k, t] = o.to(torch.float32).to(torch.bfloat16)
