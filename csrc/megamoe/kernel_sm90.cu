@@ -27,6 +27,9 @@
 #include <stdint.h>
 #include <string.h>
 #include "params.h"
+// The CTA's trace-slot counter lives in shared memory (common.cuh: trace_reserve), in the
+// barrier kilobyte after the producer's trace scratch (kTraceCounterOffset below).
+#define MEGAMOE_TRACE_SMEM_COUNTER 544
 #include "common.cuh"
 #include "scheduler.cuh"
 #include "fp4.cuh"
@@ -69,6 +72,9 @@ static_assert(kFoldTableOffset + kFoldTableBytes <= 1024, "fold table inside the
 constexpr uint32_t kTraceScratchOffset = 512;  // the producer's pending idle-wait times (4 x u64)
 static_assert(kTraceScratchOffset >= kFoldTableOffset + kFoldTableBytes && kTraceScratchOffset + 32 <= 1024,
               "trace scratch after the fold table, inside the barrier kilobyte");
+constexpr uint32_t kTraceCounterOffset = MEGAMOE_TRACE_SMEM_COUNTER;  // the CTA's trace-slot count (u32)
+static_assert(kTraceCounterOffset >= kTraceScratchOffset + 32 && kTraceCounterOffset + 4 <= 1024,
+              "trace counter after the trace scratch, inside the barrier kilobyte");
 
 // Shared-memory layout (mirrored by megamoe.design_sm90.smem_bytes). Every stage starts on a
 // 1024-B boundary, and so does its shared-memory WGMMA operand (the token tile): the 128-byte
@@ -730,6 +736,7 @@ __global__ void __launch_bounds__(kThreads, 1) megamoe_sm90_kernel(const __grid_
     if (threadIdx.x < kFoldTableBytes / 4)
         reinterpret_cast<uint32_t*>(fold_tab)[threadIdx.x] = __ldg(reinterpret_cast<const uint32_t*>(p.fold_table) + threadIdx.x);
     if (threadIdx.x == 0) {
+        *reinterpret_cast<uint32_t*>(smem + kTraceCounterOffset) = 0;  // trace_reserve's counter
         for (int s = 0; s < S; ++s) {
             mbar_init(full + s, 1);  // the producer lane's arrive.expect_tx; the TMA bytes complete it
             mbar_init(empty + s, kConsumerWarps);
