@@ -311,6 +311,36 @@ def test_fold_e2m1_scales_by_hand():
         L.fold_e2m1_scales_for_sm90(w[0], sf[0], "w1")
 
 
+def test_fold_e4m3_scales_by_hand():
+    """The activation fold on one row of 128 K (two 64-K groups): group pair (0, 1) with scales
+    127 and 125 -> group 1's values x 1/4 (1.5 -> 0.375, 0.5 -> 0.125, 448 -> 112); pair (2, 3):
+    group 2 all zero with the larger scale 200 does not set s_max, group 3 keeps its values and
+    both bytes become 120 (group 2's zeros, -0 too, stay)."""
+    x = torch.zeros(1, 128, dtype=torch.uint8)
+    x[0, 0] = 0x38                     # 1.0 in group 0
+    x[0, 32], x[0, 33], x[0, 34] = 0x3C, 0xB0, 0x7E   # group 1: 1.5, -0.5, 448
+    x[0, 64] = 0x80                    # group 2: -0
+    x[0, 96] = 0x44                    # group 3: 3.0
+    sf = torch.tensor([[127, 125, 200, 120]], dtype=torch.uint8)
+    f, fs = L.fold_e4m3_scales_for_sm90(x, sf)
+    assert fs.tolist() == [[127, 127, 120, 120]] and f.dtype == torch.uint8
+    want = x.clone()
+    want[0, 32], want[0, 33], want[0, 34] = 0x2C, 0xA0, 0x6E   # normal values: exponent field - 2 (0x10 per binade)
+    assert torch.equal(f, want)
+    # 30 binades below: 448 x 2^-30 rounds to +0, -0.5 to -0
+    sf2 = torch.tensor([[127, 97, 120, 120]], dtype=torch.uint8)
+    f2, fs2 = L.fold_e4m3_scales_for_sm90(x, sf2)
+    assert f2[0, 32:35].tolist() == [0x00, 0x80, 0x00] and fs2.tolist() == [[127, 127, 120, 120]]
+    with pytest.raises(InputError, match=r"^fold: expected a positive multiple of 32, got 48$"):
+        L.fold_e4m3_scales_for_sm90(x, sf, fold=48)
+    with pytest.raises(InputError, match=r"^x: expected \[\.\.\., K\] E4M3 bytes with K a multiple of 64, got shape \(1, 96\)$"):
+        L.fold_e4m3_scales_for_sm90(x[:, :96], sf[:, :3])
+    with pytest.raises(InputError, match=r"^h_sf: expected \[\.\.\., K/32\] UE8M0 bytes for h \(1, 128\), got \(1, 3\)$"):
+        L.fold_e4m3_scales_for_sm90(x, sf[:, :3], name="h")
+    with pytest.raises(InputError, match=r"^x_sf"):
+        L.fold_e4m3_scales_for_sm90(x, sf.float())
+
+
 def test_sm90_rs_permutation_bad_input():
     with pytest.raises(InputError, match=r"^weights: expected packed E2M1 \[\.\.\., K/2\] with K a multiple of 128"):
         L.permute_e2m1_for_sm90_rs(torch.zeros(2, 96, dtype=torch.uint8))

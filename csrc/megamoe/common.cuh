@@ -275,24 +275,17 @@ __device__ __forceinline__ void progress(const Params& p, int slot, uint32_t v) 
 // ---------------------------------------------------------------- trace
 // 48-byte record: u32 sm, u32 (role<<16|kind), i32 expert, m_block, n_block, wave, tokens,
 // extra, u64 t_start_ns, u64 t_end_ns (globaltimer).
-// Slots for n records of this CTA. Issued early (e.g. when a block starts) the atomic's round
-// trip overlaps the block's work instead of stalling the recording warp at its end.
-// A CTA's trace slots. By default they come from trace_count[block] in global memory: an atomic
-// whose result the reserving thread waits for (~1 us under load). A kernel that defines
-// MEGAMOE_TRACE_SMEM_COUNTER (the byte offset of a u32 in its dynamic shared memory, zeroed
-// before the first reservation) counts in shared memory instead (tens of cycles) and publishes
-// each new end to trace_count[block] with an atomic max that nothing waits for (a RED), so the
-// count is right on every exit path (SM90 since v7.1: the faster consumers had left the
-// producer's reservations on the critical path at block_m 16, benchmarks/NOTES_kernel.md).
+// Slots for n records of this CTA, from trace_count[block]. Issued early (e.g. when a block
+// starts) the atomic's round trip overlaps the block's work instead of stalling the recording
+// warp at its end. Only one thread per role reserves, but ptxas turns an atomic on a
+// warp-uniform address into a warp-aggregated one (elect a leader, shuffle the result to the
+// warp), and that shuffle waited for the round trip (~1 us under load) at once, at every block
+// start. So the address carries lane & (trace_cap >> 62): 0 for every real capacity, but not
+// provably uniform, and the atomic stays a plain one (kernel v7.2, benchmarks/NOTES_kernel.md).
 __device__ __forceinline__ uint32_t trace_reserve(const Params& p, uint32_t n) {
-#ifdef MEGAMOE_TRACE_SMEM_COUNTER
-    extern __shared__ __align__(1024) uint8_t megamoe_dyn_smem[];
-    const uint32_t i = atomicAdd(reinterpret_cast<uint32_t*>(megamoe_dyn_smem + MEGAMOE_TRACE_SMEM_COUNTER), n);
-    atomicMax(p.trace_count + blockIdx.x, i + n);
-    return i;
-#else
-    return atomicAdd(p.trace_count + blockIdx.x, n);
-#endif
+    uint32_t lane;
+    asm("mov.u32 %0, %%laneid;" : "=r"(lane));
+    return atomicAdd(p.trace_count + blockIdx.x + (lane & (uint32_t)((uint64_t)p.trace_cap >> 62)), n);
 }
 __device__ __forceinline__ void trace_write(const Params& p, uint32_t idx, uint32_t role, uint32_t kind, int expert,
                                             int m, int n, int wave, int tokens, uint64_t t0, uint64_t t1) {

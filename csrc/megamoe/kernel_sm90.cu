@@ -27,9 +27,6 @@
 #include <stdint.h>
 #include <string.h>
 #include "params.h"
-// The CTA's trace-slot counter lives in shared memory (common.cuh: trace_reserve), in the
-// barrier kilobyte after the producer's trace scratch (kTraceCounterOffset below).
-#define MEGAMOE_TRACE_SMEM_COUNTER 544
 #include "common.cuh"
 #include "scheduler.cuh"
 #include "fp4.cuh"
@@ -72,9 +69,6 @@ static_assert(kFoldTableOffset + kFoldTableBytes <= 1024, "fold table inside the
 constexpr uint32_t kTraceScratchOffset = 512;  // the producer's pending idle-wait times (4 x u64)
 static_assert(kTraceScratchOffset >= kFoldTableOffset + kFoldTableBytes && kTraceScratchOffset + 32 <= 1024,
               "trace scratch after the fold table, inside the barrier kilobyte");
-constexpr uint32_t kTraceCounterOffset = MEGAMOE_TRACE_SMEM_COUNTER;  // the CTA's trace-slot count (u32)
-static_assert(kTraceCounterOffset >= kTraceScratchOffset + 32 && kTraceCounterOffset + 4 <= 1024,
-              "trace counter after the trace scratch, inside the barrier kilobyte");
 
 // Shared-memory layout (mirrored by megamoe.design_sm90.smem_bytes). Every stage starts on a
 // 1024-B boundary, and so does its shared-memory WGMMA operand (the token tile): the 128-byte
@@ -669,36 +663,43 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
             }
             if (lane == 0) progress(p, wslot, 0x06000000 | (uint32_t)it);
         } else {
-            const int n0 = b.n_block * 128 + tile.row_of(0);
-            // Row metadata up front, half the tokens at a time (one round trip per half, few
-            // registers): combine row = slot * combine_rows + token, and the source rank.
-            constexpr int NH = NJ / 2;
+            // Row metadata once per token, not per fragment element: lane l loads that of
+            // tokens l, l + 32, .. (combine row = slot * combine_rows + token, -1 = not stored;
+            // the source rank), each element takes its token's from that lane by a shuffle.
+            constexpr int NT = (BM + 31) / 32;
+            int crow_l[NT], src_l[NT];
             #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                int crow[NH][2], src[NH][2];
-                #pragma unroll
-                for (int j = 0; j < NH; ++j)
-                    #pragma unroll
-                    for (int r = 0; r < 2; ++r) {
-                        const int m = tile.tok_of(h * NH + j, r);
-                        const bool ok = store && m < b.valid_m;
-                        crow[j][r] = ok ? __ldcg(p.pool_slot + prow0 + m) * (int)p.combine_rows + __ldcg(p.pool_token + prow0 + m) : -1;
-                        src[j][r] = (p.num_ranks > 1 && ok) ? __ldcg(p.pool_rank + prow0 + m) : 0;
-                    }
-                #pragma unroll
-                for (int j = 0; j < NH; ++j)
-                    #pragma unroll
-                    for (int r = 0; r < 2; ++r) {
-                        if (crow[j][r] < 0) continue;
-                        // EP: straight into the source rank's combine buffer over NVLink
-                        __nv_bfloat16* cb = p.num_ranks > 1
-                            ? reinterpret_cast<__nv_bfloat16*>(peer_ptr(p, src[j][r], p.off_combine))
-                            : reinterpret_cast<__nv_bfloat16*>(p.combine_buf);
-                        __nv_bfloat16* dst = cb + (size_t)crow[j][r] * H + n0;
-                        dst[0] = __float2bfloat16_rn(tile.acc[h * NH + j][r]);
-                        dst[8] = __float2bfloat16_rn(tile.acc[h * NH + j][2 + r]);
-                    }
+            for (int u = 0; u < NT; ++u) {
+                const int m = u * 32 + lane;
+                const bool ok = store && m < b.valid_m;
+                crow_l[u] = ok ? __ldcg(p.pool_slot + prow0 + m) * (int)p.combine_rows + __ldcg(p.pool_token + prow0 + m) : -1;
+                src_l[u] = (p.num_ranks > 1 && ok) ? __ldcg(p.pool_rank + prow0 + m) : 0;
             }
+            // Full 32-byte sectors: lanes q = lane / 4 and q ^ 1 (same tokens) swap one value, so
+            // that each holds two adjacent columns of its token (even q: q, q + 1; odd q: q + 7,
+            // q + 8) and the warp's 8 lanes per token store its 16 columns as one sector with
+            // 4-byte stores (the fragment's own layout, columns q and q + 8, wrote 2-byte halves
+            // of sectors: kernel v7.2, benchmarks/NOTES_kernel.md).
+            const int q = lane >> 2;
+            const bool odd = q & 1;
+            const int col = b.n_block * 128 + g * 64 + wi * 16 + (odd ? q + 7 : q);
+            #pragma unroll
+            for (int j = 0; j < NJ; ++j)
+                #pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const int from = (j % 4) * 8 + (lane & 3) * 2 + r;  // the lane holding tok_of(j, r)'s metadata
+                    const int crow = __shfl_sync(0xffffffffu, crow_l[j / 4], from);
+                    const int src = __shfl_sync(0xffffffffu, src_l[j / 4], from);
+                    const float a = tile.acc[j][r], c8 = tile.acc[j][2 + r];  // columns q and q + 8
+                    const float recv = __shfl_xor_sync(0xffffffffu, odd ? a : c8, 4);
+                    if (crow < 0) continue;
+                    // EP: straight into the source rank's combine buffer over NVLink
+                    __nv_bfloat16* cb = p.num_ranks > 1
+                        ? reinterpret_cast<__nv_bfloat16*>(peer_ptr(p, src, p.off_combine))
+                        : reinterpret_cast<__nv_bfloat16*>(p.combine_buf);
+                    *reinterpret_cast<__nv_bfloat162*>(cb + (size_t)crow * H + col) =
+                        odd ? __floats2bfloat162_rn(recv, c8) : __floats2bfloat162_rn(a, recv);
+                }
         }
         cyc_epi += pclock() - ce;
         if (trace) {
@@ -736,7 +737,6 @@ __global__ void __launch_bounds__(kThreads, 1) megamoe_sm90_kernel(const __grid_
     if (threadIdx.x < kFoldTableBytes / 4)
         reinterpret_cast<uint32_t*>(fold_tab)[threadIdx.x] = __ldg(reinterpret_cast<const uint32_t*>(p.fold_table) + threadIdx.x);
     if (threadIdx.x == 0) {
-        *reinterpret_cast<uint32_t*>(smem + kTraceCounterOffset) = 0;  // trace_reserve's counter
         for (int s = 0; s < S; ++s) {
             mbar_init(full + s, 1);  // the producer lane's arrive.expect_tx; the TMA bytes complete it
             mbar_init(empty + s, kConsumerWarps);
