@@ -520,10 +520,12 @@ def fold_e4m3_scales_for_sm90(x: torch.Tensor, x_sf: torch.Tensor, fold: int = 6
     What the kernel's pools hold (``Numerics.sm90_kernel()``, ``x_fold_k = 64``): the L1 pool
     as the dispatch warps pull each row, the L2 pool as the L1 epilogue quantizes it.  In every
     ``fold``-wide K group, ``s_max`` = the largest scale byte over its 32-groups that hold a
-    nonzero E4M3 value; each of those groups' values is multiplied by ``2^(s_max - s_g)``
+    nonzero E4M3 value; each of those groups' values is multiplied by ``2^(s_g - s_max)``
     (<= 1) and rounded to nearest-even E4M3 with subnormals (:func:`megamoe.formats.
     cast_to_e4m3`), and every scale byte of the group becomes ``s_max``.  A group with no
-    nonzero value is kept as it is (values and scale bytes).  The values equal those of
+    nonzero value is kept as it is (values and scale bytes).  A scale byte of 255 (NaN in the
+    OCP MX formats) counts as the largest: its partner group's values round to zero, as in
+    the kernel.  The values equal those of
     :func:`megamoe.reference.block_scaled_gemm`'s fold of the A operand (``x_fold_k``); the
     kernel's promotion then multiplies each ``fold``-deep partial sum by one token scale.
 

@@ -89,9 +89,9 @@ class Numerics:
             UE8M0 per 32 K elements per operand, scales applied by the MMA) or ``"sm90"``
             (Hopper ``wgmma`` has neither FP4 nor block scales: the kernel decodes E2M1
             into E4M3 -- this project's into the WGMMA registers -- and applies scales
-            itself, either per 32-wide ``wgmma`` K step on the partial sum --
-            ``fold_k=None``, same numbers as SM100 --
-            or folded into the operands per G-wide group -- ``fold_k=G``).  Informational:
+            itself, either per 32-wide ``wgmma`` K step on the partial sum -- the fold
+            fields None, same numbers as SM100 -- or folded into the operands per G-wide
+            group).  Informational:
             the numbers depend only on the fields below.
         w_fold_k: None: weight scales applied per 32-element K group on that group's FP32
             partial sum.  G (multiple of 32): per-32 weight scales folded into the E4M3
@@ -111,7 +111,8 @@ class Numerics:
             not guaranteed bit-exact against the GPU's approximate instructions.
 
     Raises:
-        InputError: unknown arch, fold not a positive multiple of 32 (or ``"row"``), x/w
+        InputError: unknown arch, a flag (``bf16_before_swiglu``, ``fast_math``) that is not
+            a bool, fold not a positive multiple of 32 (or ``"row"``), x/w
             folds that are both set, differ and ``w_fold_k`` is not ``"row"`` (or
             ``x_fold_k`` is ``"row"``), or ``w_fold_top`` outside 0..6 (or set
             without ``w_fold_k``).
@@ -137,6 +138,10 @@ class Numerics:
         if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t <= 6 or (t and self.w_fold_k is None):
             raise InputError("numerics.w_fold_top", "an int 0..6 (6 x 2^t <= 448), 0 when w_fold_k is None",
                              repr(t) if isinstance(t, str) else t)
+        for f in ("bf16_before_swiglu", "fast_math"):
+            v = getattr(self, f)
+            if not isinstance(v, bool):
+                raise InputError(f"numerics.{f}", "True or False", repr(v))
         if self.w_fold_k is not None and self.x_fold_k is not None \
                 and self.w_fold_k != self.x_fold_k and (self.w_fold_k != "row" or self.x_fold_k == "row"):
             raise InputError("numerics.x_fold_k", f"equal to w_fold_k ({self.w_fold_k!r}) when both are "
@@ -158,15 +163,19 @@ class Numerics:
     @classmethod
     def sm90_kernel(cls, fast_math: bool = False) -> Numerics:
         """What this project's SM90 kernel computes (``megamoe.design_sm90.W_FOLD_K`` /
-        ``W_FOLD_TOP``): weights folded per row into E4M3 with the row's largest scale at
-        2^6 (``megamoe.layouts.fold_e2m1_scales_for_sm90``), activation scales per 32 on
-        the partial sums.  Bitwise :meth:`sm90` ``()`` when every weight row's nonzero
-        32-groups lie within 14 binades of its largest."""
+        ``W_FOLD_TOP`` / ``X_FOLD_K``): weights folded per row into E4M3 with the row's
+        largest scale at 2^6 (``megamoe.layouts.fold_e2m1_scales_for_sm90``), activations
+        folded per 64-K group (``megamoe.layouts.fold_e4m3_scales_for_sm90``), one FP32
+        partial sum per 64-K group (kernel v7).  Not the per-32 numbers of :meth:`sm90`
+        ``()``: the activation fold rounds the small values of a group below its partner's
+        scale; the weight fold alone (``Numerics("sm90", "row", None, w_fold_top=6)``) is
+        bitwise ``sm90()`` when every weight row's nonzero 32-groups lie within 14 binades of
+        its largest."""
         from megamoe import design_sm90
         return cls("sm90", design_sm90.W_FOLD_K, design_sm90.X_FOLD_K, True, fast_math, design_sm90.W_FOLD_TOP)
 
     @property
-    def group_k(self) -> int:
+    def group_k(self) -> int | str:
         """Width of the K groups whose FP32 partial sums are accumulated: 32, a fold width
         (``x_fold_k`` when the weights are folded per row), or ``"row"`` when both operands
         are folded per row (the GEMM's whole K)."""

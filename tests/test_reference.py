@@ -327,6 +327,11 @@ def test_numerics_constructors_and_validation():
         R.Numerics("sm90", "ROW", None)
     with pytest.raises(InputError, match=r"^numerics.arch"):
         R.Numerics("sm80")
+    # flags are bools: "no" would act as True
+    with pytest.raises(InputError, match=r"^numerics.bf16_before_swiglu: expected True or False, got 'no'$"):
+        R.Numerics("sm90", bf16_before_swiglu="no")
+    with pytest.raises(InputError, match=r"^numerics.fast_math: expected True or False, got 2$"):
+        R.Numerics.sm90_kernel(fast_math=2)
     # sm90 without folding is numerically the SM100 path
     c = make_case(seed=3)
     assert torch.equal(run_q(c, activation_clamp=CLAMP),

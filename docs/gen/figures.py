@@ -899,6 +899,7 @@ class Gen:
                 head += [f"`{b}` (us)", "its time / ours (>1: ours faster)"]
             head += ["rel. L2 error vs reference", "simulator, `megamoe-sm90` on `h200` (us)"]
             meta = ", ".join(f"{k} {d[k]}" for k in ("device", "torch", "date") if k in d)
+            meta += f", kernel build `{d['build']}`" if "build" in d else ", kernel build not recorded in the file"
             extra = []
             if "copy_gbs" in d:
                 extra.append(f"measured copy bandwidth {d['copy_gbs']:.0f} GB/s")

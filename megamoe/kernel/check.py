@@ -85,7 +85,13 @@ def fold_x(q, sf, fold=64):
     implementation of ``megamoe.layouts.fold_e4m3_scales_for_sm90``."""
     if fold is None:
         return q, sf
+    from ..errors import require
     torch = _torch()
+    require(isinstance(fold, int) and not isinstance(fold, bool) and fold > 0 and fold % 32 == 0, "fold",
+            "a positive multiple of 32", repr(fold))
+    require(q.shape[-1] % fold == 0 and tuple(sf.shape) == (*q.shape[:-1], q.shape[-1] // 32), "q",
+            f"E4M3 bytes [..., K] with K a multiple of {fold} and scales [..., K/32]",
+            f"{tuple(q.shape)} and {tuple(sf.shape)}")
     shp, per = q.shape, fold // 32
     v = q.view(torch.float8_e4m3fn).to(torch.float64).reshape(*shp[:-1], shp[-1] // fold, per, 32)
     s = sf.to(torch.int64).reshape(*shp[:-1], shp[-1] // fold, per)

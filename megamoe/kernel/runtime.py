@@ -181,8 +181,9 @@ def sm90_weights(weights: Weights) -> Sm90Weights:
     each 32-group's scale relative to the row's largest as a decode-table offset, and the row's
     scale 2^(s_max - 133)). A new copy on the same device: the weights' memory once more.
 
-    Numerics: ``megamoe.reference.Numerics.sm90_kernel()`` (bitwise the per-32 ones when every
-    row's nonzero 32-groups lie within 14 binades of its largest).
+    Numerics: ``megamoe.reference.Numerics.sm90_kernel()`` (the weight fold is exact when every
+    row's nonzero 32-groups lie within 14 binades of its largest; the activations are folded
+    per 64-K group by the kernel itself, :func:`megamoe.layouts.fold_e4m3_scales_for_sm90`).
 
     Raises:
         InputError: ``weights`` is not a :class:`Weights` (``prepare_weights``), N / K are
