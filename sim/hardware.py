@@ -262,11 +262,14 @@ def parse_hardware(data: dict, path: str = "<dict>") -> Hardware:
     """Validate a parsed hardware TOML document.
 
     Raises:
-        InputError: not a table, a missing or non-numeric figure, a figure outside its range
+        InputError: not a table, a key other than name, figures and sources at the top level (a
+            typo would otherwise be ignored), a missing or non-numeric figure, a figure outside its range
             (:data:`FIGURE_RANGES`: e.g. a negative or infinite bandwidth, an efficiency above
             1), a non-integer count, or a figure without a source.
     """
     require(isinstance(data, dict), "hardware", "a table (name, [figures], [sources])", type(data).__name__)
+    extra = sorted(set(data) - {"name", "figures", "sources"})
+    require(not extra, "hardware", "only name, [figures] and [sources] at the top level", ", ".join(map(str, extra)))
     require(isinstance(data.get("name"), str), "hardware.name", "a string", data.get("name"))
     figs = data.get("figures")
     require(isinstance(figs, dict), "hardware.figures", "a [figures] table",

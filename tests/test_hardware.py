@@ -41,6 +41,19 @@ def test_missing_figures_table_is_named():
         parse_hardware(d)
 
 
+def test_unknown_top_level_key_is_rejected():
+    """A misspelt table ([figure] for [figures]) or a stray key was silently ignored."""
+    d = _data()
+    d["foo"] = 3
+    with pytest.raises(InputError, match=r"^hardware: expected only name, \[figures\] and \[sources\] at the top "
+                                         r"level, got foo$"):
+        parse_hardware(d)
+    d = _data()
+    d["figure"] = d["figures"]
+    with pytest.raises(InputError, match=r"got figure$"):
+        parse_hardware(d)
+
+
 def test_negative_bandwidth_is_rejected():
     d = _data()
     d["figures"]["hbm_gbs"] = -1.0
