@@ -444,10 +444,12 @@ def cmd_build(a: argparse.Namespace) -> int:
 
 def cmd_run(a: argparse.Namespace) -> int:
     from .kernel.cli_support import run_main
+    from .kernel.runtime import check_kernel_shape
     from .routing import kernel_routing_name
     from .shapes import get_shape
 
-    s = get_shape(a.shape)  # bad --shape / --routing / --trace are reported before looking for a GPU
+    s = get_shape(a.shape)  # bad --shape / --routing / --trace / kernel limits are reported before looking for a GPU
+    check_kernel_shape(s.num_experts, s.top_k, s.hidden, s.intermediate, a.ranks)
     routing = kernel_routing_name(a.routing)  # simulate's vocabulary -> the kernel generator's name
     with Outputs() as outs:
         if a.ranks > 1:  # one process per GPU (starts torchrun, or joins an existing process group)

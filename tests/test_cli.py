@@ -175,6 +175,36 @@ def test_run_without_a_gpu_is_one_line(monkeypatch, capsys):
     assert err == ["megamoe: error: ranks: expected 2 CUDA GPUs (one per rank), got 0"]
 
 
+@pytest.mark.parametrize("args, line", [
+    (["--shape", "256,6,4096,2048", "--ranks", "3"], "num_ranks: expected a divisor of num_experts = 256, got 3"),
+    (["--shape", "512,6,4096,2048"], "shape.num_experts: expected <= 256 per rank (scheduler lane cache), got 512"),
+    (["--shape", "8,2,256,8192"], "shape.inter: expected <= 4096 (64 L1 N blocks per mask word), got 8192"),
+])
+def test_run_checks_the_kernel_shape_before_the_gpu(monkeypatch, capsys, args, line):
+    """A shape the kernel cannot run is named before `megamoe run` looks for a GPU (it used to
+    say "no GPU" on a CPU machine and the shape error only on a GPU one)."""
+    torch = pytest.importorskip("torch")
+    from megamoe.kernel import runtime
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(runtime, "cuda_available", lambda: False)
+    assert main(["run", "--tokens", "4", *args]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"megamoe: error: {line}"]
+
+
+def test_kernel_shape_limits():
+    from megamoe.errors import InputError
+    from megamoe.kernel.runtime import check_kernel_shape
+    check_kernel_shape(256, 6, 4096, 2048)
+    check_kernel_shape(512, 6, 4096, 2048, ranks=2)      # 256 per rank
+    with pytest.raises(InputError, match=r"^shape: expected hidden and inter multiples of 128, got \(4096, 2000\)$"):
+        check_kernel_shape(256, 6, 4096, 2000)
+    with pytest.raises(InputError, match=r"^shape.topk: expected 1\.\.8 \(num_experts\), got 9$"):
+        check_kernel_shape(8, 9, 256, 128)
+    with pytest.raises(InputError, match=r"^shape.num_experts: expected <= 256 per rank \(scheduler lane cache\), "
+                                         r"with 2 ranks, got 1024$"):
+        check_kernel_shape(1024, 6, 4096, 2048, ranks=2)
+
+
 def test_empty_call_prints_na_for_the_undefined_ratio_and_null_in_json(tmp_path):
     """--tokens 0 is a valid call (launch, count exchange, grid syncs, barriers): the time is
     that fixed cost, but overlap efficiency |comm ∩ compute| / min(|comm|, |compute|) is 0 / 0

@@ -297,7 +297,7 @@ class MegaMoEKernelEP:
                  experts_per_wave: int | None = None, num_stages: int | None = None, _local=None):
         import torch
         import torch.distributed as dist
-        from .runtime import clamp_value, load_library, sm90_weights
+        from .runtime import check_kernel_shape, clamp_value, load_library, sm90_weights
         self.torch = torch
         self.clamp = clamp_value(clamp)
         self.group = group
@@ -313,12 +313,9 @@ class MegaMoEKernelEP:
         props = torch.cuda.get_device_properties(self.device)
         require(props.major == 9, "device", "compute capability 9.x (sm_90a: the EP kernel is the SM90 one)",
                 f"{props.major}.{props.minor}")
-        require(num_experts % self.R == 0, "num_ranks", f"a divisor of num_experts = {num_experts}", self.R)
+        check_kernel_shape(num_experts, topk, hidden, inter, self.R)
         self.E, self.K, self.H, self.I = num_experts, topk, hidden, inter
         self.EL = num_experts // self.R
-        require(self.EL <= 256, "num_experts / num_ranks", "<= 256 local experts", self.EL)
-        require(hidden % 128 == 0 and inter % 128 == 0 and 2 * inter // 128 <= 64, "shape",
-                "hidden, inter multiples of 128 and inter <= 4096", (hidden, inter))
         require(tuple(weights.w1.shape[:1]) == (self.EL,), "weights", f"{self.EL} local experts", tuple(weights.w1.shape))
         self.max_tokens = max(int(max_tokens), 1)
         self.weights = sm90_weights(weights)

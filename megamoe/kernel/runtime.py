@@ -212,6 +212,23 @@ def sm90_weights(weights: Weights) -> Sm90Weights:
                        sm90_fold_table().to(weights.w1.device))
 
 
+def check_kernel_shape(num_experts: int, topk: int, hidden: int, inter: int, ranks: int = 1) -> None:
+    """The SM90 kernel's shape limits (EP1 and EP), pure Python: ``megamoe run`` checks them
+    before it looks for a GPU, the kernel objects when they are built.
+
+    Raises:
+        InputError: hidden or inter not a multiple of 128 (``shape``), inter above 4096 (64 L1
+            N blocks per arrival-mask word, ``shape.inter``), ``topk`` outside 1..num_experts
+            (``shape.topk``), ``ranks`` not a divisor of ``num_experts`` (``num_ranks``), or more
+            than 256 experts per rank (the scheduler's lane cache; ``shape.num_experts``)."""
+    require(hidden % 128 == 0 and inter % 128 == 0, "shape", "hidden and inter multiples of 128", (hidden, inter))
+    require(2 * inter // 128 <= 64, "shape.inter", "<= 4096 (64 L1 N blocks per mask word)", inter)
+    require(1 <= topk <= num_experts, "shape.topk", f"1..{num_experts} (num_experts)", topk)
+    require(ranks >= 1 and num_experts % ranks == 0, "num_ranks", f"a divisor of num_experts = {num_experts}", ranks)
+    require(num_experts // ranks <= 256, "shape.num_experts",
+            "<= 256 per rank (scheduler lane cache)" + ("" if ranks == 1 else f", with {ranks} ranks"), num_experts)
+
+
 def clamp_value(clamp) -> float:
     """The SwiGLU clamp the kernel reads: ``None`` (no clamp) -> ``inf``, else a finite number
     > 0 as a float.
@@ -277,9 +294,7 @@ class MegaMoEKernel:
         self.lib = load_library(self.path.arch)
         if self.path.launch_missing:
             raise NotImplementedError(self.path.launch_missing)
-        require(hidden % 128 == 0 and inter % 128 == 0, "shape", "hidden and inter multiples of 128", (hidden, inter))
-        require(2 * inter // 128 <= 64, "shape.inter", "<= 4096 (64 L1 N blocks per mask word)", inter)
-        require(num_experts <= 256, "shape.num_experts", "<= 256 for EP=1 (scheduler lane cache)", num_experts)
+        check_kernel_shape(num_experts, topk, hidden, inter)
         self._set_common(num_experts, topk, hidden, inter, max_tokens, clamp, num_sms, block_m, num_stages,
                          experts_per_wave, timeout_s, trace_cap)
         self.weights = sm90_weights(weights)
