@@ -190,7 +190,9 @@ def sm90_weights(weights: Weights) -> Sm90Weights:
             not multiples of 128, or a weight scale byte is 255 (NaN)."""
     import torch
 
+    from megamoe.formats import UE8M0_BIAS
     from megamoe.layouts import (
+        SM90_FOLD_TOP,
         fold_e2m1_scales_for_sm90,
         interleave_gate_up,
         sm90_fold_table,
@@ -205,8 +207,8 @@ def sm90_weights(weights: Weights) -> Sm90Weights:
     o2, r2 = fold_e2m1_scales_for_sm90(weights.w2, weights.w2_sf, "weights.w2")
     (w1, t1), (w2, t2) = transform_weights_for_sm90((weights.w1, o1), (weights.w2, o2))
 
-    def row_scale(r):  # 2^(s_max - 133) exactly (float64 -> float32 keeps powers of two down to 2^-149)
-        return torch.exp2(r.to(torch.float64) - 133).to(torch.float32)
+    def row_scale(r):  # 2^(s_max - 127 - 6) exactly (float64 -> float32 keeps powers of two down to 2^-149)
+        return torch.exp2(r.to(torch.float64) - (UE8M0_BIAS + SM90_FOLD_TOP)).to(torch.float32)
     rs1 = interleave_gate_up(row_scale(r1), name="weights.w1_row_scale")
     return Sm90Weights(w1, t1, w2, t2, rs1.contiguous(), row_scale(r2).contiguous(),
                        sm90_fold_table().to(weights.w1.device))
