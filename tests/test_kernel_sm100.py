@@ -112,6 +112,8 @@ def test_sass_contains_the_matrix_instructions(arch):
         assert any(op.startswith("UTCCP") for op in every) and any(op.startswith("LDTM") for op in every)
     # no register spills inside the matrix loops
     assert set(kbuild.hot_loop_local_memory(arch, sass).values()) == {0}
+    # ptxas kept the WGMMAs asynchronous (no serialization diagnostic for any instance)
+    assert kbuild.serialized_wgmma(r.log) == {}
 
 
 def test_hot_loop_local_memory_counts_only_inside_the_matrix_loop():
@@ -127,6 +129,23 @@ def test_hot_loop_local_memory_counts_only_inside_the_matrix_loop():
         /*0010*/                   QGMMA.64x16x32.F32.E4M3.E4M3 R24, gdesc[UR4], RZ, !UPT, gsb0 ;
 """
     assert kbuild.hot_loop_local_memory("sm_90a", fake) == {"k1": 1, "k2": 0}
+
+
+def test_serialized_wgmma_names_the_instances_from_the_ptxas_log():
+    # the two diagnostics as ptxas 13.0 printed them for kernel v7.3 experiments (symbols shortened)
+    log = (
+        "ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are serialized "
+        "due to non wgmma instructions reading accumulator registers of  a wgmma between start and end of "
+        "the pipeline stage in the function '_ZN7megamoe19megamoe_sm90_kernelILi16ELb0EEEvNS_8Sm90ArgsE'\n"
+        "ptxas info    : Used 128 registers, used 3 barriers, 88 bytes cumulative stack size\n"
+        "ptxas info    : (C7518) Potential Performance Loss: wgmma.mma_async instructions are serialized "
+        "due to program dependence on compiler-inserted WG.DP in divergent path in the function "
+        "'_ZN7megamoe19megamoe_sm90_kernelILi128ELb1EEEvNS_8Sm90ArgsE'\n")
+    got = kbuild.serialized_wgmma(log)
+    assert sorted(got) == ["block_m=128,profile", "block_m=16"]
+    assert got["block_m=16"].startswith("C7514:due to non wgmma instructions reading accumulator")
+    assert got["block_m=128,profile"].startswith("C7518:due to program dependence")
+    assert kbuild.serialized_wgmma("ptxas info    : Used 128 registers\n") == {}
 
 
 def _idx(rng, T, E, K):

@@ -57,7 +57,8 @@ HOT_LOOP_OPS = {"sm_90a": "QGMMA", "sm_100a": "UTCQMMA"}
 
 
 class KernelBuildError(RuntimeError):
-    """nvcc missing, compile error, or spills over the limit in strict mode."""
+    """nvcc missing, compile error; in strict mode: spills over the limit, local memory in
+    the matrix loop, or WGMMAs serialized by ptxas."""
 
 
 class BuildSetupError(KernelBuildError):
@@ -222,6 +223,24 @@ def parse_ptxas(log: str) -> dict:
     return res
 
 
+_SERIALIZED = re.compile(r"\((C\d+)\) Potential Performance Loss: wgmma\.mma_async instructions are serialized"
+                         r"(.*?) in the function '(\S+?)'")
+
+
+def serialized_wgmma(log: str) -> dict[str, str]:
+    """Kernel instances whose WGMMAs ptxas serialized (each waited for before the next is
+    issued, so no WGMMA overlaps any other work), from ``-Xptxas -v`` output: instance name
+    (as :func:`parse_ptxas`) -> ``"C75xx: <ptxas's reason>"``. ptxas does this when, for
+    example, a non-WGMMA instruction reads an accumulator of a WGMMA in flight (C7514) or a
+    WGMMA is in flight across a branch it cannot prove warp-uniform (C7518). It is only a
+    diagnostic: the build succeeds, and the kernel runs 10-40% slower (kernel v7.3 work,
+    benchmarks/NOTES_kernel.md)."""
+    out: dict[str, str] = {}
+    for m in _SERIALIZED.finditer(log):
+        out[_instance_name(m.group(3))] = f"{m.group(1)}:{m.group(2).strip()}"
+    return out
+
+
 def _result(out: Path, arch: str, cached: bool, log: str) -> BuildResult:
     kernels, funcs = _split_entries(log, parse_ptxas(log))
     return BuildResult(out, arch, cached, kernels, log, device_functions=funcs)
@@ -269,6 +288,8 @@ def build(arch: str = "sm_90a", force: bool = False, strict: bool = False, verbo
                   f"{v['spill_stores']} B spill stores, {v['spill_loads']} B spill loads")
     if strict and r.max_spill() > SPILL_LIMIT_BYTES:
         raise KernelBuildError(f"register spills over {SPILL_LIMIT_BYTES} B: {r.resources}")
+    if strict and serialized_wgmma(r.log):
+        raise KernelBuildError(f"ptxas serialized the WGMMAs of: {serialized_wgmma(r.log)}")
     if strict and find_cuobjdump() is not None:
         bad = {fn: n for fn, n in hot_loop_local_memory(arch, disassemble(r.path)).items() if n}
         if bad:
