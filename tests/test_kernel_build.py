@@ -1,6 +1,9 @@
 """GPU-free tests of the kernel side: design numbers, scheduler oracle, trace decoding, build."""
 
+import csv
 import ctypes
+import importlib.util
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -259,3 +262,38 @@ def test_missing_sources_and_tools_are_setup_errors(monkeypatch, tmp_path, capsy
     monkeypatch.setattr(kbuild, "find_cutlass_include", lambda: str(tmp_path))
     assert build_main("sm_90a") == 1
     assert "nvcc failed (1)" in capsys.readouterr().err
+
+
+def test_ncu_summary_finds_the_k_loop_and_counts_its_stalls(tmp_path):
+    """benchmarks/device/ncu_summary.py on a hand-made ncu source page: the K loop is the
+    smallest backward branch around two QGMMAs (not the outer block loop), instructions per
+    K block = the loop's executions / one QGMMA's, stall fractions over the loop's samples."""
+    spec = importlib.util.spec_from_file_location(
+        "ncu_summary", Path(__file__).resolve().parents[1] / "benchmarks" / "device" / "ncu_summary.py")
+    ns = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ns)
+    hdr = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed",
+           "stall_wait", "stall_barrier", "stall_wait (Not Issued)"]
+    # (address, source, samples, executed, wait, barrier): outer loop 0x10..0x60, K loop 0x20..0x50
+    body = [(0x10, "S2R R0, SR_TID.X", 2, 10, 2, 0),
+            (0x20, "LDS R1, [R0]", 4, 80, 4, 0),
+            (0x30, "QGMMA.64x16x32.F32.E4M3.E4M3 R8, R1, gdesc[UR4], RZ, !UPT", 6, 80, 6, 0),
+            (0x40, "QGMMA.64x16x32.F32.E4M3.E4M3 R8, R2, gdesc[UR4], R8, gsb0", 2, 80, 2, 0),
+            (0x45, "WARPGROUP.DEPBAR.LE gsb0, 0x0", 8, 80, 0, 8),
+            (0x50, "@P0 BRA 0x20", 0, 80, 0, 0),
+            (0x60, "@P1 BRA 0x10", 1, 10, 1, 0)]
+    with open(tmp_path / "sass_t64.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["Kernel Name", "k"])
+        w.writerow(hdr)
+        for a, src, n, ex, wt, bar in body:
+            w.writerow([hex(a), src, n, ex, wt, bar, 0])
+    (tmp_path / "details_t64.txt").write_text("    Issued Warp Per Scheduler                        0.51\n"
+                                             "    No Eligible                            %        48.70\n")
+    r = ns.summarize(tmp_path / "sass_t64.csv", tmp_path / "details_t64.txt")
+    assert r["samples"] == 23
+    assert r["k_loop_sample_fraction"] == round(20 / 23, 4)   # 0x20..0x50: 4 + 6 + 2 + 8 + 0
+    assert r["k_loop_warp_instructions_per_k_block"] == 5.0   # 5 instructions x 80 / 80
+    assert r["k_loop_stalls"] == {"wait": 0.6, "barrier": 0.4}
+    assert r["k_loop_top"][0] == {"sass": "WARPGROUP.DEPBAR.LE gsb0, 0x0", "fraction": 0.4, "reason": "barrier"}
+    assert r["scheduler"] == {"Issued Warp Per Scheduler": 0.51, "No Eligible": 48.7}

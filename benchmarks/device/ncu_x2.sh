@@ -2,7 +2,8 @@
 # One device call: Nsight Compute on the SM90 kernel (3rd launch) at the token counts in
 # $TOKENS (default "256 4096"): warp-state and scheduler statistics and per-instruction stall
 # samples (SourceCounters), as text in $OUT/ncu.tgz. --clock-control none keeps the GPU's own
-# clocks (never change GPU settings on the lent machines).
+# clocks (never change GPU settings on the lent machines). Summarize the unpacked tarball here
+# with benchmarks/device/ncu_summary.py (-> benchmarks/results/kernel_ncu_h200.json).
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/out}; W=/tmp/ncu; mkdir -p $OUT $W
 for T in ${TOKENS:-256 4096}; do
