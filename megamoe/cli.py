@@ -550,8 +550,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sm_90a (H100/H200) or sm_100a (B200; never executed in this project)")
     b.add_argument("--strict", action="store_true",
                    help="fail on any local-memory load/store between the first and last matrix instruction "
-                        "(the K loop), on more than 512 B of spill stores per kernel instance, and when ptxas "
-                        "serialized an instance's WGMMAs (its C7514/C7518 diagnostics)")
+                        "(the K loop; needs cuobjdump), on more than 512 B of spill stores per kernel instance, "
+                        "and when ptxas serialized an instance's WGMMAs (diagnostics such as C7514/C7518)")
     b.add_argument("--force", action="store_true", help="rebuild even when cached")
     b.set_defaults(func=cmd_build)
     r = sub.add_parser("run", help="run one scenario on the GPU(s) (--ranks N launches N processes), check it, time it")

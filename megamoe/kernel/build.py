@@ -233,9 +233,8 @@ def serialized_wgmma(log: str) -> dict[str, str]:
     (as :func:`parse_ptxas`) -> ``"C75xx: <ptxas's reason>"``. ptxas does this when, for
     example, a non-WGMMA instruction reads an accumulator of a WGMMA in flight (C7514) or a
     WGMMA is in flight across a branch it cannot prove warp-uniform (C7518). It is only a
-    diagnostic: the build succeeds and the kernel runs, slower (a build with serialized
-    block_m 16-64 instances ran 37% slower at 64 tokens, with other changes in it;
-    benchmarks/NOTES_kernel.md, thirteenth session)."""
+    diagnostic: the build succeeds and the kernel runs, slower (benchmarks/NOTES_kernel.md,
+    thirteenth session)."""
     out: dict[str, str] = {}
     for m in _SERIALIZED.finditer(log):
         out[_instance_name(m.group(3))] = f"{m.group(1)}:{m.group(2).strip()}"
