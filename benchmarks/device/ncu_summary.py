@@ -5,6 +5,7 @@ instructions, and the scheduler statistics. Prints a table and writes JSON.
 
 Usage: python benchmarks/device/ncu_summary.py DIR OUT.json [build-hash]
 (DIR holds sass_t<T>.csv and details_t<T>.txt.)"""
+import argparse
 import collections
 import csv
 import json
@@ -64,12 +65,21 @@ def summarize(csv_path: Path, details: Path) -> dict:
     }
 
 
-def main() -> None:
-    d, out = Path(sys.argv[1]), Path(sys.argv[2])
-    res = {"build": sys.argv[3] if len(sys.argv) > 3 else None, "tokens": {}}
-    for f in sorted(d.glob("sass_t*.csv"), key=lambda p: int(p.stem[6:])):
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("dir", type=Path, help="unpacked ncu.tgz (sass_t<T>.csv, details_t<T>.txt)")
+    ap.add_argument("out", type=Path, help="JSON file to write")
+    ap.add_argument("build", nargs="?", help="the kernel build the profile ran (recorded in the JSON)")
+    a = ap.parse_args()
+    files = sorted(a.dir.glob("sass_t*.csv"), key=lambda p: int(p.stem[6:])) if a.dir.is_dir() else []
+    if not files:
+        print(f"ncu_summary: error: dir: expected a folder holding sass_t<T>.csv files (ncu_x2.sh's "
+              f"unpacked output), got {str(a.dir)!r}", file=sys.stderr)
+        return 2
+    res = {"build": a.build, "tokens": {}}
+    for f in files:
         T = int(f.stem[6:])
-        r = res["tokens"][T] = summarize(f, d / f"details_t{T}.txt")
+        r = res["tokens"][T] = summarize(f, a.dir / f"details_t{T}.txt")
         print(f"T={T}: K loop {r['k_loop_sample_fraction']:.0%} of {r['samples']} samples, "
               f"{r['k_loop_warp_instructions_per_k_block']:.0f} warp instructions per K block; "
               f"issued {r['scheduler'].get('Issued Warp Per Scheduler')} warps/scheduler/cycle")
@@ -77,8 +87,9 @@ def main() -> None:
         print("  kernel:", ", ".join(f"{k} {v:.0%}" for k, v in list(r["kernel_stalls"].items())[:7]))
         for t in r["k_loop_top"][:4]:
             print(f"    {t['fraction']:5.1%} {t['reason']:16s} {t['sass']}")
-    out.write_text(json.dumps(res, indent=1) + "\n")
+    a.out.write_text(json.dumps(res, indent=1) + "\n")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
