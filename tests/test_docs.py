@@ -97,6 +97,21 @@ def test_site_built(site: Path):
     assert any("UE8M0" in d.get("text", "") for d in index["docs"])
 
 
+
+def test_kernel_experiment_ratios_follow_the_committed_runs(site: Path):
+    """The kernel page's experiment table: experiment 3's 4096-token ratio is its runs' median
+    over v7.2's median in the same call, recomputed here from the JSON."""
+    d = json.loads((ROOT / "benchmarks/results/kernel_experiments_h200_s13.json").read_text())
+    runs = d["experiments"]["3_early_full_stage_test"]["runs"]
+    new = sorted(r["us"]["4096"] for r in runs if r["tree"] != "v7.2")
+    old = [r["us"]["4096"] for r in runs if r["tree"] == "v7.2"]
+    ratio = (new[0] + new[1]) / 2 / old[0]  # two runs of the experiment, one of v7.2
+    page = (site / "kernel/index.html").read_text()
+    row = next(ln for ln in page.split("<tr>") if "Test the next stage" in ln)
+    cells = [c.split("</td>")[0] for c in row.split("<td")[1:]]
+    assert cells[4].endswith(f">{ratio:.2f}"), cells
+
+
 class _Quiet(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *a):
         pass

@@ -955,6 +955,41 @@ class Gen:
         self.snippets["kernel_results"] = "\n".join(out) if out else (
             "No committed file under `benchmarks/results/` holds kernel measurements yet.")
 
+    def kernel_experiments(self) -> None:
+        """The measured kernel experiments that were not kept (``benchmarks/results/
+        kernel_experiments_*.json``): per experiment, its time over v7.2's in the same device
+        call, computed here from the committed runs (medians over the runs of each tree)."""
+        import statistics
+
+        out = []
+        for f in sorted((ROOT / "benchmarks" / "results").glob("kernel_experiments_*.json")):
+            d = json.loads(f.read_text())
+            tokens = ["64", "1024", "4096", "8192"]
+            rows = []
+            for name, e in d.get("experiments", {}).items():
+                runs = e.get("runs") or []
+                base = [r["us"] for r in runs if r.get("tree") == "v7.2"]
+                trees: dict[str, list] = {}
+                for r in runs:
+                    t = r.get("tree", "")
+                    if t != "v7.2":
+                        trees.setdefault(t.removesuffix(" again"), []).append(r["us"])
+                cells = []
+                for t in tokens:
+                    b = [u[t] for u in base if t in u]
+                    vs = [f"{statistics.median([u[t] for u in v if t in u]) / statistics.median(b):.2f}"
+                          for v in trees.values() if b and any(t in u for u in v)]
+                    cells.append(" / ".join(vs) if vs else "-")
+                title = e.get("title", name)
+                if len(trees) > 1:  # name the variants in the order of their ratios
+                    title += " (ratios: " + " / ".join(t.split(" (")[0] for t in trees) + ")"
+                rows.append([name.split("_", 1)[0], title, *cells, e.get("conclusion", "")])
+            head = ["#", "experiment", *(f"{t} tokens: time / v7.2's" for t in tokens), "what it showed"]
+            out.append(f"From `{f.relative_to(ROOT)}` ({d.get('device', '')}, {d.get('date', '')}); a ratio "
+                       "above 1 is slower, several ratios are several variants; \"-\" where the experiment "
+                       "did not run that size or compared no timed variant:\n\n" + _md_table(head, rows, "llrrrrl"))
+        self.snippets["kernel_experiments"] = "\n".join(out) if out else "No experiment file is committed."
+
     def hardware_table(self) -> None:
         import tomllib
 
@@ -1000,7 +1035,8 @@ class Gen:
             self._tmp = tmp
             for name in ("timeline", "stage_gantt", "barrier_fig", "plotly_timeline", "utilization_regions", "wave_map",
                          "pull_order_fig", "moe_align", "buffer_layout", "warp_roles", "numerics_fig",
-                         "weight_layout_fig", "sm100_vs_sm90", "whatif", "policies_whatif", "studies", "h200_compare", "validation", "hardware_table", "cli_help", "kernel_status"):
+                         "weight_layout_fig", "sm100_vs_sm90", "whatif", "policies_whatif", "studies", "h200_compare", "validation", "hardware_table", "cli_help", "kernel_status",
+                         "kernel_experiments"):
                 if name in WORKER_FIGURES and hasattr(self, "_worker_figs"):
                     continue  # made by the worker process, collected below
                 t0 = time.time()
