@@ -88,6 +88,26 @@ def test_trace_decode_roundtrip():
     assert t.cols["kind"].tolist() == [KIND["l1_mma"], KIND["l2_mma"]] and t.cols["t_end_ns"].tolist() == [1000, 1500]
 
 
+def test_load_library_file_binds_a_second_copy(tmp_path):
+    """A library file loaded on its own (an A/B of two builds in one process) is bound and
+    ABI-checked like the cached one, and stays a separate object."""
+    if kbuild.find_nvcc() is None:
+        pytest.skip("nvcc not installed")
+    from megamoe.kernel.runtime import Params, load_library_file
+
+    r = kbuild.build("sm_90a")
+    copy = tmp_path / "other" / r.path.name
+    copy.parent.mkdir()
+    copy.write_bytes(r.path.read_bytes())
+    lib = load_library_file(copy)
+    assert lib.megamoe_sm90_abi_size() == ctypes.sizeof(Params)
+    assert lib.megamoe_sm90_smem_bytes(128, 7, 256) == d.smem_bytes(128, 7, 256)
+    with pytest.raises(OSError):
+        load_library_file(tmp_path / "missing.so")
+    with pytest.raises(kbuild.KernelBuildError, match="^arch: expected one of"):
+        load_library_file(copy, "sm_80")
+
+
 def test_build_sm90a_and_resources():
     if kbuild.find_nvcc() is None:
         pytest.skip("nvcc not installed")

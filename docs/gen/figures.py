@@ -975,7 +975,11 @@ class Gen:
                     if t != "v7.2":
                         trees.setdefault(t.removesuffix(" again"), []).append(r["us"])
                 cells = []
+                inter = (e.get("interleaved") or {}).get("ratio_over_v72", {})
                 for t in tokens:
+                    if inter:  # the interleaved A/B in one process, when the experiment has one
+                        cells.append(f"{inter[t]['median']:.2f} (interleaved)" if t in inter else "-")
+                        continue
                     b = [u[t] for u in base if t in u]
                     vs = [f"{statistics.median([u[t] for u in v if t in u]) / statistics.median(b):.2f}"
                           for v in trees.values() if b and any(t in u for u in v)]
@@ -985,9 +989,14 @@ class Gen:
                     title += " (ratios: " + " / ".join(t.split(" (")[0] for t in trees) + ")"
                 rows.append([name.split("_", 1)[0], title, *cells, e.get("conclusion", "")])
             head = ["#", "experiment", *(f"{t} tokens: time / v7.2's" for t in tokens), "what it showed"]
+            aa = (d.get("a_a_check_of_the_interleaved_method") or {}).get("ratio", {})
+            aa_txt = (" An interleaved A/A check (v7.2 against a copy of itself) read " +
+                      ", ".join(f"{v['median']:.3f} at {t}" for t, v in aa.items()) + " tokens.") if aa else ""
             out.append(f"From `{f.relative_to(ROOT)}` ({d.get('device', '')}, {d.get('date', '')}); a ratio "
                        "above 1 is slower, several ratios are several variants; \"-\" where the experiment "
-                       "did not run that size or compared no timed variant:\n\n" + _md_table(head, rows, "llrrrrl"))
+                       "did not run that size or compared no timed variant; \"interleaved\": both builds "
+                       "in one process, calls alternating (`benchmarks/device/ab_interleaved.py`), the "
+                       f"median of the per-round ratios.{aa_txt}\n\n" + _md_table(head, rows, "llrrrrl"))
         self.snippets["kernel_experiments"] = "\n".join(out) if out else "No experiment file is committed."
 
     def hardware_table(self) -> None:

@@ -96,21 +96,38 @@ def load_library(arch: str = "sm_90a"):
     """
     lib = _LIBS.get(arch)
     if lib is None:
-        path = PATHS.get(arch)
-        if path is None:
+        if arch not in PATHS:
             raise KernelBuildError(f"arch: expected one of {sorted(PATHS)}, got {arch!r}")
         res = build(arch)
         try:
-            lib = ctypes.CDLL(str(res.path))
+            lib = load_library_file(res.path, arch)
         except OSError:  # built elsewhere against other system libraries: rebuild here
-            res = build(arch, force=True)
-            lib = ctypes.CDLL(str(res.path))
-        path.bind(lib)
-        abi, mirror = getattr(lib, path.symbol("abi_size"))(), ctypes.sizeof(path.params_type)
-        if abi != mirror:
-            raise KernelError(f"ABI mismatch ({arch}): {path.symbol('abi_size')}() = {abi} B, ctypes mirror "
-                              f"{path.params_type.__name__} = {mirror} B")
+            lib = load_library_file(build(arch, force=True).path, arch)
         _LIBS[arch] = lib
+    return lib
+
+
+def load_library_file(path, arch: str = "sm_90a"):
+    """Load one built library file for ``arch`` and bind it like :func:`load_library`, without
+    building or caching: e.g. another source tree's build, so that two kernel versions can be
+    timed call by call in one process (``benchmarks/device/ab_interleaved.py``; assign the
+    result to a kernel object's ``lib``).
+
+    Raises:
+        KernelBuildError: unknown arch.
+        OSError: the file is missing or not a loadable library.
+        KernelError: the library's ``<prefix>_abi_size()`` differs from this tree's ctypes
+            mirror (its ``Params`` layout is another version's).
+    """
+    path_info = PATHS.get(arch)
+    if path_info is None:
+        raise KernelBuildError(f"arch: expected one of {sorted(PATHS)}, got {arch!r}")
+    lib = ctypes.CDLL(str(path))
+    path_info.bind(lib)
+    abi, mirror = getattr(lib, path_info.symbol("abi_size"))(), ctypes.sizeof(path_info.params_type)
+    if abi != mirror:
+        raise KernelError(f"ABI mismatch ({arch}): {path_info.symbol('abi_size')}() = {abi} B, ctypes mirror "
+                          f"{path_info.params_type.__name__} = {mirror} B")
     return lib
 
 

@@ -1,0 +1,71 @@
+"""Interleaved A/B of two SM90 kernel builds in one process (GPU).
+
+This tree's build against another library file (e.g. an older commit's build carried as
+``out/ab_old/build/kernel/<hash>/libmegamoe_sm90.so``). Same weights and inputs for both,
+V4-Flash shape, EP1. The calls alternate in rounds, in ABBA order, so that a clock drift
+between rounds cancels. (Sequential runs of one call differed by up to 12% at 64 tokens in
+the thirteenth session: benchmarks/NOTES_kernel.md.)
+
+Per token count it reports: the median over rounds of the per-round ratio new / old (a
+paired measure), its range, each build's median time, and whether the outputs are bitwise
+equal. The old library must share this tree's ``Params`` layout (checked) and its
+shared-memory layout (the launch uses this tree's design numbers).
+
+Usage: python benchmarks/device/ab_interleaved.py OLD_LIB OUT.json [tokens, default
+64,1024,4096,8192] [rounds, default 12]
+"""
+import json
+import statistics
+import sys
+
+sys.path.insert(0, ".")
+import torch
+
+from megamoe.kernel import MegaMoEKernel, prepare_weights
+from megamoe.kernel.check import make_inputs, make_weights
+from megamoe.kernel.runtime import load_library_file
+from megamoe.kernel.timing import cuda_times_us
+
+E, K, H, I = 256, 6, 4096, 2048
+
+
+def main() -> int:
+    if len(sys.argv) < 3:
+        print("usage: python benchmarks/device/ab_interleaved.py OLD_LIB OUT.json [tokens] [rounds]", file=sys.stderr)
+        return 2
+    old_lib, out = sys.argv[1], sys.argv[2]
+    tokens = [int(t) for t in (sys.argv[3] if len(sys.argv) > 3 else "64,1024,4096,8192").split(",")]
+    rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 12
+    w = prepare_weights(*make_weights(E, H, I, "cuda", seed=11))
+    new = MegaMoEKernel(E, K, H, I, max(tokens), w)
+    old = MegaMoEKernel(E, K, H, I, max(tokens), w)
+    old.lib = load_library_file(old_lib)
+    res = {"old_lib": old_lib, "rounds": rounds, "tokens": {}}
+    for T in tokens:
+        args = make_inputs(T, E, K, H, "cuda", seed=3)
+        ys = []
+        for k in (new, old):  # warm-up, outputs
+            ys.append(k(*args).clone())
+            k.check()
+        times = {"new": [], "old": []}
+        for r in range(rounds):
+            order = (("new", new), ("old", old)) if r % 2 == 0 else (("old", old), ("new", new))
+            for name, k in order:
+                times[name].append(statistics.median(cuda_times_us(lambda k=k, a=args: k(*a), 5, 1)))
+            new.check()
+            old.check()
+        ratios = [a / b for a, b in zip(times["new"], times["old"])]
+        row = {"ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+               "new_us": statistics.median(times["new"]), "old_us": statistics.median(times["old"]),
+               "bitwise_equal": bool(torch.equal(ys[0], ys[1])), "block_m": new.last_design.block_m, **times}
+        res["tokens"][T] = row
+        print(f"T={T:5d} bm={row['block_m']:3d} new {row['new_us']:9.1f} us  old {row['old_us']:9.1f} us  "
+              f"new/old {row['ratio_median']:.3f} (rounds {row['ratio_min']:.3f}..{row['ratio_max']:.3f})  "
+              f"outputs {'equal' if row['bitwise_equal'] else 'DIFFER'}", flush=True)
+    with open(out, "w") as f:
+        json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
