@@ -975,18 +975,20 @@ class Gen:
                     if t != "v7.2":
                         trees.setdefault(t.removesuffix(" again"), []).append(r["us"])
                 cells = []
-                inter = (e.get("interleaved") or {}).get("ratio_over_v72", {})
+                inter = (e.get("interleaved") or {}).get("variants", {})
                 for t in tokens:
                     if inter:  # the interleaved A/B in one process, when the experiment has one
-                        cells.append(f"{inter[t]['median']:.2f} (interleaved)" if t in inter else "-")
+                        vs = [f"{v[t]['median']:.2f}" for v in inter.values() if t in v]
+                        cells.append(" / ".join(vs) + " (interleaved)" if vs else "-")
                         continue
                     b = [u[t] for u in base if t in u]
                     vs = [f"{statistics.median([u[t] for u in v if t in u]) / statistics.median(b):.2f}"
                           for v in trees.values() if b and any(t in u for u in v)]
                     cells.append(" / ".join(vs) if vs else "-")
                 title = e.get("title", name)
-                if len(trees) > 1:  # name the variants in the order of their ratios
-                    title += " (ratios: " + " / ".join(t.split(" (")[0] for t in trees) + ")"
+                names = list(inter) if inter else [t.split(" (")[0] for t in trees]
+                if len(names) > 1:  # name the variants in the order of their ratios
+                    title += " (ratios: " + " / ".join(names) + ")"
                 rows.append([name.split("_", 1)[0], title, *cells, e.get("conclusion", "")])
             head = ["#", "experiment", *(f"{t} tokens: time / v7.2's" for t in tokens), "what it showed"]
             aa = (d.get("a_a_check_of_the_interleaved_method") or {}).get("ratio", {})
