@@ -288,8 +288,8 @@ def build(arch: str = "sm_90a", force: bool = False, strict: bool = False, verbo
                   f"{v['spill_stores']} B spill stores, {v['spill_loads']} B spill loads")
     if strict and r.max_spill() > SPILL_LIMIT_BYTES:
         raise KernelBuildError(f"register spills over {SPILL_LIMIT_BYTES} B: {r.resources}")
-    if strict and serialized_wgmma(r.log):
-        raise KernelBuildError(f"ptxas serialized the WGMMAs of: {serialized_wgmma(r.log)}")
+    if strict and (serialized := serialized_wgmma(r.log)):
+        raise KernelBuildError(f"ptxas serialized the WGMMAs of: {serialized}")
     if strict and find_cuobjdump() is not None:
         bad = {fn: n for fn, n in hot_loop_local_memory(arch, disassemble(r.path)).items() if n}
         if bad:
