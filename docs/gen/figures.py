@@ -957,38 +957,22 @@ class Gen:
 
     def kernel_experiments(self) -> None:
         """The measured kernel experiments that were not kept (``benchmarks/results/
-        kernel_experiments_*.json``): per experiment, its time over v7.2's in the same device
-        call, computed here from the committed runs (medians over the runs of each tree)."""
-        import statistics
-
+        kernel_experiments_*.json``): per experiment, its time over v7.2's from the interleaved
+        A/B (both builds in one process; the median of the per-round ratios), per variant."""
         out = []
         for f in sorted((ROOT / "benchmarks" / "results").glob("kernel_experiments_*.json")):
             d = json.loads(f.read_text())
             tokens = ["64", "1024", "4096", "8192"]
             rows = []
             for name, e in d.get("experiments", {}).items():
-                runs = e.get("runs") or []
-                base = [r["us"] for r in runs if r.get("tree") == "v7.2"]
-                trees: dict[str, list] = {}
-                for r in runs:
-                    t = r.get("tree", "")
-                    if t != "v7.2":
-                        trees.setdefault(t.removesuffix(" again"), []).append(r["us"])
-                cells = []
                 inter = (e.get("interleaved") or {}).get("variants", {})
+                cells = []
                 for t in tokens:
-                    if inter:  # the interleaved A/B in one process, when the experiment has one
-                        vs = [f"{v[t]['median']:.2f}" for v in inter.values() if t in v]
-                        cells.append(" / ".join(vs) + " (interleaved)" if vs else "-")
-                        continue
-                    b = [u[t] for u in base if t in u]
-                    vs = [f"{statistics.median([u[t] for u in v if t in u]) / statistics.median(b):.2f}"
-                          for v in trees.values() if b and any(t in u for u in v)]
-                    cells.append(" / ".join(vs) if vs else "-")
+                    vs = [f"{v[t]['median']:.2f}" for v in inter.values() if t in v]
+                    cells.append(" / ".join(vs) + " (interleaved)" if vs else "-")
                 title = e.get("title", name)
-                names = list(inter) if inter else [t.split(" (")[0] for t in trees]
-                if len(names) > 1:  # name the variants in the order of their ratios
-                    title += " (ratios: " + " / ".join(names) + ")"
+                if len(inter) > 1:  # name the variants in the order of their ratios
+                    title += " (ratios: " + " / ".join(inter) + ")"
                 rows.append([name.split("_", 1)[0], title, *cells, e.get("conclusion", "")])
             head = ["#", "experiment", *(f"{t} tokens: time / v7.2's" for t in tokens), "what it showed"]
             aa = (d.get("a_a_check_of_the_interleaved_method") or {}).get("ratio", {})
@@ -996,7 +980,7 @@ class Gen:
                       ", ".join(f"{v['median']:.3f} at {t}" for t, v in aa.items()) + " tokens.") if aa else ""
             out.append(f"From `{f.relative_to(ROOT)}` ({d.get('device', '')}, {d.get('date', '')}); a ratio "
                        "above 1 is slower, several ratios are several variants; \"-\" where the experiment "
-                       "did not run that size or compared no timed variant; \"interleaved\": both builds "
+                       "has no interleaved A/B at that size; \"interleaved\": both builds "
                        "in one process, calls alternating (`benchmarks/device/ab_interleaved.py`), the "
                        f"median of the per-round ratios.{aa_txt}\n\n" + _md_table(head, rows, "llrrrrl"))
         self.snippets["kernel_experiments"] = "\n".join(out) if out else "No experiment file is committed."
