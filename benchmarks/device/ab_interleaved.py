@@ -14,9 +14,11 @@ shared-memory layout (the launch uses this tree's design numbers).
 Usage: python benchmarks/device/ab_interleaved.py OLD_LIB OUT.json [tokens, default
 64,1024,4096,8192] [rounds, default 12]
 """
+import argparse
 import json
 import statistics
 import sys
+from pathlib import Path
 
 sys.path.insert(0, ".")
 import torch
@@ -30,12 +32,25 @@ E, K, H, I = 256, 6, 4096, 2048
 
 
 def main() -> int:
-    if len(sys.argv) < 3:
-        print("usage: python benchmarks/device/ab_interleaved.py OLD_LIB OUT.json [tokens] [rounds]", file=sys.stderr)
-        return 2
-    old_lib, out = sys.argv[1], sys.argv[2]
-    tokens = [int(t) for t in (sys.argv[3] if len(sys.argv) > 3 else "64,1024,4096,8192").split(",")]
-    rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 12
+    ap = argparse.ArgumentParser(description="Interleaved A/B of two SM90 kernel builds (see the module docstring)")
+    ap.add_argument("old_lib", type=Path, help="the other build's libmegamoe_sm90.so")
+    ap.add_argument("out", type=Path, help="JSON file to write")
+    ap.add_argument("tokens", nargs="?", default="64,1024,4096,8192", help="comma-separated token counts")
+    ap.add_argument("rounds", nargs="?", type=int, default=12, help="ABBA rounds (default 12)")
+    a = ap.parse_args()
+    try:
+        tokens = [int(t) for t in a.tokens.split(",")]
+    except ValueError:
+        tokens = []
+    if not tokens or min(tokens) < 1:
+        ap.error(f"tokens: expected comma-separated integers >= 1, got {a.tokens!r}")
+    if a.rounds < 2:
+        ap.error(f"rounds: expected an integer >= 2, got {a.rounds}")
+    if not a.old_lib.is_file():
+        ap.error(f"old_lib: expected a built library file, got {str(a.old_lib)!r}")
+    if not a.out.parent.is_dir():
+        ap.error(f"out: expected a file in an existing folder, got {str(a.out)!r}")
+    old_lib, out, rounds = str(a.old_lib), a.out, a.rounds
     w = prepare_weights(*make_weights(E, H, I, "cuda", seed=11))
     new = MegaMoEKernel(E, K, H, I, max(tokens), w)
     old = MegaMoEKernel(E, K, H, I, max(tokens), w)
