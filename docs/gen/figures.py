@@ -971,8 +971,8 @@ class Gen:
                     vs = [f"{v[t]['median']:.2f}" for v in inter.values() if t in v]
                     cells.append(" / ".join(vs) + " (interleaved)" if vs else "-")
                 title = e.get("title", name)
-                if len(inter) > 1:  # name the variants in the order of their ratios
-                    title += " (ratios: " + " / ".join(inter) + ")"
+                if any(inter):  # name the variants (in the order of their ratios)
+                    title += f" (ratio{'s' * (len(inter) > 1)}: " + " / ".join(inter) + ")"
                 rows.append([name.split("_", 1)[0], title, *cells, e.get("conclusion", "")])
             head = ["#", "experiment", *(f"{t} tokens: time / v7.2's" for t in tokens), "what it showed"]
             aa = (d.get("a_a_check_of_the_interleaved_method") or {}).get("ratio", {})
@@ -980,7 +980,8 @@ class Gen:
                       ", ".join(f"{v['median']:.3f} at {t}" for t, v in aa.items()) + " tokens.") if aa else ""
             out.append(f"From `{f.relative_to(ROOT)}` ({d.get('device', '')}, {d.get('date', '')}); a ratio "
                        "above 1 is slower, several ratios are several variants; \"-\" where the experiment "
-                       "has no interleaved A/B at that size; \"interleaved\": both builds "
+                       "has no interleaved A/B against v7.2 at that size (rows 7 and 8 measured v7.2's own plan "
+                       "choices and a probe build; their text gives the numbers); \"interleaved\": both builds "
                        "in one process, calls alternating (`benchmarks/device/ab_interleaved.py`), the "
                        f"median of the per-round ratios.{aa_txt}\n\n" + _md_table(head, rows, "llrrrrl"))
         self.snippets["kernel_experiments"] = "\n".join(out) if out else "No experiment file is committed."
