@@ -3,6 +3,8 @@
 import csv
 import ctypes
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -317,3 +319,20 @@ def test_ncu_summary_finds_the_k_loop_and_counts_its_stalls(tmp_path):
     assert r["k_loop_stalls"] == {"wait": 0.6, "barrier": 0.4}
     assert r["k_loop_top"][0] == {"sass": "WARPGROUP.DEPBAR.LE gsb0, 0x0", "fraction": 0.4, "reason": "barrier"}
     assert r["scheduler"] == {"Issued Warp Per Scheduler": 0.51, "No Eligible": 48.7}
+
+
+@pytest.mark.parametrize("extra,field", [(["--old-stages", "128:x"], "old-stages"),
+                                         (["--old-stages", "128:1"], "old-stages"),
+                                         (["64,x"], "tokens"), (["64", "1"], "rounds")])
+def test_ab_interleaved_rejects_bad_arguments_before_any_gpu_work(tmp_path, extra, field):
+    """benchmarks/device/ab_interleaved.py: a bad token list, round count or per-block_m stage
+    map is a one-line argparse error (exit 2) naming the field, before any CUDA set-up."""
+    lib = tmp_path / "old.so"
+    lib.write_bytes(b"")
+    p = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "benchmarks" / "device" /
+                                            "ab_interleaved.py"), str(lib), str(tmp_path / "o.json"), *extra],
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert p.returncode == 2, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"ab_interleaved.py: error: {field}: expected"), last
+    assert "Traceback" not in p.stderr and not (tmp_path / "o.json").exists()

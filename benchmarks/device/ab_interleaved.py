@@ -8,11 +8,13 @@ the thirteenth session: benchmarks/NOTES_kernel.md.)
 
 Per token count it reports: the median over rounds of the per-round ratio new / old (a
 paired measure), its range, each build's median time, and whether the outputs are bitwise
-equal. The old library must share this tree's ``Params`` layout (checked) and its
-shared-memory layout (the launch uses this tree's design numbers).
+equal. The old library must share this tree's ``Params`` layout (checked); it launches with
+this tree's design numbers, except for the stage counts that ``--old-stages`` gives per
+block_m (for an old build whose stages have another size: its launcher computes its own
+shared memory from them).
 
 Usage: python benchmarks/device/ab_interleaved.py OLD_LIB OUT.json [tokens, default
-64,1024,4096,8192] [rounds, default 12]
+64,1024,4096,8192] [rounds, default 12] [--old-stages 16:16,32:15,64:11,128:7]
 """
 import argparse
 import json
@@ -37,6 +39,8 @@ def main() -> int:
     ap.add_argument("out", type=Path, help="JSON file to write")
     ap.add_argument("tokens", nargs="?", default="64,1024,4096,8192", help="comma-separated token counts")
     ap.add_argument("rounds", nargs="?", type=int, default=12, help="ABBA rounds (default 12)")
+    ap.add_argument("--old-stages", default="", metavar="BM:S,...",
+                    help="the old build's stage count per block_m (default: this tree's design)")
     a = ap.parse_args()
     try:
         tokens = [int(t) for t in a.tokens.split(",")]
@@ -50,18 +54,32 @@ def main() -> int:
         ap.error(f"old_lib: expected a built library file, got {str(a.old_lib)!r}")
     if not a.out.parent.is_dir():
         ap.error(f"out: expected a file in an existing folder, got {str(a.out)!r}")
+    try:
+        old_stages = {int(k): int(v) for k, v in (kv.split(":") for kv in a.old_stages.split(",") if kv)}
+    except ValueError:
+        old_stages = None
+    if old_stages is None or any(s < 2 for s in old_stages.values()):
+        ap.error(f"old-stages: expected block_m:stages pairs such as 128:7 (stages >= 2), got {a.old_stages!r}")
     old_lib, out, rounds = str(a.old_lib), a.out, a.rounds
     w = prepare_weights(*make_weights(E, H, I, "cuda", seed=11))
     new = MegaMoEKernel(E, K, H, I, max(tokens), w)
-    old = MegaMoEKernel(E, K, H, I, max(tokens), w)
-    old.lib = load_library_file(old_lib)
-    res = {"old_lib": old_lib, "rounds": rounds, "tokens": {}}
+    lib = load_library_file(old_lib)
+    olds = {}  # block_m -> the old build's kernel object (its own stage count)
+
+    def old_for(bm):
+        if bm not in olds:
+            olds[bm] = MegaMoEKernel(E, K, H, I, max(tokens), w, num_stages=old_stages.get(bm))
+            olds[bm].lib = lib
+        return olds[bm]
+
+    res = {"old_lib": old_lib, "rounds": rounds, "old_stages": old_stages, "tokens": {}}
     for T in tokens:
         args = make_inputs(T, E, K, H, "cuda", seed=3)
-        ys = []
-        for k in (new, old):  # warm-up, outputs
-            ys.append(k(*args).clone())
-            k.check()
+        ys = [new(*args).clone()]  # warm-up, outputs
+        new.check()
+        old = old_for(new.last_design.block_m)
+        ys.append(old(*args).clone())
+        old.check()
         times = {"new": [], "old": []}
         for r in range(rounds):
             order = (("new", new), ("old", old)) if r % 2 == 0 else (("old", old), ("new", new))
@@ -72,9 +90,11 @@ def main() -> int:
         ratios = [a / b for a, b in zip(times["new"], times["old"])]
         row = {"ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
                "new_us": statistics.median(times["new"]), "old_us": statistics.median(times["old"]),
-               "bitwise_equal": bool(torch.equal(ys[0], ys[1])), "block_m": new.last_design.block_m, **times}
+               "bitwise_equal": bool(torch.equal(ys[0], ys[1])), "block_m": new.last_design.block_m,
+               "stages": new.last_design.num_stages, "old_stages": old.last_design.num_stages, **times}
         res["tokens"][T] = row
-        print(f"T={T:5d} bm={row['block_m']:3d} new {row['new_us']:9.1f} us  old {row['old_us']:9.1f} us  "
+        print(f"T={T:5d} bm={row['block_m']:3d} stages {row['stages']}/{row['old_stages']} "
+              f"new {row['new_us']:9.1f} us  old {row['old_us']:9.1f} us  "
               f"new/old {row['ratio_median']:.3f} (rounds {row['ratio_min']:.3f}..{row['ratio_max']:.3f})  "
               f"outputs {'equal' if row['bitwise_equal'] else 'DIFFER'}", flush=True)
     with open(out, "w") as f:
