@@ -98,16 +98,19 @@ def test_site_built(site: Path):
 
 
 
-def test_kernel_experiment_ratios_follow_the_committed_runs(site: Path):
-    """The kernel page's experiment table: experiment 3's 4096-token ratio is the median of
+@pytest.mark.parametrize("session,name,row_text", [
+    ("s13", "3_early_full_stage_test", "Test the next stage"),
+    ("s14", "3_release_after_next_wait", "v7.2 releasing each block_m 128 stage")])
+def test_kernel_experiment_ratios_follow_the_committed_runs(site: Path, session, name, row_text):
+    """The kernel page's experiment tables: an experiment's 4096-token ratio is the median of
     its interleaved rounds' ratios (experiment / v7.2), recomputed here from the JSON."""
-    d = json.loads((ROOT / "benchmarks/results/kernel_experiments_h200_s13.json").read_text())
-    row = d["experiments"]["3_early_full_stage_test"]["interleaved"]["variants"][""]["4096"]
+    d = json.loads((ROOT / f"benchmarks/results/kernel_experiments_h200_{session}.json").read_text())
+    row = d["experiments"][name]["interleaved"]["variants"][""]["4096"]
     ratios = sorted(e / v for e, v in zip(row["rounds_experiment_us"], row["rounds_v72_us"]))
     n = len(ratios)
     median = ratios[n // 2] if n % 2 else (ratios[n // 2 - 1] + ratios[n // 2]) / 2
     page = (site / "kernel/index.html").read_text()
-    tr = next(ln for ln in page.split("<tr>") if "Test the next stage" in ln)
+    tr = next(ln for ln in page.split("<tr>") if row_text in ln)
     cells = [c.split("</td>")[0] for c in tr.split("<td")[1:]]
     assert cells[4].endswith(f">{median:.2f} (interleaved)"), cells
 

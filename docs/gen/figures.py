@@ -980,9 +980,10 @@ class Gen:
                       ", ".join(f"{v['median']:.3f} at {t}" for t, v in aa.items()) + " tokens.") if aa else ""
             out.append(f"From `{f.relative_to(ROOT)}` ({d.get('device', '')}, {d.get('date', '')}); a ratio "
                        "above 1 is slower, several ratios are several variants; \"-\" where the experiment "
-                       "has no interleaved A/B against v7.2 at that size (rows 7 and 8 measured v7.2's own plan "
-                       "choices and a probe build; their text gives the numbers); \"interleaved\": both builds "
-                       "in one process, calls alternating (`benchmarks/device/ab_interleaved.py`), the "
+                       "has no interleaved A/B against v7.2 at that size (where a row measured something "
+                       "else, v7.2's own plan choices or a probe build, its text gives the numbers); "
+                       "\"interleaved\": both builds in one process, calls alternating "
+                       "(`benchmarks/device/ab_interleaved.py`), the "
                        f"median of the per-round ratios.{aa_txt}\n\n" + _md_table(head, rows, "llrrrrl"))
         self.snippets["kernel_experiments"] = "\n".join(out) if out else "No experiment file is committed."
 
