@@ -24,6 +24,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, asdict
 
+from .errors import InputError, require
+
 #: Output columns per block (both GEMMs). L1 blocks cover 64 gate + 64 up rows.
 BLOCK_N = 128
 #: K depth of one pipeline stage.
@@ -113,6 +115,43 @@ def num_stages_for(block_m: int, num_experts: int, smem_limit: int = SMEM_LIMIT_
     return int(min(MAX_STAGES, s))
 
 
+def min_stages(block_m: int) -> int:
+    """The fewest stages the kernel runs correctly with: one per producer warp that issues the
+    ring (``PRODUCER_ISSUE_WARPS``: 4 at block_m 16-64, 2 at 128).
+
+    The producer warps take the K blocks round-robin, and each waits for its stage's empty
+    barrier by phase parity, which tells only two consecutive phases apart. With fewer stages
+    than issuing warps, a warp can reach a stage two ring rounds ahead of the consumers. It
+    then takes a phase that has not come yet for one already done, and overwrites a stage
+    still in use. On the H200 (fourteenth session, benchmarks/NOTES_kernel.md), 2 and 3 stages
+    at block_m 16 ended in an unspecified launch failure; 4 and more, and 2 at block_m 128,
+    ran with outputs bitwise equal to the default stage counts'."""
+    return PRODUCER_ISSUE_WARPS[block_m]
+
+
+def stages_for(block_m: int, num_experts: int, num_stages: int | None = None,
+               smem_limit: int = SMEM_LIMIT_SM90) -> int:
+    """The stage count of a launch: ``num_stages`` if given, else as many as fit.
+
+    Raises:
+        InputError: ``num_stages`` outside ``[min_stages(block_m), num_stages_for(...)]``, or
+            not even ``min_stages`` fit (``shape.num_experts``: the dispatch tables grow with it).
+    """
+    fit = num_stages_for(block_m, num_experts, smem_limit)
+    fewest = min_stages(block_m)
+    if fit < fewest:
+        raise InputError("shape.num_experts",
+                         f"at most as many experts as leave room for {fewest} pipeline stages at block_m {block_m} "
+                         f"({smem_bytes(block_m, fewest, num_experts)} bytes of shared memory needed, "
+                         f"{smem_limit} available)", num_experts)
+    if num_stages is None:
+        return fit
+    require(isinstance(num_stages, int) and fewest <= num_stages <= fit, "num_stages",
+            f"in [{fewest}, {fit}] (at least one per producer warp, at most what {smem_limit} B of shared "
+            f"memory holds at block_m {block_m})", num_stages)
+    return num_stages
+
+
 def pool_rows_for(num_tokens: int, topk: int, num_experts: int, block_m: int, ranks: int = 1) -> int:
     """Pool capacity in rows: every routed item plus the worst-case padding per expert."""
     local_experts = num_experts // ranks
@@ -156,12 +195,17 @@ class SM90Design:
 def design_for(num_tokens: int, hidden: int, inter: int, num_experts: int, topk: int, num_sms: int = 132,
                ranks: int = 1, block_m: int | None = None, experts_per_wave: int | None = None,
                num_stages: int | None = None) -> SM90Design:
-    """The SM90 design for a scenario; any argument given overrides the rule."""
+    """The SM90 design for a scenario; any argument given overrides the rule.
+
+    Raises:
+        ValueError: ``block_m`` not one of ``BLOCK_MS``.
+        InputError: ``num_stages`` outside what :func:`stages_for` allows.
+    """
     expected = num_tokens * ranks * topk / num_experts
     bm = block_m or block_m_for(expected)
     if bm not in BLOCK_MS:
         raise ValueError(f"block_m: expected one of {BLOCK_MS}, got {bm}")
-    st = num_stages or num_stages_for(bm, num_experts)
+    st = stages_for(bm, num_experts, num_stages)
     epw = experts_per_wave or experts_per_wave_for(num_experts, expected, bm, inter, num_sms)
     return SM90Design(block_m=bm, block_n=BLOCK_N, block_k=BLOCK_K, num_stages=st, experts_per_wave=epw,
                       num_sms=num_sms, pool_rows=pool_rows_for(num_tokens, topk, num_experts, bm, ranks),

@@ -217,9 +217,9 @@ def sm100_pipeline(smem_capacity: int, num_experts: int, hidden: int, cfg: Block
     return stages, fixed(num_experts) + stages * per_stage
 
 
-def smem_error(need, num_experts: int, block_m: int, smem_capacity: int):
-    """The error for a block whose 2 pipeline stages do not fit shared memory, naming the
-    input that makes it too large.
+def smem_error(need, num_experts: int, block_m: int, smem_capacity: int, stages: int = 2):
+    """The error for a block whose fewest pipeline stages (2, or the design's minimum) do not
+    fit shared memory, naming the input that makes it too large.
 
     The shape enters a block's shared memory through ``num_experts`` (the dispatch's
     per-expert tables; hidden and intermediate only through tile sizes that are bounded), so
@@ -228,23 +228,25 @@ def smem_error(need, num_experts: int, block_m: int, smem_capacity: int):
     ``hardware.smem_per_block_bytes``.
 
     Args:
-        need: bytes of shared memory for 2 stages as a function of the expert count (increasing).
+        need: bytes of shared memory for ``stages`` stages as a function of the expert count
+            (increasing).
         num_experts: the shape's expert count.
         block_m: the block's token rows (the stages' size).
         smem_capacity: the hardware's shared memory per block.
+        stages: the fewest stages the design runs with.
 
     Returns:
         :class:`InputError` to raise.
     """
     if need(1) > smem_capacity:
         return InputError("hardware.smem_per_block_bytes",
-                          f">= {need(1)} bytes for 2 pipeline stages at block_m {block_m}", smem_capacity)
+                          f">= {need(1)} bytes for {stages} pipeline stages at block_m {block_m}", smem_capacity)
     lo, hi = 1, num_experts  # need(lo) fits, need(num_experts) does not: the largest count that fits
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if need(mid) <= smem_capacity else (lo, mid)
     return InputError("shape.num_experts",
-                      f"at most {lo} experts (their dispatch tables and 2 pipeline stages at block_m {block_m} "
+                      f"at most {lo} experts (their dispatch tables and {stages} pipeline stages at block_m {block_m} "
                       f"need {need(num_experts)} bytes of shared memory per block, the hardware has {smem_capacity})",
                       num_experts)
 
@@ -567,16 +569,18 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
             from . import design_sm90
 
             stages = design_sm90.num_stages_for(cfg.block_m, num_experts, smem_capacity)
-            if stages < 2:
-                raise smem_error(lambda e, bm=cfg.block_m: design_sm90.smem_bytes(bm, 2, e), num_experts,
-                                 cfg.block_m, smem_capacity)
+            fewest = design_sm90.min_stages(cfg.block_m)
+            if stages < fewest:
+                raise smem_error(lambda e, bm=cfg.block_m, s=fewest: design_sm90.smem_bytes(bm, s, e), num_experts,
+                                 cfg.block_m, smem_capacity, fewest)
             smem = design_sm90.smem_bytes(cfg.block_m, stages, num_experts)
         else:
             stages, smem = sm100_pipeline(smem_capacity, num_experts, hidden, cfg, pull)
+            fewest = 2
         if num_stages is not None:
-            require(2 <= num_stages <= stages, "num_stages",
-                    f"in [2, {stages}] (what {smem_capacity} B of shared memory holds at block_m {cfg.block_m})",
-                    num_stages)
+            require(fewest <= num_stages <= stages, "num_stages",
+                    f"in [{fewest}, {stages}] (at least {'one per producer warp' if sm90 else 'two'}, at most what "
+                    f"{smem_capacity} B of shared memory holds at block_m {cfg.block_m})", num_stages)
             stages = num_stages
         rp = RankPlan(rank=r, num_tokens=tokens_per_rank[r], config=cfg, experts_per_wave=epw,
                       num_stages=stages, smem_bytes=smem, recv_counts=counts[r], src_items=items[r],

@@ -393,11 +393,13 @@ def test_shape_too_large_for_shared_memory_names_the_shape_field(tmp_path, capsy
         "stages at block_m 16 need 482788 bytes of shared memory per block, the hardware has 232448), got 100000")]
     assert main(["simulate", "--shape", "100000,6,1024,512", "--ranks", "1", "--tokens", "16", "--design",
                  "megamoe-sm90", "--hardware", "h200"]) == 2
-    # the SM90 kernel's own formula (17189 experts and 1226752 bytes at kernel v6.2)
-    most = max(e for e in range(17000, 17400) if smem_bytes(16, 2, e) <= 232448)
+    # the SM90 kernel's own formula, with its floor of 4 stages at block_m 16 (one per producer
+    # warp, megamoe.design_sm90.min_stages)
+    most = max(e for e in range(10000, 17400) if smem_bytes(16, 4, e) <= 232448)
+    assert smem_bytes(16, 4, most + 1) > 232448 >= smem_bytes(16, 2, most + 1)
     assert capsys.readouterr().err.strip().splitlines() == [(
-        f"megamoe: error: shape.num_experts: expected at most {most} experts (their dispatch tables and 2 pipeline "
-        f"stages at block_m 16 need {smem_bytes(16, 2, 100000)} bytes of shared memory per block, the hardware has "
+        f"megamoe: error: shape.num_experts: expected at most {most} experts (their dispatch tables and 4 pipeline "
+        f"stages at block_m 16 need {smem_bytes(16, 4, 100000)} bytes of shared memory per block, the hardware has "
         "232448), got 100000")]
     j = tmp_path / "ok.json"
     assert main(["simulate", "--shape", "37376,6,1024,512", "--ranks", "1", "--tokens", "16", "--json", str(j)]) == 0
@@ -743,3 +745,16 @@ def test_compare_json_writes_null_not_nan(tmp_path, capsys):
     text = out.read_text()
     assert rc == 0 and "NaN" not in text and json.loads(text)["median_kind_error"] is None
     json.loads(text, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+
+
+def test_sm90_stage_floor_is_a_one_line_error(capsys):
+    """megamoe-sm90 runs with at least one stage per producer warp (4 at block_m 16): 3 is
+    refused with the range, 4 simulates; the SM100 design keeps its floor of 2."""
+    base = ["simulate", "--shape", "deepseek-v4-flash", "--ranks", "1", "--tokens", "64"]
+    assert main([*base, "--design", "megamoe-sm90", "--hardware", "h200", "--num-stages", "3"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [(
+        "megamoe: error: num_stages: expected in [4, 16] (at least one per producer warp, at most what 232448 B of "
+        "shared memory holds at block_m 16), got 3")]
+    assert main([*base, "--design", "megamoe-sm90", "--hardware", "h200", "--num-stages", "4"]) == 0
+    capsys.readouterr()
+    assert main([*base, "--num-stages", "2"]) == 0

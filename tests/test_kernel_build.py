@@ -336,3 +336,29 @@ def test_ab_interleaved_rejects_bad_arguments_before_any_gpu_work(tmp_path, extr
     last = p.stderr.strip().splitlines()[-1]
     assert last.startswith(f"ab_interleaved.py: error: {field}: expected"), last
     assert "Traceback" not in p.stderr and not (tmp_path / "o.json").exists()
+
+
+def test_stages_floor_is_one_per_producer_warp():
+    """megamoe.design_sm90.min_stages / stages_for: a launch needs at least one stage per
+    producer warp that issues the ring (4 at block_m 16-64, 2 at 128), at most what fits."""
+    from megamoe.errors import InputError
+    assert {bm: d.min_stages(bm) for bm in d.BLOCK_MS} == {16: 4, 32: 4, 64: 4, 128: 2}
+    assert d.stages_for(16, 256) == d.num_stages_for(16, 256) == 16
+    assert d.stages_for(16, 256, 4) == 4 and d.stages_for(128, 256, 2) == 2
+    with pytest.raises(InputError) as e:
+        d.stages_for(16, 256, 3)
+    assert str(e.value) == ("num_stages: expected in [4, 16] (at least one per producer warp, at most what 232448 B "
+                            "of shared memory holds at block_m 16), got 3")
+    with pytest.raises(InputError, match=r"^num_stages: expected in \[2, 7\] .*got 8$"):
+        d.stages_for(128, 256, 8)
+    # the EP design takes the same rule
+    from megamoe.kernel.ep import design_ep
+    with pytest.raises(InputError, match=r"^num_stages: expected in \[4, "):
+        design_ep(64, 64, 4096, 2048, 256, 6, 2, 132, block_m=32, num_stages=2)
+    # an expert count that leaves room for 3 stages but not 4 at block_m 16: by hand, the
+    # largest E with fixed(16, E) + 4 x 12288 <= 232448 is the floor's limit
+    most = max(e for e in range(1, 20000) if d.smem_bytes(16, 4, e) <= d.SMEM_LIMIT_SM90)
+    assert d.num_stages_for(16, most + 1) == 3
+    with pytest.raises(InputError, match=r"^shape.num_experts: expected at most as many experts as leave room for 4 "):
+        d.stages_for(16, most + 1)
+    assert d.stages_for(16, most) == 4

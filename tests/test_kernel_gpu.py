@@ -285,3 +285,33 @@ def test_plan_driven_launch():
         assert got.get(s, []) == [tuple(map(int, r[:4])) for r in p.ranks[0].sm_blocks(s)], s
     c = compare(y, reference_sm90(x, xs, idx, tw, *w))
     assert c["rel_l2"] <= REL_L2_TOL and c["nan"] == 0, c
+
+
+def test_fewest_stages():
+    """One stage per producer warp is the floor (megamoe.design_sm90.min_stages): at it the
+    outputs equal the default stage count's bit for bit; below it the design raises a one-line
+    InputError, and a design passed around it is refused by the launcher (code -5), never
+    launched (2 and 3 stages at block_m 16 crashed the kernel before the check: fourteenth
+    session)."""
+    import dataclasses
+
+    from megamoe.errors import InputError
+    x, xs, idx, tw = make_inputs(40, 8, 2, 256, "cuda", seed=4)
+    for bm, fewest in ((16, 4), (128, 2)):
+        k_def, _ = _kernel(TINY, 40, block_m=bm)
+        k_min, _ = _kernel(TINY, 40, block_m=bm, num_stages=fewest)
+        y_def = k_def(x, xs, idx, tw).clone()
+        k_def.check()
+        y_min = k_min(x, xs, idx, tw)
+        k_min.check()
+        assert k_min.last_design.num_stages == fewest < k_def.last_design.num_stages
+        assert torch.equal(y_min, y_def), bm
+    k_low, _ = _kernel(TINY, 40, block_m=16, num_stages=3)
+    with pytest.raises(InputError, match=r"^num_stages: expected in \[4, 16\] .*got 3$"):
+        k_low(x, xs, idx, tw)
+    bad = dataclasses.replace(k_def.design(40), num_stages=1)  # block_m 128's design, one stage
+    with pytest.raises(KernelError, match=r"producer warps .* <= stages <= 16\) \(code -5\)"):
+        k_def(x, xs, idx, tw, design=bad)
+    bad16 = dataclasses.replace(_kernel(TINY, 40, block_m=16)[0].design(40), num_stages=3)
+    with pytest.raises(KernelError, match=r"\(code -5\)"):
+        _kernel(TINY, 40, block_m=16)[0](x, xs, idx, tw, design=bad16)

@@ -914,9 +914,12 @@ int megamoe_sm90_launch(const Params* p_in, void* stream) {
     sms = g_dev[dev].sms;
     max_smem = g_dev[dev].max_smem;
     if (p->num_sms < 1 || p->num_sms > sms) return -2;
+    // at least one stage per producer warp (megamoe.design_sm90.min_stages: the warps' parity
+    // waits on the empty barriers alias with fewer, and the ring is overwritten in use)
+    const int min_stages = megamoe_sm90_producer_warps((int)p->block_m);
     if (p->hidden % 128 || p->inter % 128 || 2 * p->inter / 128 > 64 || p->num_experts > 512 ||
-        p->num_experts < 1 || p->num_stages < 2 || p->num_stages > megamoe::kMaxStages || p->experts_per_wave < 1 ||
-        p->pool_rows % p->block_m)
+        p->num_experts < 1 || p->num_stages < min_stages || p->num_stages > megamoe::kMaxStages ||
+        p->experts_per_wave < 1 || p->pool_rows % p->block_m)
         return -5;
     if (p->fold_table == nullptr || p->w1_row_scale == nullptr || p->w2_row_scale == nullptr) return -9;
     if (p->num_ranks < 1 || p->num_experts % p->num_ranks || p->num_experts / p->num_ranks > 256 ||
@@ -944,7 +947,7 @@ const char* megamoe_sm90_error_string(int code) {
         case -2: return "num_sms must be between 1 and the device's SM count (one CTA per SM)";
         case -3: return "kernel does not fit one CTA per SM";
         case -4: return "shared memory for these stages exceeds the device limit";
-        case -5: return "unsupported shape (hidden, inter multiples of 128; 2*inter/128 <= 64; E <= 512; 2 <= stages <= 16)";
+        case -5: return "unsupported shape (hidden, inter multiples of 128; 2*inter/128 <= 64; E <= 512; producer warps (4 at block_m 16-64, 2 at 128) <= stages <= 16)";
         case -7: return "cuTensorMapEncodeTiled not available from the CUDA driver (TMA descriptors need driver 12.0+)";
         case -8: return "the driver refused a TMA descriptor (pool address not 16-byte aligned, or hidden/inter/pool_rows out of range)";
         case -9: return "the weight fold is not set (fold_table, w1_row_scale, w2_row_scale: megamoe.kernel.runtime.sm90_weights)";

@@ -117,7 +117,7 @@ def design_ep(num_tokens: int, max_tokens: int, hidden: int, inter: int, num_exp
     el = num_experts // num_ranks
     expected = num_tokens * num_ranks * topk / num_experts
     bm = block_m or design_sm90.block_m_for(expected)
-    st = num_stages or design_sm90.num_stages_for(bm, num_experts)
+    st = design_sm90.stages_for(bm, num_experts, num_stages)
     epw = experts_per_wave or design_sm90.experts_per_wave_for(el, expected, bm, inter, num_sms)
     return design_sm90.SM90Design(
         block_m=bm, block_n=design_sm90.BLOCK_N, block_k=design_sm90.BLOCK_K, num_stages=st, experts_per_wave=epw,
