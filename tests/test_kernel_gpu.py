@@ -318,16 +318,16 @@ def test_fewest_stages():
 
 
 @pytest.mark.parametrize("shape,T,routing,kw", [
-    (dict(E=1, K=1, H=128, I=128), 5, "uniform", {}),                       # one expert, one K block per GEMM
-    (dict(E=8, K=8, H=128, I=128), 9, "uniform", {}),                       # top-k = every expert
-    (dict(E=16, K=4, H=512, I=128), 50, "uniform", dict(block_m=128)),      # mostly-empty 128-row blocks
-    (TINY, 100, "uniform", dict(num_sms=1)),                                # the whole schedule on one SM
-    (TINY, 100, "uniform", dict(num_sms=3, block_m=128)),
-    (TINY, 100, "uniform", dict(experts_per_wave=1)),
-    (FLASH, 128, "uniform", dict(experts_per_wave=256)),                    # one wave of every expert
-    (FLASH, 64, "uniform", dict(num_sms=5, block_m=128)),
-    (FLASH, 2000, "one_expert", dict(block_m=16)),                          # 125+ pool blocks of one expert
-    (FLASH, 4096, "uniform", dict(block_m=32, num_stages=4)),               # the stage floor at full size
+    ({"E": 1, "K": 1, "H": 128, "I": 128}, 5, "uniform", {}),  # one expert, one K block per GEMM
+    ({"E": 8, "K": 8, "H": 128, "I": 128}, 9, "uniform", {}),  # top-k = every expert
+    ({"E": 16, "K": 4, "H": 512, "I": 128}, 50, "uniform", {"block_m": 128}),  # mostly-empty 128-row blocks
+    (TINY, 100, "uniform", {"num_sms": 1}),  # the whole schedule on one SM
+    (TINY, 100, "uniform", {"num_sms": 3, "block_m": 128}),
+    (TINY, 100, "uniform", {"experts_per_wave": 1}),
+    (FLASH, 128, "uniform", {"experts_per_wave": 256}),  # one wave of every expert
+    (FLASH, 64, "uniform", {"num_sms": 5, "block_m": 128}),
+    (FLASH, 2000, "one_expert", {"block_m": 16}),  # 125+ pool blocks of one expert
+    (FLASH, 4096, "uniform", {"block_m": 32, "num_stages": 4}),  # the stage floor at full size
 ])
 def test_plan_edges(shape, T, routing, kw):
     """Edges of the plan a caller may choose (fourteenth session's probe, all measured correct
