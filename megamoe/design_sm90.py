@@ -147,7 +147,7 @@ def stages_for(block_m: int, num_experts: int, num_stages: int | None = None,
     if num_stages is None:
         return fit
     require(isinstance(num_stages, int) and fewest <= num_stages <= fit, "num_stages",
-            f"in [{fewest}, {fit}] (at least one per producer warp, at most what {smem_limit} B of shared "
+            f"in [{fewest}, {fit}] (at least one per issuing producer warp, at most what {smem_limit} B of shared "
             f"memory holds at block_m {block_m})", num_stages)
     return num_stages
 

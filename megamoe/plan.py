@@ -388,7 +388,8 @@ class Plan:
         num_ranks: EP size; ``experts_per_rank = num_experts // num_ranks``.
         max_tokens_per_rank: buffer size ``T_max``.
         num_sms: SMs the kernel runs on (hardware SMs minus reserved ones).
-        pool_tokens: pool (ring) capacity in tokens.
+        pool_tokens: pool (ring) capacity in tokens (``megamoe-sm90``: no ring, the kernel's pool
+            rows, ``design_sm90.pool_rows_for``, the largest over the ranks).
         bytes_per_pull: bytes per dispatch pull chunk.
         l2_wait: ``"k_block"`` (an L2 K block waits for its gate and up L1 N blocks, PR #304)
             or ``"pool_block"`` (waits for the whole pool block's L1 output, PR #316).
@@ -502,7 +503,10 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
         num_sms: SMs available to the kernel (even for the 2-CTA reference design).
         smem_capacity: SMEM bytes per block of the target GPU.
         design: ``deepgemm-sm100`` or ``megamoe-sm90``.
-        experts_per_wave, block_m, pool_tokens, num_stages: overrides of the heuristics.
+        experts_per_wave, block_m, pool_tokens, num_stages: overrides of the heuristics
+            (``pool_tokens`` only for ``deepgemm-sm100``: the SM90 kernel has no pool ring;
+            ``num_stages`` at least one per issuing producer warp there,
+            ``design_sm90.min_stages``).
         l2_wait: ``k_block`` or ``pool_block`` (see :class:`Plan`).
         policies: :class:`megamoe.policies.Policies` replacing reference heuristics (the
             explicit overrides above still win).
@@ -525,6 +529,10 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
         require((2 * intermediate) % 256 == 0 and hidden % 256 == 0, "shape",
                 "2*intermediate and hidden multiples of 256 (even N block counts for 2-CTA pairs)",
                 f"hidden {hidden}, intermediate {intermediate}")
+    if sm90:  # no ring: the SM90 kernel's pool holds every routed row (design_sm90.pool_rows_for)
+        require(pool_tokens is None, "pool_tokens",
+                "no override with design megamoe-sm90 (its pool holds every routed row, sized by the kernel)",
+                pool_tokens)
     cap = pool_tokens if pool_tokens is not None else pool_capacity_tokens(
         num_ranks, max_tokens_per_rank, top_k, e_local)
     require(cap > 0, "pool_tokens", "> 0", cap)
@@ -534,6 +542,7 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
 
     pol = policies or Policies()
     ranks = []
+    sm90_pool = 0
     for r in range(num_ranks):
         tpe = counts[r].sum(axis=1)
         if pol.block_config is not None and block_m is None:
@@ -549,6 +558,9 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
         if sm90:
             from . import design_sm90
 
+            # the rank's pool: every routed row plus each local expert's block padding
+            cap = design_sm90.pool_rows_for(max_tokens_per_rank, top_k, num_experts, cfg.block_m, num_ranks)
+            sm90_pool = max(sm90_pool, cap)
             epw = design_sm90.experts_per_wave_for(
                 e_local, expected_tokens_per_expert(tokens_per_rank[r], num_ranks, top_k, num_experts),
                 cfg.block_m, intermediate, num_sms)
@@ -579,7 +591,7 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
             fewest = 2
         if num_stages is not None:
             require(fewest <= num_stages <= stages, "num_stages",
-                    f"in [{fewest}, {stages}] (at least {'one per producer warp' if sm90 else 'two'}, at most what "
+                    f"in [{fewest}, {stages}] (at least {'one per issuing producer warp' if sm90 else 'two'}, at most what "
                     f"{smem_capacity} B of shared memory holds at block_m {cfg.block_m})", num_stages)
             stages = num_stages
         rp = RankPlan(rank=r, num_tokens=tokens_per_rank[r], config=cfg, experts_per_wave=epw,
@@ -593,5 +605,5 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
         ranks.append(rp)
     return Plan(design=design, num_experts=num_experts, top_k=top_k, hidden=hidden,
                 intermediate=intermediate, num_ranks=num_ranks,
-                max_tokens_per_rank=max_tokens_per_rank, num_sms=num_sms, pool_tokens=cap,
+                max_tokens_per_rank=max_tokens_per_rank, num_sms=num_sms, pool_tokens=sm90_pool if sm90 else cap,
                 bytes_per_pull=pull, l2_wait=l2_wait, ranks=ranks, policies=pol.names())

@@ -753,8 +753,25 @@ def test_sm90_stage_floor_is_a_one_line_error(capsys):
     base = ["simulate", "--shape", "deepseek-v4-flash", "--ranks", "1", "--tokens", "64"]
     assert main([*base, "--design", "megamoe-sm90", "--hardware", "h200", "--num-stages", "3"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [(
-        "megamoe: error: num_stages: expected in [4, 16] (at least one per producer warp, at most what 232448 B of "
+        "megamoe: error: num_stages: expected in [4, 16] (at least one per issuing producer warp, at most what 232448 B of "
         "shared memory holds at block_m 16), got 3")]
     assert main([*base, "--design", "megamoe-sm90", "--hardware", "h200", "--num-stages", "4"]) == 0
     capsys.readouterr()
     assert main([*base, "--num-stages", "2"]) == 0
+
+
+def test_sm90_pool_is_the_kernels_and_not_an_override(capsys):
+    """megamoe-sm90 has no pool ring: a --pool-tokens override is refused in one line, and the
+    plan reports the kernel's pool, sized for the buffer's max tokens (every routed row plus
+    block padding per expert, by hand at block_m 16: 8192 x 6 + 256 x 15 = 52992 rows for the
+    default 8192; align(64 x 6 + 256 x 15, 16) = 4224 for --max-tokens 64)."""
+    base = ["simulate", "--shape", "deepseek-v4-flash", "--ranks", "1", "--tokens", "64", "--design", "megamoe-sm90",
+            "--hardware", "h200"]
+    assert main([*base, "--pool-tokens", "1"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [(
+        "megamoe: error: pool_tokens: expected no override with design megamoe-sm90 (its pool holds every routed "
+        "row, sized by the kernel), got 1")]
+    assert main(base) == 0
+    assert " pool=52992 tokens " in capsys.readouterr().out
+    assert main([*base, "--max-tokens", "64"]) == 0
+    assert " pool=4224 tokens " in capsys.readouterr().out
