@@ -25,7 +25,8 @@ from pathlib import Path
 sys.path.insert(0, ".")
 import torch
 
-from megamoe.kernel import MegaMoEKernel, prepare_weights
+from megamoe import design_sm90
+from megamoe.kernel import KernelError, MegaMoEKernel, cuda_available, prepare_weights
 from megamoe.kernel.check import make_inputs, make_weights
 from megamoe.kernel.runtime import load_library_file
 from megamoe.kernel.timing import cuda_times_us
@@ -58,12 +59,20 @@ def main() -> int:
         old_stages = {int(k): int(v) for k, v in (kv.split(":") for kv in a.old_stages.split(",") if kv)}
     except ValueError:
         old_stages = None
-    if old_stages is None or any(s < 2 for s in old_stages.values()):
-        ap.error(f"old-stages: expected block_m:stages pairs such as 128:7 (stages >= 2), got {a.old_stages!r}")
+    if old_stages is None or not all(bm in design_sm90.BLOCK_MS and design_sm90.min_stages(bm) <= s <= design_sm90.MAX_STAGES
+                                     for bm, s in old_stages.items()):
+        ap.error("old-stages: expected block_m:stages pairs such as 128:7 (block_m one of 16, 32, 64, 128; stages "
+                 f"from one per issuing producer warp, 4, or 2 at block_m 128, to {design_sm90.MAX_STAGES}), "
+                 f"got {a.old_stages!r}")
+    if not cuda_available():
+        ap.error("device: expected a CUDA GPU with sm_90 or newer, got none")
     old_lib, out, rounds = str(a.old_lib), a.out, a.rounds
+    try:
+        lib = load_library_file(old_lib)
+    except (OSError, KernelError) as e:
+        ap.error(f"old_lib: expected a loadable SM90 kernel library, got {old_lib!r} ({e})")
     w = prepare_weights(*make_weights(E, H, I, "cuda", seed=11))
     new = MegaMoEKernel(E, K, H, I, max(tokens), w)
-    lib = load_library_file(old_lib)
     olds = {}  # block_m -> the old build's kernel object (its own stage count)
 
     def old_for(bm):
