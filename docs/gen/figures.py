@@ -978,13 +978,18 @@ class Gen:
             aa = (d.get("a_a_check_of_the_interleaved_method") or {}).get("ratio", {})
             aa_txt = (" An interleaved A/A check (v7.2 against a copy of itself) read " +
                       ", ".join(f"{v['median']:.3f} at {t}" for t, v in aa.items()) + " tokens.") if aa else ""
+            depth = (d.get("ring_depth_probe") or {}).get("ratio", {})
+            depth_txt = ("\n\nRing-depth probe, v7.2 against itself (time at the default stage count over the time "
+                         "at fewer stages, median of the per-round ratios): " +
+                         ", ".join(f"{v['median']:.3f} at {t} tokens ({v['stages_default']} vs {v['stages_fewer']} "
+                                   "stages)" for t, v in depth.items()) + ".") if depth else ""
             out.append(f"From `{f.relative_to(ROOT)}` ({d.get('device', '')}, {d.get('date', '')}); a ratio "
                        "above 1 is slower, several ratios are several variants; \"-\" where the experiment "
                        "has no interleaved A/B against v7.2 at that size (where a row measured something "
                        "else, v7.2's own plan choices or a probe build, its text gives the numbers); "
                        "\"interleaved\": both builds in one process, calls alternating "
                        "(`benchmarks/device/ab_interleaved.py`), the "
-                       f"median of the per-round ratios.{aa_txt}\n\n" + _md_table(head, rows, "llrrrrl"))
+                       f"median of the per-round ratios.{aa_txt}\n\n" + _md_table(head, rows, "llrrrrl") + depth_txt)
         self.snippets["kernel_experiments"] = "\n".join(out) if out else "No experiment file is committed."
 
     def hardware_table(self) -> None:
