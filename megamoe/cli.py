@@ -139,7 +139,9 @@ def add_scenario_args(p: argparse.ArgumentParser) -> None:
                    help="experts whose L1 and L2 blocks form one wave (default: the design's choice)")
     g.add_argument("--block-m", type=_positive, default=None,
                    help="token rows per block (deepgemm-sm100: 16, 32, 64, 96, 128, 192; megamoe-sm90: 16, 32, 64, 128)")
-    g.add_argument("--pool-tokens", type=_positive, default=None, help="pool (ring) capacity in tokens")
+    g.add_argument("--pool-tokens", type=_positive, default=None,
+                   help="pool (ring) capacity in tokens (deepgemm-sm100; megamoe-sm90 has no ring, its pool "
+                        "holds every routed row)")
     g.add_argument("--num-stages", type=_positive, default=None,
                    help="shared-memory pipeline stages (default: as many as fit; megamoe-sm90: at least one "
                         "per issuing producer warp, 4 at block_m 16-64 and 2 at 128; its model, like the H200 "

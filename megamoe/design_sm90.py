@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, asdict
 
-from .errors import InputError, require
+from .errors import require
 
 #: Output columns per block (both GEMMs). L1 blocks cover 64 gate + 64 up rows.
 BLOCK_N = 128
@@ -140,10 +140,10 @@ def stages_for(block_m: int, num_experts: int, num_stages: int | None = None,
     fit = num_stages_for(block_m, num_experts, smem_limit)
     fewest = min_stages(block_m)
     if fit < fewest:
-        raise InputError("shape.num_experts",
-                         f"at most as many experts as leave room for {fewest} pipeline stages at block_m {block_m} "
-                         f"({smem_bytes(block_m, fewest, num_experts)} bytes of shared memory needed, "
-                         f"{smem_limit} available)", num_experts)
+        # the plan's message for both designs (it names the largest expert count that fits)
+        from .plan import smem_error
+
+        raise smem_error(lambda e: smem_bytes(block_m, fewest, e), num_experts, block_m, smem_limit, fewest)
     if num_stages is None:
         return fit
     require(isinstance(num_stages, int) and fewest <= num_stages <= fit, "num_stages",

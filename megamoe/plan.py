@@ -580,20 +580,15 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
         if sm90:
             from . import design_sm90
 
-            stages = design_sm90.num_stages_for(cfg.block_m, num_experts, smem_capacity)
-            fewest = design_sm90.min_stages(cfg.block_m)
-            if stages < fewest:
-                raise smem_error(lambda e, bm=cfg.block_m, s=fewest: design_sm90.smem_bytes(bm, s, e), num_experts,
-                                 cfg.block_m, smem_capacity, fewest)
+            stages = design_sm90.stages_for(cfg.block_m, num_experts, num_stages, smem_capacity)
             smem = design_sm90.smem_bytes(cfg.block_m, stages, num_experts)
         else:
             stages, smem = sm100_pipeline(smem_capacity, num_experts, hidden, cfg, pull)
-            fewest = 2
-        if num_stages is not None:
-            require(fewest <= num_stages <= stages, "num_stages",
-                    f"in [{fewest}, {stages}] (at least {'one per issuing producer warp' if sm90 else 'two'}, at most what "
-                    f"{smem_capacity} B of shared memory holds at block_m {cfg.block_m})", num_stages)
-            stages = num_stages
+            if num_stages is not None:
+                require(2 <= num_stages <= stages, "num_stages",
+                        f"in [2, {stages}] (what {smem_capacity} B of shared memory holds at block_m {cfg.block_m})",
+                        num_stages)
+                stages = num_stages
         rp = RankPlan(rank=r, num_tokens=tokens_per_rank[r], config=cfg, experts_per_wave=epw,
                       num_stages=stages, smem_bytes=smem, recv_counts=counts[r], src_items=items[r],
                       num_sms=num_sms, l1_n_blocks=2 * intermediate // cfg.block_n,

@@ -363,6 +363,7 @@ def test_stages_floor_is_one_per_producer_warp():
     # largest E with fixed(16, E) + 4 x 12288 <= 232448 is the floor's limit
     most = max(e for e in range(1, 20000) if d.smem_bytes(16, 4, e) <= d.SMEM_LIMIT_SM90)
     assert d.num_stages_for(16, most + 1) == 3
-    with pytest.raises(InputError, match=r"^shape.num_experts: expected at most as many experts as leave room for 4 "):
+    with pytest.raises(InputError, match=rf"^shape.num_experts: expected at most {most} experts \(their dispatch "
+                                         r"tables and 4 pipeline stages at block_m 16 need"):
         d.stages_for(16, most + 1)
     assert d.stages_for(16, most) == 4
