@@ -140,12 +140,13 @@ def add_scenario_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--block-m", type=_positive, default=None,
                    help="token rows per block (deepgemm-sm100: 16, 32, 64, 96, 128, 192; megamoe-sm90: 16, 32, 64, 128)")
     g.add_argument("--pool-tokens", type=_positive, default=None,
-                   help="pool (ring) capacity in tokens (deepgemm-sm100; megamoe-sm90 has no ring, its pool "
-                        "holds every routed row)")
+                   help="pool (ring) capacity in tokens (deepgemm-sm100, at least one expert's worst-case "
+                        "wave; megamoe-sm90 has no ring, its pool holds every routed row)")
     g.add_argument("--num-stages", type=_positive, default=None,
                    help="shared-memory pipeline stages (default: as many as fit; megamoe-sm90: at least one "
-                        "per issuing producer warp, 4 at block_m 16-64 and 2 at 128; its model, like the H200 "
-                        "kernel, runs level from 6 stages up)")
+                        "per issuing producer warp, 4 at block_m 16-64 and 2 at 128; its model gives the same "
+                        "time at every allowed count, and the H200 kernel ran level down to 10 stages at "
+                        "block_m 16-32, 8 at 64 and 6 at 128)")
     g.add_argument("--l2-wait", default="k_block",
                    help="k_block (PR #304) | pool_block (PR #316): what an L2 K block waits for. It "
                         "rarely changes the time, because the scheduler puts a wave's L2 blocks after "

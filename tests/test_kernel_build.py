@@ -326,6 +326,7 @@ def test_ncu_summary_finds_the_k_loop_and_counts_its_stalls(tmp_path):
                                          (["--old-stages", "128:1"], "old-stages"),
                                          (["--old-stages", "16:3"], "old-stages"),  # below block_m 16's floor
                                          (["--old-stages", "48:7"], "old-stages"),
+                                         (["--old-stages", "16:4,16:5"], "old-stages"),  # block_m twice
                                          (["64,x"], "tokens"), (["64", "1"], "rounds"),
                                          ([], "device|old_lib")])  # no GPU here, or an empty library file
 def test_ab_interleaved_rejects_bad_arguments_before_any_gpu_work(tmp_path, extra, field):

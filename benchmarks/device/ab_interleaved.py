@@ -56,14 +56,16 @@ def main() -> int:
     if not a.out.parent.is_dir():
         ap.error(f"out: expected a file in an existing folder, got {str(a.out)!r}")
     try:
-        old_stages = {int(k): int(v) for k, v in (kv.split(":") for kv in a.old_stages.split(",") if kv)}
+        pairs = [(int(k), int(v)) for k, v in (kv.split(":") for kv in a.old_stages.split(",") if kv)]
+        old_stages = dict(pairs) if len({k for k, _ in pairs}) == len(pairs) else None  # no block_m twice
     except ValueError:
         old_stages = None
     if old_stages is None or not all(bm in design_sm90.BLOCK_MS and design_sm90.min_stages(bm) <= s <= design_sm90.MAX_STAGES
                                      for bm, s in old_stages.items()):
-        ap.error("old-stages: expected block_m:stages pairs such as 128:7 (block_m one of 16, 32, 64, 128; stages "
-                 f"from one per issuing producer warp, 4, or 2 at block_m 128, to {design_sm90.MAX_STAGES}), "
-                 f"got {a.old_stages!r}")
+        ap.error("old-stages: expected block_m:stages pairs such as 128:7 (each block_m once, one of 16, 32, 64, "
+                 "128; stages from one per issuing producer warp, 4, or 2 at block_m 128, to "
+                 f"{design_sm90.MAX_STAGES}, and no more than the old build's shared memory holds: its launcher "
+                 f"refuses those), got {a.old_stages!r}")
     if not cuda_available():
         ap.error("device: expected a CUDA GPU with sm_90 or newer, got none")
     old_lib, out, rounds = str(a.old_lib), a.out, a.rounds
