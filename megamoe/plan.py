@@ -524,18 +524,20 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
     e_local = num_experts // num_ranks
     require(design in DESIGNS, "design", " or ".join(DESIGNS), design)
     sm90 = design == "megamoe-sm90"
-    if not sm90:
+    if sm90:  # no ring: the SM90 kernel's pool holds every routed row (each rank's cap, below)
+        from . import design_sm90
+
+        require(pool_tokens is None, "pool_tokens",
+                "no override with design megamoe-sm90 (its pool holds every routed row, sized by the kernel)",
+                pool_tokens)
+    else:
         require(num_sms % 2 == 0, "num_sms", "an even number (2-CTA clusters)", num_sms)
         require((2 * intermediate) % 256 == 0 and hidden % 256 == 0, "shape",
                 "2*intermediate and hidden multiples of 256 (even N block counts for 2-CTA pairs)",
                 f"hidden {hidden}, intermediate {intermediate}")
-    if sm90:  # no ring: the SM90 kernel's pool holds every routed row (design_sm90.pool_rows_for)
-        require(pool_tokens is None, "pool_tokens",
-                "no override with design megamoe-sm90 (its pool holds every routed row, sized by the kernel)",
-                pool_tokens)
-    cap = pool_tokens if pool_tokens is not None else pool_capacity_tokens(
-        num_ranks, max_tokens_per_rank, top_k, e_local)
-    require(cap > 0, "pool_tokens", "> 0", cap)
+        cap = pool_tokens if pool_tokens is not None else pool_capacity_tokens(
+            num_ranks, max_tokens_per_rank, top_k, e_local)
+        require(cap > 0, "pool_tokens", "> 0", cap)
     pull = bytes_per_pull(hidden)
     counts, items = route_to_ranks(topk_idx, num_experts, num_ranks)
     from .policies import BlockContext, Policies, WaveContext, call_block_config, call_wave
@@ -556,8 +558,6 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
                 f"hidden and intermediate multiples of block_k {cfg.block_k}",
                 f"hidden {hidden}, intermediate {intermediate}")
         if sm90:
-            from . import design_sm90
-
             # the rank's pool: every routed row plus each local expert's block padding
             cap = design_sm90.pool_rows_for(max_tokens_per_rank, top_k, num_experts, cfg.block_m, num_ranks)
             sm90_pool = max(sm90_pool, cap)
@@ -578,8 +578,6 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
                     f"in [1, {e_local}] (local experts)", experts_per_wave)
             epw = experts_per_wave
         if sm90:
-            from . import design_sm90
-
             stages = design_sm90.stages_for(cfg.block_m, num_experts, num_stages, smem_capacity)
             smem = design_sm90.smem_bytes(cfg.block_m, stages, num_experts)
         else:
