@@ -63,9 +63,10 @@ def main() -> int:
     if old_stages is None or not all(bm in design_sm90.BLOCK_MS and design_sm90.min_stages(bm) <= s <= design_sm90.MAX_STAGES
                                      for bm, s in old_stages.items()):
         ap.error("old-stages: expected block_m:stages pairs such as 128:7 (each block_m once, one of 16, 32, 64, "
-                 "128; stages from one per issuing producer warp, 4, or 2 at block_m 128, to "
-                 f"{design_sm90.MAX_STAGES}, and no more than the old build's shared memory holds: its launcher "
-                 f"refuses those), got {a.old_stages!r}")
+                 f"128; stages in [{design_sm90.min_stages(16)}, {design_sm90.MAX_STAGES}] at block_m 16-64 and "
+                 f"[{design_sm90.min_stages(128)}, {design_sm90.MAX_STAGES}] at "
+                 "128, one per issuing producer warp at least, and no more than the old build's shared memory "
+                 f"holds: its launcher refuses those), got {a.old_stages!r}")
     if not cuda_available():
         ap.error("device: expected a CUDA GPU with sm_90 or newer, got none")
     old_lib, out, rounds = str(a.old_lib), a.out, a.rounds
