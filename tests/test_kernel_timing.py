@@ -39,3 +39,58 @@ def test_times_come_from_the_event_pair_around_each_call(monkeypatch):
     assert log[:3] == ["fn", "fn", "sync-device"]
     # every timed call: barrier outside the events, then record / fn / record / wait
     assert log[3:] == ["barrier", "record", "fn", "record", "sync-event"] * 3
+
+
+def _fake_events(monkeypatch, durations, log):
+    clock = {"ms": 0.0}
+
+    class FakeEvent:
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+            self.t = None
+
+        def record(self):
+            self.t = clock["ms"]
+            log.append("record")
+
+        def synchronize(self):
+            log.append("sync-event")
+
+        def elapsed_time(self, other):
+            return other.t - self.t
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: log.append("sync-device"))
+    it = iter(durations)
+
+    def fn():
+        clock["ms"] += next(it)
+        log.append("fn")
+
+    return fn
+
+
+def test_steady_time_is_one_event_pair_around_back_to_back_calls(monkeypatch):
+    from megamoe.kernel.timing import cuda_steady_us
+
+    log = []
+    # one warm-up call, then two rounds of three calls: 1+2+3 ms and 3+3+3 ms
+    fn = _fake_events(monkeypatch, [9.0, 1.0, 2.0, 3.0, 3.0, 3.0, 3.0], log)
+    assert cuda_steady_us(fn, calls=3, rounds=2) == [2000.0, 3000.0]
+    assert log == ["fn"] + ["sync-device", "record", "fn", "fn", "fn", "record", "sync-event"] * 2
+    with pytest.raises(ValueError, match="calls and rounds"):
+        cuda_steady_us(fn, calls=0)
+
+
+def test_device_times_keep_only_the_named_cuda_kernels():
+    from types import SimpleNamespace as NS
+
+    from megamoe.kernel.timing import device_times_of
+
+    cuda, cpu = NS(name="CUDA"), NS(name="CPU")
+    events = [NS(name="void megamoe::megamoe_sm90_kernel<16, false>(megamoe::Sm90Args)", device_type=cuda, device_time_total=1139.4),
+              NS(name="vectorized_elementwise_kernel<FillFunctor<int>>", device_type=cuda, device_time_total=0.86),
+              NS(name="megamoe_sm90_launch", device_type=cpu, device_time_total=0.0),
+              NS(name="void megamoe::megamoe_sm90_kernel<16, false>(megamoe::Sm90Args)", device_type=cuda, device_time_total=1141.0)]
+    assert device_times_of(events, "megamoe_sm90_kernel") == [1139.4, 1141.0]
+    assert device_times_of(events, "no_such_kernel") == []

@@ -29,3 +29,68 @@ def cuda_times_us(fn, reps: int, warmup: int = 0, before_each=None) -> list[floa
         b.synchronize()
         times.append(a.elapsed_time(b) * 1e3)
     return times
+
+
+def cuda_steady_us(fn, calls: int, rounds: int = 1, warmup: int = 1) -> list[float]:
+    """Steady-state GPU time per call, in microseconds: one CUDA event pair around ``calls``
+    back-to-back calls, divided by ``calls``, for each of ``rounds`` rounds.
+
+    :func:`cuda_times_us` times one call from an idle GPU, so the host's work before the launch
+    (Python, argument checks, the launch itself) is inside its event pair: for the SM90 kernel
+    68 us at 1 token and ~100 us at 64 tokens on the H200 (benchmarks/NOTES_kernel.md,
+    fifteenth session). Back to back, the host enqueues the next call while the GPU runs this
+    one, so what is left is the GPU's time plus the gap between launches.
+
+    Raises:
+        ValueError: ``calls`` or ``rounds`` below 1.
+    """
+    import torch
+
+    if calls < 1 or rounds < 1:
+        raise ValueError(f"calls and rounds: expected >= 1, got {calls} and {rounds}")
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(calls):
+            fn()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b) * 1e3 / calls)
+    return out
+
+
+def kernel_durations_us(fn, calls: int, name_contains: str) -> list[float]:
+    """The GPU durations (microseconds) of the kernels whose name contains ``name_contains``
+    that ``calls`` calls of ``fn`` launch, from the CUDA activity records of ``torch.profiler``
+    (CUPTI timestamps of each kernel's start and end on the GPU): no host time, no launch gap.
+    Other kernels (e.g. a memset before the launch) are not counted.
+
+    Raises:
+        RuntimeError: no such kernel was recorded (a wrong name, or a torch without CUPTI).
+    """
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    times = device_times_of(prof.events(), name_contains)
+    if not times:
+        raise RuntimeError(f"kernel_durations_us: no CUDA kernel named like {name_contains!r} was recorded")
+    return times
+
+
+def device_times_of(events, name_contains: str) -> list[float]:
+    """Device durations (us) of the CUDA events (``torch.profiler`` ``FunctionEvent``s: ``name``,
+    ``device_type``, ``device_time_total``) whose name contains ``name_contains``, in recorded order."""
+    out = []
+    for e in events:
+        if getattr(getattr(e, "device_type", None), "name", "") == "CUDA" and name_contains in e.name:
+            out.append(float(e.device_time_total))
+    return out
