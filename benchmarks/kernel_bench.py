@@ -5,6 +5,13 @@ the same process: device copy bandwidth, FP8 GEMM rate, this kernel (checked aga
 reference at every token count), trace overhead, the unfused path (torch grouped GEMMs
 + separate SwiGLU/quant + gather/scatter) and FlagGems' Triton fused MoE with FP8 weights
 (``flag_gems`` importable; wheels carried to the device). Formulas: shared/anchors/README.md.
+
+Two times per implementation and token count: ``us``, one call from an idle GPU (CUDA events
+around the call: the host's work before the launch is inside), and ``us_steady``, back to
+back (one event pair around ``--steady-calls`` calls, divided; median of three rounds): the
+GPU's time per call when the host runs ahead, as in a serving loop. For this kernel also
+``us_kernel``, its own GPU duration (CUPTI, ``torch.profiler``). The trace overhead is
+measured on ``us_kernel`` (the issue's "kernel time"), traced and untraced calls alternating.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from megamoe.kernel import MegaMoEKernel, prepare_weights  # noqa: E402
 from megamoe.kernel.check import make_weights, make_inputs, reference_sm90, compare  # noqa: E402
-from megamoe.kernel.timing import cuda_times_us  # noqa: E402
+from megamoe.kernel.timing import cuda_steady_us, cuda_times_us, kernel_durations_us  # noqa: E402
 
 E, K, H, I = 256, 6, 4096, 2048
 
@@ -31,32 +38,54 @@ def time_fn(fn, reps=20, warmup=3):
     return statistics.median(ts), min(ts)
 
 
+STEADY_CALLS = 10
+
+
+def steady_fn(fn, calls=None):
+    """Median over three rounds of the back-to-back time per call (us)."""
+    return statistics.median(cuda_steady_us(fn, calls or STEADY_CALLS, rounds=3))
+
+
 def copy_bandwidth():
+    """(GB/s from one call, GB/s back to back): read + write of a 2 GiB device copy."""
     n = 2 << 30
     src = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
     dst = torch.empty_like(src)
-    med, _ = time_fn(lambda: dst.copy_(src), reps=10)
-    del src, dst
-    return 2 * n / (med * 1e-6) / 1e9  # GB/s, read + write
+    def copy():
+        dst.copy_(src)
+
+    med, _ = time_fn(copy, reps=10)
+    steady = steady_fn(copy)
+    return 2 * n / (med * 1e-6) / 1e9, 2 * n / (steady * 1e-6) / 1e9
 
 
 def fp8_gemm_rate():
+    """(TFLOP/s from one call, TFLOP/s back to back): an 8192^3 FP8 GEMM (torch._scaled_mm)."""
     n = 8192
     a = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn)
     b = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn).T
     one = torch.ones((), device="cuda")
-    med, _ = time_fn(lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16), reps=10)
-    return 2 * n ** 3 / (med * 1e-6) / 1e12
+
+    def mm():
+        torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16)
+
+    med, _ = time_fn(mm, reps=10)
+    steady = steady_fn(mm)
+    return 2 * n ** 3 / (med * 1e-6) / 1e12, 2 * n ** 3 / (steady * 1e-6) / 1e12
 
 
-def metrics(T, idx, us, weight_bytes_per_expert):
+def metrics(T, idx, us, weight_bytes_per_expert, us_steady=None):
     valid = idx[idx >= 0]
     recv = int(valid.numel())
     touched = int(torch.unique(valid).numel())
     flops = 2 * recv * H * I * 3
     hbm = touched * weight_bytes_per_expert + recv * H + 2 * recv * I + 2 * recv * H
-    return dict(tokens=T, recv=recv, touched_experts=touched, us=us, tflops=flops / (us * 1e-6) / 1e12,
-                hbm_gbs=hbm / (us * 1e-6) / 1e9)
+    out = dict(tokens=T, recv=recv, touched_experts=touched, us=us, tflops=flops / (us * 1e-6) / 1e12,
+               hbm_gbs=hbm / (us * 1e-6) / 1e9)
+    if us_steady is not None:
+        out.update(us_steady=us_steady, tflops_steady=flops / (us_steady * 1e-6) / 1e12,
+                   hbm_gbs_steady=hbm / (us_steady * 1e-6) / 1e9)
+    return out
 
 
 class Unfused:
@@ -143,16 +172,21 @@ def main():
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--no-flaggems", action="store_true", help="skip FlagGems' Triton fused MoE")
+    ap.add_argument("--steady-calls", type=int, default=STEADY_CALLS, help="back-to-back calls per round (default 10)")
     args = ap.parse_args()
+    if args.steady_calls < 1:
+        ap.error(f"steady-calls: expected an integer >= 1, got {args.steady_calls}")
+    globals()["STEADY_CALLS"] = args.steady_calls
     tokens = [int(t) for t in args.tokens.split(",")]
     res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, shape=dict(E=E, K=K, H=H, I=I),
                date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), rows=[])
     from megamoe.kernel.build import library_path
     res["build"] = library_path("sm_90a").parent.name  # the source hash the library is cached under
     print(f"kernel build {res['build']}", flush=True)
-    res["copy_gbs"] = copy_bandwidth()
-    res["fp8_gemm_tflops"] = fp8_gemm_rate()
-    print(f"copy {res['copy_gbs']:.0f} GB/s, FP8 GEMM {res['fp8_gemm_tflops']:.0f} TFLOP/s", flush=True)
+    res["copy_gbs"], res["copy_gbs_steady"] = copy_bandwidth()
+    res["fp8_gemm_tflops"], res["fp8_gemm_tflops_steady"] = fp8_gemm_rate()
+    print(f"copy {res['copy_gbs']:.0f} GB/s ({res['copy_gbs_steady']:.0f} back to back), FP8 GEMM "
+          f"{res['fp8_gemm_tflops']:.0f} TFLOP/s ({res['fp8_gemm_tflops_steady']:.0f})", flush=True)
     w = make_weights(E, H, I, "cuda", seed=11)
     kern = MegaMoEKernel(E, K, H, I, max(tokens), prepare_weights(*w))
     peer = None if args.no_peer else Unfused()
@@ -175,23 +209,29 @@ def main():
         ref = reference_sm90(x, xs, idx, tw, *w)
         c = compare(y, ref)
         des = kern.last_design
-        med, best = time_fn(lambda: kern(x, xs, idx, tw), reps=args.reps)
+        call = (x, xs, idx, tw)
+        med, best = time_fn(lambda a=call: kern(*a), reps=args.reps)
+        steady = steady_fn(lambda a=call: kern(*a))
+        us_kernel = statistics.median(kernel_durations_us(lambda a=call: kern(*a), 10, "megamoe_sm90_kernel"))
         kern.check()
-        row = dict(impl="megamoe_sm90", **metrics(T, idx, med, wb_fp4), us_min=best, check=c,
-                   design=des.as_dict())
+        row = dict(impl="megamoe_sm90", **metrics(T, idx, med, wb_fp4, steady), us_min=best, us_kernel=us_kernel,
+                   check=c, design=des.as_dict())
         res["rows"].append(row)
         print(f"megamoe  T={T:5d} {med:9.1f} us {row['tflops']:7.1f} TFLOP/s {row['hbm_gbs']:7.0f} GB/s "
-              f"relL2={c['rel_l2']:.2e} off={c['frac_off_1pct']:.1e} bm={des.block_m} st={des.num_stages} "
-              f"epw={des.experts_per_wave}", flush=True)
+              f"| back to back {steady:9.1f} us {row['tflops_steady']:7.1f} TFLOP/s {row['hbm_gbs_steady']:7.0f} GB/s "
+              f"| kernel {us_kernel:9.1f} us | relL2={c['rel_l2']:.2e} off={c['frac_off_1pct']:.1e} bm={des.block_m} "
+              f"st={des.num_stages} epw={des.experts_per_wave}", flush=True)
         Path(args.out).write_text(json.dumps(res, indent=1))
         if peer is not None:
             try:
                 xf8 = x.view(torch.float8_e4m3fn)
-                med_p, best_p = time_fn(lambda: peer(xf8, idx, tw), reps=max(5, args.reps // 2))
-                rp = dict(impl="torch_unfused_scaled_grouped_mm_fp8", **metrics(T, idx, med_p, wb_fp8), us_min=best_p)
+                pcall = (xf8, idx, tw)
+                med_p, best_p = time_fn(lambda a=pcall: peer(*a), reps=max(5, args.reps // 2))
+                st_p = steady_fn(lambda a=pcall: peer(*a))
+                rp = dict(impl="torch_unfused_scaled_grouped_mm_fp8", **metrics(T, idx, med_p, wb_fp8, st_p), us_min=best_p)
                 res["rows"].append(rp)
-                print(f"unfused  T={T:5d} {med_p:9.1f} us {rp['tflops']:7.1f} TFLOP/s {rp['hbm_gbs']:7.0f} GB/s",
-                      flush=True)
+                print(f"unfused  T={T:5d} {med_p:9.1f} us {rp['tflops']:7.1f} TFLOP/s {rp['hbm_gbs']:7.0f} GB/s "
+                      f"| back to back {st_p:9.1f} us", flush=True)
                 Path(args.out).write_text(json.dumps(res, indent=1))
             except Exception as e:  # noqa: BLE001
                 print(f"unfused T={T}: failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
@@ -205,10 +245,12 @@ def main():
                     row_fg["check_rel_l2_vs_fp32"] = float((yf - yr).norm() / yr.norm())
                     fg_checked = True
                 med_f, best_f = time_fn(lambda a=(xb, idx, tw): fg(*a), reps=max(5, args.reps // 2))
-                rf = dict(impl="flaggems_fused_experts_fp8_w8a8_block128", **metrics(T, idx, med_f, wb_fp8),
+                st_f = steady_fn(lambda a=(xb, idx, tw): fg(*a))
+                rf = dict(impl="flaggems_fused_experts_fp8_w8a8_block128", **metrics(T, idx, med_f, wb_fp8, st_f),
                           us_min=best_f, **row_fg)
                 res["rows"].append(rf)
-                print(f"flaggems T={T:5d} {med_f:9.1f} us {rf['tflops']:7.1f} TFLOP/s {rf['hbm_gbs']:7.0f} GB/s"
+                print(f"flaggems T={T:5d} {med_f:9.1f} us {rf['tflops']:7.1f} TFLOP/s {rf['hbm_gbs']:7.0f} GB/s "
+                      f"| back to back {st_f:9.1f} us"
                       + (f" relL2 vs fp32 {row_fg['check_rel_l2_vs_fp32']:.2e}" if row_fg else ""), flush=True)
                 Path(args.out).write_text(json.dumps(res, indent=1))
             except Exception as e:  # noqa: BLE001
@@ -217,16 +259,28 @@ def main():
     # trace overhead and clock resolution at one size
     Tt = 4096 if 4096 in tokens else tokens[-1]
     x, xs, idx, tw = make_inputs(Tt, E, K, H, "cuda", seed=7)
-    # records written on the GPU, decoded after the timed launches: a clean A/B of the kernel
-    off, _ = time_fn(lambda: kern(x, xs, idx, tw), reps=args.reps)
-    on, _ = time_fn(lambda: kern(x, xs, idx, tw, trace="device"), reps=args.reps)
+    # records written on the GPU, decoded after the timed launches: the kernel's own GPU
+    # duration (CUPTI), traced and untraced calls alternating (six rounds of five each)
+    def traced():
+        kern(x, xs, idx, tw, trace="device")
+
+    rounds = []
+    for r in range(6):
+        pair = {}
+        for name, fn in ((("off", lambda: kern(x, xs, idx, tw)), ("on", traced))[::1 if r % 2 == 0 else -1]):
+            pair[name] = statistics.median(kernel_durations_us(fn, 5, "megamoe_sm90_kernel"))
+        rounds.append(pair)
+    off = statistics.median(p["off"] for p in rounds)
+    on = statistics.median(p["on"] for p in rounds)
+    overhead = statistics.median(p["on"] / p["off"] - 1 for p in rounds)
     recs = kern.fetch_trace()
     ts = sorted({r["t_start_ns"] for r in recs} | {r["t_end_ns"] for r in recs})
     diffs = [b - a for a, b in zip(ts, ts[1:]) if b > a]
-    res["trace"] = dict(tokens=Tt, us_off=off, us_on=on, overhead=on / off - 1, records=len(recs),
+    res["trace"] = dict(tokens=Tt, us_off=off, us_on=on, overhead=overhead, timing="kernel (CUPTI), paired rounds",
+                        rounds=rounds, records=len(recs),
                         min_timestamp_step_ns=min(diffs) if diffs else None,
                         dropped=kern.last_trace_dropped)
-    print(f"trace T={Tt}: off {off:.1f} us, on {on:.1f} us ({100 * (on / off - 1):+.2f}%), {len(recs)} records, "
+    print(f"trace T={Tt}: kernel off {off:.1f} us, on {on:.1f} us ({100 * overhead:+.2f}%), {len(recs)} records, "
           f"min step {res['trace']['min_timestamp_step_ns']} ns", flush=True)
     Path(args.out).write_text(json.dumps(res, indent=1))
     try:

@@ -328,10 +328,13 @@ def test_ncu_summary_finds_the_k_loop_and_counts_its_stalls(tmp_path):
                                          (["--old-stages", "48:7"], "old-stages"),
                                          (["--old-stages", "16:4,16:5"], "old-stages"),  # block_m twice
                                          (["64,x"], "tokens"), (["64", "1"], "rounds"),
+                                         (["--new-fault", "1"], "new-fault"),  # the timeout test's bit
+                                         (["--new-fault", "-2"], "new-fault"),
                                          ([], "device|old_lib")])  # no GPU here, or an empty library file
 def test_ab_interleaved_rejects_bad_arguments_before_any_gpu_work(tmp_path, extra, field):
-    """benchmarks/device/ab_interleaved.py: a bad token list, round count or per-block_m stage
-    map is a one-line argparse error (exit 2) naming the field, before any CUDA set-up."""
+    """benchmarks/device/ab_interleaved.py: a bad token list, round count, per-block_m stage
+    map or fault-bit set is a one-line argparse error (exit 2) naming the field, before any
+    CUDA set-up."""
     lib = tmp_path / "old.so"
     lib.write_bytes(b"")
     p = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "benchmarks" / "device" /

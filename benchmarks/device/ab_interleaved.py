@@ -4,7 +4,10 @@ This tree's build against another library file (e.g. an older commit's build car
 ``out/ab_old/build/kernel/<hash>/libmegamoe_sm90.so``). Same weights and inputs for both,
 V4-Flash shape, EP1. The calls alternate in rounds, in ABBA order, so that a clock drift
 between rounds cancels. (Sequential runs of one call differed by up to 12% at 64 tokens in
-the thirteenth session: benchmarks/NOTES_kernel.md.)
+the thirteenth session: benchmarks/NOTES_kernel.md.) Each build's time in a round is its
+steady-state time per call: five calls back to back between one event pair
+(``cuda_steady_us``), so the host's work before each launch is not in it (until the fifteenth
+session: the median of five single calls from an idle GPU, which include 68-123 us of it).
 
 Per token count it reports: the median over rounds of the per-round ratio new / old (a
 paired measure), its range, each build's median time, and whether the outputs are bitwise
@@ -13,8 +16,12 @@ this tree's design numbers, except for the stage counts that ``--old-stages`` gi
 block_m (for an old build whose stages have another size: its launcher computes its own
 shared memory from them).
 
+``--new-fault BITS`` launches this tree's build with ``fault_inject`` bits set (timing
+experiments that switch off a part of the kernel: its outputs are wrong, only the ratio
+counts). With this tree's own library as OLD_LIB it measures what that part costs.
+
 Usage: python benchmarks/device/ab_interleaved.py OLD_LIB OUT.json [tokens, default
-64,1024,4096,8192] [rounds, default 12] [--old-stages 16:16,32:15,64:11,128:7]
+64,1024,4096,8192] [rounds, default 12] [--old-stages 16:16,32:15,64:11,128:7] [--new-fault BITS]
 """
 import argparse
 import json
@@ -29,7 +36,7 @@ from megamoe import design_sm90
 from megamoe.kernel import KernelError, MegaMoEKernel, cuda_available, prepare_weights
 from megamoe.kernel.check import make_inputs, make_weights
 from megamoe.kernel.runtime import load_library_file
-from megamoe.kernel.timing import cuda_times_us
+from megamoe.kernel.timing import cuda_steady_us
 
 E, K, H, I = 256, 6, 4096, 2048
 
@@ -42,6 +49,8 @@ def main() -> int:
     ap.add_argument("rounds", nargs="?", type=int, default=12, help="ABBA rounds (default 12)")
     ap.add_argument("--old-stages", default="", metavar="BM:S,...",
                     help="the old build's stage count per block_m (default: this tree's design)")
+    ap.add_argument("--new-fault", type=int, default=0, metavar="BITS",
+                    help="fault_inject bits for this tree's build (timing experiments; default 0)")
     a = ap.parse_args()
     try:
         tokens = [int(t) for t in a.tokens.split(",")]
@@ -51,6 +60,8 @@ def main() -> int:
         ap.error(f"tokens: expected comma-separated integers >= 1, got {a.tokens!r}")
     if a.rounds < 2:
         ap.error(f"rounds: expected an integer >= 2, got {a.rounds}")
+    if a.new_fault < 0 or a.new_fault & 1:
+        ap.error(f"new-fault: expected timing bits >= 0 without bit 1 (the timeout test), got {a.new_fault}")
     if not a.old_lib.is_file():
         ap.error(f"old_lib: expected a built library file, got {str(a.old_lib)!r}")
     if not a.out.parent.is_dir():
@@ -76,6 +87,7 @@ def main() -> int:
         ap.error(f"old_lib: expected a loadable SM90 kernel library, got {old_lib!r} ({e})")
     w = prepare_weights(*make_weights(E, H, I, "cuda", seed=11))
     new = MegaMoEKernel(E, K, H, I, max(tokens), w)
+    new.fault_inject = a.new_fault
     olds = {}  # block_m -> the old build's kernel object (its own stage count)
 
     def old_for(bm):
@@ -84,7 +96,7 @@ def main() -> int:
             olds[bm].lib = lib
         return olds[bm]
 
-    res = {"old_lib": old_lib, "rounds": rounds, "old_stages": old_stages, "tokens": {}}
+    res = {"old_lib": old_lib, "rounds": rounds, "old_stages": old_stages, "new_fault": a.new_fault, "tokens": {}}
     for T in tokens:
         args = make_inputs(T, E, K, H, "cuda", seed=3)
         ys = [new(*args).clone()]  # warm-up, outputs
@@ -96,7 +108,7 @@ def main() -> int:
         for r in range(rounds):
             order = (("new", new), ("old", old)) if r % 2 == 0 else (("old", old), ("new", new))
             for name, k in order:
-                times[name].append(statistics.median(cuda_times_us(lambda k=k, a=args: k(*a), 5, 1)))
+                times[name].append(cuda_steady_us(lambda k=k, a=args: k(*a), 5, rounds=1)[0])
             new.check()
             old.check()
         ratios = [a / b for a, b in zip(times["new"], times["old"])]

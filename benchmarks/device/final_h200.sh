@@ -16,7 +16,7 @@ python3 -c "import megamoe.kernel as k; print(k.build().path)" > $W/build.log 2>
 . benchmarks/device/ep1_checks.sh  # EP1 suite, one-GPU EP tests, three sanitizers
 OUT=$W timeout 120 python3 benchmarks/device/traces.py > $W/traces.log 2>&1; stamp "EP1 traces rc=$?"
 timeout 60 python3 benchmarks/device/profile_stages.py $W/profile_stages.json > $W/profile.log 2>&1; stamp "profile rc=$?"
-timeout 300 python3 benchmarks/kernel_bench.py --reps 10 --out $W/kernel_bench.json > $W/bench.log 2>&1; stamp "bench rc=$?"; grep -E "^(megamoe|unfused|copy|fp8|trace)" $W/bench.log
+timeout 300 python3 benchmarks/kernel_bench.py --reps 10 --out $W/kernel_bench.json > $W/bench.log 2>&1; stamp "bench rc=$?"; grep -E "^(megamoe|unfused|flaggems|copy|fp8|trace)" $W/bench.log
 OUT=$W timeout 80 python3 benchmarks/device/plan_choices.py > $W/plan_choices.log 2>&1; stamp "plan choices rc=$?"
 timeout 90 python3 benchmarks/device/trace_overhead.py $W/trace_overhead.json > $W/trace_overhead.log 2>&1; stamp "trace overhead rc=$?"; cat $W/trace_overhead.log
 timeout 60 python3 benchmarks/device/variants.py $W/variants.json 64,4096 > $W/variants.log 2>&1; stamp "variants rc=$?"; cat $W/variants.log

@@ -1,6 +1,10 @@
 """Trace overhead of the SM90 kernel (issue 5 target: below 3% of kernel time): V4-Flash shape,
-64 / 4096 / 8192 tokens, six rounds of five untraced then five traced calls (CUDA events),
-the median of each round's ratio. Usage (GPU): python benchmarks/device/trace_overhead.py OUT.json"""
+64 / 4096 / 8192 tokens. The kernel's own GPU duration (CUPTI, ``torch.profiler``: no host time,
+no launch gap) of five untraced and five traced calls per round, the two alternating in ABBA
+order over eight rounds; the overhead is the median of the per-round ratios. (Until the
+fifteenth session this script timed one call from an idle GPU with CUDA events, which puts
+68-123 us of host work and launch latency in every time: benchmarks/NOTES_kernel.md.)
+Usage (GPU): python benchmarks/device/trace_overhead.py OUT.json"""
 import json
 import statistics
 import sys
@@ -10,7 +14,7 @@ import torch
 
 from megamoe.kernel import MegaMoEKernel, prepare_weights
 from megamoe.kernel.check import make_inputs, make_weights
-from megamoe.kernel.timing import cuda_times_us
+from megamoe.kernel.timing import kernel_durations_us
 
 E, K, H, I = 256, 6, 4096, 2048
 w = make_weights(E, H, I, "cuda", seed=11)
@@ -22,14 +26,22 @@ for T in (64, 4096, 8192):
     k(*args, trace="device")
     k.fetch_trace()
     torch.cuda.synchronize()
+
+    def off(a=args):
+        k(*a)
+
+    def on(a=args):
+        k(*a, trace="device")
+
     rows = []
-    for _ in range(6):
-        off = statistics.median(cuda_times_us(lambda a=args: k(*a), 5, 1))
-        on = statistics.median(cuda_times_us(lambda a=args: k(*a, trace="device"), 5, 1))
-        rows.append((off, on, on / off - 1))
-    k.fetch_trace()
+    for r in range(8):
+        t = {}
+        for name, fn in ((("off", off), ("on", on)) if r % 2 == 0 else (("on", on), ("off", off))):
+            t[name] = statistics.median(kernel_durations_us(fn, 5, "megamoe_sm90_kernel"))
+        k.fetch_trace()
+        rows.append((t["off"], t["on"], t["on"] / t["off"] - 1))
     ov = [r[2] for r in rows]
-    out[T] = {"rounds": rows, "median_overhead": statistics.median(ov)}
+    out[T] = {"timing": "kernel (CUPTI), paired ABBA rounds", "rounds": rows, "median_overhead": statistics.median(ov)}
     print(f"T={T}: " + "  ".join(f"{a:.0f}/{b:.0f} ({100 * c:+.2f}%)" for a, b, c in rows)
           + f"  median {100 * statistics.median(ov):+.2f}%", flush=True)
 with open(sys.argv[1], "w") as f:

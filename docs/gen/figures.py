@@ -869,17 +869,25 @@ class Gen:
             variants = [i for i in impls if i != ours and i.startswith(ours)]  # e.g. the CUDA-graph replay
             base = [i for i in impls if i != ours and i not in variants]
             ranks = int(d.get("ranks", 1))
+            steady = any("us_steady" in r for r in d["rows"])  # back-to-back times (fifteenth session on)
             sim_ok = True
             rows = []
             for T in sorted(by):
                 r = by[T].get(ours, {})
                 row = [T, f"{r.get('us', float('nan')):.1f}", f"{r.get('tflops', float('nan')):.1f}"]
+                if steady:
+                    row += [f"{r['us_steady']:.1f}" if "us_steady" in r else "-",
+                            f"{r['us_kernel']:.1f}" if "us_kernel" in r else "-"]
                 for v in variants:
                     vu = by[T].get(v, {}).get("us")
                     row.append(f"{vu:.1f}" if vu else "-")
                 for b in base:
                     bu = by[T].get(b, {}).get("us")
                     row += [f"{bu:.1f}" if bu else "-", f"{bu / r['us']:.2f}x" if bu and r.get("us") else "-"]
+                    if steady:
+                        bs = by[T].get(b, {}).get("us_steady")
+                        row += [f"{bs:.1f}" if bs else "-",
+                                f"{bs / r['us_steady']:.2f}x" if bs and r.get("us_steady") else "-"]
                 chk = r.get("check") or {}
                 row.append(f"{chk['rel_l2']:.1e}" if "rel_l2" in chk else "-")
                 if sim_ok:
@@ -894,24 +902,38 @@ class Gen:
                 else:
                     row.append("-")
                 rows.append(row)
-            head = ["tokens", f"`{ours}` (us)", "TFLOPS"] + [f"`{v}` (us)" for v in variants]
+            head = ["tokens", f"`{ours}` (us)", "TFLOPS"]
+            if steady:
+                head += ["back to back (us)", "kernel alone (us)"]
+            head += [f"`{v}` (us)" for v in variants]
             for b in base:
                 head += [f"`{b}` (us)", "its time / ours (>1: ours faster)"]
+                if steady:
+                    head += ["back to back (us)", "its / ours, back to back"]
             head += ["rel. L2 error vs reference", "simulator, `megamoe-sm90` on `h200` (us)"]
             meta = ", ".join(f"{k} {d[k]}" for k in ("device", "torch", "date") if k in d)
             meta += f", kernel build `{d['build']}`" if "build" in d else ", kernel build not recorded in the file"
             extra = []
             if "copy_gbs" in d:
-                extra.append(f"measured copy bandwidth {d['copy_gbs']:.0f} GB/s")
+                extra.append(f"measured copy bandwidth {d['copy_gbs']:.0f} GB/s"
+                             + (f" ({d['copy_gbs_steady']:.0f} back to back)" if "copy_gbs_steady" in d else ""))
             if "fp8_gemm_tflops" in d:
-                extra.append(f"measured FP8 GEMM {d['fp8_gemm_tflops']:.0f} TFLOP/s")
+                extra.append(f"measured FP8 GEMM {d['fp8_gemm_tflops']:.0f} TFLOP/s"
+                             + (f" ({d['fp8_gemm_tflops_steady']:.0f} back to back)" if "fp8_gemm_tflops_steady" in d else ""))
+            how = (" Times per call: one call from an idle GPU (CUDA events around it, so the host's work before "
+                   "the launch is inside), back to back (one event pair around ten calls, divided: the GPU's time "
+                   "per call while the host runs ahead) and, for this kernel, its own GPU duration (CUPTI)."
+                   if steady else "")
             out.append(f"**`{f}`** ({meta}; shape E={sh.get('E')}, k={sh.get('K')}, H={sh.get('H')}, I={sh.get('I')}, "
-                       f"EP{ranks}{'; ' + ', '.join(extra) if extra else ''}):\n\n" + _md_table(head, rows))
+                       f"EP{ranks}{'; ' + ', '.join(extra) if extra else ''}).{how}\n\n" + _md_table(head, rows))
             # figure: time vs tokens
             fig, ax = plt.subplots(figsize=(7.5, 3.4))
             Ts = sorted(by)
             ax.plot(Ts, [by[T].get(ours, {}).get("us", np.nan) for T in Ts], "o-", label=f"{ours} (measured)",
                     color="#e15759")
+            if steady:
+                ax.plot(Ts, [by[T].get(ours, {}).get("us_steady", np.nan) for T in Ts], "o:",
+                        label=f"{ours} (measured, back to back)", color="#e15759")
             for b, c in zip(base, ("#4e79a7", "#59a14f")):
                 ax.plot(Ts, [by[T].get(b, {}).get("us", np.nan) for T in Ts], "s-", label=f"{b} (measured)", color=c)
             if sim_ok:
@@ -983,13 +1005,33 @@ class Gen:
                          "at fewer stages, median of the per-round ratios): " +
                          ", ".join(f"{v['median']:.3f} at {t} tokens ({v['stages_default']} vs {v['stages_fewer']} "
                                    "stages)" for t, v in depth.items()) + ".") if depth else ""
+            probes = []
+            fb = d.get("fault_bit_probe") or {}
+            if fb.get("ratio"):
+                probes.append("Parts switched off by fault bits in one probe build (its time without the part over "
+                              "its time with it, median of the per-round ratios):\n\n" + _md_table(
+                                  ["part switched off", *(f"{t} tokens" for t in tokens)],
+                                  [[name, *(f"{v[t]['median']:.3f}" if t in v else "-" for t in tokens)]
+                                   for name, v in fb["ratio"].items()], "l" + "r" * len(tokens))
+                              + f"\n\n{fb.get('conclusion', '')}")
+            tp = d.get("trace_parts") or {}
+            if tp.get("tokens"):
+                ts = list(tp["tokens"])
+                names = list(next(iter(tp["tokens"].values())))
+                probes.append("Trace overhead in kernel time (CUPTI durations) with one role's records switched "
+                              "off:\n\n" + _md_table(["records written", *(f"{t} tokens" for t in ts)],
+                                                     [[n, *(f"{100 * tp['tokens'][t][n]['overhead']:+.2f}%" for t in ts)]
+                                                      for n in names if n != "off"], "l" + "r" * len(ts))
+                              + f"\n\n{tp.get('conclusion', '')}")
+            probes_txt = "".join(f"\n\n{x}" for x in probes)
             out.append(f"From `{f.relative_to(ROOT)}` ({d.get('device', '')}, {d.get('date', '')}); a ratio "
                        "above 1 is slower, several ratios are several variants; \"-\" where the experiment "
                        "has no interleaved A/B against v7.2 at that size (where a row measured something "
                        "else, v7.2's own plan choices or a probe build, its text gives the numbers); "
                        "\"interleaved\": both builds in one process, calls alternating "
                        "(`benchmarks/device/ab_interleaved.py`), the "
-                       f"median of the per-round ratios.{aa_txt}\n\n" + _md_table(head, rows, "llrrrrl") + depth_txt)
+                       f"median of the per-round ratios.{aa_txt}\n\n" + _md_table(head, rows, "llrrrrl") + depth_txt
+                       + probes_txt)
         self.snippets["kernel_experiments"] = "\n".join(out) if out else "No experiment file is committed."
 
     def hardware_table(self) -> None:
