@@ -115,6 +115,21 @@ def test_kernel_experiment_ratios_follow_the_committed_runs(site: Path, session,
     assert cells[4].endswith(f">{median:.2f} (interleaved)"), cells
 
 
+def test_kernel_table_has_the_back_to_back_times_of_the_committed_run(site: Path):
+    """The kernel page's EP1 table: at 64 tokens, this kernel's back-to-back and kernel-alone
+    times, and FlagGems' back-to-back time over ours, recomputed from the JSON rows."""
+    d = json.loads((ROOT / "benchmarks/results/kernel_h200_ep1_wgmma.json").read_text())
+    rows = {r["impl"]: r for r in d["rows"] if r["tokens"] == 64}
+    ours, fg = rows["megamoe_sm90"], rows["flaggems_fused_experts_fp8_w8a8_block128"]
+    page = (site / "kernel/index.html").read_text()
+    table = next(t for t in page.split("<table>") if "kernel_h200_ep1_wgmma" in page and "back to back" in t
+                 and "flaggems" in t)
+    tr = next(ln for ln in table.split("<tr>") if ln.split("<td")[1:2] and ">64</td>" in ln.split("<td")[1])
+    cells = [c.split(">", 1)[1].split("</td>")[0] for c in tr.split("<td")[1:]]
+    assert cells[3] == f"{ours['us_steady']:.1f}" and cells[4] == f"{ours['us_kernel']:.1f}", cells
+    assert cells[7] == f"{fg['us_steady']:.1f}" and cells[8] == f"{fg['us_steady'] / ours['us_steady']:.2f}x", cells
+
+
 class _Quiet(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *a):
         pass
