@@ -37,7 +37,7 @@ from megamoe.kernel.build import library_path
 from megamoe.kernel.check import make_inputs, make_weights  # noqa: E402
 from megamoe.kernel.ep import MegaMoEKernelEP, p2p_bandwidth  # noqa: E402
 from megamoe.kernel.runtime import prepare_weights  # noqa: E402
-from megamoe.kernel.timing import cuda_times_us  # noqa: E402
+from megamoe.kernel.timing import cuda_steady_us, cuda_times_us  # noqa: E402
 
 E, K, H, I = 256, 6, 4096, 2048
 
@@ -50,16 +50,7 @@ def time_fn(fn, reps, warmup=1):
 def back_to_back_us(fn, reps):
     """Mean time per call of ``reps`` calls issued back to back after one barrier (events
     around the whole run): the host's work per call hides behind the GPU's when it is shorter."""
-    fn()
-    torch.cuda.synchronize()
-    dist.barrier()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(reps):
-        fn()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) * 1e3 / reps
+    return cuda_steady_us(fn, reps, rounds=1, warmup=1, before_each=dist.barrier)[0]
 
 
 def host_us(fn, reps):

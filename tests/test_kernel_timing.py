@@ -8,32 +8,8 @@ from megamoe.kernel.timing import cuda_times_us  # noqa: E402
 
 
 def test_times_come_from_the_event_pair_around_each_call(monkeypatch):
-    clock = {"ms": 0.0}
     log = []
-
-    class FakeEvent:
-        def __init__(self, enable_timing=False):
-            assert enable_timing
-            self.t = None
-
-        def record(self):
-            self.t = clock["ms"]
-            log.append("record")
-
-        def synchronize(self):
-            log.append("sync-event")
-
-        def elapsed_time(self, other):
-            return other.t - self.t
-
-    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: log.append("sync-device"))
-    durations = iter([0.5, 0.5, 1.0, 2.0, 3.0])  # ms: two warm-up calls, then three timed
-
-    def fn():
-        clock["ms"] += next(durations)
-        log.append("fn")
-
+    fn = _fake_events(monkeypatch, [0.5, 0.5, 1.0, 2.0, 3.0], log)  # ms: two warm-up calls, then three timed
     times = cuda_times_us(fn, reps=3, warmup=2, before_each=lambda: log.append("barrier"))
     assert times == [1000.0, 2000.0, 3000.0]
     assert log[:3] == ["fn", "fn", "sync-device"]
@@ -76,8 +52,9 @@ def test_steady_time_is_one_event_pair_around_back_to_back_calls(monkeypatch):
     log = []
     # one warm-up call, then two rounds of three calls: 1+2+3 ms and 3+3+3 ms
     fn = _fake_events(monkeypatch, [9.0, 1.0, 2.0, 3.0, 3.0, 3.0, 3.0], log)
-    assert cuda_steady_us(fn, calls=3, rounds=2) == [2000.0, 3000.0]
-    assert log == ["fn"] + ["sync-device", "record", "fn", "fn", "fn", "record", "sync-event"] * 2
+    assert cuda_steady_us(fn, calls=3, rounds=2, before_each=lambda: log.append("barrier")) == [2000.0, 3000.0]
+    # every round: device sync and barrier outside the events, then the calls between one pair
+    assert log == ["fn"] + ["sync-device", "barrier", "record", "fn", "fn", "fn", "record", "sync-event"] * 2
     with pytest.raises(ValueError, match="calls and rounds"):
         cuda_steady_us(fn, calls=0)
 

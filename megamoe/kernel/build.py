@@ -319,17 +319,7 @@ _SASS_LINE = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[0-9T]\s+)?([A-Z][A-
 
 def sass_functions(sass: str) -> dict[str, list[str]]:
     """Opcode (with modifiers) sequence per kernel function of a ``cuobjdump -sass`` listing."""
-    out: dict[str, list[str]] = {}
-    cur = None
-    for line in sass.splitlines():
-        m = re.search(r"Function : (\S+)", line)
-        if m:
-            cur = out.setdefault(m.group(1), [])
-            continue
-        m = _SASS_LINE.match(line)
-        if m and cur is not None:
-            cur.append(m.group(1))
-    return out
+    return {fn: [op for _, op, _ in ins] for fn, ins in _sass_instructions(sass).items()}
 
 
 _SASS_ADDR = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/")

@@ -31,7 +31,7 @@ def cuda_times_us(fn, reps: int, warmup: int = 0, before_each=None) -> list[floa
     return times
 
 
-def cuda_steady_us(fn, calls: int, rounds: int = 1, warmup: int = 1) -> list[float]:
+def cuda_steady_us(fn, calls: int, rounds: int = 1, warmup: int = 1, before_each=None) -> list[float]:
     """Steady-state GPU time per call, in microseconds: one CUDA event pair around ``calls``
     back-to-back calls, divided by ``calls``, for each of ``rounds`` rounds.
 
@@ -40,6 +40,9 @@ def cuda_steady_us(fn, calls: int, rounds: int = 1, warmup: int = 1) -> list[flo
     68 us at 1 token and ~100 us at 64 tokens on the H200 (benchmarks/NOTES_kernel.md,
     fifteenth session). Back to back, the host enqueues the next call while the GPU runs this
     one, so what is left is the GPU's time plus the gap between launches.
+
+    ``before_each`` is called before every round, after the device is synchronized and outside
+    the events (e.g. ``torch.distributed.barrier`` so that all ranks start together).
 
     Raises:
         ValueError: ``calls`` or ``rounds`` below 1.
@@ -53,6 +56,8 @@ def cuda_steady_us(fn, calls: int, rounds: int = 1, warmup: int = 1) -> list[flo
     out = []
     for _ in range(rounds):
         torch.cuda.synchronize()
+        if before_each is not None:
+            before_each()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         for _ in range(calls):
