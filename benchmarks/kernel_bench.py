@@ -38,28 +38,26 @@ def time_fn(fn, reps=20, warmup=3):
     return statistics.median(ts), min(ts)
 
 
-STEADY_CALLS = 10
+def steady_fn(fn, calls):
+    """Median over three rounds of the back-to-back time per call (us), ``calls`` per round."""
+    return statistics.median(cuda_steady_us(fn, calls, rounds=3))
 
 
-def steady_fn(fn, calls=None):
-    """Median over three rounds of the back-to-back time per call (us)."""
-    return statistics.median(cuda_steady_us(fn, calls or STEADY_CALLS, rounds=3))
-
-
-def copy_bandwidth():
+def copy_bandwidth(calls):
     """(GB/s from one call, GB/s back to back): read + write of a 2 GiB device copy."""
     n = 2 << 30
     src = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
     dst = torch.empty_like(src)
+
     def copy():
         dst.copy_(src)
 
     med, _ = time_fn(copy, reps=10)
-    steady = steady_fn(copy)
+    steady = steady_fn(copy, calls)
     return 2 * n / (med * 1e-6) / 1e9, 2 * n / (steady * 1e-6) / 1e9
 
 
-def fp8_gemm_rate():
+def fp8_gemm_rate(calls):
     """(TFLOP/s from one call, TFLOP/s back to back): an 8192^3 FP8 GEMM (torch._scaled_mm)."""
     n = 8192
     a = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn)
@@ -70,7 +68,7 @@ def fp8_gemm_rate():
         torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16)
 
     med, _ = time_fn(mm, reps=10)
-    steady = steady_fn(mm)
+    steady = steady_fn(mm, calls)
     return 2 * n ** 3 / (med * 1e-6) / 1e12, 2 * n ** 3 / (steady * 1e-6) / 1e12
 
 
@@ -172,19 +170,22 @@ def main():
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--no-flaggems", action="store_true", help="skip FlagGems' Triton fused MoE")
-    ap.add_argument("--steady-calls", type=int, default=STEADY_CALLS, help="back-to-back calls per round (default 10)")
+    ap.add_argument("--steady-calls", type=int, default=10, help="back-to-back calls per round (default 10)")
     args = ap.parse_args()
     if args.steady_calls < 1:
         ap.error(f"steady-calls: expected an integer >= 1, got {args.steady_calls}")
-    globals()["STEADY_CALLS"] = args.steady_calls
+    calls = args.steady_calls
+    from megamoe.kernel import cuda_available
+    if not cuda_available():
+        ap.error("device: expected a CUDA GPU with sm_90 or newer, got none")
     tokens = [int(t) for t in args.tokens.split(",")]
     res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, shape=dict(E=E, K=K, H=H, I=I),
                date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), rows=[])
     from megamoe.kernel.build import library_path
     res["build"] = library_path("sm_90a").parent.name  # the source hash the library is cached under
     print(f"kernel build {res['build']}", flush=True)
-    res["copy_gbs"], res["copy_gbs_steady"] = copy_bandwidth()
-    res["fp8_gemm_tflops"], res["fp8_gemm_tflops_steady"] = fp8_gemm_rate()
+    res["copy_gbs"], res["copy_gbs_steady"] = copy_bandwidth(calls)
+    res["fp8_gemm_tflops"], res["fp8_gemm_tflops_steady"] = fp8_gemm_rate(calls)
     print(f"copy {res['copy_gbs']:.0f} GB/s ({res['copy_gbs_steady']:.0f} back to back), FP8 GEMM "
           f"{res['fp8_gemm_tflops']:.0f} TFLOP/s ({res['fp8_gemm_tflops_steady']:.0f})", flush=True)
     w = make_weights(E, H, I, "cuda", seed=11)
@@ -211,7 +212,7 @@ def main():
         des = kern.last_design
         call = (x, xs, idx, tw)
         med, best = time_fn(lambda a=call: kern(*a), reps=args.reps)
-        steady = steady_fn(lambda a=call: kern(*a))
+        steady = steady_fn(lambda a=call: kern(*a), calls)
         us_kernel = statistics.median(kernel_durations_us(lambda a=call: kern(*a), 10, "megamoe_sm90_kernel"))
         kern.check()
         row = dict(impl="megamoe_sm90", **metrics(T, idx, med, wb_fp4, steady), us_min=best, us_kernel=us_kernel,
@@ -227,7 +228,7 @@ def main():
                 xf8 = x.view(torch.float8_e4m3fn)
                 pcall = (xf8, idx, tw)
                 med_p, best_p = time_fn(lambda a=pcall: peer(*a), reps=max(5, args.reps // 2))
-                st_p = steady_fn(lambda a=pcall: peer(*a))
+                st_p = steady_fn(lambda a=pcall: peer(*a), calls)
                 rp = dict(impl="torch_unfused_scaled_grouped_mm_fp8", **metrics(T, idx, med_p, wb_fp8, st_p), us_min=best_p)
                 res["rows"].append(rp)
                 print(f"unfused  T={T:5d} {med_p:9.1f} us {rp['tflops']:7.1f} TFLOP/s {rp['hbm_gbs']:7.0f} GB/s "
@@ -245,7 +246,7 @@ def main():
                     row_fg["check_rel_l2_vs_fp32"] = float((yf - yr).norm() / yr.norm())
                     fg_checked = True
                 med_f, best_f = time_fn(lambda a=(xb, idx, tw): fg(*a), reps=max(5, args.reps // 2))
-                st_f = steady_fn(lambda a=(xb, idx, tw): fg(*a))
+                st_f = steady_fn(lambda a=(xb, idx, tw): fg(*a), calls)
                 rf = dict(impl="flaggems_fused_experts_fp8_w8a8_block128", **metrics(T, idx, med_f, wb_fp8, st_f),
                           us_min=best_f, **row_fg)
                 res["rows"].append(rf)
