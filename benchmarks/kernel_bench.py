@@ -165,22 +165,31 @@ def dequantized_bf16(x, xs):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tokens", default="1,16,64,256,1024,4096,8192")
-    ap.add_argument("--out", default="kernel_bench.json")
-    ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--tokens", default="1,16,64,256,1024,4096,8192", help="comma-separated token counts (>= 1)")
+    ap.add_argument("--out", default="kernel_bench.json", help="JSON file to write (and rewrite after every row)")
+    ap.add_argument("--reps", type=int, default=20, help="single calls timed per implementation and size (>= 1)")
+    ap.add_argument("--no-peer", action="store_true", help="skip the unfused torch path")
     ap.add_argument("--no-flaggems", action="store_true", help="skip FlagGems' Triton fused MoE")
     ap.add_argument("--steady-calls", type=int, default=10, help="back-to-back calls per round (default 10)")
     args = ap.parse_args()
     if args.steady_calls < 1:
         ap.error(f"steady-calls: expected an integer >= 1, got {args.steady_calls}")
+    if args.reps < 1:
+        ap.error(f"reps: expected an integer >= 1, got {args.reps}")
+    try:
+        tokens = [int(t) for t in args.tokens.split(",")]
+    except ValueError:
+        tokens = []
+    if not tokens or min(tokens) < 1:
+        ap.error(f"tokens: expected comma-separated integers >= 1, got {args.tokens!r}")
+    if not Path(args.out).resolve().parent.is_dir():
+        ap.error(f"out: expected a file in an existing folder, got {args.out!r}")
     calls = args.steady_calls
     from megamoe.kernel import cuda_available
     if not cuda_available():
         ap.error("device: expected a CUDA GPU with sm_90 or newer, got none")
-    tokens = [int(t) for t in args.tokens.split(",")]
     res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, shape=dict(E=E, K=K, H=H, I=I),
-               date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), rows=[])
+               date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), steady_calls=calls, rows=[])
     from megamoe.kernel.build import library_path
     res["build"] = library_path("sm_90a").parent.name  # the source hash the library is cached under
     print(f"kernel build {res['build']}", flush=True)

@@ -554,8 +554,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--arch", default="sm_90a", choices=("sm_90a", "sm_100a"),
                    help="sm_90a (H100/H200) or sm_100a (B200; never executed in this project)")
     b.add_argument("--strict", action="store_true",
-                   help="fail on any local-memory load/store between the first and last matrix instruction "
-                        "(the K loop; needs cuobjdump), on more than 512 B of spill stores per kernel instance, "
+                   help="fail on any local-memory load/store in a timed kernel instance's matrix code (from its "
+                        "first to its last matrix instruction, and the whole K loop around each, from the stage "
+                        "wait to the back edge; needs cuobjdump), on more than 512 B of spill stores per kernel instance, "
                         "and when ptxas serialized an instance's WGMMAs (diagnostics such as C7514/C7518)")
     b.add_argument("--force", action="store_true", help="rebuild even when cached")
     b.set_defaults(func=cmd_build)

@@ -16,9 +16,11 @@ this tree's design numbers, except for the stage counts that ``--old-stages`` gi
 block_m (for an old build whose stages have another size: its launcher computes its own
 shared memory from them).
 
-``--new-fault BITS`` launches this tree's build with ``fault_inject`` bits set (timing
-experiments that switch off a part of the kernel: its outputs are wrong, only the ratio
-counts). With this tree's own library as OLD_LIB it measures what that part costs.
+``--new-fault BITS`` launches this tree's build with ``fault_inject`` timing bits set (those
+``csrc/megamoe/params.h`` defines: 2 no MMA, 8 no weight loads, 64 no token-tile loads, 128 no
+token-scale loads, 32 the profile instance; a part switched off leaves wrong outputs, only the
+ratio counts). With this tree's own library as OLD_LIB it measures what that part costs. A
+probe build with bits of its own runs its own copy of this script.
 
 Usage: python benchmarks/device/ab_interleaved.py OLD_LIB OUT.json [tokens, default
 64,1024,4096,8192] [rounds, default 12] [--old-stages 16:16,32:15,64:11,128:7] [--new-fault BITS]
@@ -39,6 +41,7 @@ from megamoe.kernel.runtime import load_library_file
 from megamoe.kernel.timing import cuda_steady_us
 
 E, K, H, I = 256, 6, 4096, 2048
+TIMING_BITS = 2 | 8 | 32 | 64 | 128  # fault_inject bits that only change timing (params.h); 1 is the timeout test
 
 
 def main() -> int:
@@ -60,8 +63,9 @@ def main() -> int:
         ap.error(f"tokens: expected comma-separated integers >= 1, got {a.tokens!r}")
     if a.rounds < 2:
         ap.error(f"rounds: expected an integer >= 2, got {a.rounds}")
-    if a.new_fault < 0 or a.new_fault & 1:
-        ap.error(f"new-fault: expected timing bits >= 0 without bit 1 (the timeout test), got {a.new_fault}")
+    if a.new_fault < 0 or a.new_fault & ~TIMING_BITS:
+        ap.error(f"new-fault: expected a sum of the timing bits 2, 8, 32, 64, 128 (csrc/megamoe/params.h), "
+                 f"got {a.new_fault}")
     if not a.old_lib.is_file():
         ap.error(f"old_lib: expected a built library file, got {str(a.old_lib)!r}")
     if not a.out.parent.is_dir():
@@ -79,7 +83,7 @@ def main() -> int:
                  "128, one per issuing producer warp at least, and no more than the old build's shared memory "
                  f"holds: its launcher refuses those), got {a.old_stages!r}")
     if not cuda_available():
-        ap.error("device: expected a CUDA GPU with sm_90 or newer, got none")
+        ap.error("device: expected a CUDA GPU of compute capability 9.0 (the SM90 kernel), got none")
     old_lib, out, rounds = str(a.old_lib), a.out, a.rounds
     try:
         lib = load_library_file(old_lib)

@@ -921,7 +921,8 @@ class Gen:
                 extra.append(f"measured FP8 GEMM {d['fp8_gemm_tflops']:.0f} TFLOP/s"
                              + (f" ({d['fp8_gemm_tflops_steady']:.0f} back to back)" if "fp8_gemm_tflops_steady" in d else ""))
             how = (" Times per call: one call from an idle GPU (CUDA events around it, so the host's work before "
-                   "the launch is inside), back to back (one event pair around ten calls, divided: the GPU's time "
+                   f"the launch is inside), back to back (one event pair around {d.get('steady_calls', 10)} calls, divided: "
+                   "the GPU's time "
                    "per call while the host runs ahead) and, for this kernel, its own GPU duration (CUPTI)."
                    if steady else "")
             out.append(f"**`{f}`** ({meta}; shape E={sh.get('E')}, k={sh.get('K')}, H={sh.get('H')}, I={sh.get('I')}, "
