@@ -510,7 +510,12 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
     Tile tile;
     tile.init(ctid);
     const int g = tile.wg, wi = tile.wi;
-    const bool trace = p.trace_cap > 0 && ctid == 0;
+    // The consumer's records are written by the last consumer thread (warp 15: warpgroup 1's last
+    // warp, on SM sub-partition 3). Written by ctid 0 (warp 8, on sub-partition 0 with the producer
+    // warp that issues and records, ptid 0), they cost 4.5-5.9% of kernel time at 64 tokens; by
+    // ctid 224, 1.8-2.7% (kernel v7.3, benchmarks/NOTES_kernel.md).
+    constexpr int kTraceCtid = kConsumerThreads - 32;
+    const bool trace = p.trace_cap > 0 && ctid == kTraceCtid;
     const float clampv = (float)p.clamp;
     const bool do_clamp = p.clamp < 3.0e38;
     const float clamp_bf = __bfloat162float(__float2bfloat16_rn(clampv));
