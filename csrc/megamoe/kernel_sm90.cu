@@ -634,30 +634,53 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
             // (warpgroup g makes its 32-group g), folded as the pull folds x (roles_shared.cuh)
             named_bar_sync(kBarConsumer, kConsumerThreads);
             if (lane == 0) progress(p, wslot, 0x05000000 | (uint32_t)it);
-            const int gidx = b.n_block * 2 + g;  // 32-wide scale group in the intermediate dim
-            const int col = b.n_block * 64 + g * 32 + wi * 8 + lane / 4;
+            // Once per token (thread ctid < BM, token ctid): both 32-groups' amax over their
+            // warpgroup's four warps, their UE8M0 exponents and the fold (s_max over the groups
+            // with a nonzero value), written into rows 0-3 of the token's own column of red (no
+            // other thread reads that column): 2^-l of each group, each group's fold shift, and
+            // both scale bytes (one 16-bit store: the two groups are adjacent bytes). Until v7.3
+            // each of the 64 threads holding a token did this per value (8 shared loads, 8 FMNMX,
+            // two exponents): ~120 instructions per value in all (ncu, benchmarks/NOTES_kernel.md).
+            if (ctid < BM) {
+                const int m = ctid;
+                float a0 = 0.0f, a1 = 0.0f;
+                #pragma unroll
+                for (int w = 0; w < 4; ++w) {
+                    a0 = fmaxf(a0, red[w * BM + m]);
+                    a1 = fmaxf(a1, red[(4 + w) * BM + m]);
+                }
+                float inv0, inv1;
+                const int l0 = ue8m0_exponent(a0, inv0), l1 = ue8m0_exponent(a1, inv1);
+                // s_max over the groups with a nonzero value (amax > 0); zeros stay as they are
+                const int lm0 = a1 > 0.0f ? (a0 > 0.0f ? max(l0, l1) : l1) : l0;
+                const int lm1 = a0 > 0.0f ? (a1 > 0.0f ? max(l1, l0) : l0) : l1;
+                red[m] = inv0;
+                red[BM + m] = inv1;
+                reinterpret_cast<int*>(red)[2 * BM + m] = (a0 > 0.0f && lm0 > l0) ? lm0 - l0 : 0;
+                reinterpret_cast<int*>(red)[3 * BM + m] = (a1 > 0.0f && lm1 > l1) ? lm1 - l1 : 0;
+                if (store)  // 32-groups 2 n_block and 2 n_block + 1 of the intermediate dim
+                    *reinterpret_cast<uint16_t*>(p.l2_pool_sf + ((size_t)(b.n_block >> 1) * p.pool_rows + prow0 + m) * 4 +
+                                                 ((2 * b.n_block) & 3)) = (uint16_t)((lm0 + 127) | ((lm1 + 127) << 8));
+            }
+            named_bar_sync(kBarConsumer, kConsumerThreads);
+            // the per-32 quantization with this group's scale, then the fold; this thread's rows
+            // are tokens tok_of(j, r) = 8 j + 2 (lane & 3) + r, one column of the L2 pool
+            const float* inv_g = red + g * BM;
+            const int* d_g = reinterpret_cast<const int*>(red) + (2 + g) * BM;
+            const int c2 = (lane & 3) * 2;
+            uint8_t* out = p.l2_pool + (prow0 + c2) * (size_t)I + (b.n_block * 64 + g * 32 + wi * 8 + lane / 4);
             #pragma unroll
-            for (int j = 0; j < NJ; ++j)
+            for (int j = 0; j < NJ; ++j) {
+                const float2 inv2 = *reinterpret_cast<const float2*>(inv_g + 8 * j + c2);
+                const int2 d2 = *reinterpret_cast<const int2*>(d_g + 8 * j + c2);
                 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
-                    const int m = tile.tok_of(j, r);
-                    float a = 0.0f, ao = 0.0f;  // amax of this 32-group and of the other one
-                    #pragma unroll
-                    for (int w = 0; w < 4; ++w) {
-                        a = fmaxf(a, red[(g * 4 + w) * BM + m]);
-                        ao = fmaxf(ao, red[((g ^ 1) * 4 + w) * BM + m]);
-                    }
-                    float inv, inv_o;
-                    const int l = ue8m0_exponent(a, inv), lo = ue8m0_exponent(ao, inv_o);
-                    // s_max over the groups with a nonzero value (amax > 0); zeros stay as they are
-                    const int lm = ao > 0.0f ? (a > 0.0f ? max(l, lo) : lo) : l;
-                    if (!store) continue;
-                    uint32_t q = to_e4m3(tile.acc[j][r] * inv);  // the per-32 quantization, then the fold
-                    if (a > 0.0f && lm > l) q = e4m3x2_scale(q, pow2_neg_h2(lm - l)) & 0xFFu;
-                    p.l2_pool[(prow0 + m) * I + col] = (uint8_t)q;
-                    if (wi == 0 && lane < 4)
-                        p.l2_pool_sf[(((size_t)(gidx >> 2)) * p.pool_rows + prow0 + m) * 4 + (gidx & 3)] = (uint8_t)(lm + 127);
+                    uint32_t q = to_e4m3(tile.acc[j][r] * (r ? inv2.y : inv2.x));
+                    const int d = r ? d2.y : d2.x;
+                    if (d) q = e4m3x2_scale(q, pow2_neg_h2(d)) & 0xFFu;
+                    if (store) out[(size_t)(8 * j + r) * I] = (uint8_t)q;
                 }
+            }
             fence_proxy_async_global();  // the rows are read by other CTAs' TMA loads
             // every consumer thread's rows happen before thread 0's fence through the barrier
             // (the cooperative-groups grid-sync pattern): one GPU-scope fence per block
