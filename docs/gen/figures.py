@@ -997,7 +997,9 @@ class Gen:
                 if any(inter):  # name the variants (in the order of their ratios)
                     title += f" (ratio{'s' * (len(inter) > 1)}: " + " / ".join(inter) + ")"
                 rows.append([name.split("_", 1)[0], title, *cells, e.get("conclusion", "")])
-            head = ["#", "experiment", *(f"{t} tokens: time / v7.2's" for t in tokens), "what it showed"]
+            bases = {e.get("baseline", "v7.2") for e in d.get("experiments", {}).values()}
+            base = next(iter(bases)) if len(bases) == 1 else "baseline"  # rows name theirs in their titles
+            head = ["#", "experiment", *(f"{t} tokens: time / {base}'s" for t in tokens), "what it showed"]
             aa = (d.get("a_a_check_of_the_interleaved_method") or {}).get("ratio", {})
             aa_txt = (" An interleaved A/A check (v7.2 against a copy of itself) read " +
                       ", ".join(f"{v['median']:.3f} at {t}" for t, v in aa.items()) + " tokens.") if aa else ""
