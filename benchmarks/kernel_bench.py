@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from megamoe.kernel import MegaMoEKernel, prepare_weights  # noqa: E402
+from megamoe.kernel import MegaMoEKernel, cuda_available, prepare_weights  # noqa: E402
 from megamoe.kernel.check import make_weights, make_inputs, reference_sm90, compare  # noqa: E402
 from megamoe.kernel.timing import cuda_steady_us, cuda_times_us, kernel_durations_us  # noqa: E402
 
@@ -185,9 +185,8 @@ def main():
     if not Path(args.out).resolve().parent.is_dir():
         ap.error(f"out: expected a file in an existing folder, got {args.out!r}")
     calls = args.steady_calls
-    from megamoe.kernel import cuda_available
     if not cuda_available():
-        ap.error("device: expected a CUDA GPU with sm_90 or newer, got none")
+        ap.error("device: expected a CUDA GPU of compute capability 9.0 (the SM90 kernel), got none")
     res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, shape=dict(E=E, K=K, H=H, I=I),
                date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), steady_calls=calls, rows=[])
     from megamoe.kernel.build import library_path

@@ -312,9 +312,10 @@ def test_fewest_stages():
     bad = dataclasses.replace(k_def.design(40), num_stages=1)  # block_m 128's design, one stage
     with pytest.raises(KernelError, match=r"producer warps .* <= stages <= 16\) \(code -5\)"):
         k_def(x, xs, idx, tw, design=bad)
-    bad16 = dataclasses.replace(_kernel(TINY, 40, block_m=16)[0].design(40), num_stages=3)
+    k16, _ = _kernel(TINY, 40, block_m=16)
+    bad16 = dataclasses.replace(k16.design(40), num_stages=3)
     with pytest.raises(KernelError, match=r"\(code -5\)"):
-        _kernel(TINY, 40, block_m=16)[0](x, xs, idx, tw, design=bad16)
+        k16(x, xs, idx, tw, design=bad16)
 
 
 @pytest.mark.parametrize("shape,T,routing,kw", [

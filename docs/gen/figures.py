@@ -979,9 +979,10 @@ class Gen:
             "No committed file under `benchmarks/results/` holds kernel measurements yet.")
 
     def kernel_experiments(self) -> None:
-        """The measured kernel experiments that were not kept (``benchmarks/results/
-        kernel_experiments_*.json``): per experiment, its time over v7.2's from the interleaved
-        A/B (both builds in one process; the median of the per-round ratios), per variant."""
+        """The measured kernel experiments (``benchmarks/results/kernel_experiments_*.json``; most
+        not kept, their conclusions say which were): per experiment, its time over its baseline's
+        (``baseline``, v7.2 unless the file says otherwise) from the interleaved A/B (both builds
+        in one process; the median of the per-round ratios), per variant."""
         out = []
         for f in sorted((ROOT / "benchmarks" / "results").glob("kernel_experiments_*.json")):
             d = json.loads(f.read_text())
@@ -1029,7 +1030,7 @@ class Gen:
             probes_txt = "".join(f"\n\n{x}" for x in probes)
             out.append(f"From `{f.relative_to(ROOT)}` ({d.get('device', '')}, {d.get('date', '')}); a ratio "
                        "above 1 is slower, several ratios are several variants; \"-\" where the experiment "
-                       "has no interleaved A/B against v7.2 at that size (where a row measured something "
+                       f"has no interleaved A/B against {base} at that size (where a row measured something "
                        "else, v7.2's own plan choices or a probe build, its text gives the numbers); "
                        "\"interleaved\": both builds in one process, calls alternating "
                        "(`benchmarks/device/ab_interleaved.py`), the "
