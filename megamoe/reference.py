@@ -74,7 +74,7 @@ __all__ = [
     "Numerics", "ExpertWeights", "TensorExpertWeights", "SyntheticWeights",
     "mega_moe_pre_dispatch", "quantize_weights",
     "moe_reference", "moe_reference_quantized", "moe_reference_quantized_ep",
-    "l1_epilogue", "block_scaled_gemm",
+    "l1_epilogue", "block_scaled_gemm", "h200_wgmma_partials",
 ]
 
 
@@ -109,13 +109,18 @@ class Numerics:
             ``fp8_fp4_mega_moe`` defaults to ``fast_math=True``); here emulated as
             ``exp2(x * fp32(log2 e))`` with flush-to-zero and an FP32 reciprocal, which is
             not guaranteed bit-exact against the GPU's approximate instructions.
+        mma: how each K group's partial sum is formed. ``"exact"``: exactly, rounded once to
+            FP32. ``"h200_wgmma"`` (``arch="sm90"``, 32-multiple groups): as the H200's FP8
+            ``wgmma`` returns it, a chain of k32 steps from a zero accumulator, each step
+            modelled by :func:`h200_wgmma_partials` (fitted to the tensor core bit for bit).
 
     Raises:
         InputError: unknown arch, a flag (``bf16_before_swiglu``, ``fast_math``) that is not
             a bool, fold not a positive multiple of 32 (or ``"row"``), x/w
             folds that are both set, differ and ``w_fold_k`` is not ``"row"`` (or
-            ``x_fold_k`` is ``"row"``), or ``w_fold_top`` outside 0..6 (or set
-            without ``w_fold_k``).
+            ``x_fold_k`` is ``"row"``), ``w_fold_top`` outside 0..6 (or set
+            without ``w_fold_k``), or ``mma`` not ``"exact"`` / ``"h200_wgmma"`` (the latter
+            only with ``arch="sm90"`` and groups of a fixed width).
     """
 
     arch: str = "sm100"
@@ -124,6 +129,7 @@ class Numerics:
     bf16_before_swiglu: bool = True
     fast_math: bool = False
     w_fold_top: int = 0
+    mma: str = "exact"
 
     def __post_init__(self) -> None:
         if self.arch not in ("sm100", "sm90"):
@@ -146,6 +152,11 @@ class Numerics:
                 and self.w_fold_k != self.x_fold_k and (self.w_fold_k != "row" or self.x_fold_k == "row"):
             raise InputError("numerics.x_fold_k", f"equal to w_fold_k ({self.w_fold_k!r}) when both are "
                              "set, or a multiple of 32 with w_fold_k='row'", repr(self.x_fold_k))
+        if self.mma not in ("exact", "h200_wgmma"):
+            raise InputError("numerics.mma", "'exact' or 'h200_wgmma'", repr(self.mma))
+        if self.mma == "h200_wgmma" and (self.arch != "sm90" or self.group_k == "row"):
+            raise InputError("numerics.mma", "'h200_wgmma' only with arch='sm90' and K groups of a fixed "
+                             "width (not both folds 'row')", f"arch={self.arch!r}, group_k={self.group_k!r}")
 
     @classmethod
     def sm100(cls, fast_math: bool = False) -> "Numerics":
@@ -161,7 +172,7 @@ class Numerics:
         return cls("sm90", fold_k, fold_k, True, fast_math)
 
     @classmethod
-    def sm90_kernel(cls, fast_math: bool = False) -> Numerics:
+    def sm90_kernel(cls, fast_math: bool = False, mma: str = "exact") -> Numerics:
         """What this project's SM90 kernel computes (``megamoe.design_sm90.W_FOLD_K`` /
         ``W_FOLD_TOP`` / ``X_FOLD_K``): weights folded per row into E4M3 with the row's
         largest scale at 2^6 (``megamoe.layouts.fold_e2m1_scales_for_sm90``), activations
@@ -170,9 +181,10 @@ class Numerics:
         ``()``: the activation fold rounds the small values of a group below its partner's
         scale; the weight fold alone (``Numerics("sm90", "row", None, w_fold_top=6)``) is
         bitwise ``sm90()`` when every weight row's nonzero 32-groups lie within 14 binades of
-        its largest."""
+        its largest.  ``mma="h200_wgmma"``: each 64-K group's partial as the H200's tensor core
+        sums it (:func:`h200_wgmma_partials`), so the kernel's GEMMs are reproduced bit for bit."""
         from megamoe import design_sm90
-        return cls("sm90", design_sm90.W_FOLD_K, design_sm90.X_FOLD_K, True, fast_math, design_sm90.W_FOLD_TOP)
+        return cls("sm90", design_sm90.W_FOLD_K, design_sm90.X_FOLD_K, True, fast_math, design_sm90.W_FOLD_TOP, mma)
 
     @property
     def group_k(self) -> int | str:
@@ -472,6 +484,93 @@ def _fold_is_exact(packed: torch.Tensor, sf: torch.Tensor, fold: int, top: int) 
     return bool(((s < 0) | (smax - s <= 8 + top)).all())
 
 
+#: The H200's FP8 ``wgmma`` (E4M3 x E4M3 -> FP32), one k32 step onto an accumulator ``c``, as
+#: fitted to the tensor core (``benchmarks/device/wgmma_acc_probe.cu`` + ``benchmarks/
+#: wgmma_acc_fit.py``, 2026-12-01; every one of 2,097,152 results reproduced bit for bit): the
+#: largest exponent ``E`` among the 32 products (each product's ``e_a + e_b``, an E4M3 subnormal
+#: counting as exponent -6) and ``c`` (``floor(log2|c|)``); every product and ``c`` truncated
+#: toward zero to a multiple of ``2^(E - 13)``; the exact sum of those truncated toward zero to
+#: 14 significant bits.
+H200_WGMMA_ALIGN_BITS = 13
+H200_WGMMA_SUM_BITS = 14
+
+
+def _e4m3_exponent(v: torch.Tensor) -> torch.Tensor:
+    """int16 exponent of E4M3 values as the tensor core aligns them (subnormals -6; zeros -64,
+    so that a product with a zero never sets the largest exponent)."""
+    _, ex = torch.frexp(v)
+    e = torch.clamp(ex - 1, min=-6).to(torch.int16)
+    return torch.where(v == 0, torch.full((), -64, dtype=torch.int16, device=v.device), e)
+
+
+def _f32_exponent(x: torch.Tensor) -> torch.Tensor:
+    """floor(log2|x|) of normal FP32 values, from the bits (int32)."""
+    return ((x.view(torch.int32) >> 23) & 0xFF) - 127
+
+
+def _f32_pow2(e: torch.Tensor) -> torch.Tensor:
+    """2^e as FP32 from the bits, e int in [-126, 127]."""
+    return ((e.to(torch.int32) + 127) << 23).view(torch.float32)
+
+
+def h200_wgmma_partials(a_vals: torch.Tensor, b_vals: torch.Tensor, group: int,
+                        max_chunk_bytes: int = 1 << 28) -> torch.Tensor:
+    """Per-group partial sums of ``A @ B^T`` as the H200's FP8 ``wgmma`` forms them.
+
+    Each ``group``-wide K group is a chain of ``group / 32`` k32 steps (``wgmma.m64nNk32``
+    E4M3 x E4M3 -> F32) starting from a zero accumulator, as this project's SM90 kernel issues
+    them (``csrc/megamoe/mma_sm90.cuh``: a 64-K group is two chained steps, the first with
+    scale-d 0).  One step onto an accumulator ``c``: ``E`` = the largest of the 32 products'
+    exponents (``e_a + e_b``; an E4M3 subnormal counts as -6) and of ``floor(log2|c|)``; each
+    product and ``c`` truncated toward zero to a multiple of ``2^(E - 13)``; their exact sum
+    truncated toward zero to 14 significant bits.  Fitted on an H200 to 2,097,152 WGMMA
+    results of four operand kinds (one step from zero, two and four chained, one onto a given
+    accumulator), all reproduced bit for bit (``benchmarks/device/wgmma_acc_probe.cu``,
+    ``benchmarks/wgmma_acc_fit.py``; published descriptions of Hopper's FP8 accumulation speak
+    of about 13-14 kept bits, e.g. the DeepSeek-V3 report, section 3.3.2).  Overflow, NaN and
+    FP32 subnormal results are not modelled.
+
+    Args:
+        a_vals: float ``[m, K]`` E4M3 values (unscaled; must be E4M3 values).
+        b_vals: float ``[n, K]`` E4M3 values.
+        group: K group width, a multiple of 32 dividing K.
+        max_chunk_bytes: bound on the temporaries (n is processed in chunks).
+    Returns:
+        float32 ``[K / group, m, n]``; exact in FP32 (14 significant bits).
+    Raises:
+        InputError: K of the two operands differ, or ``group`` is not a multiple of 32 dividing K.
+    """
+    m, k = a_vals.shape
+    n = b_vals.shape[0]
+    if b_vals.shape[1] != k:
+        raise InputError("b_vals", f"[n, {k}] (the K of a_vals)", tuple(b_vals.shape))
+    if not isinstance(group, int) or isinstance(group, bool) or group <= 0 or group % BLOCK_K or k % group:
+        raise InputError("group", f"a multiple of 32 dividing K = {k}", group)
+    dev = a_vals.device
+    a = a_vals.to(torch.float32)  # E4M3 x E4M3 products are exact in FP32 (8 bits, 2^-18..2^18)
+    b = b_vals.to(torch.float32)
+    ea, eb = _e4m3_exponent(a), _e4m3_exponent(b)
+    out = torch.empty((k // group, m, n), dtype=torch.float32, device=dev)
+    nc = max(1, min(n, max_chunk_bytes // max(1, m * BLOCK_K * 10)))
+    floor = torch.full((), -100, dtype=torch.int16, device=dev)
+    for g in range(k // group):
+        for n0 in range(0, n, nc):
+            n1 = min(n, n0 + nc)
+            acc = torch.zeros((m, n1 - n0), dtype=torch.float32, device=dev)
+            for k0 in range(g * group, (g + 1) * group, BLOCK_K):
+                ks = slice(k0, k0 + BLOCK_K)
+                prod = a[:, None, ks] * b[None, n0:n1, ks]                       # [m, nc, 32]
+                e = (ea[:, None, ks] + eb[None, n0:n1, ks]).amax(dim=-1)         # [m, nc]
+                e = torch.maximum(e, torch.where(acc != 0, _f32_exponent(acc).to(torch.int16), floor))
+                q = _f32_pow2(e.clamp(min=-100) - H200_WGMMA_ALIGN_BITS)
+                # every term is a multiple of q below 2^15 q: the sums are exact in FP32
+                s = prod.div_(q[..., None]).trunc_().sum(dim=-1).add_(torch.trunc(acc / q)).mul_(q)
+                # truncated toward zero to 14 significant bits: the low 23 - 13 fraction bits cleared
+                acc = (s.view(torch.int32) & ~((1 << (24 - H200_WGMMA_SUM_BITS)) - 1)).view(torch.float32)
+            out[g, :, n0:n1] = acc
+    return out
+
+
 def block_scaled_gemm(a_vals: torch.Tensor, a_scales: torch.Tensor,
                       b_packed: torch.Tensor, b_sf: torch.Tensor,
                       numerics: Numerics, max_chunk_bytes: int = 1 << 28) -> torch.Tensor:
@@ -522,6 +621,8 @@ def block_scaled_gemm(a_vals: torch.Tensor, a_scales: torch.Tensor,
     # result equals the float64 route's.  Otherwise the halves go through float64.
     # A weight fold takes this path too where it is exact (every folded value an E4M3 value):
     # then each 32-group's partial is the unfolded one times a power of two, bit for bit.
+    if numerics.mma == "h200_wgmma":
+        return _block_scaled_gemm_h200(a_vals, a_s, b_packed, b_sf, numerics, p, w_fold, max_chunk_bytes)
     fast = p == BLOCK_K and torch.get_float32_matmul_precision() == "highest"
     if fast:
         a32 = a_g.to(torch.float32).contiguous()
@@ -565,6 +666,32 @@ def block_scaled_gemm(a_vals: torch.Tensor, a_scales: torch.Tensor,
         part = part.to(torch.float32)
         acc = part[0].clone()
         for g in range(1, groups):
+            acc.add_(part[g])
+        out[:, n0:n1] = acc
+    return out
+
+
+def _block_scaled_gemm_h200(a_vals, a_s, b_packed, b_sf, numerics, p, w_fold, max_chunk_bytes):
+    """block_scaled_gemm with ``numerics.mma == "h200_wgmma"``: the partials of
+    :func:`h200_wgmma_partials` (FP32) times both (power-of-two) scales, summed in K order in
+    FP32 -- what the kernel's ``acc = fma(part, 2^sx, acc)`` and its final row scale give."""
+    m, k = a_vals.shape
+    n = b_packed.shape[0]
+    out = torch.empty((m, n), dtype=torch.float32, device=a_vals.device)
+    nc = max(1, min(n, max_chunk_bytes // max(1, k * 8 * 2)))
+    a_s32 = a_s.to(torch.float32)
+    for n0 in range(0, n, nc):
+        n1 = min(n, n0 + nc)
+        bs = decode_ue8m0(b_sf[n0:n1], torch.float64)
+        bv = _decode_e2m1_rows(b_packed[n0:n1])
+        if w_fold is not None:
+            bv, bs = _fold(bv, bs, w_fold, numerics.w_fold_top)
+            if p != w_fold:
+                bs = bs.repeat_interleave(w_fold // p, dim=1)
+        part = h200_wgmma_partials(a_vals, bv, p, max_chunk_bytes)
+        part.mul_(a_s32).mul_(bs.to(torch.float32).transpose(0, 1).unsqueeze(1))
+        acc = part[0].clone()
+        for g in range(1, part.shape[0]):
             acc.add_(part[g])
         out[:, n0:n1] = acc
     return out

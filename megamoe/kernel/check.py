@@ -63,10 +63,11 @@ def dequant_e2m1(packed, sf, dtype=None):
     return (v.reshape(*shp[:-1], shp[-1] // 32, 32) * s[..., None]).reshape(shp)
 
 
-def dequant_e2m1_folded(packed, sf, top=6):
-    """float64 ``[N, K]`` weights as the SM90 kernel decodes them: per row, each 32-group's
-    E2M1 values x 2^(s - s_max + top) rounded to E4M3 (torch's float8 cast), times
-    2^(s_max - top); ``s_max`` = the row's largest scale byte over groups with a nonzero value."""
+def e2m1_folded_parts(packed, sf, top=6):
+    """The SM90 kernel's decoded weights in two parts: float64 ``[N, K]`` E4M3 values (per row,
+    each 32-group's E2M1 values x 2^(s - s_max + top) rounded to E4M3 by torch's float8 cast)
+    and the float64 row scale ``[N, 1]`` 2^(s_max - top); ``s_max`` = the row's largest scale
+    byte over groups with a nonzero value."""
     torch = _torch()
     v = dequant_e2m1(packed, torch.full_like(sf, 127))  # unscaled E2M1 values
     g = v.reshape(*sf.shape, 32)
@@ -74,7 +75,33 @@ def dequant_e2m1_folded(packed, sf, top=6):
     smax = torch.where((g != 0).any(-1), s, torch.full_like(s, -math.inf)).amax(-1, keepdim=True)
     smax = torch.where(torch.isinf(smax), torch.zeros_like(smax), smax)
     f = (g * torch.pow(2.0, s - smax + top)[..., None]).float().to(torch.float8_e4m3fn).to(torch.float64)
-    return (f * torch.pow(2.0, smax - top)[..., None]).reshape(v.shape)
+    return f.reshape(v.shape), torch.pow(2.0, smax - top)
+
+
+def dequant_e2m1_folded(packed, sf, top=6):
+    """float64 ``[N, K]`` weights as the SM90 kernel decodes them (:func:`e2m1_folded_parts`,
+    values times row scale)."""
+    f, rs = e2m1_folded_parts(packed, sf, top)
+    return f * rs
+
+
+def gemm_sm90_h200(q, sf, packed, w_sf, fold=64):
+    """FP32 ``[m, N]`` = x ``[m, K]`` (E4M3 bytes folded per ``fold``, UE8M0 bytes ``[m, K/32]``)
+    times the folded weights (``packed`` E2M1 ``[N, K/2]``, ``w_sf`` ``[N, K/32]``) transposed,
+    as the SM90 kernel computes it on the H200: per ``fold``-wide K group the tensor core's
+    partial (``megamoe.reference.h200_wgmma_partials``), ``acc = fma(part, 2^sx, acc)`` in K
+    order from zero, then times the row scale (all in FP32)."""
+    torch = _torch()
+    from ..reference import h200_wgmma_partials
+    xv = q.view(torch.float8_e4m3fn).to(torch.float32)
+    # the group's scale byte (a folded group's bytes are equal) as the kernel reads it: byte << 23
+    sx = (sf[:, ::fold // 32].to(torch.int32) << 23).view(torch.float32)
+    wv, rs = e2m1_folded_parts(packed, w_sf)
+    parts = h200_wgmma_partials(xv, wv, fold)
+    acc = torch.zeros(parts.shape[1:], dtype=torch.float32, device=q.device)
+    for g in range(parts.shape[0]):
+        acc = torch.addcmul(acc, parts[g], sx[:, g:g + 1])  # part x 2^sx is exact: one rounding, as fma
+    return acc * rs.to(torch.float32).T
 
 
 def fold_x(q, sf, fold=64):
@@ -146,15 +173,20 @@ def make_inputs(T, E, K, H, device, seed=1, routing="uniform", mask_frac=0.0):
     return x, x_sf, idx, w
 
 
-def reference_sm90(x, x_sf, topk_idx, topk_w, w1, w1_sf, w2, w2_sf, clamp=None, return_l2_input=False):
-    """BF16 [T, H] output of the kernel's numerics (see module docstring)."""
+def reference_sm90(x, x_sf, topk_idx, topk_w, w1, w1_sf, w2, w2_sf, clamp=None, return_l2_input=False,
+                   mma="exact"):
+    """BF16 [T, H] output of the kernel's numerics (see module docstring). ``mma="h200_wgmma"``:
+    both GEMMs as the H200's tensor core sums them (:func:`gemm_sm90_h200`) instead of exactly."""
     torch = _torch()
     T, H = x.shape
     K = topk_idx.shape[1]
     I = w2.shape[2] * 2
     dev = x.device
     from ..design_sm90 import X_FOLD_K
-    xd = dequant_e4m3(*fold_x(x, x_sf, X_FOLD_K))
+    from ..errors import require
+    require(mma in ("exact", "h200_wgmma"), "mma", "'exact' or 'h200_wgmma'", repr(mma))
+    fx, fxs = fold_x(x, x_sf, X_FOLD_K)
+    xd = dequant_e4m3(fx, fxs)
     cb = torch.zeros(K, T, H, dtype=torch.bfloat16, device=dev)
     l2_in = {}
     flat = topk_idx.reshape(-1).long()
@@ -162,8 +194,10 @@ def reference_sm90(x, x_sf, topk_idx, topk_w, w1, w1_sf, w2, w2_sf, clamp=None, 
     for e in torch.unique(flat[flat >= 0]).tolist():
         items = (flat == e).nonzero().squeeze(1)
         t, k = items // K, items % K
-        W1 = dequant_e2m1_folded(w1[e], w1_sf[e])
-        h = xd[t] @ W1.T
+        if mma == "h200_wgmma":
+            h = gemm_sm90_h200(fx[t], fxs[t], w1[e], w1_sf[e], X_FOLD_K)
+        else:
+            h = xd[t] @ dequant_e2m1_folded(w1[e], w1_sf[e]).T
         gate = h[:, :I].to(torch.float32).to(torch.bfloat16).to(torch.float32)
         up = h[:, I:].to(torch.float32).to(torch.bfloat16).to(torch.float32)
         if math.isfinite(cl):
@@ -172,8 +206,10 @@ def reference_sm90(x, x_sf, topk_idx, topk_w, w1, w1_sf, w2, w2_sf, clamp=None, 
         silu = gate / (1.0 + torch.exp(-gate))
         v = (silu * up) * topk_w[t, k].to(torch.float32)[:, None]
         q, qsf = fold_x(*quantize_e4m3_per32(v), X_FOLD_K)
-        W2 = dequant_e2m1_folded(w2[e], w2_sf[e])
-        o = dequant_e4m3(q, qsf) @ W2.T
+        if mma == "h200_wgmma":
+            o = gemm_sm90_h200(q, qsf, w2[e], w2_sf[e], X_FOLD_K)
+        else:
+            o = dequant_e4m3(q, qsf) @ dequant_e2m1_folded(w2[e], w2_sf[e]).T
         cb[k, t] = o.to(torch.float32).to(torch.bfloat16)
         if return_l2_input:
             l2_in[e] = (t, k, q, qsf)

@@ -1,0 +1,134 @@
+"""The H200 FP8 WGMMA accumulation model (megamoe.reference.h200_wgmma_partials): hand-derived
+cases, the tensor core's own results (a probe on the H200, tests/data), and the two references
+that use it (megamoe.reference and megamoe.kernel.check) against each other."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from megamoe import reference as R
+from megamoe.errors import InputError
+from megamoe.kernel import check
+
+DATA = Path(__file__).parent / "data" / "h200_wgmma_probe.npz"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _step(a: list[float], b: list[float], group: int = 32) -> float:
+    """One group of the model on a single row / column: a, b padded with zeros to `group`."""
+    av = torch.zeros(1, group, dtype=torch.float64)
+    bv = torch.zeros(1, group, dtype=torch.float64)
+    av[0, :len(a)] = torch.tensor(a, dtype=torch.float64)
+    bv[0, :len(b)] = torch.tensor(b, dtype=torch.float64)
+    return float(R.h200_wgmma_partials(av, bv, group)[0, 0, 0])
+
+
+def test_hand_derived_steps():
+    # 16 x 16 = 2^8 (exponents 4 + 4) sets E = 8: the unit is 2^(8 - 13) = 2^-5, so 0.125 x 0.125
+    # = 2^-6 truncates to 0 (exactly: 256.015625, an FP32 value)
+    assert _step([16, 0.125], [16, 0.125]) == 256.0
+    # 128 x 128 = 2^14 (E = 14, unit 2): 3 x 1 = 3 -> 2 twice: 16388 (exact 16390), which has
+    # 14 significant bits
+    assert _step([128, 3, 3], [128, 1, 1]) == 16388.0
+    # a negative product truncates toward zero: -3 -> -2 (exact 16381)
+    assert _step([128, -3], [128, 1]) == 16382.0
+    # the sum carries into 2^15: 32770 truncated to 14 significant bits (unit 4) is 32768
+    assert _step([128, 128, 3], [128, 128, 1]) == 32768.0
+    # and toward zero for a negative sum
+    assert _step([-128, -128, -3], [128, 128, 1]) == -32768.0
+    # a subnormal operand counts as exponent -6, whatever its value: 2^-9 x 256 = 2^-1 has
+    # exponent -6 + 8 = 2, so the unit is 2^-11 and 1.125 x 2^-5 x 2^-5 = 2^-10 + 2^-13 keeps
+    # only 2^-10 (aligned to the value's exponent -1 it would be exact)
+    assert _step([2.0 ** -9, 1.125 * 2.0 ** -5], [256, 2.0 ** -5]) == 0.5 + 2.0 ** -10
+    # zeros never set the exponent: a lone small product is exact
+    assert _step([0, 0.015625], [448, 0.015625]) == 2.0 ** -12
+
+
+def test_chained_steps_align_to_the_accumulator():
+    # a 64-K group is two chained k32 steps: the first step's 16388 (exponent 14, unit 2) makes
+    # the second step's 0.25 products (0.5 x 0.5) truncate to nothing, though 32 of them sum
+    # to 8 exactly; the same products in the first step alone survive
+    a = [128, 3, 3] + [0] * 29 + [0.5] * 32
+    b = [128, 1, 1] + [0] * 29 + [0.5] * 32
+    assert _step(a, b, 64) == 16388.0
+    assert _step([0.5] * 32, [0.5] * 32) == 8.0
+    # exact float64 would give 16398
+    assert sum(x * y for x, y in zip(a, b)) == 16398.0
+
+
+def test_matches_the_tensor_core_bit_for_bit():
+    """24 tiles of the H200 probe (benchmarks/device/wgmma_acc_probe.cu; 6 of each operand kind
+    of benchmarks/wgmma_acc_fit.py), 1024 results per tile and variant: one k32 step from zero,
+    two chained, four chained -- every result equal to the model's."""
+    d = np.load(DATA)
+    e4m3 = torch.tensor(d["a"]).view(torch.float8_e4m3fn).to(torch.float64)
+    tok = torch.tensor(d["b"]).view(torch.float8_e4m3fn).to(torch.float64)
+    for v, width in enumerate((32, 64, 128)):
+        got = torch.stack([R.h200_wgmma_partials(e4m3[t, :, :width], tok[t, :, :width], width)[0]
+                           for t in range(len(d["tile"]))])
+        want = torch.tensor(d["d"][:, v])
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32)), v
+    # and not exact sums: the model is needed (about 1 in 8 of the L1-like sums differ)
+    exact = torch.einsum("tmk,tnk->tmn", e4m3[:, :, :32], tok[:, :, :32]).to(torch.float32)
+    assert (exact != torch.tensor(d["d"][:, 0])).double().mean() > 0.05
+
+
+def test_fit_script_reproduces_the_probe_with_the_kept_model(tmp_path):
+    """The fitting script's own (numpy) implementation of the kept model, including one step
+    onto a given FP32 accumulator (variant 3, which h200_wgmma_partials never needs)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import wgmma_acc_fit as fit
+    finally:
+        sys.path.pop(0)
+    d = np.load(DATA)
+    align, bits, final = next(iter(fit.MODELS.values()))
+    m0 = fit.step(d["a"], d["b"], 0, None, align, bits, final)
+    m1 = fit.step(d["a"], d["b"], 1, m0, align, bits, final)
+    m3 = fit.step(d["a"], d["b"], 0, d["c"].astype(np.float64), align, bits, final)
+    assert (m0 == d["d"][:, 0]).all() and (m1 == d["d"][:, 1]).all() and (m3 == d["d"][:, 3]).all()
+    # and the models it rejects really fail on the same data
+    for name, (al, bi, fi) in list(fit.MODELS.items())[1:]:
+        assert (fit.step(d["a"], d["b"], 0, d["c"].astype(np.float64), al, bi, fi) != d["d"][:, 3]).any(), name
+
+
+def test_bad_arguments():
+    a = torch.zeros(2, 64, dtype=torch.float64)
+    with pytest.raises(InputError, match="group"):
+        R.h200_wgmma_partials(a, a, 48)
+    with pytest.raises(InputError, match="group"):
+        R.h200_wgmma_partials(a, a, 128)
+    with pytest.raises(InputError, match="b_vals"):
+        R.h200_wgmma_partials(a, torch.zeros(2, 32, dtype=torch.float64), 32)
+    with pytest.raises(InputError, match="numerics.mma"):
+        R.Numerics.sm90_kernel(mma="fast")
+    with pytest.raises(InputError, match="numerics.mma"):
+        R.Numerics("sm100", mma="h200_wgmma")
+    with pytest.raises(InputError, match="numerics.mma"):
+        R.Numerics("sm90", "row", "row", mma="h200_wgmma")
+    w = check.make_weights(2, 64, 32, "cpu")
+    x, xs, idx, tw = check.make_inputs(3, 2, 1, 64, "cpu")
+    with pytest.raises(InputError, match="mma"):
+        check.reference_sm90(x, xs, idx, tw, *w, mma="h100")
+
+
+@pytest.mark.parametrize("clamp,T,seed", [(None, 40, 1), (0.05, 33, 2)])
+def test_two_references_agree_bitwise(clamp, T, seed):
+    """megamoe.reference.moe_reference_quantized(Numerics.sm90_kernel(mma="h200_wgmma")) and
+    megamoe.kernel.check.reference_sm90(mma="h200_wgmma") fold, scale and accumulate with
+    separate code: the same bits. And the model changes the numbers (vs mma="exact")."""
+    E, K, H, I = 4, 2, 256, 128
+    w1, s1, w2, s2 = check.make_weights(E, H, I, "cpu", seed=seed)
+    x, xs, idx, tw = check.make_inputs(T, E, K, H, "cpu", seed=seed)
+    got = R.moe_reference_quantized(x.view(torch.float8_e4m3fn), xs, idx, tw, (w1, s1), (w2, s2),
+                                    activation_clamp=clamp, numerics=R.Numerics.sm90_kernel(mma="h200_wgmma"))
+    want = check.reference_sm90(x, xs, idx, tw, w1, s1, w2, s2, clamp=clamp, mma="h200_wgmma")
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    exact = check.reference_sm90(x, xs, idx, tw, w1, s1, w2, s2, clamp=clamp)
+    assert not torch.equal(exact.view(torch.int16), want.view(torch.int16))
+    assert check.compare(want, exact)["rel_l2"] < 1e-2
