@@ -36,11 +36,13 @@ would; ``s_max`` over the 32-groups that hold a nonzero value), and the group's 
 multiplies the G-wide partial sum.  ``w_fold_k = "row"`` folds the weights over each row's
 whole K, and ``w_fold_top = t`` decodes them as ``2^(s_i - s_max + t)`` with ``2^(s_max - t)``
 applied per 32-wide partial sum (this project's SM90 kernel: ``Numerics.sm90_kernel()``).
-What this does *not* model: the internal accumulation order/precision of a tensor-core
-instruction (Hopper FP8 ``wgmma`` is known to keep fewer than 32 accumulator bits), and
-the last-ulp behaviour of the GPU's ``expf``/``__expf``/``rcp.approx`` (here: correctly
-rounded FP32 results), which can flip one FP8 rounding in rare cases.  Compare kernels with
-a tolerance on the GEMM-dependent parts; everything else is exact.
+The partial sums are exact by default (``Numerics.mma = "exact"``); ``mma = "h200_wgmma"``
+forms them as the H200's FP8 ``wgmma`` does (:func:`h200_wgmma_partials`, a model fitted to
+the tensor core bit for bit), with which this project's SM90 kernel is reproduced bit for bit
+(measured on the H200, ``benchmarks/results/kernel_numerics_h200.json``).  What this does
+*not* model: other tensor cores' accumulation (SM100's block-scaled MMA is taken as exact),
+and the last-ulp behaviour of the GPU's ``__expf``/``rcp.approx`` under ``fast_math`` (here:
+correctly rounded FP32 results), which can flip one FP8 rounding in rare cases.
 
 Expert parallelism (:func:`moe_reference_quantized_ep`) splits experts over R ranks and
 performs dispatch / combine in one process; each routed row's arithmetic is independent of

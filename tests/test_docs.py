@@ -130,6 +130,21 @@ def test_kernel_table_has_the_back_to_back_times_of_the_committed_run(site: Path
     assert cells[7] == f"{fg['us_steady']:.1f}" and cells[8] == f"{fg['us_steady'] / ours['us_steady']:.2f}x", cells
 
 
+def test_numerics_page_has_the_wgmma_model_tables(site: Path):
+    """The numerics page's WGMMA tables: the kept model's worst fraction (100.00%) and a
+    rejected one's, and the 4096-token row's exact-reference rel L2, recomputed from the JSONs."""
+    fit = json.loads((ROOT / "benchmarks/results/wgmma_acc_fit_h200.json").read_text())
+    page = (site / "concepts/numerics/index.html").read_text()
+    for name, per_kind in fit["fraction_bitwise_equal"].items():
+        worst = min(min(v.values()) for v in per_kind.values())
+        tr = next(ln for ln in page.split("<tr>") if f"<td>{name}</td>" in ln)
+        assert f">{100 * worst:.2f}%</td>" in tr, (name, tr)
+    num = json.loads((ROOT / "benchmarks/results/kernel_numerics_h200.json").read_text())
+    r = next(r for r in num["rows"] if r["tokens"] == 4096)
+    tr = next(ln for ln in page.split("<tr>") if ">v4-flash</td>" in ln and ">4096</td>" in ln)
+    assert f">{r['exact']['rel_l2']:.1e}</td>" in tr and ">100.00%</td>" in tr, tr
+
+
 class _Quiet(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *a):
         pass

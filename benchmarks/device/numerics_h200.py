@@ -15,6 +15,7 @@ import time
 import torch
 
 from megamoe.kernel import MegaMoEKernel, prepare_weights
+from megamoe.kernel.build import library_path
 from megamoe.kernel.check import (
     compare,
     l2_pool_agreement,
@@ -69,7 +70,8 @@ def main(out_path: str) -> None:
               f"off {h['frac_off_1pct']:.2e} bitwise {h['bitwise_equal']:.5f} pool {h['l2_pool']['bytes_equal']:.6f} "
               f"({h['ref_seconds']} s)", flush=True)
         with open(out_path, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "build": library_path().parent.name, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -1038,6 +1038,38 @@ class Gen:
                        + probes_txt)
         self.snippets["kernel_experiments"] = "\n".join(out) if out else "No experiment file is committed."
 
+    def wgmma_model(self) -> None:
+        """The H200 FP8 WGMMA accumulation model: how well each candidate reproduces the tensor
+        core (``benchmarks/results/wgmma_acc_fit_h200.json``, from ``benchmarks/wgmma_acc_fit.py``)
+        and the kernel against its two references (``kernel_numerics_h200.json``, from
+        ``benchmarks/device/numerics_h200.py``)."""
+        res = ROOT / "benchmarks" / "results"
+        fit = json.loads((res / "wgmma_acc_fit_h200.json").read_text())
+        rows = []
+        for name, per_kind in fit["fraction_bitwise_equal"].items():
+            worst = min(min(v.values()) for v in per_kind.values())
+            cells = [f"{100 * min(per_kind[k][v] for k in per_kind):.2f}%" for v in fit["variants"]]
+            rows.append([name, *cells, f"{100 * worst:.2f}%"])
+        n = fit["results_per_variant"]
+        fit_md = (f"Results reproduced bit for bit, of {n:,} per variant ({fit['tiles']} tiles of 64 x 16, "
+                  f"{len(fit['kinds'])} operand kinds: {', '.join(fit['kinds'])}; the worst kind per column; "
+                  f"{fit['note']}):\n\n" + _md_table(["model of one k32 step", *fit["variants"], "worst"], rows,
+                                                     "l" + "r" * (len(fit["variants"]) + 1)))
+        num = json.loads((res / "kernel_numerics_h200.json").read_text())
+        krows = []
+        for r in num["rows"]:
+            e, h = r["exact"], r["h200_wgmma"]
+            krows.append([r["case"], r["tokens"], f"{e['rel_l2']:.1e}", f"{100 * e['frac_off_1pct']:.1f}%",
+                          f"{100 * e['l2_pool']['bytes_equal']:.2f}%", f"{h['rel_l2']:.1e}",
+                          f"{100 * h['frac_off_1pct']:.1f}%", f"{100 * h['bitwise_equal']:.2f}%",
+                          f"{100 * h['l2_pool']['bytes_equal']:.2f}%", f"{r['kernel_vs_exact_math']['rel_l2']:.2e}"])
+        kern_md = (f"The kernel (build `{num.get('build', '?')[:8]}`, {num['device']}, torch {num['torch']}) against "
+                   "`reference_sm90` with exact partial sums and with the model:\n\n" + _md_table(
+                       ["case", "tokens", "exact: rel L2", "off > 1%", "L2-pool bytes equal", "model: rel L2",
+                        "off > 1%", "outputs bitwise equal", "L2-pool bytes equal", "kernel vs exact math"],
+                       krows, "lrrrrrrrrr"))
+        self.snippets["wgmma_model"] = fit_md + "\n\n" + kern_md
+
     def hardware_table(self) -> None:
         import tomllib
 
@@ -1084,7 +1116,7 @@ class Gen:
             for name in ("timeline", "stage_gantt", "barrier_fig", "plotly_timeline", "utilization_regions", "wave_map",
                          "pull_order_fig", "moe_align", "buffer_layout", "warp_roles", "numerics_fig",
                          "weight_layout_fig", "sm100_vs_sm90", "whatif", "policies_whatif", "studies", "h200_compare", "validation", "hardware_table", "cli_help", "kernel_status",
-                         "kernel_experiments"):
+                         "kernel_experiments", "wgmma_model"):
                 if name in WORKER_FIGURES and hasattr(self, "_worker_figs"):
                     continue  # made by the worker process, collected below
                 t0 = time.time()
