@@ -104,14 +104,33 @@ def make(path: str, seed: int = 0) -> dict:
     return {"tiles": t, "seed": seed}
 
 
+class ProbeFileError(ValueError):
+    """A probe file that is missing or has the wrong size (one-line message)."""
+
+
 def load(inp: str, outp: str | None = None):
-    raw = np.fromfile(inp, np.uint8)
-    t = int(raw[:4].view(np.int32)[0])
-    o = 4
-    A = raw[o:o + t * M * K].reshape(t, M, K); o += t * M * K
-    B = raw[o:o + t * N * K].reshape(t, N, K); o += t * N * K
-    C = raw[o:o + t * M * N * 4].view(np.float32).reshape(t, M, N)
-    D = None if outp is None else np.fromfile(outp, np.float32).reshape(t, V, M, N)
+    """The probe's operands (and results): A uint8 [t, 64, 128], B uint8 [t, 16, 128], C float32
+    [t, 64, 16], D float32 [t, 4, 64, 16] or None. Raises ProbeFileError."""
+    try:
+        raw = np.fromfile(inp, np.uint8)
+        t = int(raw[:4].view(np.int32)[0]) if raw.size >= 4 else -1
+        want = 4 + t * (M * K + N * K + M * N * 4)
+        if t <= 0 or raw.size != want:
+            raise ProbeFileError(f"inp: expected a file written by 'make' (int32 tiles, then A, B, C), got {raw.size} "
+                                 f"bytes from {inp}")
+        o = 4
+        A = raw[o:o + t * M * K].reshape(t, M, K); o += t * M * K
+        B = raw[o:o + t * N * K].reshape(t, N, K); o += t * N * K
+        C = raw[o:o + t * M * N * 4].view(np.float32).reshape(t, M, N)
+        D = None
+        if outp is not None:
+            out = np.fromfile(outp, np.float32)
+            if out.size != t * V * M * N:
+                raise ProbeFileError(f"outp: expected {t * V * M * N} float32 results ({t} tiles x {V} x {M} x {N}), "
+                                     f"got {out.size} from {outp}")
+            D = out.reshape(t, V, M, N)
+    except OSError as e:
+        raise ProbeFileError(f"{e.filename}: cannot read ({e.strerror})") from None
     return A, B, C, D
 
 
@@ -127,17 +146,29 @@ def main(argv=None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("make")
     m.add_argument("inp")
-    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--seed", type=int, default=0, help="a non-negative integer")
     f = sub.add_parser("fit")
     f.add_argument("inp")
     f.add_argument("outp")
     f.add_argument("--json")
     f.add_argument("--note", default="", help="stored in the JSON (where and when the probe ran)")
     a = ap.parse_args(argv)
-    if a.cmd == "make":
-        print(json.dumps(make(a.inp, a.seed)))
+    if a.cmd == "make" and a.seed < 0:
+        ap.error(f"--seed: expected a non-negative integer, got {a.seed}")
+    try:
+        if a.cmd == "make":
+            print(json.dumps(make(a.inp, a.seed)))
+            return 0
+        return fit(a.inp, a.outp, a.json, a.note)
+    except ProbeFileError as e:
+        print(f"wgmma_acc_fit.py: error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # the table piped into a closed reader (e.g. head)
+        sys.stderr.close()
         return 0
-    return fit(a.inp, a.outp, a.json, a.note)
+    except OSError as e:
+        print(f"wgmma_acc_fit.py: error: {e.filename}: cannot write ({e.strerror})", file=sys.stderr)
+        return 2
 
 
 _B = np.arange(256)

@@ -132,3 +132,19 @@ def test_two_references_agree_bitwise(clamp, T, seed):
     exact = check.reference_sm90(x, xs, idx, tw, w1, s1, w2, s2, clamp=clamp)
     assert not torch.equal(exact.view(torch.int16), want.view(torch.int16))
     assert check.compare(want, exact)["rel_l2"] < 1e-2
+
+
+def test_fit_script_bad_input_is_one_line_exit_2(tmp_path):
+    import subprocess
+    script = str(ROOT / "benchmarks" / "wgmma_acc_fit.py")
+    good = tmp_path / "in.bin"
+    r = subprocess.run([sys.executable, script, "make", str(good)], capture_output=True, text=True, check=False)
+    assert r.returncode == 0 and good.stat().st_size == 4 + 512 * (64 * 128 + 16 * 128 + 64 * 16 * 4)
+    short = tmp_path / "out.bin"
+    short.write_bytes(b"\0" * 100)
+    for args, field in ((["fit", str(tmp_path / "missing.bin"), str(short)], "missing.bin"),
+                        (["fit", str(good), str(short)], "outp: expected 2097152 float32 results"),
+                        (["fit", str(short), str(short)], "inp: expected a file written by 'make'"),
+                        (["make", str(tmp_path / "x.bin"), "--seed", "-1"], "--seed: expected a non-negative")):
+        r = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, check=False)
+        assert r.returncode == 2 and field in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
