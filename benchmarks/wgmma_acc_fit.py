@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 import numpy as np
@@ -154,11 +155,17 @@ def main(argv=None) -> int:
     f.add_argument("--note", default="", help="stored in the JSON (where and when the probe ran)")
     a = ap.parse_args(argv)
     if a.cmd == "make" and a.seed < 0:
-        ap.error(f"--seed: expected a non-negative integer, got {a.seed}")
+        print(f"wgmma_acc_fit.py: error: --seed: expected a non-negative integer, got {a.seed}", file=sys.stderr)
+        return 2
     try:
         if a.cmd == "make":
             print(json.dumps(make(a.inp, a.seed)))
             return 0
+        if a.json:  # fail on an unwritable output before the work (and create nothing)
+            d = os.path.dirname(os.path.abspath(a.json))
+            if os.path.isdir(a.json) or not os.path.isdir(d) or not os.access(d, os.W_OK):
+                print(f"wgmma_acc_fit.py: error: --json: expected a writable file path, got {a.json!r}", file=sys.stderr)
+                return 2
         return fit(a.inp, a.outp, a.json, a.note)
     except ProbeFileError as e:
         print(f"wgmma_acc_fit.py: error: {e}", file=sys.stderr)
@@ -167,7 +174,8 @@ def main(argv=None) -> int:
         sys.stderr.close()
         return 0
     except OSError as e:
-        print(f"wgmma_acc_fit.py: error: {e.filename}: cannot write ({e.strerror})", file=sys.stderr)
+        path = e.filename if e.filename is not None else (a.inp if a.cmd == "make" else a.json)
+        print(f"wgmma_acc_fit.py: error: {path!r}: cannot write ({e.strerror})", file=sys.stderr)
         return 2
 
 
@@ -220,6 +228,9 @@ VARIANTS = ("one k32 step from zero", "two chained (a 64-K group)", "four chaine
 
 def fit(inp: str, outp: str, json_path: str | None, note: str = "") -> int:
     A, B, C, D = load(inp, outp)
+    if A.shape[0] != len(KINDS) * TILES_PER_KIND:
+        raise ProbeFileError(f"inp: expected {len(KINDS) * TILES_PER_KIND} tiles ({len(KINDS)} operand kinds x "
+                             f"{TILES_PER_KIND}, as 'make' writes them), got {A.shape[0]}")
     res = {}
     for name, (align, bits, final) in MODELS.items():
         res[name] = {}

@@ -154,7 +154,7 @@ class Numerics:
                 and self.w_fold_k != self.x_fold_k and (self.w_fold_k != "row" or self.x_fold_k == "row"):
             raise InputError("numerics.x_fold_k", f"equal to w_fold_k ({self.w_fold_k!r}) when both are "
                              "set, or a multiple of 32 with w_fold_k='row'", repr(self.x_fold_k))
-        if self.mma not in ("exact", "h200_wgmma"):
+        if not isinstance(self.mma, str) or self.mma not in ("exact", "h200_wgmma"):
             raise InputError("numerics.mma", "'exact' or 'h200_wgmma'", repr(self.mma))
         if self.mma == "h200_wgmma" and (self.arch != "sm90" or self.group_k == "row"):
             raise InputError("numerics.mma", "'h200_wgmma' only with arch='sm90' and K groups of a fixed "
@@ -540,17 +540,31 @@ def h200_wgmma_partials(a_vals: torch.Tensor, b_vals: torch.Tensor, group: int,
     Returns:
         float32 ``[K / group, m, n]``; exact in FP32 (14 significant bits).
     Raises:
-        InputError: K of the two operands differ, or ``group`` is not a multiple of 32 dividing K.
+        InputError: an operand that is not a 2-D float tensor of E4M3 values (E4M3 *bytes* must
+            be decoded first), K of the two operands differ, ``group`` is not an int multiple
+            of 32 dividing K, or ``max_chunk_bytes`` is not a positive int.
     """
+    for nm, t in (("a_vals", a_vals), ("b_vals", b_vals)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 2 or not (t.is_floating_point() or t.dtype == torch.float8_e4m3fn):
+            raise InputError(nm, "a 2-D float tensor of E4M3 values (decode E4M3 bytes first: "
+                             "bytes.view(torch.float8_e4m3fn))",
+                             f"{t.dtype} tensor of shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__)
     m, k = a_vals.shape
     n = b_vals.shape[0]
     if b_vals.shape[1] != k:
         raise InputError("b_vals", f"[n, {k}] (the K of a_vals)", tuple(b_vals.shape))
     if not isinstance(group, int) or isinstance(group, bool) or group <= 0 or group % BLOCK_K or k % group:
-        raise InputError("group", f"a multiple of 32 dividing K = {k}", group)
+        raise InputError("group", f"an int, a multiple of 32 dividing K = {k}", repr(group))
+    if not isinstance(max_chunk_bytes, int) or isinstance(max_chunk_bytes, bool) or max_chunk_bytes <= 0:
+        raise InputError("max_chunk_bytes", "a positive int", repr(max_chunk_bytes))
     dev = a_vals.device
     a = a_vals.to(torch.float32)  # E4M3 x E4M3 products are exact in FP32 (8 bits, 2^-18..2^18)
     b = b_vals.to(torch.float32)
+    for nm, t in (("a_vals", a), ("b_vals", b)):
+        bad = t != t.to(torch.float8_e4m3fn).to(torch.float32)  # (NaN != NaN: refused too)
+        if bool(bad.any()):
+            raise InputError(nm, "E4M3 values (finite, representable in float8_e4m3fn)",
+                             f"{float(t[bad][0])} at {tuple(int(i) for i in bad.nonzero()[0])}")
     ea, eb = _e4m3_exponent(a), _e4m3_exponent(b)
     out = torch.empty((k // group, m, n), dtype=torch.float32, device=dev)
     nc = max(1, min(n, max_chunk_bytes // max(1, m * BLOCK_K * 10)))

@@ -1,6 +1,7 @@
 """Scheduler policies: built-ins pinned by hand, user files through --policy, bad policies."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -64,6 +65,20 @@ def test_user_policy_file_through_cli(tmp_path):
     d = json.loads(out.read_text())
     assert d["plan"]["policies"] == {"wave": "two-per-wave"}
     assert all(r["experts_per_wave"] == 2 for r in d["plan"]["ranks"])
+
+
+def test_readme_example_policy_file(tmp_path):
+    """The README's plug-in example, examples/my_policies.py:MyWaves: a quarter of the local
+    experts per wave (DeepSeek-V4-Pro, EP8: 384 / 8 = 48 local experts -> 12, within the pool)."""
+    out = tmp_path / "o.json"
+    root = Path(__file__).resolve().parents[1]
+    rc = main(["simulate", "--policy", "rank-by-rank", "--policy", f"{root / 'examples' / 'my_policies.py'}:MyWaves",
+               "--json", str(out)])
+    assert rc == 0
+    d = json.loads(out.read_text())
+    assert d["plan"]["policies"]["wave"] == "my-waves"
+    local = d["plan"]["ranks"][0]
+    assert all(r["experts_per_wave"] == 12 for r in d["plan"]["ranks"]), local
 
 
 @pytest.mark.parametrize("body,msg", [

@@ -115,6 +115,10 @@ def test_bad_arguments():
     x, xs, idx, tw = check.make_inputs(3, 2, 1, 64, "cpu")
     with pytest.raises(InputError, match="mma"):
         check.reference_sm90(x, xs, idx, tw, *w, mma="h100")
+    with pytest.raises(InputError, match="numerics.mma"):
+        R.Numerics.sm90_kernel(mma=["exact"])
+    with pytest.raises(InputError, match="packed"):  # W1 of another hidden size
+        check.gemm_sm90_h200(x, xs, w[0][0][:, :16], w[1][0][:, :1])
 
 
 @pytest.mark.parametrize("clamp,T,seed", [(None, 40, 1), (0.05, 33, 2)])
@@ -145,6 +149,31 @@ def test_fit_script_bad_input_is_one_line_exit_2(tmp_path):
     for args, field in ((["fit", str(tmp_path / "missing.bin"), str(short)], "missing.bin"),
                         (["fit", str(good), str(short)], "outp: expected 2097152 float32 results"),
                         (["fit", str(short), str(short)], "inp: expected a file written by 'make'"),
-                        (["make", str(tmp_path / "x.bin"), "--seed", "-1"], "--seed: expected a non-negative")):
+                        (["make", str(tmp_path / "x.bin"), "--seed", "-1"], "--seed: expected a non-negative"),
+                        (["fit", str(good), str(short), "--json", str(tmp_path / "no" / "x.json")], "--json: expected")):
         r = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, check=False)
         assert r.returncode == 2 and field in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "x.bin").exists()
+
+
+def test_model_refuses_what_is_not_e4m3():
+    """E4M3 *bytes* (uint8) read as numbers would give nonsense: refused, like values E4M3 cannot
+    hold, NaN, a 1-D tensor or a non-tensor."""
+    ok = torch.zeros(2, 32)
+    for a, field in ((torch.full((2, 32), 0x38, dtype=torch.uint8), "a_vals: expected a 2-D float tensor"),
+                     (torch.full((2, 32), 0.3), "a_vals: expected E4M3 values"),
+                     (torch.full((2, 32), float("nan")), "a_vals: expected E4M3 values"),
+                     (torch.full((2, 32), 1000.0), "a_vals: expected E4M3 values"),
+                     (torch.zeros(32), "a_vals: expected a 2-D float tensor"),
+                     ([0.0] * 32, "a_vals: expected a 2-D float tensor")):
+        with pytest.raises(InputError, match=field):
+            R.h200_wgmma_partials(a, ok, 32)
+    with pytest.raises(InputError, match="max_chunk_bytes"):
+        R.h200_wgmma_partials(ok, ok, 32, max_chunk_bytes="x")
+    # float8 tensors are taken as they are
+    a = torch.zeros(1, 32)
+    a[0, :3] = torch.tensor([128.0, 3, 3])
+    b = torch.zeros(1, 32)
+    b[0, :3] = torch.tensor([128.0, 1, 1])
+    assert float(R.h200_wgmma_partials(a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn), 32)[0, 0, 0]) == 16388.0

@@ -94,7 +94,10 @@ def gemm_sm90_h200(q, sf, packed, w_sf, fold=64):
     partial (``megamoe.reference.h200_wgmma_partials``), ``acc = fma(part, 2^sx, acc)`` in K
     order from zero, then times the row scale (all in FP32)."""
     torch = _torch()
+    from ..errors import require
     from ..reference import h200_wgmma_partials
+    require(packed.dim() == 2 and packed.shape[1] * 2 == q.shape[-1], "packed",
+            f"E2M1 weights [N, {q.shape[-1] // 2}] (the K of x, packed two per byte)", tuple(packed.shape))
     xv = q.view(torch.float8_e4m3fn).to(torch.float32)
     # the group's scale byte (a folded group's bytes are equal) as the kernel reads it: byte << 23
     sx = (sf[:, ::fold // 32].to(torch.int32) << 23).view(torch.float32)
