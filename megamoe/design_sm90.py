@@ -194,8 +194,12 @@ class SM90Design:
 
 def design_for(num_tokens: int, hidden: int, inter: int, num_experts: int, topk: int, num_sms: int = 132,
                ranks: int = 1, block_m: int | None = None, experts_per_wave: int | None = None,
-               num_stages: int | None = None) -> SM90Design:
-    """The SM90 design for a scenario; any argument given overrides the rule.
+               num_stages: int | None = None, pool_tokens: int | None = None) -> SM90Design:
+    """The SM90 design for a scenario (one rank of ``ranks``); any argument given overrides the
+    rule: block_m from the expected tokens per expert (``num_tokens * ranks * topk /
+    num_experts``), experts per wave over the rank's ``num_experts / ranks`` local experts,
+    stages from shared memory, pool rows for ``pool_tokens`` tokens per rank (default
+    ``num_tokens``; the EP launcher passes its ``max_tokens``).
 
     Raises:
         ValueError: ``block_m`` not one of ``BLOCK_MS``.
@@ -206,7 +210,7 @@ def design_for(num_tokens: int, hidden: int, inter: int, num_experts: int, topk:
     if bm not in BLOCK_MS:
         raise ValueError(f"block_m: expected one of {BLOCK_MS}, got {bm}")
     st = stages_for(bm, num_experts, num_stages)
-    epw = experts_per_wave or experts_per_wave_for(num_experts, expected, bm, inter, num_sms)
+    epw = experts_per_wave or experts_per_wave_for(num_experts // ranks, expected, bm, inter, num_sms)
+    rows = pool_rows_for(num_tokens if pool_tokens is None else pool_tokens, topk, num_experts, bm, ranks)
     return SM90Design(block_m=bm, block_n=BLOCK_N, block_k=BLOCK_K, num_stages=st, experts_per_wave=epw,
-                      num_sms=num_sms, pool_rows=pool_rows_for(num_tokens, topk, num_experts, bm, ranks),
-                      smem_bytes=smem_bytes(bm, st, num_experts))
+                      num_sms=num_sms, pool_rows=rows, smem_bytes=smem_bytes(bm, st, num_experts))

@@ -112,17 +112,11 @@ def design_ep(num_tokens: int, max_tokens: int, hidden: int, inter: int, num_exp
               num_ranks: int, num_sms: int, block_m: int | None = None, experts_per_wave: int | None = None,
               num_stages: int | None = None) -> design_sm90.SM90Design:
     """Launch numbers of one rank, the same rule as ``megamoe.plan.build_plan(design="megamoe-sm90")``:
-    block_m from this rank's tokens (``T_r * R * k / E``), experts per wave over the local experts,
-    stages from shared memory, pool rows for ``max_tokens`` from every rank."""
-    el = num_experts // num_ranks
-    expected = num_tokens * num_ranks * topk / num_experts
-    bm = block_m or design_sm90.block_m_for(expected)
-    st = design_sm90.stages_for(bm, num_experts, num_stages)
-    epw = experts_per_wave or design_sm90.experts_per_wave_for(el, expected, bm, inter, num_sms)
-    return design_sm90.SM90Design(
-        block_m=bm, block_n=design_sm90.BLOCK_N, block_k=design_sm90.BLOCK_K, num_stages=st, experts_per_wave=epw,
-        num_sms=num_sms, pool_rows=design_sm90.pool_rows_for(max(max_tokens, 1), topk, num_experts, bm, num_ranks),
-        smem_bytes=design_sm90.smem_bytes(bm, st, num_experts))
+    :func:`megamoe.design_sm90.design_for` with ``ranks = num_ranks`` and the pool sized for
+    ``max_tokens`` from every rank."""
+    return design_sm90.design_for(num_tokens, hidden, inter, num_experts, topk, num_sms, ranks=num_ranks,
+                                  block_m=block_m, experts_per_wave=experts_per_wave, num_stages=num_stages,
+                                  pool_tokens=max(max_tokens, 1))
 
 
 class _SymmetricBuffer:
