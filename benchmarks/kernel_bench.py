@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from megamoe.kernel import MegaMoEKernel, cuda_available, prepare_weights  # noqa: E402
 from megamoe.kernel.check import make_weights, make_inputs, reference_sm90, compare  # noqa: E402
-from megamoe.kernel.timing import cuda_steady_us, cuda_times_us, kernel_durations_us  # noqa: E402
+from megamoe.kernel.timing import alternating_rounds, cuda_steady_us, cuda_times_us, kernel_durations_us  # noqa: E402
 
 E, K, H, I = 256, 6, 4096, 2048
 
@@ -273,12 +273,8 @@ def main():
     def traced():
         kern(x, xs, idx, tw, trace="device")
 
-    rounds = []
-    for r in range(6):
-        pair = {}
-        for name, fn in ((("off", lambda: kern(x, xs, idx, tw)), ("on", traced))[::1 if r % 2 == 0 else -1]):
-            pair[name] = statistics.median(kernel_durations_us(fn, 5, "megamoe_sm90_kernel"))
-        rounds.append(pair)
+    rounds = alternating_rounds({"off": lambda: kern(x, xs, idx, tw), "on": traced}, 6,
+                                lambda fn: statistics.median(kernel_durations_us(fn, 5, "megamoe_sm90_kernel")))
     off = statistics.median(p["off"] for p in rounds)
     on = statistics.median(p["on"] for p in rounds)
     overhead = statistics.median(p["on"] / p["off"] - 1 for p in rounds)

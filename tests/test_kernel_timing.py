@@ -71,3 +71,15 @@ def test_device_times_keep_only_the_named_cuda_kernels():
               NS(name="void megamoe::megamoe_sm90_kernel<16, false>(megamoe::Sm90Args)", device_type=cuda, device_time_total=1141.0)]
     assert device_times_of(events, "megamoe_sm90_kernel") == [1139.4, 1141.0]
     assert device_times_of(events, "no_such_kernel") == []
+
+
+def test_alternating_rounds_run_abba_and_after_each_round():
+    from megamoe.kernel.timing import alternating_rounds
+
+    log = []
+    fns = {"a": lambda: log.append("a") or 1.0, "b": lambda: log.append("b") or 2.0}
+    out = alternating_rounds(fns, 3, lambda fn: fn() * 10, after_round=lambda: log.append("|"))
+    assert out == [{"a": 10.0, "b": 20.0}] * 3
+    assert log == ["a", "b", "|", "b", "a", "|", "a", "b", "|"]
+    with pytest.raises(ValueError, match="rounds"):
+        alternating_rounds(fns, 0, lambda fn: fn())

@@ -38,7 +38,7 @@ from megamoe import design_sm90
 from megamoe.kernel import KernelError, MegaMoEKernel, cuda_available, prepare_weights
 from megamoe.kernel.check import make_inputs, make_weights
 from megamoe.kernel.runtime import load_library_file
-from megamoe.kernel.timing import cuda_steady_us
+from megamoe.kernel.timing import alternating_rounds, cuda_steady_us
 
 E, K, H, I = 256, 6, 4096, 2048
 TIMING_BITS = 2 | 8 | 32 | 64 | 128  # fault_inject bits that only change timing (params.h); 1 is the timeout test
@@ -108,13 +108,10 @@ def main() -> int:
         old = old_for(new.last_design.block_m)
         ys.append(old(*args).clone())
         old.check()
-        times = {"new": [], "old": []}
-        for r in range(rounds):
-            order = (("new", new), ("old", old)) if r % 2 == 0 else (("old", old), ("new", new))
-            for name, k in order:
-                times[name].append(cuda_steady_us(lambda k=k, a=args: k(*a), 5, rounds=1)[0])
-            new.check()
-            old.check()
+        per_round = alternating_rounds({"new": lambda a=args: new(*a), "old": lambda a=args, k=old: k(*a)}, rounds,
+                                       lambda fn: cuda_steady_us(fn, 5, rounds=1)[0],
+                                       after_round=lambda k=old: (new.check(), k.check()))
+        times = {name: [t[name] for t in per_round] for name in ("new", "old")}
         ratios = [a / b for a, b in zip(times["new"], times["old"])]
         row = {"ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
                "new_us": statistics.median(times["new"]), "old_us": statistics.median(times["old"]),

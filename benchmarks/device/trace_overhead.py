@@ -16,7 +16,7 @@ import torch
 from megamoe.kernel import MegaMoEKernel, prepare_weights
 from megamoe.kernel.build import library_path
 from megamoe.kernel.check import make_inputs, make_weights
-from megamoe.kernel.timing import kernel_durations_us
+from megamoe.kernel.timing import alternating_rounds, kernel_durations_us
 
 E, K, H, I = 256, 6, 4096, 2048
 w = make_weights(E, H, I, "cuda", seed=11)
@@ -38,13 +38,10 @@ for T in (64, 4096, 8192):
     def on(a=args):
         k(*a, trace="device")
 
-    rows = []
-    for r in range(8):
-        t = {}
-        for name, fn in ((("off", off), ("on", on)) if r % 2 == 0 else (("on", on), ("off", off))):
-            t[name] = statistics.median(kernel_durations_us(fn, 5, "megamoe_sm90_kernel"))
-        k.fetch_trace()
-        rows.append((t["off"], t["on"], t["on"] / t["off"] - 1))
+    per_round = alternating_rounds({"off": off, "on": on}, 8,
+                                   lambda fn: statistics.median(kernel_durations_us(fn, 5, "megamoe_sm90_kernel")),
+                                   after_round=k.fetch_trace)
+    rows = [(t["off"], t["on"], t["on"] / t["off"] - 1) for t in per_round]
     ov = [r[2] for r in rows]
     out[T] = {"timing": "kernel (CUPTI), paired ABBA rounds", "rounds": rows, "median_overhead": statistics.median(ov)}
     print(f"T={T}: " + "  ".join(f"{a:.0f}/{b:.0f} ({100 * c:+.2f}%)" for a, b, c in rows)

@@ -99,3 +99,24 @@ def device_times_of(events, name_contains: str) -> list[float]:
         if getattr(getattr(e, "device_type", None), "name", "") == "CUDA" and name_contains in e.name:
             out.append(float(e.device_time_total))
     return out
+
+
+def alternating_rounds(fns: dict, rounds: int, measure, after_round=None) -> list[dict[str, float]]:
+    """Paired timing of two (or more) variants in ABBA order: in each of ``rounds`` rounds,
+    ``measure(fn)`` of every ``fns`` entry, in the dict's order in even rounds and reversed in
+    odd ones, so that a drift between rounds cancels in the per-round ratios; then
+    ``after_round()`` if given (e.g. a kernel's error check, or draining its trace buffer).
+    Returns one ``{name: measure}`` dict per round.
+
+    Raises:
+        ValueError: ``rounds`` below 1.
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds: expected >= 1, got {rounds}")
+    items = list(fns.items())
+    out = []
+    for r in range(rounds):
+        out.append({name: measure(fn) for name, fn in (items if r % 2 == 0 else items[::-1])})
+        if after_round is not None:
+            after_round()
+    return out
