@@ -93,9 +93,9 @@ def stage_bytes(block_m: int) -> int:
     """Shared memory of one pipeline stage, rounded up to 1024 B (WGMMA's 128-byte swizzle
     atoms need 1024-B alignment): token tile ``[block_m][128]`` E4M3, packed weights
     ``[128][64]`` (decoded into registers, never into shared memory), weight scales
-    ``[128][4]``, token scales ``[block_m][4]`` (128-B aligned), and one FP32 token-scale table
-    ``[4][block_m]`` per consumer warpgroup."""
-    return _align(block_m * BLOCK_K + 8192 + 512 + _align(block_m * 4, 128) + block_m * 32, 1024)
+    ``[128][4]`` and the token scales as FP32 ``[2][block_m]`` (one per 64-K group: the pools'
+    ``l1_pool_fsx`` / ``l2_pool_fsx`` slab the producer copies with the stage, kernel v7.5)."""
+    return _align(block_m * BLOCK_K + 8192 + 512 + block_m * 8, 1024)
 
 
 def fixed_bytes(block_m: int, num_experts: int) -> int:

@@ -84,6 +84,11 @@ MAX_CALENDAR_BUCKETS = 1 << 27
 MAX_BLOCKS = 8_000_000
 DISPATCH_WARPS_PER_SM = 4
 WITH_SCALES = 1 + 1 / 32  # FP8 / FP4 data plus one UE8M0 byte per 32 elements
+# The SM90 kernel's pools also hold each token's scale as FP32 per 64-K group (Params::l1_pool_fsx,
+# l2_pool_fsx; kernel v7.5): the producer copies those (4 B per 64 elements) instead of the
+# bytes, and the L1 epilogue writes both.
+SM90_ACT_READ = 1 + 4 / 64
+SM90_L1_OUT = WITH_SCALES + 4 / 64
 SM90_THREADS = 512  # threads per CTA of the SM90 kernel (megamoe.design_sm90.THREADS)
 # dependent NVLink round trips of one remote pull in the SM90 kernel's EP dispatch
 # (csrc/megamoe/kernel_sm90.cu dispatch_role_ep): the row in two batches of four 16-byte
@@ -327,10 +332,13 @@ class _Engine:
         pb_m = np.arange(n_pb) - pbo[pb_e]
         valid = np.minimum(bm, tpe[pb_e] - pb_m * bm).tolist()
         ktot1, ktot2 = (H // bk) * bk, (I // bk) * bk
-        # first-touch activation bytes (FP8 + UE8M0 scales) and L1 output bytes per pool block
-        act1 = [v * ktot1 * WITH_SCALES for v in valid]
-        act2 = [v * ktot2 * WITH_SCALES for v in valid]
-        l1_out = [v * cs * bn / 2 * WITH_SCALES for v in valid]
+        # first-touch activation bytes (FP8 + UE8M0 scales; SM90: + FP32 scales read instead of
+        # the bytes) and L1 output bytes per pool block
+        sm90 = plan.design == "megamoe-sm90"
+        act_f, out_f = (SM90_ACT_READ, SM90_L1_OUT) if sm90 else (WITH_SCALES, WITH_SCALES)
+        act1 = [v * ktot1 * act_f for v in valid]
+        act2 = [v * ktot2 * act_f for v in valid]
+        l1_out = [v * cs * bn / 2 * out_f for v in valid]
         # L2 write-back targets: tokens of each pool block per source rank (pool order)
         src = [rp.pull_order(e)[:, 0] for e in range(len(tpe)) if tpe[e]]
         if src:

@@ -2,6 +2,7 @@
 
 import csv
 import ctypes
+import dataclasses
 import importlib.util
 import re
 import subprocess
@@ -42,12 +43,12 @@ def test_pool_rows():
 def test_design_for_v4_flash():
     des = d.design_for(8192, 4096, 2048, 256, 6)
     # by hand: stage = token tile 128x128 + packed weights 128 x 64 + weight scales 128 x 4
-    # + token scales 128 x 4 + FP32 token-scale tables 2 x 4 x 128 x 4 = 29696 B (a multiple of
-    # 1024; no decoded weights: they go to registers); fixed = 1024 + align128(256 x 12 + 64)
-    # + 8 x 128 x 4 = 8320 -> 9216; (232448 - 9216) // 29696 = 7
-    assert d.stage_bytes(128) == 29696 and d.fixed_bytes(128, 256) == 9216
-    assert des.block_m == 128 and des.block_n == 128 and des.num_stages == 7
-    assert des.smem_bytes == 9216 + 7 * 29696
+    # + FP32 token scales 2 x 128 x 4 = 26112 -> 26624 B (1024-B aligned; no decoded weights:
+    # they go to registers); fixed = 1024 + align128(256 x 12 + 64) + 8 x 128 x 4 = 8320 -> 9216;
+    # (232448 - 9216) // 26624 = 8
+    assert d.stage_bytes(128) == 26624 and d.fixed_bytes(128, 256) == 9216
+    assert des.block_m == 128 and des.block_n == 128 and des.num_stages == 8
+    assert des.smem_bytes == 9216 + 8 * 26624
     assert 256 % des.experts_per_wave == 0
 
 
@@ -96,7 +97,7 @@ def test_load_library_file_binds_a_second_copy(tmp_path):
     ABI-checked like the cached one, and stays a separate object."""
     if kbuild.find_nvcc() is None:
         pytest.skip("nvcc not installed")
-    from megamoe.kernel.runtime import Params, load_library_file
+    from megamoe.kernel.runtime import KernelError, Params, load_library_file
 
     r = kbuild.build("sm_90a")
     copy = tmp_path / "other" / r.path.name
@@ -105,6 +106,28 @@ def test_load_library_file_binds_a_second_copy(tmp_path):
     lib = load_library_file(copy)
     assert lib.megamoe_sm90_abi_size() == ctypes.sizeof(Params)
     assert lib.megamoe_sm90_smem_bytes(128, 7, 256) == d.smem_bytes(128, 7, 256)
+    # a build older than the mirror (fields appended since): refused unless older_prefix,
+    # and a build newer than the mirror always
+    from megamoe.kernel import select
+
+    class Longer(ctypes.Structure):
+        _fields_ = [("base", Params), ("appended", ctypes.c_int64)]
+
+    class Shorter(ctypes.Structure):
+        _fields_ = [("head", ctypes.c_byte * (ctypes.sizeof(Params) - 8))]
+
+    real = select.PATHS["sm_90a"]
+    try:
+        select.PATHS["sm_90a"] = dataclasses.replace(real, params=lambda: Longer)
+        with pytest.raises(KernelError, match=rf"= {ctypes.sizeof(Params)} B, ctypes mirror Longer = "
+                                              rf"{ctypes.sizeof(Params) + 8} B"):
+            load_library_file(copy)
+        assert load_library_file(copy, older_prefix=True).megamoe_sm90_abi_size() == ctypes.sizeof(Params)
+        select.PATHS["sm_90a"] = dataclasses.replace(real, params=lambda: Shorter)
+        with pytest.raises(KernelError, match="ABI mismatch"):
+            load_library_file(copy, older_prefix=True)
+    finally:
+        select.PATHS["sm_90a"] = real
     with pytest.raises(OSError):
         load_library_file(tmp_path / "missing.so")
     with pytest.raises(kbuild.KernelBuildError, match="^arch: expected one of"):
@@ -358,14 +381,14 @@ def test_stages_floor_is_one_per_producer_warp():
         d.stages_for(16, 256, 3)
     assert str(e.value) == ("num_stages: expected in [4, 16] (at least one per issuing producer warp, at most what 232448 B "
                             "of shared memory holds at block_m 16), got 3")
-    with pytest.raises(InputError, match=r"^num_stages: expected in \[2, 7\] .*got 8$"):
-        d.stages_for(128, 256, 8)
+    with pytest.raises(InputError, match=r"^num_stages: expected in \[2, 8\] .*got 9$"):
+        d.stages_for(128, 256, 9)
     # the EP design takes the same rule
     from megamoe.kernel.ep import design_ep
     with pytest.raises(InputError, match=r"^num_stages: expected in \[4, "):
         design_ep(64, 64, 4096, 2048, 256, 6, 2, 132, block_m=32, num_stages=2)
     # an expert count that leaves room for 3 stages but not 4 at block_m 16: by hand, the
-    # largest E with fixed(16, E) + 4 x 12288 <= 232448 is the floor's limit
+    # largest E with fixed(16, E) + 4 x 11264 <= 232448 is the floor's limit
     most = max(e for e in range(1, 20000) if d.smem_bytes(16, 4, e) <= d.SMEM_LIMIT_SM90)
     assert d.num_stages_for(16, most + 1) == 3
     with pytest.raises(InputError, match=rf"^shape.num_experts: expected at most {most} experts \(their dispatch "

@@ -417,3 +417,23 @@ def test_simulate_argument_types():
         assert str(e.value) == msg
     with pytest.raises(InputError, match=r"^hardware: expected a preset name or a \.toml path, got NoneType$"):
         load_hardware(None)
+
+
+def test_sm90_pools_carry_fp32_token_scales(monkeypatch):
+    """The SM90 kernel's producer reads each token's scale as FP32 per 64-K group (4 B per 64
+    elements, kernel v7.5) instead of one UE8M0 byte per 32, and its L1 epilogue writes both.
+    By hand, against the same run with the byte-only factor: each routed row adds
+    (H + I) x (4/64 - 1/32) read bytes (first touch, both GEMMs) and I x 4/64 written bytes
+    (its L1 output over the 2I / bn N blocks of bn / 2 columns)."""
+    import sim.engine as eng
+    sc = Scenario(shape="8,2,256,256", num_ranks=1, tokens_per_rank=40, routing="uniform",
+                  design="megamoe-sm90", hardware="h200")
+    sc100 = Scenario(shape="8,2,256,256", num_ranks=1, tokens_per_rank=40, routing="uniform", hardware="b200")
+    with_fp32, sm100 = simulate(sc).hbm_bytes_sim, simulate(sc100).hbm_bytes_sim
+    monkeypatch.setattr(eng, "SM90_ACT_READ", eng.WITH_SCALES)
+    monkeypatch.setattr(eng, "SM90_L1_OUT", eng.WITH_SCALES)
+    bytes_only = simulate(sc).hbm_bytes_sim
+    rows = int((sc.routing_ids()[0] >= 0).sum())
+    H = I = 256
+    assert with_fp32[0] - bytes_only[0] == pytest.approx(rows * ((H + I) * (4 / 64 - 1 / 32) + I * 4 / 64))
+    assert simulate(sc100).hbm_bytes_sim[0] == sm100[0]  # the SM100 design reads the bytes only

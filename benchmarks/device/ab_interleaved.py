@@ -11,7 +11,8 @@ session: the median of five single calls from an idle GPU, which include 68-123 
 
 Per token count it reports: the median over rounds of the per-round ratio new / old (a
 paired measure), its range, each build's median time, and whether the outputs are bitwise
-equal. The old library must share this tree's ``Params`` layout (checked); it launches with
+equal. The old library must share this tree's ``Params`` layout, or a leading part of it (an
+older build, to which fields were only appended since: the sizes are checked); it launches with
 this tree's design numbers, except for the stage counts that ``--old-stages`` gives per
 block_m (for an old build whose stages have another size: its launcher computes its own
 shared memory from them).
@@ -86,7 +87,7 @@ def main() -> int:
         ap.error("device: expected a CUDA GPU of compute capability 9.0 (the SM90 kernel), got none")
     old_lib, out, rounds = str(a.old_lib), a.out, a.rounds
     try:
-        lib = load_library_file(old_lib)
+        lib = load_library_file(old_lib, older_prefix=True)  # fields appended since are ignored by it
     except (OSError, KernelError) as e:
         ap.error(f"old_lib: expected a loadable SM90 kernel library, got {old_lib!r} ({e})")
     w = prepare_weights(*make_weights(E, H, I, "cuda", seed=11))

@@ -8,7 +8,7 @@
 //   warps 4-7   producer : the K blocks of a `num_stages` ring, round-robin over four warps
 //                          (two at block_m 128; the others only lend registers); lane 0 of
 //                          the K block's warp issues its TMA loads: the token tile (pool rows,
-//                          a 2-D tensor map with the 128-byte swizzle WGMMA reads), its UE8M0
+//                          a 2-D tensor map with the 128-byte swizzle WGMMA reads), its FP32
 //                          scales, and the packed E2M1 weight tile + scales (bulk copies of the
 //                          contiguous tiles of megamoe.layouts.transform_weights_for_sm90);
 //                          each stage's full barrier completes when the bytes land
@@ -58,7 +58,7 @@ constexpr uint32_t kRegsEven = 128, kRegsDispatch = 64, kRegsProducer = 64, kReg
 static_assert(kRegsDispatch + kRegsProducer + 2 * kRegsConsumer == 4 * kRegsEven, "register split");
 template <uint32_t R> __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(R)); }
 template <uint32_t R> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(R)); }
-constexpr uint32_t kBarDispatch = 1, kBarConsumer = 2, kBarConsumerWg0 = 3;  // 3, 4: one per consumer warpgroup
+constexpr uint32_t kBarDispatch = 1, kBarConsumer = 2;
 static_assert(kDispatchThreads == kSharedDispatchThreads && kBarDispatch == kSharedBarDispatch,
               "the dispatch warps run roles_shared.cuh's count_items / dispatch_pull with its barrier");
 
@@ -76,9 +76,8 @@ static_assert(kTraceScratchOffset >= kFoldTableOffset + kFoldTableBytes && kTrac
 // packed in the stage (the consumers decode them into registers).
 __host__ __device__ constexpr size_t align1024(size_t x) { return (x + 1023) & ~size_t(1023); }
 __host__ __device__ constexpr size_t stage_bytes(int bm) {
-    // a [bm][128] | bpk [128][64] | sfb [128][4] | sfa [bm][4] | fsx f32 [2][4][bm] (token scales,
-    // one table per consumer warpgroup)
-    return align1024((size_t)bm * 128 + 8192 + 512 + align128((size_t)bm * 4) + (size_t)bm * 32);
+    // a [bm][128] | bpk [128][64] | sfb [128][4] | fsx f32 [2][bm] (the token scales per 64-K group)
+    return align1024((size_t)bm * 128 + 8192 + 512 + (size_t)bm * 8);
 }
 __host__ __device__ constexpr size_t fixed_bytes(int bm, int num_experts) {
     // barriers + fold table (kFoldTableOffset) | dispatch scratch | per-warp amax [8][bm] f32
@@ -89,7 +88,7 @@ __host__ __device__ constexpr size_t smem_bytes(int bm, int stages, int num_expe
 }
 
 struct Stage {
-    uint8_t *a, *bpk, *sfb, *sfa;
+    uint8_t *a, *bpk, *sfb;
     float* fsx;
 };
 template <int BM>
@@ -98,8 +97,7 @@ __device__ __forceinline__ Stage get_stage(uint8_t* base, int s) {
     st.a = base + (size_t)s * stage_bytes(BM);
     st.bpk = st.a + BM * 128;
     st.sfb = st.bpk + 8192;
-    st.sfa = st.sfb + 512;
-    st.fsx = reinterpret_cast<float*>(st.sfa + align128(BM * 4));
+    st.fsx = reinterpret_cast<float*>(st.sfb + 512);
     return st;
 }
 
@@ -283,7 +281,8 @@ __device__ __forceinline__ void dispatch_role_ep(const Params& p, const int BM, 
         uint4* dst = reinterpret_cast<uint4*>(p.l1_pool + (size_t)row * H);
         const uint32_t* sf_src = reinterpret_cast<const uint32_t*>(peer_ptr(p, s, p.off_x_sf) + (size_t)t * (H / 32));
         uint32_t* sf_dst = reinterpret_cast<uint32_t*>(p.l1_pool_sf);
-        pull_row_x64<true>(src, dst, sf_src, sf_dst + row, p.pool_rows, hv, lane);
+        pull_row_x64<true>(src, dst, sf_src, sf_dst + row, p.pool_rows,
+                           p.l1_pool_fsx + (size_t)(row / BM) * 2 * BM + row % BM, 2 * p.pool_rows, BM, hv, lane);
         if (lane == 0) {
             p.pool_token[row] = t;
             p.pool_slot[row] = k;
@@ -337,12 +336,13 @@ struct Producer {
         if (++s == S) { s = 0; round_par ^= 1u; }
     }
 
-    // One block's loads: the token tile (2-D tensor map, K coordinate kb * 128), its UE8M0
-    // scales (K-block-major pool scales: BM x 4 contiguous bytes per K block) and the packed
+    // One block's loads: the token tile (2-D tensor map, K coordinate kb * 128), its FP32
+    // scales (Params::l1_pool_fsx / l2_pool_fsx: 8 x BM contiguous bytes per K block) and the packed
     // weight tile + scales (contiguous 128-row x 128-K tiles, megamoe.layouts). Few registers:
     // the byte count and the timing bits are re-read from the kernel parameters.
     struct Loads {
-        const uint8_t *sfa, *w, *wsf;  // K block 0
+        const float* fsx;              // K block 0: the pool block's [2][BM] FP32 token scales
+        const uint8_t *w, *wsf;        // K block 0
         int row;                       // first pool row
         bool l1;
     };
@@ -352,7 +352,7 @@ struct Producer {
         const int nb = l1 ? 2 * (int)p.inter / 128 : (int)p.hidden / 128;  // N blocks per expert
         const size_t tile0 = ((size_t)b.expert * nb + b.n_block) * (kd / 128);
         const int row = b.pool_block * BM;
-        return Loads{(l1 ? p.l1_pool_sf : p.l2_pool_sf) + (size_t)row * 4, (l1 ? p.w1 : p.w2) + tile0 * 8192,
+        return Loads{(l1 ? p.l1_pool_fsx : p.l2_pool_fsx) + (size_t)row * 2, (l1 ? p.w1 : p.w2) + tile0 * 8192,
                      (l1 ? p.w1_sf : p.w2_sf) + tile0 * 512, row, l1};
     }
 
@@ -367,11 +367,11 @@ struct Producer {
             // timing experiments only (fault_inject bits 8, 64, 128): skip the weight tile, the
             // token tile, the token scales
             const bool weights = !(p.fault_inject & 8), tokens = !(p.fault_inject & 64), scales = !(p.fault_inject & 128);
-            mbar_arrive_expect_tx(full + s, (uint32_t)((tokens ? BM * 128 : 0) + (scales ? BM * 4 : 0) + (weights ? 8192 + 512 : 0)));
+            mbar_arrive_expect_tx(full + s, (uint32_t)((tokens ? BM * 128 : 0) + (scales ? BM * 8 : 0) + (weights ? 8192 + 512 : 0)));
             if (tokens)  // rows pool_block * BM .. + BM, K elements kb * 128 .. + 128
                 cute::SM90_TMA_LOAD_2D::copy(pool_map + (L.l1 ? 0 : 1), full + s,
                                              static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL), st.a, kb * 128, L.row);
-            if (scales) cute::SM90_BULK_COPY_G2S::copy(L.sfa + (size_t)kb * p.pool_rows * 4, full + s, st.sfa, BM * 4);
+            if (scales) cute::SM90_BULK_COPY_G2S::copy(L.fsx + (size_t)kb * p.pool_rows * 2, full + s, st.fsx, BM * 8);
             if (weights) {
                 cute::SM90_BULK_COPY_G2S::copy(L.w + (size_t)kb * 8192, full + s, st.bpk, 8192);
                 cute::SM90_BULK_COPY_G2S::copy(L.wsf + (size_t)kb * 512, full + s, st.sfb, 512);
@@ -482,8 +482,9 @@ struct Producer {
 };
 
 // ------------------------------------------------------------------ consumer (warps 8-15)
-// Two warpgroups. Per K block: the token scales -> an FP32 table per warpgroup, then the
-// warpgroup barrier, then the matrix path (mma_sm90.cuh decodes the weights into registers).
+// Two warpgroups, each on its own through the K loop (no barrier between them: one promotes
+// while the other's WGMMAs run). Per K block the matrix path (mma_sm90.cuh decodes the weights
+// into registers and reads the tokens' FP32 scales from the stage).
 // Fragment of warpgroup g: weight rows n = 64 g + 16 wi + lane/4 (+8), tokens m = 8 j +
 // 2 (lane % 4) (+1). In L1 the producer interleaves gate/up every 8 weight rows, so each
 // thread holds the gate (r = 0, 1) and the up (r = 2, 3) of the same intermediate column
@@ -558,23 +559,10 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
             __syncwarp();
             dead = __any_sync(0xffffffffu, dead);
             const Stage st = get_stage<BM>(stages, s);
-            // Each warpgroup builds its own FP32 table of the token scales, rows 0 and 2 of
-            // [4][BM] (so the two warpgroups synchronise only within themselves and drift
-            // apart: one promotes while the other's WGMMAs run); each thread reads its two weight
-            // rows' packed chunk and scale bytes and decodes them into WGMMA registers
-            // (mma_sm90.cuh). (st.sfa is [BM][4] bytes: one 32-bit word per token, byte q = K
-            // group q; folded per 64: bytes 0 and 1, 2 and 3 are equal.)
-            // block_m <= 32: each thread reads its own tokens' scale words (Tile::kDirectScales),
-            // no table and no warpgroup barrier
-            float* fsx = st.fsx + g * 4 * BM;
-            if constexpr (!Tile::kDirectScales) {
-                const int wtid = ctid & 127;
-                for (int m = wtid; m < BM; m += 128) {
-                    const uint32_t v = reinterpret_cast<const uint32_t*>(st.sfa)[m];
-                    fsx[m] = ue8m0_to_float(v & 0xFFu);
-                    fsx[2 * BM + m] = ue8m0_to_float((v >> 16) & 0xFFu);
-                }
-            }
+            // Each thread reads its two weight rows' packed chunk and scale bytes and decodes them
+            // into WGMMA registers (mma_sm90.cuh), and its tokens' FP32 scales of the two 64-K
+            // groups straight from the stage (st.fsx [2][BM], bulk-copied by the producer: no
+            // table to build, no warpgroup barrier, no byte extraction).
             const int n0 = tile.row_of(0);
             const uint32_t* w0 = reinterpret_cast<const uint32_t*>(st.bpk + n0 * 64 + (lane & 3) * 16);
             const uint32_t* w8 = w0 + 8 * 16;  // row n0 + 8
@@ -582,10 +570,9 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
             const uint32_t o8 = *reinterpret_cast<const uint32_t*>(st.sfb + (n0 + 8) * 4);
             // (The token tile was written by TMA, the async proxy WGMMA reads it through: no
             // proxy fence; the full barrier's completion makes it visible.)
-            if constexpr (!Tile::kDirectScales) named_bar_sync(kBarConsumerWg0 + g, 128);
             c0 = pclock();
             cyc_decode += c0 - c1;
-            if (!dead && mma_on) tile.mma_k_block(w0, w8, o0, o8, fold_tab, st.a, fsx, st.sfa);
+            if (!dead && mma_on) tile.mma_k_block(w0, w8, o0, o8, fold_tab, st.a, st.fsx);
             __syncwarp();
             if (lane == 0) mbar_arrive(empty + s);
             cyc_mma += pclock() - c0;
@@ -658,9 +645,13 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
                 red[BM + m] = inv1;
                 reinterpret_cast<int*>(red)[2 * BM + m] = (a0 > 0.0f && lm0 > l0) ? lm0 - l0 : 0;
                 reinterpret_cast<int*>(red)[3 * BM + m] = (a1 > 0.0f && lm1 > l1) ? lm1 - l1 : 0;
-                if (store)  // 32-groups 2 n_block and 2 n_block + 1 of the intermediate dim
+                if (store) {  // 32-groups 2 n_block and 2 n_block + 1 of the intermediate dim
                     *reinterpret_cast<uint16_t*>(p.l2_pool_sf + ((size_t)(b.n_block >> 1) * p.pool_rows + prow0 + m) * 4 +
                                                  ((2 * b.n_block) & 3)) = (uint16_t)((lm0 + 127) | ((lm1 + 127) << 8));
+                    // the 64-K group's scale (its first byte) as FP32 for the L2 consumers
+                    p.l2_pool_fsx[(size_t)(b.n_block >> 1) * 2 * p.pool_rows + prow0 * 2 + (b.n_block & 1) * BM + m] =
+                        __uint_as_float(((uint32_t)(lm0 + 127) & 0xFFu) << 23);
+                }
             }
             named_bar_sync(kBarConsumer, kConsumerThreads);
             // the per-32 quantization with this group's scale, then the fold; this thread's rows
@@ -950,6 +941,7 @@ int megamoe_sm90_launch(const Params* p_in, void* stream) {
         p->experts_per_wave < 1 || p->pool_rows % p->block_m)
         return -5;
     if (p->fold_table == nullptr || p->w1_row_scale == nullptr || p->w2_row_scale == nullptr) return -9;
+    if (p->l1_pool_fsx == nullptr || p->l2_pool_fsx == nullptr) return -10;
     if (p->num_ranks < 1 || p->num_experts % p->num_ranks || p->num_experts / p->num_ranks > 256 ||
         p->rank < 0 || p->rank >= p->num_ranks || p->combine_rows < p->num_tokens ||
         (p->num_ranks > 1 && (p->peer_base == nullptr || p->epoch_counter == nullptr ||
@@ -979,6 +971,7 @@ const char* megamoe_sm90_error_string(int code) {
         case -7: return "cuTensorMapEncodeTiled not available from the CUDA driver (TMA descriptors need driver 12.0+)";
         case -8: return "the driver refused a TMA descriptor (pool address not 16-byte aligned, or hidden/inter/pool_rows out of range)";
         case -9: return "the weight fold is not set (fold_table, w1_row_scale, w2_row_scale: megamoe.kernel.runtime.sm90_weights)";
+        case -10: return "the pools' FP32 token scales are not set (l1_pool_fsx, l2_pool_fsx: MegaMoEKernel's workspace)";
         case -6: return "bad expert-parallel parameters (R divides E, E/R <= 256, rank < R, combine_rows >= T, EP buffers and the call counter set)";
         default: return cudaGetErrorString((cudaError_t)code);
     }

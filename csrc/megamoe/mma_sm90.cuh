@@ -34,8 +34,8 @@
 // accumulator bits fewer than FP32, benchmarks/NOTES_kernel.md), so the tensor core's partial
 // differs from the reference's exact one in the last bits.
 // The weights' table offsets are read as bytes (4 per row and K block), the token scales as
-// bytes (block_m <= 32) or from an FP32 table [4][BLOCK_M] (rows 0 and 2 used) the warpgroup
-// builds per stage.
+// FP32 [2][BLOCK_M] (one per 64-K group), written beside the pools' scale bytes and copied
+// into the stage by the producer: no byte extraction, no per-stage table or warpgroup barrier.
 //
 // The MMA atoms, the descriptor and the wgmma fences come from CUTLASS/CuTe
 // (cute/arch/mma_sm90_gmma.hpp, cute/arch/mma_sm90_desc.hpp).
@@ -89,10 +89,11 @@ struct Sm90Tile {
     using Op = typename GmmaE4M3<BLOCK_M>::Op;
     static constexpr int NP = BLOCK_M <= 64 ? 2 : 1;  // partial accumulators (64-K groups in flight)
     static constexpr int WGMMAS_IN_FLIGHT = 2 * NP;  // k32 WGMMAs in flight (design_sm90.WGMMAS_IN_FLIGHT)
-    // block_m <= 32: each thread reads its tokens' four UE8M0 scale bytes straight from the
-    // stage (one 8-byte word per n8 tile: tokens 2 (lane % 4) and +1) instead of a warpgroup's
-    // FP32 table, so the warpgroup needs no barrier per K block
-    static constexpr bool kDirectScales = BLOCK_M <= 32;
+    // block_m <= 32: each thread loads its tokens' scales of both groups into registers before it
+    // decodes (4 NJ registers), so no shared-memory load sits between a WGMMA wait and its
+    // promotion (read at the promotion, the loads made block_m 16 / 32 2% / 5% slower: kernel
+    // v7.5, benchmarks/NOTES_kernel.md); larger tiles read them as they promote
+    static constexpr bool kPreloadScales = BLOCK_M <= 32;
 
     float acc[NJ][4];
     float part[NP][NJ][4];
@@ -134,18 +135,14 @@ struct Sm90Tile {
             #pragma unroll
             for (int r = 0; r < 4; ++r) cute::warpgroup_fence_operand(part[pb][j][r]);
     }
-    // acc += part * 2^sx(token) for 64-K group h (scale byte 2h: both bytes of a folded group are
-    // equal; the weight scale is in the decoded values and the epilogue's row scale; sxw:
-    // kDirectScales only, the scale words of tokens tok_of(j, 0) and tok_of(j, 1))
-    __device__ __forceinline__ void promote(int pb, int h, const float* fsx, const uint2* sxw) {
-        const int q = 2 * h;
+    // acc += part * 2^sx(token) for 64-K group h (the weight scale is in the decoded values and
+    // the epilogue's row scale); fsx: the stage's FP32 token scales [2][BLOCK_M], one float2 per
+    // n8 tile (tokens tok_of(j, 0) and tok_of(j, 1)); pre: kPreloadScales, group h's scales
+    // loaded from there up front
+    __device__ __forceinline__ void promote(int pb, int h, const float* fsx, const float2* pre) {
         #pragma unroll
         for (int j = 0; j < NJ; ++j) {
-            float2 sx;
-            if constexpr (kDirectScales)
-                sx = make_float2(ue8m0_to_float((sxw[j].x >> (8 * q)) & 0xFFu), ue8m0_to_float((sxw[j].y >> (8 * q)) & 0xFFu));
-            else
-                sx = *reinterpret_cast<const float2*>(fsx + q * BLOCK_M + tok_of(j, 0));
+            const float2 sx = kPreloadScales ? pre[j] : *reinterpret_cast<const float2*>(fsx + h * BLOCK_M + tok_of(j, 0));
             acc[j][0] = fmaf(part[pb][j][0], sx.x, acc[j][0]);
             acc[j][1] = fmaf(part[pb][j][1], sx.y, acc[j][1]);
             acc[j][2] = fmaf(part[pb][j][2], sx.x, acc[j][2]);
@@ -156,7 +153,7 @@ struct Sm90Tile {
     // (shared memory, read one word per k32 step) for its rows row_of(0) and row_of(2) (see
     // the file comment); o0 / o8: those rows' 4 fold-table offsets (byte q = K group q); tab:
     // the fold table in shared memory (fp4.cuh); a: [BLOCK_M][128] E4M3 tokens, swizzled and
-    // 1024-B aligned; fsx: FP32 [4][BLOCK_M] token scales; sfa: [BLOCK_M][4] UE8M0 bytes.
+    // 1024-B aligned; fsx: FP32 [2][BLOCK_M] token scales (one per 64-K group).
     __device__ __forceinline__ void decode(const uint32_t* w0, const uint32_t* w8, uint32_t o0, uint32_t o8,
                                            const uint8_t* tab, int q) {
         ra0[q] = decode_e2m1x8(w0[q], *reinterpret_cast<const uint2*>(tab + byte_of(o0, q)));
@@ -165,13 +162,15 @@ struct Sm90Tile {
 
     // One K block: decode, issue, wait, promote.
     __device__ __forceinline__ void mma_k_block(const uint32_t* w0, const uint32_t* w8, uint32_t o0, uint32_t o8,
-                                                const uint8_t* tab, const uint8_t* a, const float* fsx,
-                                                const uint8_t* sfa) {
+                                                const uint8_t* tab, const uint8_t* a, const float* fsx) {
         const uint64_t db = sw128_kmajor_desc(a);
-        uint2 sxw[kDirectScales ? NJ : 1];
-        if constexpr (kDirectScales) {
+        constexpr int NS = kPreloadScales ? NJ : 1;
+        float2 sx[2][NS];
+        if constexpr (kPreloadScales) {
             #pragma unroll
-            for (int j = 0; j < NJ; ++j) sxw[j] = *reinterpret_cast<const uint2*>(sfa + 4 * tok_of(j, 0));
+            for (int h = 0; h < 2; ++h)
+                #pragma unroll
+                for (int j = 0; j < NJ; ++j) sx[h][j] = *reinterpret_cast<const float2*>(fsx + h * BLOCK_M + tok_of(j, 0));
         }
         if constexpr (NP == 2) {
             #pragma unroll
@@ -181,10 +180,10 @@ struct Sm90Tile {
             group(1, db, 1);
             cute::warpgroup_wait<1>();
             fence_group(0, 0);
-            promote(0, 0, fsx, sxw);
+            promote(0, 0, fsx, sx[0]);
             cute::warpgroup_wait<0>();
             fence_group(1, 1);
-            promote(1, 1, fsx, sxw);
+            promote(1, 1, fsx, sx[1]);
         } else {
             decode(w0, w8, o0, o8, tab, 0);
             decode(w0, w8, o0, o8, tab, 1);
@@ -194,12 +193,12 @@ struct Sm90Tile {
             decode(w0, w8, o0, o8, tab, 3);
             cute::warpgroup_wait<0>();
             fence_group(0, 0);
-            promote(0, 0, fsx, sxw);
+            promote(0, 0, fsx, sx[0]);
             cute::warpgroup_arrive();
             group(1, db, 0);
             cute::warpgroup_wait<0>();
             fence_group(1, 0);
-            promote(0, 1, fsx, sxw);
+            promote(0, 1, fsx, sx[1]);
         }
     }
 };

@@ -88,6 +88,13 @@ struct Params {
     const float* w1_row_scale;            // [E, 2I] 2^(s_max - 133) per L1 row (gate/up interleaved order)
     const float* w2_row_scale;            // [E, H]
     const uint8_t* fold_table;            // [20][8] E4M3 bytes of the E2M1 magnitudes x 2^(6 - d)
+    // ---- SM90 token scales as FP32, one per 64-K group (the value of the group's first scale
+    // byte above): [K/128][pool_rows / block_m][2][block_m], so that a pool block's two groups of a
+    // K block are one contiguous 8 x block_m-byte slab the producer bulk-copies with the stage and
+    // the consumers read as they promote (written by the pulls and the L1 epilogue beside the
+    // bytes; the SM100 kernel reads none of it).
+    float* l1_pool_fsx;                   // [H/128][pool_rows / block_m][2][block_m]
+    float* l2_pool_fsx;                   // [I/128][pool_rows / block_m][2][block_m]
 };
 
 enum ErrorCode : uint32_t {

@@ -115,10 +115,13 @@ __device__ __forceinline__ uint4 fold_x64_chunk(uint4 x, uint32_t sfw, int lane,
     return x;
 }
 // A whole row (hv 16-byte chunks, hv a multiple of 8) and its scale words, folded, by one warp:
-// eight chunks per lane in flight. LDCG: read through L2 only (a peer's buffer, EP).
+// eight chunks per lane in flight. LDCG: read through L2 only (a peer's buffer, EP). Beside each
+// K block's scale word, its two 64-K groups' scales as FP32 (Params::l1_pool_fsx: fsx_dst is the
+// row's K block 0 group 0 entry, group 1 is fsx_half further, K blocks fsx_stride apart).
 template <bool LDCG>
 __device__ __forceinline__ void pull_row_x64(const uint4* src, uint4* dst, const uint32_t* sf_src, uint32_t* sf_dst,
-                                             int64_t sf_stride, int hv, int lane) {
+                                             int64_t sf_stride, float* fsx_dst, int64_t fsx_stride, int fsx_half,
+                                             int hv, int lane) {
     for (int v0 = 0; v0 < hv; v0 += 32 * 8) {
         uint4 buf[8];
         uint32_t sfw[8];
@@ -140,7 +143,12 @@ __device__ __forceinline__ void pull_row_x64(const uint4* src, uint4* dst, const
             const uint4 f = fold_x64_chunk(buf[u], sfw[u], lane, word);
             if (v < hv) {
                 dst[v] = f;
-                if ((lane & 7) == 0) sf_dst[(size_t)(v / 8) * sf_stride] = word;
+                if ((lane & 7) == 0) {
+                    sf_dst[(size_t)(v / 8) * sf_stride] = word;
+                    float* f = fsx_dst + (size_t)(v / 8) * fsx_stride;
+                    f[0] = __uint_as_float((word & 0xFFu) << 23);
+                    f[fsx_half] = __uint_as_float(((word >> 16) & 0xFFu) << 23);
+                }
             }
         }
     }
@@ -255,7 +263,8 @@ __device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* of
         uint32_t* sf_dst = reinterpret_cast<uint32_t*>(p.l1_pool_sf);
         const int64_t srow = sf_row((int64_t)row, BM);
         if constexpr (FOLD_X) {
-            pull_row_x64<false>(src, dst, sf_src, sf_dst + srow, sf_row.stride(), hv, lane);
+            pull_row_x64<false>(src, dst, sf_src, sf_dst + srow, sf_row.stride(),
+                                p.l1_pool_fsx + (size_t)(row / BM) * 2 * BM + row % BM, 2 * p.pool_rows, BM, hv, lane);
         } else {
             for (int c0 = 0; c0 < hv; c0 += chunk_vec) {
                 const int c1 = min(hv, c0 + chunk_vec);

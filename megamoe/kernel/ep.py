@@ -389,6 +389,9 @@ class MegaMoEKernelEP:
         self._ws = dict(
             l1_pool=torch.empty(R, H, **u8), l1_pool_sf=torch.empty(H // 128, R, 4, **u8),
             l2_pool=torch.empty(R, I, **u8), l2_pool_sf=torch.empty(I // 128, R, 4, **u8),
+            # the same scales as FP32 per 64-K group, [K/128][pool block][2][block_m] (params.h)
+            l1_pool_fsx=torch.empty(H // 128, nblk, 2, design.block_m, dtype=torch.float32, device=d),
+            l2_pool_fsx=torch.empty(I // 128, nblk, 2, design.block_m, dtype=torch.float32, device=d),
             pool_token=torch.full((R,), -1, dtype=torch.int32, device=d),
             pool_slot=torch.full((R,), -1, dtype=torch.int32, device=d),
             pool_rank=torch.full((R,), -1, dtype=torch.int32, device=d),
@@ -475,7 +478,8 @@ class MegaMoEKernelEP:
                    fault_inject=self.fault_inject, clamp=self.clamp,
                    x=self.x_buf.data_ptr(), x_sf=self.x_sf_buf.data_ptr(), topk_idx=topk_idx.data_ptr(),
                    topk_w=self.topk_w_buf.data_ptr(), **w.params(),
-                   **{k: ws[k].data_ptr() for k in ("l1_pool", "l1_pool_sf", "l2_pool", "l2_pool_sf", "pool_token",
+                   **{k: ws[k].data_ptr() for k in ("l1_pool", "l1_pool_sf", "l1_pool_fsx", "l2_pool", "l2_pool_sf",
+                                                    "l2_pool_fsx", "pool_token",
                                                     "pool_slot", "pool_weight", "arrival", "mask", "pool_rank")},
                    expert_count=self.expert_count.data_ptr(), grid_sync=self.grid_sync.data_ptr(),
                    error=self.error.data_ptr(), item_pos=self.item_pos.data_ptr(),

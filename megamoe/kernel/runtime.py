@@ -72,7 +72,8 @@ class Params(ctypes.Structure):
             "combine_rows", "device", "num_ranks", "rank", "off_x", "off_x_sf", "off_topk_w", "off_src_idx",
             "off_recv_count", "off_combine", "off_flag")] + [
         (n, ctypes.c_void_p) for n in ("peer_base", "send_count", "cta_hist", "pool_rank", "epoch_counter",
-                                       "w1_row_scale", "w2_row_scale", "fold_table")]
+                                       "w1_row_scale", "w2_row_scale", "fold_table",
+                                       "l1_pool_fsx", "l2_pool_fsx")]
 
 
 def cuda_available() -> bool:
@@ -105,17 +106,23 @@ def load_library(arch: str = "sm_90a"):
     return lib
 
 
-def load_library_file(path, arch: str = "sm_90a"):
+def load_library_file(path, arch: str = "sm_90a", older_prefix: bool = False):
     """Load one built library file for ``arch`` and bind it like :func:`load_library`, without
     building or caching: e.g. another source tree's build, so that two kernel versions can be
     timed call by call in one process (``benchmarks/device/ab_interleaved.py``; assign the
     result to a kernel object's ``lib``).
 
+    ``older_prefix``: also accept a library whose ``Params`` is shorter than this tree's mirror
+    (an older version, to which this tree only appended fields: it reads the leading fields of
+    the struct it is handed and ignores the rest). The caller vouches for the prefix; only the
+    sizes are checked.
+
     Raises:
         KernelBuildError: unknown arch.
         OSError: the file is missing or not a loadable library.
         KernelError: the library's ``<prefix>_abi_size()`` differs from this tree's ctypes
-            mirror (its ``Params`` layout is another version's).
+            mirror (its ``Params`` layout is another version's), or with ``older_prefix`` is
+            larger than it.
     """
     path_info = PATHS.get(arch)
     if path_info is None:
@@ -123,7 +130,7 @@ def load_library_file(path, arch: str = "sm_90a"):
     lib = ctypes.CDLL(str(path))
     path_info.bind(lib)
     abi, mirror = getattr(lib, path_info.symbol("abi_size"))(), ctypes.sizeof(path_info.params_type)
-    if abi != mirror:
+    if abi != mirror and not (older_prefix and abi < mirror):
         raise KernelError(f"ABI mismatch ({arch}): {path_info.symbol('abi_size')}() = {abi} B, ctypes mirror "
                           f"{path_info.params_type.__name__} = {mirror} B")
     return lib
@@ -359,6 +366,9 @@ class MegaMoEKernel:
         ws = dict(
             l1_pool=torch.empty(R, H, **u8), l1_pool_sf=torch.empty(H // 128, R, 4, **u8),
             l2_pool=torch.empty(R, I, **u8), l2_pool_sf=torch.empty(I // 128, R, 4, **u8),
+            # the same scales as FP32 per 64-K group, [K/128][pool block][2][block_m] (params.h)
+            l1_pool_fsx=torch.empty(H // 128, nblk, 2, design.block_m, dtype=torch.float32, device=d),
+            l2_pool_fsx=torch.empty(I // 128, nblk, 2, design.block_m, dtype=torch.float32, device=d),
             pool_token=torch.full((R,), -1, dtype=torch.int32, device=d),
             pool_slot=torch.full((R,), -1, dtype=torch.int32, device=d),
             pool_weight=torch.zeros(R, dtype=torch.float32, device=d),
@@ -400,7 +410,8 @@ class MegaMoEKernel:
                    fault_inject=self.fault_inject, clamp=self.clamp,
                    x=x.data_ptr(), x_sf=x_sf.data_ptr(), topk_idx=topk_idx.data_ptr(), topk_w=topk_w.data_ptr(),
                    **w.params(),
-                   **{k: ws[k].data_ptr() for k in ("l1_pool", "l1_pool_sf", "l2_pool", "l2_pool_sf", "pool_token",
+                   **{k: ws[k].data_ptr() for k in ("l1_pool", "l1_pool_sf", "l1_pool_fsx", "l2_pool", "l2_pool_sf",
+                                                    "l2_pool_fsx", "pool_token",
                                                     "pool_slot", "pool_weight", "expert_count", "arrival", "mask",
                                                     "grid_sync", "error", "item_pos", "combine_buf")},
                    y=y.data_ptr(), trace=tr.data_ptr() if trace else 0, trace_count=trc.data_ptr() if trace else 0,
