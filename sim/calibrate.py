@@ -330,8 +330,10 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
             shares.append((e["T"], share, share * (a + b * bm)))
         if shares:
             decode_ns = float(np.mean([s[2] for s in shares]))
-            decode_how = ("decode + warpgroup barrier share of the K loop (c_decode_bar / (c_decode_bar + c_mma + "
-                          "c_wait_full)) x the K-block time at that block_m: "
+            decode_how = ("stage-preparation share of the K loop (c_decode_bar / (c_decode_bar + c_mma + "
+                          "c_wait_full): from the full-stage wait to the MMA, the weight rows' fold-table offsets; "
+                          "the token-scale table and its warpgroup barrier until kernel v7.4) x the K-block time "
+                          "at that block_m: "
                           + ", ".join(f"T={T} {100 * s:.1f}% = {ns:.0f} ns" for T, s, ns in shares)
                           + f"; mean {decode_ns:.0f} ns over {per_thread:.0f} elements per thread")
             out["e2m1_decode_thread_ns_per_elem"] = (decode_ns / per_thread, decode_how)
@@ -599,12 +601,13 @@ SM90_EP_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep2_t{t}.npz" for t 
 SM90_EP_FIT_DEVICE = "two lent H200s (EP2, NV18)"
 SM90_FIT_PROFILE = "benchmarks/results/kernel_profile_stages_h200.json"
 SM90_FIT_DATE = "2026-12-01"
-SM90_FIT_KERNEL = ("FP8 WGMMA v7.4 (TMA loads, E2M1 decoded into WGMMA registers through the weight fold's "
+SM90_FIT_KERNEL = ("FP8 WGMMA v7.5 (TMA loads, E2M1 decoded into WGMMA registers through the weight fold's "
                    "table, activation scales folded per 64-K group (two WGMMAs per promotion), full-sector L2 "
                    "epilogue stores, four producer warps, one-ballot scheduler, vectorized EP index prefix, profile "
                    "clocks in a separate instance, idle-wait records after the issue, consumer records from the "
-                   "last consumer warp, the L1 epilogue's per-token scales computed once, build af48b3e4)")
-SM90_PROFILE_KERNEL = "FP8 WGMMA v7.4 kernel (its profile instance)"
+                   "last consumer warp, the L1 epilogue's per-token scales computed once, FP32 token scales copied "
+                   "with each stage, build d40c5c98)")
+SM90_PROFILE_KERNEL = "FP8 WGMMA v7.5 kernel (its profile instance)"
 #: The kernel and day of the EP2 traces: v6.4's (the two-GPU machine was not lent in the
 #: sessions that re-recorded the EP1 traces on v6.5-v6.7 and v7-v7.2; those changed the consumers'
 #: K loop and both epilogues (the weight fold, the activation fold, the L2 epilogue's stores), moved the profile clocks

@@ -591,8 +591,9 @@ class _Engine:
         # load rate of one SM: its engine limit, or Little's law on the stage ring
         load_rate = min(hw.sm_load_bytes_per_ns, stages * stage_bytes / lat)
         if sm90:
-            # the consumer warps prepare the stage (kernel v5 and v6: the token-scale table and a
-            # warpgroup barrier; the E2M1 -> E4M3 decode goes into the WGMMA registers), run
+            # the consumer warps prepare the stage (kernel v5-v7.4: the token-scale table and a
+            # warpgroup barrier, v7.5: the weight rows' fold-table offsets; the E2M1 -> E4M3
+            # decode goes into the WGMMA registers), run
             # the MMA of the stage, then hand the stage back: serial per K block
             t_k = max(t_mma_k + hw.e2m1_decode_thread_ns_per_elem * bn * bk / cfg.num_epilogue_threads
                       + hw.stage_handoff_ns, stage_bytes / load_rate)

@@ -31,7 +31,8 @@ Figures (units in the key names):
 * ``e2m1_decode_thread_ns_per_elem`` — SM90 design: the consumers' per-stage preparation
   before the MMA, per element per consumer thread (kernel v4: the E2M1 -> E4M3 decode into
   shared memory; v5 decodes into the WGMMA registers inside the MMA phase, and this term is
-  the token-scale table and the warpgroup barrier, fitted from the per-role profile).
+  the token-scale table and the warpgroup barrier until v7.4, from v7.5 only the weight rows'
+  fold-table offsets and the stage addresses; fitted from the per-role profile).
 * ``stage_handoff_ns`` — SM90 design: fixed cost of one pipeline stage (barrier waits and
   releases between producer and consumers, the fixed part of the WGMMA wait and promotion),
   paid per K block.
