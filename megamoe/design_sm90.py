@@ -70,6 +70,13 @@ MAX_STAGES = 16
 W_FOLD_K = "row"
 W_FOLD_TOP = 6
 X_FOLD_K = 64
+#: The L1 GEMM's activation fold per block_m (``Numerics.sm90_kernel(block_m=...)``'s
+#: ``x_fold_k``; the L2 GEMM's stays ``X_FOLD_K``): at block_m 128 the pulls fold each row per
+#: 128-K group, the whole K block, and the block_m 128 K loop chains an L1 K block's four k32
+#: WGMMAs into one partial promoted once (kernel v7.6; ``kL1Fold128BlockM`` in
+#: ``csrc/megamoe/roles_shared.cuh``, ``megamoe_sm90_l1_x_fold_k``). The L2 input cannot fold
+#: per 128: a 128-wide K block of it comes from two L1 blocks, each quantizing its own 64.
+L1_X_FOLD_K = {16: 64, 32: 64, 64: 64, 128: 128}
 
 
 def _align(x: int, a: int) -> int:

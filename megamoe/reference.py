@@ -59,7 +59,7 @@ one token's input never reach another token's output.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, Sequence, runtime_checkable
 
 import torch
@@ -103,6 +103,9 @@ class Numerics:
             When both are set they are equal, or ``w_fold_k = "row"`` and the partial sums
             are ``x_fold_k`` wide (each multiplied by its activation group scale; the
             weight row's scale is one factor of the whole row).
+        l2_x_fold_k: the L2 GEMM's activation fold when it differs from L1's (None: ``x_fold_k``
+            for both); the same rules as ``x_fold_k``. This project's SM90 kernel folds x per
+            128 at block_m 128 and the L2 input per 64 (:meth:`sm90_kernel`).
         w_fold_top: folded weights are ``2^(s_i - s_max + w_fold_top)`` (E2M1's 6 x 2^6 = 384
             still fits E4M3: 0..6), the scale ``2^(s_max - w_fold_top)``; 0 without a fold.
         bf16_before_swiglu: round gate/up to BF16 before clamp and SwiGLU (the reference
@@ -118,7 +121,8 @@ class Numerics:
 
     Raises:
         InputError: unknown arch, a flag (``bf16_before_swiglu``, ``fast_math``) that is not
-            a bool, fold not a positive multiple of 32 (or ``"row"``), x/w
+            a bool, fold not a positive multiple of 32 (or ``"row"``; ``l2_x_fold_k`` also
+            not None with ``x_fold_k`` None or ``w_fold_k`` other than ``"row"``), x/w
             folds that are both set, differ and ``w_fold_k`` is not ``"row"`` (or
             ``x_fold_k`` is ``"row"``), ``w_fold_top`` outside 0..6 (or set
             without ``w_fold_k``), or ``mma`` not ``"exact"`` / ``"h200_wgmma"`` (the latter
@@ -132,11 +136,12 @@ class Numerics:
     fast_math: bool = False
     w_fold_top: int = 0
     mma: str = "exact"
+    l2_x_fold_k: int | str | None = None
 
     def __post_init__(self) -> None:
         if self.arch not in ("sm100", "sm90"):
             raise InputError("numerics.arch", "'sm100' or 'sm90'", self.arch)
-        for f in ("w_fold_k", "x_fold_k"):
+        for f in ("w_fold_k", "x_fold_k", "l2_x_fold_k"):
             v = getattr(self, f)
             if v is not None and v != "row" and (not isinstance(v, int) or isinstance(v, bool) or v <= 0
                                                  or v % BLOCK_K != 0):
@@ -154,6 +159,10 @@ class Numerics:
                 and self.w_fold_k != self.x_fold_k and (self.w_fold_k != "row" or self.x_fold_k == "row"):
             raise InputError("numerics.x_fold_k", f"equal to w_fold_k ({self.w_fold_k!r}) when both are "
                              "set, or a multiple of 32 with w_fold_k='row'", repr(self.x_fold_k))
+        if self.l2_x_fold_k is not None and (self.x_fold_k is None or self.w_fold_k != "row"
+                                             or self.l2_x_fold_k == "row"):
+            raise InputError("numerics.l2_x_fold_k", "None, or a multiple of 32 with w_fold_k='row' and x_fold_k "
+                             "set", repr(self.l2_x_fold_k))
         if not isinstance(self.mma, str) or self.mma not in ("exact", "h200_wgmma"):
             raise InputError("numerics.mma", "'exact' or 'h200_wgmma'", repr(self.mma))
         if self.mma == "h200_wgmma" and (self.arch != "sm90" or self.group_k == "row"):
@@ -174,19 +183,32 @@ class Numerics:
         return cls("sm90", fold_k, fold_k, True, fast_math)
 
     @classmethod
-    def sm90_kernel(cls, fast_math: bool = False, mma: str = "exact") -> Numerics:
+    def sm90_kernel(cls, fast_math: bool = False, mma: str = "exact", block_m: int | None = None) -> Numerics:
         """What this project's SM90 kernel computes (``megamoe.design_sm90.W_FOLD_K`` /
-        ``W_FOLD_TOP`` / ``X_FOLD_K``): weights folded per row into E4M3 with the row's
-        largest scale at 2^6 (``megamoe.layouts.fold_e2m1_scales_for_sm90``), activations
-        folded per 64-K group (``megamoe.layouts.fold_e4m3_scales_for_sm90``), one FP32
-        partial sum per 64-K group (kernel v7).  Not the per-32 numbers of :meth:`sm90`
+        ``W_FOLD_TOP`` / ``X_FOLD_K`` / ``L1_X_FOLD_K``): weights folded per row into E4M3 with
+        the row's largest scale at 2^6 (``megamoe.layouts.fold_e2m1_scales_for_sm90``),
+        activations folded per 64-K group (``megamoe.layouts.fold_e4m3_scales_for_sm90``), one
+        FP32 partial sum per 64-K group (kernel v7); at ``block_m`` 128 the L1 GEMM's x folded
+        and summed per 128-K group (kernel v7.6; ``L1_X_FOLD_K``), the L2 GEMM's input per 64.
+        ``block_m``: the launch's (``MegaMoEKernel.last_design.block_m``); None: one below 128.  Not the per-32 numbers of :meth:`sm90`
         ``()``: the activation fold rounds the small values of a group below its partner's
         scale; the weight fold alone (``Numerics("sm90", "row", None, w_fold_top=6)``) is
         bitwise ``sm90()`` when every weight row's nonzero 32-groups lie within 14 binades of
         its largest.  ``mma="h200_wgmma"``: each 64-K group's partial as the H200's tensor core
         sums it (:func:`h200_wgmma_partials`), so the kernel's GEMMs are reproduced bit for bit."""
         from megamoe import design_sm90
-        return cls("sm90", design_sm90.W_FOLD_K, design_sm90.X_FOLD_K, True, fast_math, design_sm90.W_FOLD_TOP, mma)
+        if block_m is not None and (isinstance(block_m, bool) or block_m not in design_sm90.L1_X_FOLD_K):
+            raise InputError("block_m", f"None or one of {sorted(design_sm90.L1_X_FOLD_K)}", repr(block_m))
+        x1 = design_sm90.X_FOLD_K if block_m is None else design_sm90.L1_X_FOLD_K[block_m]
+        return cls("sm90", design_sm90.W_FOLD_K, x1, True, fast_math, design_sm90.W_FOLD_TOP, mma,
+                   None if x1 == design_sm90.X_FOLD_K else design_sm90.X_FOLD_K)
+
+    def for_l2(self) -> Numerics:
+        """These numerics with the L2 GEMM's activation fold as ``x_fold_k`` (``l2_x_fold_k``,
+        when set)."""
+        if self.l2_x_fold_k is None:
+            return self
+        return replace(self, x_fold_k=self.l2_x_fold_k, l2_x_fold_k=None)
 
     @property
     def group_k(self) -> int | str:
@@ -817,7 +839,7 @@ def _expert_quantized(src, e, xv, xs, w_rows, clamp, numerics, chunk_rows):
         acc1 = block_scaled_gemm(a_v, a_s, w1, sf1, numerics)
         q2, s2 = l1_epilogue(acc1, w_rows[r0:r1], clamp, numerics)
         acc2 = block_scaled_gemm(decode_e4m3(q2, torch.float64), decode_ue8m0(s2, torch.float64),
-                                 w2, sf2, numerics)
+                                 w2, sf2, numerics.for_l2())
         out[r0:r1] = acc2.to(torch.bfloat16)
     return out
 

@@ -310,7 +310,8 @@ def test_local_ep2_bitwise_and_plan_order(case):
         assert bad is None, (case, r, bad)
     if case in REFERENCE_CASES:
         from megamoe.kernel.check import compare, reference_sm90, REL_L2_TOL
-        c = compare(torch.cat(ys), reference_sm90(gx, gxs, gidx, gw, *w, clamp=clamp))
+        c = compare(torch.cat(ys), reference_sm90(gx, gxs, gidx, gw, *w, clamp=clamp,
+                                                  block_m=g.kernels[0].last_design.block_m))
         assert c["nan"] == 0 and c["rel_l2"] <= REL_L2_TOL, c
 
 
@@ -479,7 +480,7 @@ def _job(out_path: str, part: str = "all") -> None:
                 ys = [None] * R
                 dist.all_gather_object(ys, y.cpu())
                 if rank == 0:  # both ranks' EP outputs, concatenated, vs the SM90 quantized reference
-                    ref = reference_sm90(gx, gxs, gidx, gw, *w, clamp=clamp)
+                    ref = reference_sm90(gx, gxs, gidx, gw, *w, clamp=clamp, block_m=ep.last_design.block_m)
                     res["reference"] = compare(torch.cat(ys).to(ref.device), ref)
             if name == "flash_uneven":
                 # determinism + epochs: the same call twice more -> the same bits

@@ -9,6 +9,7 @@ from megamoe.kernel import cuda_available  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU with sm_90+")]
 
+from megamoe.design_sm90 import L1_X_FOLD_K
 from megamoe.kernel import MegaMoEKernel, prepare_weights, KernelError  # noqa: E402
 from megamoe.kernel.check import (make_weights, make_inputs, reference_sm90, reference_exact, compare,  # noqa: E402
                                   l2_pool_agreement, fold_x, REL_L2_TOL)
@@ -42,13 +43,14 @@ def _check(shape, T, routing="uniform", mask_frac=0.0, clamp=None, seed=1, **kw)
                                  mask_frac=mask_frac)
     y = k(x, xs, idx, tw)
     k.check()
-    ref = reference_sm90(x, xs, idx, tw, *w, clamp=clamp)
+    bm = k.last_design.block_m  # (the L1 fold: per 128 at block_m 128, design_sm90.L1_X_FOLD_K)
+    ref = reference_sm90(x, xs, idx, tw, *w, clamp=clamp, block_m=bm)
     c = compare(y, ref)
     assert c["nan"] == 0
     assert c["rel_l2"] <= REL_L2_TOL, c  # FP8 WGMMA accumulation, see megamoe.kernel.check
     # with the H200's WGMMA accumulation modelled, the reference is the kernel bit for bit
     # (measured on the H200 in every case of this file; the issue's bound is rel L2 2e-3)
-    _assert_bitwise(y, reference_sm90(x, xs, idx, tw, *w, clamp=clamp, mma="h200_wgmma"))
+    _assert_bitwise(y, reference_sm90(x, xs, idx, tw, *w, clamp=clamp, mma="h200_wgmma", block_m=bm))
     if T > 0:
         ex = reference_exact(x, xs, idx, tw, *w, clamp=clamp)
         e_kernel = compare(y, ex)["rel_l2"]
@@ -101,15 +103,16 @@ def test_v4_flash_zipf_masked():
     _check(FLASH, 512, routing="zipf", mask_frac=0.1)
 
 
-@pytest.mark.parametrize("shape,T", [(TINY, 33), (FLASH, 1), (FLASH, 128)])
-def test_l2_pool_matches_reference(shape, T):
+@pytest.mark.parametrize("shape,T,block_m", [(TINY, 33, None), (FLASH, 1, None), (FLASH, 128, None),
+                                             (TINY, 200, 128)])
+def test_l2_pool_matches_reference(shape, T, block_m):
     """The L1 half of the kernel (WGMMA, promotion, SwiGLU, requantization) against the
     reference byte by byte: at least 99% of the FP8 L2-pool bytes equal (measured on the H200:
     99.76-99.81%), every other value off by at most one spacing of the top E4M3 binade (a
     rounding flip from the FP8 tensor core's accumulation; near zero a flip can span several
     subnormal codes: measured up to 6), >= 99.9% of the UE8M0 scales equal (measured 100%).
     A layout or scale bug breaks all three."""
-    k, w = _kernel(shape, max(T, 1))
+    k, w = _kernel(shape, max(T, 1), **({"block_m": block_m} if block_m else {}))
     x, xs, idx, tw = make_inputs(T, shape["E"], shape["K"], shape["H"], "cuda", seed=3)
     k(x, xs, idx, tw)
     k.check()
@@ -118,31 +121,33 @@ def test_l2_pool_matches_reference(shape, T):
     k._ws["pool_slot"].fill_(-1)
     k(x, xs, idx, tw)
     k.check()
-    _, l2_in = reference_sm90(x, xs, idx, tw, *w, return_l2_input=True)
+    bm = k.last_design.block_m
+    _, l2_in = reference_sm90(x, xs, idx, tw, *w, return_l2_input=True, block_m=bm)
     a = l2_pool_agreement(k, l2_in)
     print(a)
     assert a["rows"] == int((idx >= 0).sum())
     assert a["bytes_equal"] >= 0.99 and a["max_error_top_ulps"] <= 1.0 and a["scales_equal"] >= 0.999, a
     # the H200's WGMMA accumulation modelled: every byte and scale equal
-    _, l2_in = reference_sm90(x, xs, idx, tw, *w, return_l2_input=True, mma="h200_wgmma")
+    _, l2_in = reference_sm90(x, xs, idx, tw, *w, return_l2_input=True, mma="h200_wgmma", block_m=bm)
     a = l2_pool_agreement(k, l2_in)
     assert a["bytes_equal"] == 1.0 and a["scales_equal"] == 1.0, a
 
 
-@pytest.mark.parametrize("shape,T,clamp", [(TINY, 64, 0.05), (FLASH, 7, None)])
-def test_bitwise_equal_to_moe_reference_quantized(shape, T, clamp):
+@pytest.mark.parametrize("shape,T,clamp,block_m", [(TINY, 64, 0.05, None), (FLASH, 7, None, None),
+                                                   (TINY, 64, 0.05, 128)])
+def test_bitwise_equal_to_moe_reference_quantized(shape, T, clamp, block_m):
     """The issue's reference, megamoe.reference.moe_reference_quantized, with the SM90 numerics
     parameters including the H200's WGMMA accumulation (Numerics.sm90_kernel(mma="h200_wgmma")):
     the kernel's output bit for bit (so rel L2 0 <= 2e-3, no output off by > 1%), and its error
     against exact math the reference's own."""
     from megamoe.reference import Numerics, moe_reference_quantized
-    k, w = _kernel(shape, T, clamp=clamp)
+    k, w = _kernel(shape, T, clamp=clamp, **({"block_m": block_m} if block_m else {}))
     x, xs, idx, tw = make_inputs(T, shape["E"], shape["K"], shape["H"], "cuda", seed=11, mask_frac=0.2)
     y = k(x, xs, idx, tw)
     k.check()
     w1, s1, w2, s2 = w
     ref = moe_reference_quantized(x.view(torch.float8_e4m3fn), xs, idx, tw, (w1, s1), (w2, s2), activation_clamp=clamp,
-                                  numerics=Numerics.sm90_kernel(mma="h200_wgmma"))
+                                  numerics=Numerics.sm90_kernel(mma="h200_wgmma", block_m=k.last_design.block_m))
     _assert_bitwise(y, ref)
 
 
@@ -161,7 +166,7 @@ def test_wide_weight_scales(case):
     x, xs, idx, tw = make_inputs(T, shape["E"], shape["K"], shape["H"], "cuda", seed=5)
     y = k(x, xs, idx, tw)
     k.check()
-    ref, l2_in = reference_sm90(x, xs, idx, tw, *w, return_l2_input=True)
+    ref, l2_in = reference_sm90(x, xs, idx, tw, *w, return_l2_input=True, block_m=k.last_design.block_m)
     c = compare(y, ref)
     assert c["nan"] == 0 and c["rel_l2"] <= REL_L2_TOL, c
     e_kernel = compare(y, reference_exact(x, xs, idx, tw, *w))["rel_l2"]
@@ -192,7 +197,7 @@ def test_weight_fold_drops_groups_far_below_the_row():
     x[:, 0] = 0
     y = k(x, xs, idx, tw)
     k.check()
-    ref = reference_sm90(x, xs, idx, tw, w1, s1, w2, s2)
+    ref = reference_sm90(x, xs, idx, tw, w1, s1, w2, s2, block_m=k.last_design.block_m)
     per32 = moe_reference_quantized(x.view(torch.float8_e4m3fn), xs, idx, tw, (w1, s1), (w2, s2),
                                     numerics=Numerics.sm90())
     c = compare(y, ref)
@@ -206,9 +211,9 @@ def test_deterministic_and_pool():
     k.check()
     assert torch.equal(y1.view(torch.int16), y2.view(torch.int16))
     # L1 pool after dispatch: byte-identical rows/scales for every routed item (folded per 64-K
-    # group as the pull copies them: check.fold_x)
+    # group as the pull copies them, 128 at block_m 128: check.fold_x)
     x, xs, idx, tw = inp
-    fx, fxs = fold_x(x, xs)
+    fx, fxs = fold_x(x, xs, L1_X_FOLD_K[k.last_design.block_m])
     pool, pool_sf, tok, slot = k.pool_contents()
     flat = idx.reshape(-1)
     valid = (tok >= 0)
@@ -227,13 +232,14 @@ def test_deterministic_and_pool():
         assert torch.equal(pool_sf[r], fxs[t])
 
 
-def test_activation_fold_of_wide_scales():
-    """The pull's activation fold (x_fold_k = 64) where it rounds: token scales spread so that
-    the smaller 32-group of a pair lies 1..40 binades below the larger (every d the FP16 route
-    handles, and past its end), all-zero groups carrying the larger scale byte, a NaN-free
-    all-zero pair. The L1 pool must equal check.fold_x byte for byte (values and scales) for
-    every routed row, and the output must pass the usual checks."""
-    k, w = _kernel(TINY, 64)
+@pytest.mark.parametrize("block_m", [None, 128])
+def test_activation_fold_of_wide_scales(block_m):
+    """The pull's activation fold (x_fold_k = 64; 128 at block_m 128) where it rounds: token
+    scales spread so that the smaller 32-group of a pair lies 1..40 binades below the larger
+    (every d the FP16 route handles, and past its end), all-zero groups carrying the larger
+    scale byte, a NaN-free all-zero pair. The L1 pool must equal check.fold_x byte for byte
+    (values and scales) for every routed row, and the output must pass the usual checks."""
+    k, w = _kernel(TINY, 64, **({"block_m": block_m} if block_m else {}))
     x, xs, idx, tw = make_inputs(64, TINY["E"], TINY["K"], TINY["H"], "cuda", seed=12)
     x, xs = x.clone(), xs.clone()
     g = torch.Generator(device="cuda").manual_seed(13)
@@ -248,7 +254,8 @@ def test_activation_fold_of_wide_scales():
     k._ws["pool_slot"].fill_(-1)
     y = k(x, xs, idx, tw)
     k.check()
-    fx, fxs = fold_x(x, xs)
+    bm = k.last_design.block_m
+    fx, fxs = fold_x(x, xs, L1_X_FOLD_K[bm])
     assert not torch.equal(fx, x)          # the fold really rounds here
     pool, pool_sf, tok, slot = k.pool_contents()
     rows = [(r, int(tok[r])) for r in range(pool.shape[0]) if int(tok[r]) >= 0 and int(slot[r]) >= 0]
@@ -256,7 +263,7 @@ def test_activation_fold_of_wide_scales():
     for r, t in rows:
         assert torch.equal(pool[r], fx[t]), (r, t)
         assert torch.equal(pool_sf[r], fxs[t]), (r, t)
-    ref = reference_sm90(x, xs, idx, tw, *w)
+    ref = reference_sm90(x, xs, idx, tw, *w, block_m=bm)
     c = compare(y, ref)
     assert c["nan"] == 0 and c["rel_l2"] <= REL_L2_TOL, c
 
@@ -296,7 +303,7 @@ def test_timeout_is_an_error():
     # the kernel stays usable after the error
     y = k(x, xs, idx, tw)
     k.check()
-    ref = reference_sm90(x, xs, idx, tw, *w)
+    ref = reference_sm90(x, xs, idx, tw, *w, block_m=k.last_design.block_m)
     assert compare(y, ref)["rel_l2"] <= REL_L2_TOL
 
 
@@ -313,7 +320,7 @@ def test_plan_driven_launch():
     got = block_order(recs)
     for s in range(k.num_sms):
         assert got.get(s, []) == [tuple(map(int, r[:4])) for r in p.ranks[0].sm_blocks(s)], s
-    c = compare(y, reference_sm90(x, xs, idx, tw, *w))
+    c = compare(y, reference_sm90(x, xs, idx, tw, *w, block_m=k.last_design.block_m))
     assert c["rel_l2"] <= REL_L2_TOL and c["nan"] == 0, c
 
 

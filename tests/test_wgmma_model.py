@@ -121,21 +121,71 @@ def test_bad_arguments():
         check.gemm_sm90_h200(x, xs, w[0][0][:, :16], w[1][0][:, :1])
 
 
-@pytest.mark.parametrize("clamp,T,seed", [(None, 40, 1), (0.05, 33, 2)])
-def test_two_references_agree_bitwise(clamp, T, seed):
+@pytest.mark.parametrize("clamp,T,seed,block_m", [(None, 40, 1, None), (0.05, 33, 2, None), (None, 40, 1, 128),
+                                                  (0.05, 33, 2, 128)])
+def test_two_references_agree_bitwise(clamp, T, seed, block_m):
     """megamoe.reference.moe_reference_quantized(Numerics.sm90_kernel(mma="h200_wgmma")) and
     megamoe.kernel.check.reference_sm90(mma="h200_wgmma") fold, scale and accumulate with
-    separate code: the same bits. And the model changes the numbers (vs mma="exact")."""
+    separate code: the same bits, at block_m 128 too (x folded per 128 and four chained k32
+    steps per L1 partial, the L2 input per 64). And the model changes the numbers (vs
+    mma="exact"), and so does block_m 128's fold."""
     E, K, H, I = 4, 2, 256, 128
     w1, s1, w2, s2 = check.make_weights(E, H, I, "cpu", seed=seed)
     x, xs, idx, tw = check.make_inputs(T, E, K, H, "cpu", seed=seed)
+    num = R.Numerics.sm90_kernel(mma="h200_wgmma", block_m=block_m)
     got = R.moe_reference_quantized(x.view(torch.float8_e4m3fn), xs, idx, tw, (w1, s1), (w2, s2),
-                                    activation_clamp=clamp, numerics=R.Numerics.sm90_kernel(mma="h200_wgmma"))
-    want = check.reference_sm90(x, xs, idx, tw, w1, s1, w2, s2, clamp=clamp, mma="h200_wgmma")
+                                    activation_clamp=clamp, numerics=num)
+    want = check.reference_sm90(x, xs, idx, tw, w1, s1, w2, s2, clamp=clamp, mma="h200_wgmma", block_m=block_m)
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
-    exact = check.reference_sm90(x, xs, idx, tw, w1, s1, w2, s2, clamp=clamp)
+    exact = check.reference_sm90(x, xs, idx, tw, w1, s1, w2, s2, clamp=clamp, block_m=block_m)
     assert not torch.equal(exact.view(torch.int16), want.view(torch.int16))
     assert check.compare(want, exact)["rel_l2"] < 1e-2
+    if block_m == 128:
+        per64 = check.reference_sm90(x, xs, idx, tw, w1, s1, w2, s2, clamp=clamp, mma="h200_wgmma")
+        assert not torch.equal(per64.view(torch.int16), want.view(torch.int16))
+        assert check.compare(want, per64)["rel_l2"] < 1e-2
+
+
+def test_sm90_kernel_numerics_follow_block_m():
+    """Numerics.sm90_kernel(block_m=...): the L1 fold of design_sm90.L1_X_FOLD_K (128 at
+    block_m 128, else 64), the L2 input per 64; bad block_m and l2_x_fold_k refused."""
+    k64, k128 = R.Numerics.sm90_kernel(block_m=64), R.Numerics.sm90_kernel(block_m=128)
+    assert (k64.x_fold_k, k64.l2_x_fold_k, k64.group_k) == (64, None, 64)
+    assert k64 == R.Numerics.sm90_kernel()
+    assert (k128.x_fold_k, k128.l2_x_fold_k, k128.group_k) == (128, 64, 128)
+    assert k128.for_l2() == k64 and k64.for_l2() is k64
+    for bad in (48, True, "128"):
+        with pytest.raises(InputError, match="^block_m: expected None or one of \\[16, 32, 64, 128\\]"):
+            R.Numerics.sm90_kernel(block_m=bad)
+    with pytest.raises(InputError, match="^numerics.l2_x_fold_k"):
+        R.Numerics("sm90", 64, 64, l2_x_fold_k=128)  # needs weights folded per row
+    with pytest.raises(InputError, match="^numerics.l2_x_fold_k"):
+        R.Numerics("sm90", "row", 64, w_fold_top=6, l2_x_fold_k="row")
+    with pytest.raises(InputError, match="^numerics.l2_x_fold_k"):
+        R.Numerics("sm90", "row", 64, w_fold_top=6, l2_x_fold_k=48)
+    w = check.make_weights(2, 64, 32, "cpu")
+    x, xs, idx, tw = check.make_inputs(3, 2, 1, 64, "cpu")
+    with pytest.raises(InputError, match="^block_m"):
+        check.reference_sm90(x, xs, idx, tw, *w, block_m=48)
+
+
+def test_fold_per_128_by_hand():
+    """check.fold_x and megamoe.layouts.fold_e4m3_scales_for_sm90 at fold 128 (the L1 pool at
+    block_m 128) on one row of four 32-groups, all values 1.0 in groups 0-2 with scales 2^0,
+    2^2, 2^-1 and group 3 zeros: every nonzero group re-encoded at the largest scale 2^2 (1.0 x
+    2^-2 = 0.25, 1.0, 1.0 x 2^-3 = 0.125), the zeros kept, all four scale bytes 129. Per 64
+    (the other block_m): groups 0-1 at 129 (0.25, 1.0), groups 2-3 at 126 (1.0, zeros)."""
+    from megamoe.layouts import fold_e4m3_scales_for_sm90
+    one, zero = torch.tensor(1.0).to(torch.float8_e4m3fn).view(torch.uint8), torch.tensor(0, dtype=torch.uint8)
+    q = torch.cat([one.repeat(96), zero.repeat(32)]).reshape(1, 128)
+    sf = torch.tensor([[127, 129, 126, 120]], dtype=torch.uint8)
+
+    def vals(b):
+        return b.view(torch.float8_e4m3fn).float().reshape(4, 32)[:, 0].tolist()
+
+    for fold, want_v, want_s in ((128, [0.25, 1.0, 0.125, 0.0], [129] * 4), (64, [0.25, 1.0, 1.0, 0.0], [129, 129, 126, 126])):
+        for f, fs in (check.fold_x(q, sf, fold), fold_e4m3_scales_for_sm90(q, sf, fold=fold)):
+            assert vals(f) == want_v and fs.tolist() == [want_s]
 
 
 def test_fit_script_bad_input_is_one_line_exit_2(tmp_path):

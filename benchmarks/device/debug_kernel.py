@@ -43,7 +43,7 @@ def run(E, K, H, I, T, **kw):
     try:
         sA.synchronize()
         k.check()
-        print("OK", compare(y, reference_sm90(x, xs, idx, tw, *w)))
+        print("OK", compare(y, reference_sm90(x, xs, idx, tw, *w, block_m=k.last_design.block_m)))
         return True
     except KernelError as e:
         print("ERR", e)

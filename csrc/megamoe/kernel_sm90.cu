@@ -276,13 +276,17 @@ __device__ __forceinline__ void dispatch_role_ep(const Params& p, const int BM, 
         const int t = item / K, k = item - (item / K) * K;
         const int row = off_blk[e] * BM + pos;
         if (row >= p.pool_rows) continue;  // overflow already raised
-        // the row and its scales, folded per 64-K group as they are copied (roles_shared.cuh)
+        // the row and its scales, folded per 64-K group (128 at block_m >= kL1Fold128BlockM) as
+        // they are copied (roles_shared.cuh)
         const uint4* src = reinterpret_cast<const uint4*>(peer_ptr(p, s, p.off_x) + (size_t)t * H);
         uint4* dst = reinterpret_cast<uint4*>(p.l1_pool + (size_t)row * H);
         const uint32_t* sf_src = reinterpret_cast<const uint32_t*>(peer_ptr(p, s, p.off_x_sf) + (size_t)t * (H / 32));
         uint32_t* sf_dst = reinterpret_cast<uint32_t*>(p.l1_pool_sf);
-        pull_row_x64<true>(src, dst, sf_src, sf_dst + row, p.pool_rows,
-                           p.l1_pool_fsx + (size_t)(row / BM) * 2 * BM + row % BM, 2 * p.pool_rows, BM, hv, lane);
+        float* fsx_dst = p.l1_pool_fsx + (size_t)(row / BM) * 2 * BM + row % BM;
+        if (BM >= kL1Fold128BlockM)
+            pull_row_fold<true, true>(src, dst, sf_src, sf_dst + row, p.pool_rows, fsx_dst, 2 * p.pool_rows, BM, hv, lane);
+        else
+            pull_row_fold<true, false>(src, dst, sf_src, sf_dst + row, p.pool_rows, fsx_dst, 2 * p.pool_rows, BM, hv, lane);
         if (lane == 0) {
             p.pool_token[row] = t;
             p.pool_slot[row] = k;
@@ -548,6 +552,11 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
         const float* rs = b.phase == kPhaseL1 ? p.w1_row_scale + (size_t)b.expert * 2 * I
                                               : p.w2_row_scale + (size_t)b.expert * H;
         const float rs0 = __ldg(rs + b.n_block * 128 + tile.row_of(0)), rs8 = __ldg(rs + b.n_block * 128 + tile.row_of(2));
+        // The L1 GEMM at block_m >= kL1Fold128BlockM (its pool folded per 128-K group) chains a K
+        // block's four k32 steps and promotes once (mma_sm90.cuh); the other GEMMs promote per
+        // 64-K group. One loop for both (a second copy left ptxas short of registers at block_m
+        // 128: it spilled two stage addresses into the L2 loop).
+        const bool one = BM >= kL1Fold128BlockM && b.phase == kPhaseL1;
         for (int kb = 0; kb < b.num_k_blocks; ++kb) {
             // After an error every wait fails fast; keep walking the block list so that all
             // consumer warps still meet at the named barriers (no hang).
@@ -572,7 +581,7 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
             // proxy fence; the full barrier's completion makes it visible.)
             c0 = pclock();
             cyc_decode += c0 - c1;
-            if (!dead && mma_on) tile.mma_k_block(w0, w8, o0, o8, fold_tab, st.a, st.fsx);
+            if (!dead && mma_on) tile.mma_k_block(w0, w8, o0, o8, fold_tab, st.a, st.fsx, one);
             __syncwarp();
             if (lane == 0) mbar_arrive(empty + s);
             cyc_mma += pclock() - c0;
@@ -872,6 +881,13 @@ int megamoe_sm90_abi_size() { return (int)sizeof(Params); }
 
 long long megamoe_sm90_smem_bytes(int block_m, int stages, int num_experts) {
     return (long long)megamoe::smem_bytes(block_m, stages, num_experts);
+}
+
+// The L1 GEMM's activation fold width at this block_m (128 from kL1Fold128BlockM, else 64;
+// mirrored by megamoe.design_sm90.L1_X_FOLD_K); -1 for an unsupported block_m.
+int megamoe_sm90_l1_x_fold_k(int block_m) {
+    if (block_m != 16 && block_m != 32 && block_m != 64 && block_m != 128) return -1;
+    return block_m >= megamoe::kL1Fold128BlockM ? 128 : 64;
 }
 
 // k32 WGMMAs a consumer warpgroup keeps in flight per K block at this block_m

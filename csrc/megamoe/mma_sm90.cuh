@@ -81,7 +81,9 @@ __device__ __forceinline__ void gmma_rs(const uint2& r0, const uint2& r8, uint64
 //     as it completes.
 //   block_m 128: the accumulator and one partial take 128 registers, a second would spill:
 //     one group in flight (group 1 decoded while group 0's WGMMAs run); the two warpgroups
-//     overlap each other (one promotes while the other's WGMMAs run).
+//     overlap each other (one promotes while the other's WGMMAs run). In the L1 GEMM, whose
+//     tokens are folded per 128-K group at this block_m, group 1 chains onto group 0's partial
+//     and the K block is promoted once.
 template <int BLOCK_M>
 struct Sm90Tile {
     static constexpr int NJ = BLOCK_M / 8;  // n8 column tiles (tokens)
@@ -161,8 +163,13 @@ struct Sm90Tile {
     }
 
     // One K block: decode, issue, wait, promote.
+    // one (block_m 128 only: the L1 GEMM, its tokens folded per 128-K group, both of the
+    // stage's scales equal): the four k32 steps chained into one partial, promoted once;
+    // otherwise two 64-K groups, each promoted (kernel v7.6). A run-time flag in one loop: two
+    // copies of the loop left ptxas short of registers, and the wait between the two pairs
+    // stays in both forms (skipping it in a branch made ptxas serialize the WGMMAs).
     __device__ __forceinline__ void mma_k_block(const uint32_t* w0, const uint32_t* w8, uint32_t o0, uint32_t o8,
-                                                const uint8_t* tab, const uint8_t* a, const float* fsx) {
+                                                const uint8_t* tab, const uint8_t* a, const float* fsx, bool one) {
         const uint64_t db = sw128_kmajor_desc(a);
         constexpr int NS = kPreloadScales ? NJ : 1;
         float2 sx[2][NS];
@@ -185,20 +192,27 @@ struct Sm90Tile {
             fence_group(1, 1);
             promote(1, 1, fsx, sx[1]);
         } else {
+            constexpr auto seq = std::make_integer_sequence<int, NJ * 4>{};
             decode(w0, w8, o0, o8, tab, 0);
             decode(w0, w8, o0, o8, tab, 1);
             cute::warpgroup_arrive();
-            group(0, db, 0);
+            gmma_rs<Op>(ra0[0], ra8[0], db, &part[0][0][0], cute::SM90::GMMA::ScaleOut::Zero, seq);
+            gmma_rs<Op>(ra0[1], ra8[1], db + 2, &part[0][0][0], cute::SM90::GMMA::ScaleOut::One, seq);
             decode(w0, w8, o0, o8, tab, 2);
             decode(w0, w8, o0, o8, tab, 3);
+            cute::warpgroup_commit_batch();
             cute::warpgroup_wait<0>();
             fence_group(0, 0);
-            promote(0, 0, fsx, sx[0]);
+            if (!one) promote(0, 0, fsx, sx[0]);  // group 0 promoted before group 1 reuses the partial
             cute::warpgroup_arrive();
-            group(1, db, 0);
+            gmma_rs<Op>(ra0[2], ra8[2], db + 4, &part[0][0][0],
+                        one ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero, seq);
+            gmma_rs<Op>(ra0[3], ra8[3], db + 6, &part[0][0][0], cute::SM90::GMMA::ScaleOut::One, seq);
+            cute::warpgroup_commit_batch();
             cute::warpgroup_wait<0>();
+            fence_group(0, 0);
             fence_group(1, 0);
-            promote(0, 1, fsx, sx[1]);
+            promote(0, 1, fsx, sx[1]);  // (folded per 128: group 1's scale is group 0's)
         }
     }
 };

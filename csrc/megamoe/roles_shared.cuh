@@ -74,7 +74,13 @@ __device__ __forceinline__ uint8_t to_e4m3(float v) {
 // 64-K group of a row, the 32-groups that hold a nonzero value are re-encoded with the largest
 // of their scales s_max (values of a group 2^d below times 2^-d, rounded to nearest-even E4M3),
 // and both scale bytes become s_max; a group of zeros is copied. The SM90 pulls fold each row
-// as they copy it (fold_x64_chunk), the L1 epilogue each value it quantizes (e4m3_scale).
+// as they copy it (fold_x_chunk), the L1 epilogue each value it quantizes (e4m3_scale). At
+// block_m >= kL1Fold128BlockM the pulls fold per 128-K group instead (the L1 GEMM's x only,
+// Numerics.sm90_kernel(block_m=...): x_fold_k 128, l2_x_fold_k 64), and the L1 GEMM promotes
+// once per K block (mma_sm90.cuh).
+// (megamoe.design_sm90.L1_X_FOLD_K; kernel v7.6. Only block_m 128's K loop has the chained form:
+// mma_sm90.cuh.)
+constexpr int kL1Fold128BlockM = 128;
 // 2^-d as FP16 (0 from d = 25).
 __device__ __forceinline__ __half2 pow2_neg_h2(int d) {
     const unsigned short b = d <= 14 ? (unsigned short)((15 - d) << 10) : d <= 24 ? (unsigned short)(1u << (24 - d)) : 0;
@@ -95,13 +101,19 @@ __device__ __forceinline__ uint32_t e4m3x4_scale(uint32_t w, __half2 m) {
 // it 32-group g, groups 2h, 2h + 1 the 64-K group h. sfw: the row's scale word of this lane's K
 // block (byte g = group g). Returns the folded chunk; `word`: the K block's folded scale word
 // (valid in lanes with lane % 8 == 0). Lanes past the row pass zeros (whole K blocks).
-__device__ __forceinline__ uint4 fold_x64_chunk(uint4 x, uint32_t sfw, int lane, uint32_t& word) {
+// F128: per 128-K group (the whole K block) instead of per 64.
+template <bool F128>
+__device__ __forceinline__ uint4 fold_x_chunk(uint4 x, uint32_t sfw, int lane, uint32_t& word) {
     const uint32_t s = (sfw >> (8 * ((lane >> 1) & 3))) & 0xFFu;
     uint32_t nz = ((x.x | x.y | x.z | x.w) & 0x7F7F7F7Fu) != 0u;
-    nz |= __shfl_xor_sync(0xffffffffu, nz, 1);                      // this 32-group has a nonzero value
-    const uint32_t se = nz ? s : 0u;                                // (a group of zeros never sets s_max)
-    const uint32_t any = nz | __shfl_xor_sync(0xffffffffu, nz, 2);  // its 64-K group has one
-    const uint32_t smax = max(se, __shfl_xor_sync(0xffffffffu, se, 2));
+    nz |= __shfl_xor_sync(0xffffffffu, nz, 1);                // this 32-group has a nonzero value
+    const uint32_t se = nz ? s : 0u;                          // (a group of zeros never sets s_max)
+    uint32_t any = nz | __shfl_xor_sync(0xffffffffu, nz, 2);  // its 64-K group has one
+    uint32_t smax = max(se, __shfl_xor_sync(0xffffffffu, se, 2));
+    if constexpr (F128) {                                     // and over the K block
+        any |= __shfl_xor_sync(0xffffffffu, any, 4);
+        smax = max(smax, __shfl_xor_sync(0xffffffffu, smax, 4));
+    }
     const int d = nz ? (int)(smax - s) : 0;
     if (d > 0) {
         const __half2 m = pow2_neg_h2(d);
@@ -115,13 +127,14 @@ __device__ __forceinline__ uint4 fold_x64_chunk(uint4 x, uint32_t sfw, int lane,
     return x;
 }
 // A whole row (hv 16-byte chunks, hv a multiple of 8) and its scale words, folded, by one warp:
-// eight chunks per lane in flight. LDCG: read through L2 only (a peer's buffer, EP). Beside each
+// eight chunks per lane in flight. LDCG: read through L2 only (a peer's buffer, EP); F128:
+// folded per 128-K group (fold_x_chunk). Beside each
 // K block's scale word, its two 64-K groups' scales as FP32 (Params::l1_pool_fsx: fsx_dst is the
 // row's K block 0 group 0 entry, group 1 is fsx_half further, K blocks fsx_stride apart).
-template <bool LDCG>
-__device__ __forceinline__ void pull_row_x64(const uint4* src, uint4* dst, const uint32_t* sf_src, uint32_t* sf_dst,
-                                             int64_t sf_stride, float* fsx_dst, int64_t fsx_stride, int fsx_half,
-                                             int hv, int lane) {
+template <bool LDCG, bool F128>
+__device__ __forceinline__ void pull_row_fold(const uint4* src, uint4* dst, const uint32_t* sf_src, uint32_t* sf_dst,
+                                              int64_t sf_stride, float* fsx_dst, int64_t fsx_stride, int fsx_half,
+                                              int hv, int lane) {
     for (int v0 = 0; v0 < hv; v0 += 32 * 8) {
         uint4 buf[8];
         uint32_t sfw[8];
@@ -140,7 +153,7 @@ __device__ __forceinline__ void pull_row_x64(const uint4* src, uint4* dst, const
             const int v = v0 + u * 32 + lane;
             if (v0 + u * 32 >= hv) break;  // warp-uniform
             uint32_t word;
-            const uint4 f = fold_x64_chunk(buf[u], sfw[u], lane, word);
+            const uint4 f = fold_x_chunk<F128>(buf[u], sfw[u], lane, word);
             if (v < hv) {
                 dst[v] = f;
                 if ((lane & 7) == 0) {
@@ -192,7 +205,7 @@ __device__ __forceinline__ void count_items(const Params& p, int* hist, int i0, 
 
 // Scratch in shared memory: hist[E], cta_base[E], off_blk[E], scan[4].
 // FOLD_X: SM90 (Numerics.sm90_kernel()): each row is folded per 64-K group as it is copied
-// (pull_row_x64; whole rows, SfRow the identity).
+// (pull_row_fold, per 128 at block_m >= kL1Fold128BlockM; whole rows, SfRow the identity).
 template <int BM, class SfRow, bool FOLD_X = false>
 __device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* off_blk, int* scan, SfRow sf_row,
                               int pull_bytes) {
@@ -263,8 +276,9 @@ __device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* of
         uint32_t* sf_dst = reinterpret_cast<uint32_t*>(p.l1_pool_sf);
         const int64_t srow = sf_row((int64_t)row, BM);
         if constexpr (FOLD_X) {
-            pull_row_x64<false>(src, dst, sf_src, sf_dst + srow, sf_row.stride(),
-                                p.l1_pool_fsx + (size_t)(row / BM) * 2 * BM + row % BM, 2 * p.pool_rows, BM, hv, lane);
+            pull_row_fold<false, (BM >= kL1Fold128BlockM)>(src, dst, sf_src, sf_dst + srow, sf_row.stride(),
+                                                           p.l1_pool_fsx + (size_t)(row / BM) * 2 * BM + row % BM,
+                                                           2 * p.pool_rows, BM, hv, lane);
         } else {
             for (int c0 = 0; c0 < hv; c0 += chunk_vec) {
                 const int c1 = min(hv, c0 + chunk_vec);

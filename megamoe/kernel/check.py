@@ -4,7 +4,7 @@
 "row"``, ``W_FOLD_TOP = 6``, ``X_FOLD_K = 64``): weight values folded per row as E4M3 of
 ``E2M1 x 2^(s - s_max + 6)`` times ``2^(s_max - 6)`` (``s_max`` over the row's 32-groups with a
 nonzero value), activation values folded per 64-K group the same way (:func:`fold_x`, no
-offset), FP32-level accumulation (float64 here), gate/up rounded to BF16 then clamped, SiLU
+offset; x per 128 at block_m 128: ``design_sm90.L1_X_FOLD_K``), FP32-level accumulation (float64 here), gate/up rounded to BF16 then clamped, SiLU
 in FP32, times the top-k weight, per-32 amax -> UE8M0 (``ceil(log2(amax / 448))``) -> E4M3
 (RNE, saturating) -> the 64-K fold, L2 in float64 rounded to BF16 per (token, slot), combine in
 FP32 over the valid slots in slot order, BF16 out. It is the check used until/beside
@@ -179,18 +179,23 @@ def make_inputs(T, E, K, H, device, seed=1, routing="uniform", mask_frac=0.0):
 
 
 def reference_sm90(x, x_sf, topk_idx, topk_w, w1, w1_sf, w2, w2_sf, clamp=None, return_l2_input=False,
-                   mma="exact"):
+                   mma="exact", block_m=None):
     """BF16 [T, H] output of the kernel's numerics (see module docstring). ``mma="h200_wgmma"``:
-    both GEMMs as the H200's tensor core sums them (:func:`gemm_sm90_h200`) instead of exactly."""
+    both GEMMs as the H200's tensor core sums them (:func:`gemm_sm90_h200`) instead of exactly.
+    ``block_m``: the launch's (``MegaMoEKernel.last_design.block_m``), which sets the L1 GEMM's
+    activation fold (``design_sm90.L1_X_FOLD_K``: 128 at block_m 128); None: 64."""
     torch = _torch()
     T, H = x.shape
     K = topk_idx.shape[1]
     I = w2.shape[2] * 2
     dev = x.device
-    from ..design_sm90 import X_FOLD_K
+    from ..design_sm90 import L1_X_FOLD_K, X_FOLD_K
     from ..errors import require
     require(mma in ("exact", "h200_wgmma"), "mma", "'exact' or 'h200_wgmma'", repr(mma))
-    fx, fxs = fold_x(x, x_sf, X_FOLD_K)
+    require(block_m is None or (not isinstance(block_m, bool) and block_m in L1_X_FOLD_K), "block_m",
+            f"None or one of {sorted(L1_X_FOLD_K)}", repr(block_m))
+    x1 = X_FOLD_K if block_m is None else L1_X_FOLD_K[block_m]
+    fx, fxs = fold_x(x, x_sf, x1)
     xd = dequant_e4m3(fx, fxs)
     cb = torch.zeros(K, T, H, dtype=torch.bfloat16, device=dev)
     l2_in = {}
@@ -200,7 +205,7 @@ def reference_sm90(x, x_sf, topk_idx, topk_w, w1, w1_sf, w2, w2_sf, clamp=None, 
         items = (flat == e).nonzero().squeeze(1)
         t, k = items // K, items % K
         if mma == "h200_wgmma":
-            h = gemm_sm90_h200(fx[t], fxs[t], w1[e], w1_sf[e], X_FOLD_K)
+            h = gemm_sm90_h200(fx[t], fxs[t], w1[e], w1_sf[e], x1)
         else:
             h = xd[t] @ dequant_e2m1_folded(w1[e], w1_sf[e]).T
         gate = h[:, :I].to(torch.float32).to(torch.bfloat16).to(torch.float32)
