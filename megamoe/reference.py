@@ -190,14 +190,24 @@ class Numerics:
         activations folded per 64-K group (``megamoe.layouts.fold_e4m3_scales_for_sm90``), one
         FP32 partial sum per 64-K group (kernel v7); at ``block_m`` 128 the L1 GEMM's x folded
         and summed per 128-K group (kernel v7.6; ``L1_X_FOLD_K``), the L2 GEMM's input per 64.
-        ``block_m``: the launch's (``MegaMoEKernel.last_design.block_m``); None: one below 128.  Not the per-32 numbers of :meth:`sm90`
-        ``()``: the activation fold rounds the small values of a group below its partner's
-        scale; the weight fold alone (``Numerics("sm90", "row", None, w_fold_top=6)``) is
-        bitwise ``sm90()`` when every weight row's nonzero 32-groups lie within 14 binades of
-        its largest.  ``mma="h200_wgmma"``: each 64-K group's partial as the H200's tensor core
-        sums it (:func:`h200_wgmma_partials`), so the kernel's GEMMs are reproduced bit for bit."""
+        Not the per-32 numbers of :meth:`sm90` ``()``: the activation fold rounds the small
+        values of a group below its partner's scale; the weight fold alone
+        (``Numerics("sm90", "row", None, w_fold_top=6)``) is bitwise ``sm90()`` when every
+        weight row's nonzero 32-groups lie within 14 binades of its largest.
+        ``mma="h200_wgmma"``: each group's partial as the H200's tensor core sums it, a chain of
+        k32 steps (:func:`h200_wgmma_partials`), so the kernel's GEMMs are reproduced bit for bit.
+
+        Args:
+            fast_math: see the class.
+            mma: ``"exact"`` or ``"h200_wgmma"`` (see the class).
+            block_m: the launch's (``MegaMoEKernel.last_design.block_m``: the numbers depend on
+                it); None: a block_m below 128.
+        Raises:
+            InputError: ``block_m`` not None or one of 16, 32, 64, 128; ``mma`` or
+                ``fast_math`` invalid (see the class)."""
         from megamoe import design_sm90
-        if block_m is not None and (isinstance(block_m, bool) or block_m not in design_sm90.L1_X_FOLD_K):
+        if block_m is not None and (not isinstance(block_m, int) or isinstance(block_m, bool)
+                                    or block_m not in design_sm90.L1_X_FOLD_K):
             raise InputError("block_m", f"None or one of {sorted(design_sm90.L1_X_FOLD_K)}", repr(block_m))
         x1 = design_sm90.X_FOLD_K if block_m is None else design_sm90.L1_X_FOLD_K[block_m]
         return cls("sm90", design_sm90.W_FOLD_K, x1, True, fast_math, design_sm90.W_FOLD_TOP, mma,

@@ -154,7 +154,7 @@ def test_sm90_kernel_numerics_follow_block_m():
     assert k64 == R.Numerics.sm90_kernel()
     assert (k128.x_fold_k, k128.l2_x_fold_k, k128.group_k) == (128, 64, 128)
     assert k128.for_l2() == k64 and k64.for_l2() is k64
-    for bad in (48, True, "128"):
+    for bad in (48, True, "128", [128], 128.0):
         with pytest.raises(InputError, match="^block_m: expected None or one of \\[16, 32, 64, 128\\]"):
             R.Numerics.sm90_kernel(block_m=bad)
     with pytest.raises(InputError, match="^numerics.l2_x_fold_k"):
@@ -165,8 +165,9 @@ def test_sm90_kernel_numerics_follow_block_m():
         R.Numerics("sm90", "row", 64, w_fold_top=6, l2_x_fold_k=48)
     w = check.make_weights(2, 64, 32, "cpu")
     x, xs, idx, tw = check.make_inputs(3, 2, 1, 64, "cpu")
-    with pytest.raises(InputError, match="^block_m"):
-        check.reference_sm90(x, xs, idx, tw, *w, block_m=48)
+    for bad in (48, [128], True):
+        with pytest.raises(InputError, match="^block_m: expected None or one of"):
+            check.reference_sm90(x, xs, idx, tw, *w, block_m=bad)
 
 
 def test_fold_per_128_by_hand():

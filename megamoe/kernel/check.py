@@ -192,8 +192,8 @@ def reference_sm90(x, x_sf, topk_idx, topk_w, w1, w1_sf, w2, w2_sf, clamp=None, 
     from ..design_sm90 import L1_X_FOLD_K, X_FOLD_K
     from ..errors import require
     require(mma in ("exact", "h200_wgmma"), "mma", "'exact' or 'h200_wgmma'", repr(mma))
-    require(block_m is None or (not isinstance(block_m, bool) and block_m in L1_X_FOLD_K), "block_m",
-            f"None or one of {sorted(L1_X_FOLD_K)}", repr(block_m))
+    ok = block_m is None or (isinstance(block_m, int) and not isinstance(block_m, bool) and block_m in L1_X_FOLD_K)
+    require(ok, "block_m", f"None or one of {sorted(L1_X_FOLD_K)}", repr(block_m))
     x1 = X_FOLD_K if block_m is None else L1_X_FOLD_K[block_m]
     fx, fxs = fold_x(x, x_sf, x1)
     xd = dequant_e4m3(fx, fxs)
