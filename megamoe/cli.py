@@ -566,8 +566,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--ranks", type=_positive, default=1, help="EP size: GPUs, one process each (NVLink)")
     r.add_argument("--routing", default="uniform",
                    help="the names of simulate --routing that the kernel's input generator makes: uniform | "
-                        "zipf (exponent 1; experts 0, 1, 2, ... the most popular) | one_expert (every token "
-                        "to expert 3); default uniform")
+                        "zipf (exponent 1; experts 0, 1, 2, ... the most popular) | one_expert (expert 3 in "
+                        "slot 0 of every token, the other slots uniform); default uniform")
     r.add_argument("--clamp", type=_clamp, default=None,
                    help="SwiGLU clamp: a finite number > 0 (default: no clamp)")
     r.add_argument("--reps", type=_positive, default=10,

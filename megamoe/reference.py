@@ -143,10 +143,11 @@ class Numerics:
             raise InputError("numerics.arch", "'sm100' or 'sm90'", self.arch)
         for f in ("w_fold_k", "x_fold_k", "l2_x_fold_k"):
             v = getattr(self, f)
-            if v is not None and v != "row" and (not isinstance(v, int) or isinstance(v, bool) or v <= 0
-                                                 or v % BLOCK_K != 0):
-                raise InputError(f"numerics.{f}", "None, 'row' or a positive multiple of 32",
-                                 repr(v) if isinstance(v, str) else v)
+            rows_ok = f != "l2_x_fold_k"  # (the L2 input's fold: never the whole row)
+            if v is not None and not (rows_ok and v == "row") and (
+                    not isinstance(v, int) or isinstance(v, bool) or v <= 0 or v % BLOCK_K != 0):
+                raise InputError(f"numerics.{f}", "None, 'row' or a positive multiple of 32" if rows_ok
+                                 else "None or a positive multiple of 32", repr(v) if isinstance(v, str) else v)
         t = self.w_fold_top
         if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t <= 6 or (t and self.w_fold_k is None):
             raise InputError("numerics.w_fold_top", "an int 0..6 (6 x 2^t <= 448), 0 when w_fold_k is None",
@@ -159,10 +160,9 @@ class Numerics:
                 and self.w_fold_k != self.x_fold_k and (self.w_fold_k != "row" or self.x_fold_k == "row"):
             raise InputError("numerics.x_fold_k", f"equal to w_fold_k ({self.w_fold_k!r}) when both are "
                              "set, or a multiple of 32 with w_fold_k='row'", repr(self.x_fold_k))
-        if self.l2_x_fold_k is not None and (self.x_fold_k is None or self.w_fold_k != "row"
-                                             or self.l2_x_fold_k == "row"):
-            raise InputError("numerics.l2_x_fold_k", "None, or a multiple of 32 with w_fold_k='row' and x_fold_k "
-                             "set", repr(self.l2_x_fold_k))
+        if self.l2_x_fold_k is not None and (self.x_fold_k is None or self.w_fold_k != "row"):
+            raise InputError("numerics.l2_x_fold_k", "None unless w_fold_k is 'row' and x_fold_k is set",
+                             repr(self.l2_x_fold_k))
         if not isinstance(self.mma, str) or self.mma not in ("exact", "h200_wgmma"):
             raise InputError("numerics.mma", "'exact' or 'h200_wgmma'", repr(self.mma))
         if self.mma == "h200_wgmma" and (self.arch != "sm90" or self.group_k == "row"):

@@ -157,17 +157,25 @@ def test_sm90_kernel_numerics_follow_block_m():
     for bad in (48, True, "128", [128], 128.0):
         with pytest.raises(InputError, match="^block_m: expected None or one of \\[16, 32, 64, 128\\]"):
             R.Numerics.sm90_kernel(block_m=bad)
-    with pytest.raises(InputError, match="^numerics.l2_x_fold_k"):
+    with pytest.raises(InputError, match="^numerics.l2_x_fold_k: expected None unless w_fold_k is 'row'"):
         R.Numerics("sm90", 64, 64, l2_x_fold_k=128)  # needs weights folded per row
-    with pytest.raises(InputError, match="^numerics.l2_x_fold_k"):
-        R.Numerics("sm90", "row", 64, w_fold_top=6, l2_x_fold_k="row")
-    with pytest.raises(InputError, match="^numerics.l2_x_fold_k"):
-        R.Numerics("sm90", "row", 64, w_fold_top=6, l2_x_fold_k=48)
+    for bad in ("row", 48, 0, True):
+        with pytest.raises(InputError, match="^numerics.l2_x_fold_k: expected None or a positive multiple of 32, "):
+            R.Numerics("sm90", "row", 64, w_fold_top=6, l2_x_fold_k=bad)
     w = check.make_weights(2, 64, 32, "cpu")
     x, xs, idx, tw = check.make_inputs(3, 2, 1, 64, "cpu")
     for bad in (48, [128], True):
         with pytest.raises(InputError, match="^block_m: expected None or one of"):
             check.reference_sm90(x, xs, idx, tw, *w, block_m=bad)
+    with pytest.raises(InputError, match=r"^x: expected E4M3 bytes \[T, H\] with H a multiple of 128 .*, got shape \(3, 64\)$"):
+        check.reference_sm90(x, xs, idx, tw, *w)
+    w = check.make_weights(2, 128, 128, "cpu")
+    x, xs, idx, tw = check.make_inputs(3, 2, 1, 128, "cpu")
+    with pytest.raises(InputError, match=r"^w1: expected \[E, 2I, H/2\]"):
+        check.reference_sm90(x, xs, idx, tw, w[0][:, :, :32], *w[1:])
+    with pytest.raises(InputError, match=r"^topk_idx: expected expert ids in \[-1, 2\), got 2"):
+        check.reference_sm90(x, xs, idx.clone().fill_(2), tw, *w)
+    assert check.reference_sm90(x, xs, idx, tw, *w, block_m=128).shape == (3, 128)
 
 
 def test_fold_per_128_by_hand():

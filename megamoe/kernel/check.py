@@ -183,7 +183,12 @@ def reference_sm90(x, x_sf, topk_idx, topk_w, w1, w1_sf, w2, w2_sf, clamp=None, 
     """BF16 [T, H] output of the kernel's numerics (see module docstring). ``mma="h200_wgmma"``:
     both GEMMs as the H200's tensor core sums them (:func:`gemm_sm90_h200`) instead of exactly.
     ``block_m``: the launch's (``MegaMoEKernel.last_design.block_m``), which sets the L1 GEMM's
-    activation fold (``design_sm90.L1_X_FOLD_K``: 128 at block_m 128); None: 64."""
+    activation fold (``design_sm90.L1_X_FOLD_K``: 128 at block_m 128); None: 64.
+
+    Raises:
+        InputError: ``mma`` or ``block_m`` not one of theirs; H or I not a multiple of 128;
+            weights, scales, ids or top-k weights of other shapes than x's; an expert id
+            outside [-1, E)."""
     torch = _torch()
     T, H = x.shape
     K = topk_idx.shape[1]
@@ -194,6 +199,20 @@ def reference_sm90(x, x_sf, topk_idx, topk_w, w1, w1_sf, w2, w2_sf, clamp=None, 
     require(mma in ("exact", "h200_wgmma"), "mma", "'exact' or 'h200_wgmma'", repr(mma))
     ok = block_m is None or (isinstance(block_m, int) and not isinstance(block_m, bool) and block_m in L1_X_FOLD_K)
     require(ok, "block_m", f"None or one of {sorted(L1_X_FOLD_K)}", repr(block_m))
+    E = w1.shape[0]
+    require(H % 128 == 0, "x", "E4M3 bytes [T, H] with H a multiple of 128 (the kernel's K block)",
+            f"shape {tuple(x.shape)}")
+    require(I % 128 == 0, "w2", "[E, H, I/2] packed E2M1 with I a multiple of 128 (the kernel's K block)",
+            f"shape {tuple(w2.shape)}")
+    require(tuple(w1.shape) == (E, 2 * I, H // 2) and tuple(w1_sf.shape) == (E, 2 * I, H // 32)
+            and tuple(w2.shape) == (E, H, I // 2) and tuple(w2_sf.shape) == (E, H, I // 32), "w1",
+            f"[E, 2I, H/2] packed E2M1 with [E, 2I, H/32] scales for x's H = {H} (and w2 [E, H, I/2])",
+            f"w1 {tuple(w1.shape)}, w1_sf {tuple(w1_sf.shape)}, w2 {tuple(w2.shape)}, w2_sf {tuple(w2_sf.shape)}")
+    require(tuple(topk_idx.shape) == (T, K) and tuple(topk_w.shape) == (T, K) and tuple(x_sf.shape) == (T, H // 32),
+            "topk_idx", f"[T, k] ids and weights and x_sf [T, H/32] for x of shape {tuple(x.shape)}",
+            f"topk_idx {tuple(topk_idx.shape)}, topk_w {tuple(topk_w.shape)}, x_sf {tuple(x_sf.shape)}")
+    bad = topk_idx[(topk_idx < -1) | (topk_idx >= E)]
+    require(bad.numel() == 0, "topk_idx", f"expert ids in [-1, {E})", f"{int(bad[0]) if bad.numel() else ''}")
     x1 = X_FOLD_K if block_m is None else L1_X_FOLD_K[block_m]
     fx, fxs = fold_x(x, x_sf, x1)
     xd = dequant_e4m3(fx, fxs)
