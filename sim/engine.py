@@ -85,10 +85,9 @@ MAX_BLOCKS = 8_000_000
 DISPATCH_WARPS_PER_SM = 4
 WITH_SCALES = 1 + 1 / 32  # FP8 / FP4 data plus one UE8M0 byte per 32 elements
 # The SM90 kernel's pools also hold each token's scale as FP32 per 64-K group (Params::l1_pool_fsx,
-# l2_pool_fsx; kernel v7.5): the producer copies those (4 B per 64 elements) instead of the
-# bytes, and the L1 epilogue writes both.
-SM90_ACT_READ = 1 + 4 / 64
-SM90_L1_OUT = WITH_SCALES + 4 / 64
+# l2_pool_fsx; kernel v7.5): bytes per activation element. The pulls and the L1 epilogue write
+# them beside the UE8M0 bytes, and the producer copies them instead of the bytes.
+SM90_FSX = 4 / 64
 SM90_THREADS = 512  # threads per CTA of the SM90 kernel (megamoe.design_sm90.THREADS)
 # dependent NVLink round trips of one remote pull in the SM90 kernel's EP dispatch
 # (csrc/megamoe/kernel_sm90.cu dispatch_role_ep): the row in two batches of four 16-byte
@@ -335,7 +334,7 @@ class _Engine:
         # first-touch activation bytes (FP8 + UE8M0 scales; SM90: + FP32 scales read instead of
         # the bytes) and L1 output bytes per pool block
         sm90 = plan.design == "megamoe-sm90"
-        act_f, out_f = (SM90_ACT_READ, SM90_L1_OUT) if sm90 else (WITH_SCALES, WITH_SCALES)
+        act_f, out_f = (1 + SM90_FSX, WITH_SCALES + SM90_FSX) if sm90 else (WITH_SCALES, WITH_SCALES)
         act1 = [v * ktot1 * act_f for v in valid]
         act2 = [v * ktot2 * act_f for v in valid]
         l1_out = [v * cs * bn / 2 * out_f for v in valid]
@@ -464,6 +463,7 @@ class _Engine:
             return
         tpe = rp.tokens_per_expert
         per_token = H * WITH_SCALES + 4  # FP8 row, scales, top-k weight
+        fsx = H * SM90_FSX if plan.design == "megamoe-sm90" else 0.0  # written into the pool besides
         chunks = math.ceil(H / plan.bytes_per_pull)
         warp_rate = hw.sm_load_bytes_per_ns / DISPATCH_WARPS_PER_SM
         lat = hw.pull_latency_ns + chunks * plan.bytes_per_pull / warp_rate
@@ -505,13 +505,13 @@ class _Engine:
                     continue
                 b = float(cj) * per_token
                 if j == r:
-                    finish = max(finish, hbm.reserve(t0, 2 * b))
+                    finish = max(finish, hbm.reserve(t0, 2 * b + cj * fsx))
                 else:
                     f1 = egress[j].reserve(t0, b)
                     f2 = ingress.reserve(t0, b)
                     if links is not None:
                         f2 = max(f2, links[j][r].reserve(t0, b))
-                    f3 = hbm.reserve(t0, b)  # write into the local pool
+                    f3 = hbm.reserve(t0, b + cj * fsx)  # write into the local pool
                     finish = max(finish, f1, f2, f3)
             yield env.timeout(finish - t0)
             ntok = sum(cnt)

@@ -420,20 +420,21 @@ def test_simulate_argument_types():
 
 
 def test_sm90_pools_carry_fp32_token_scales(monkeypatch):
-    """The SM90 kernel's producer reads each token's scale as FP32 per 64-K group (4 B per 64
-    elements, kernel v7.5) instead of one UE8M0 byte per 32, and its L1 epilogue writes both.
-    By hand, against the same run with the byte-only factor: each routed row adds
-    (H + I) x (4/64 - 1/32) read bytes (first touch, both GEMMs) and I x 4/64 written bytes
-    (its L1 output over the 2I / bn N blocks of bn / 2 columns)."""
+    """The SM90 kernel's pools hold each token's scale as FP32 per 64-K group besides the UE8M0
+    bytes (4 B per 64 elements, kernel v7.5): the pull writes them with each row, the L1
+    epilogue with its output, and the producer reads them instead of the bytes. By hand,
+    against the same run without them (``SM90_FSX = 0``; the GEMMs' reads then hold the FP8
+    values alone, as the producer reads no UE8M0 bytes): each routed row adds 4/64 B per
+    element of its pulled row (H), of its first-touch reads in both GEMMs (H + I) and of its
+    L1 output (I, over the 2I / bn N blocks of bn / 2 columns)."""
     import sim.engine as eng
     sc = Scenario(shape="8,2,256,256", num_ranks=1, tokens_per_rank=40, routing="uniform",
                   design="megamoe-sm90", hardware="h200")
     sc100 = Scenario(shape="8,2,256,256", num_ranks=1, tokens_per_rank=40, routing="uniform", hardware="b200")
     with_fp32, sm100 = simulate(sc).hbm_bytes_sim, simulate(sc100).hbm_bytes_sim
-    monkeypatch.setattr(eng, "SM90_ACT_READ", eng.WITH_SCALES)
-    monkeypatch.setattr(eng, "SM90_L1_OUT", eng.WITH_SCALES)
-    bytes_only = simulate(sc).hbm_bytes_sim
+    monkeypatch.setattr(eng, "SM90_FSX", 0.0)
+    without = simulate(sc).hbm_bytes_sim
     rows = int((sc.routing_ids()[0] >= 0).sum())
     H = I = 256
-    assert with_fp32[0] - bytes_only[0] == pytest.approx(rows * ((H + I) * (4 / 64 - 1 / 32) + I * 4 / 64))
-    assert simulate(sc100).hbm_bytes_sim[0] == sm100[0]  # the SM100 design reads the bytes only
+    assert with_fp32[0] - without[0] == pytest.approx(rows * (4 / 64) * (H + (H + I) + I))
+    assert simulate(sc100).hbm_bytes_sim[0] == sm100[0]  # the SM100 design has no FP32 scales
