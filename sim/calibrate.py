@@ -194,17 +194,28 @@ def _first_block_issue(t) -> tuple[float, float, int]:
     return _median(per), _median(gap), len(per)
 
 
+def _l1_promoted_once(t) -> bool:
+    """Whether the trace's L1 K blocks are promoted once (x folded per 128-K group at its
+    block_m: ``megamoe.design_sm90.L1_X_FOLD_K``, kernel v7.6; the model describes the current
+    kernel, and traces of older builds are not held to it)."""
+    from megamoe.design_sm90 import BLOCK_K, L1_X_FOLD_K
+
+    return L1_X_FOLD_K.get(int(t.meta["plan"]["block_m"])) == BLOCK_K
+
+
 def sm90_k_block_ns(t) -> float:
-    """Consumer time per K block of one SM90 kernel trace: the mean of the median L1 K loop
-    per K block (``hidden / 128`` of them) and the median L2 K loop per K block
-    (``intermediate / 128``); the scheduler gaps between blocks are not in it."""
+    """Consumer time per K block of one SM90 kernel trace with two promotions per K block: the
+    mean of the median L1 K loop per K block (``hidden / 128`` of them) and the median L2 K
+    loop per K block (``intermediate / 128``), or the L2 one alone where the L1 K block is
+    promoted once (:func:`_l1_promoted_once`); the scheduler gaps between blocks are not in it."""
     from megamoe.design_sm90 import BLOCK_K
     from megamoe.trace import KIND
 
     meta = t.meta
     kb1, kb2 = int(meta["hidden"]) // BLOCK_K, int(meta["intermediate"]) // BLOCK_K
     d = t["t_end_ns"] - t["t_start_ns"]
-    return 0.5 * (_median(d[t["kind"] == KIND["l1_mma"]]) / kb1 + _median(d[t["kind"] == KIND["l2_mma"]]) / kb2)
+    k2 = _median(d[t["kind"] == KIND["l2_mma"]]) / kb2
+    return k2 if _l1_promoted_once(t) else 0.5 * (_median(d[t["kind"] == KIND["l1_mma"]]) / kb1 + k2)
 
 
 def _fraction_of_rate(slope_ns_per_row: float, fp8_gemm_tflops: float, num_sms: int) -> float:
@@ -293,6 +304,7 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
         t0 = (T * np.arange(num_sms + 1)) // num_sms
         rounds = -(-np.diff(t0) * int(meta["top_k"]) // DISPATCH_WARPS_PER_SM)
         rows.append({"tokens": T, "bm": int(meta["plan"]["block_m"]), "k": sm90_k_block_ns(t),
+                     "once": _l1_promoted_once(t),
                      "k1": med["l1_mma"] / kb1, "k2": med["l2_mma"] / kb2,
                      "gaps": _block_gaps(t), "epi1": med["l1_epilogue"],
                      "epi2": (d[t["kind"] == KIND["l2_epilogue"]], e2["tokens"].astype(float)),
@@ -312,12 +324,21 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
     # grow with them, the decode does not)
     a, b = _line([r["bm"] for r in rows], [r["k"] for r in rows])
     pts = "; ".join(f"{r['k']:.0f} ns at block_m {r['bm']} (T={r['tokens']}: median L1 K loop {r['k1']:.0f} ns, "
-                    f"L2 {r['k2']:.0f} ns per K block)" for r in rows)
-    how = (f"per-K-block consumer time (mean of the median L1 and L2 K loops per K block) {a:.0f} ns + {b:.2f} ns "
+                    f"L2 {r['k2']:.0f} ns per K block{'; L1 promoted once, left out' if r['once'] else ''})"
+                    for r in rows)
+    how = (f"per-K-block consumer time with two promotions (mean of the median L1 and L2 K loops per K block; "
+           f"where the L1 K block is promoted once, the L2 one) {a:.0f} ns + {b:.2f} ns "
            f"per block_m row ({pts}); the slope is "
            f"{2 * BLOCK_N * BLOCK_K / b * num_sms / 1e3:.0f} TFLOP/s over "
            f"{num_sms} SMs = this fraction of the {rate:.0f} TFLOP/s FP8 GEMM")
     out["sm90_mma_fraction"] = (_fraction_of_rate(b, rate, num_sms), how)
+    once = [r for r in rows if r["once"]]
+    if once:  # what one promotion costs: the L1 K block promoted once against the L2 one, per row
+        promo = float(np.mean([(r["k2"] - r["k1"]) / r["bm"] for r in once]))
+        out["sm90_promotion_ns_per_row"] = (max(promo, 0.0), "the L2 K block less the L1 one where the L1 K block is "
+                                            "promoted once, per block_m row: " + ", ".join(
+                                                f"T={r['tokens']} (block_m {r['bm']}) ({r['k2']:.0f} - {r['k1']:.0f}) "
+                                                f"/ {r['bm']} = {(r['k2'] - r['k1']) / r['bm']:.3f} ns" for r in once))
     per_thread = BLOCK_N * BLOCK_K / threads  # E2M1 elements one consumer thread decodes per K block
     decode_ns = hw.e2m1_decode_thread_ns_per_elem * per_thread
     if profile:

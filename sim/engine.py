@@ -62,6 +62,7 @@ from operator import sub
 import numpy as np
 import simpy
 
+from megamoe.design_sm90 import L1_X_FOLD_K
 from megamoe.errors import InputError
 from megamoe.plan import L1, Plan
 from megamoe.scenario import Scenario
@@ -597,16 +598,21 @@ class _Engine:
             # the MMA of the stage, then hand the stage back: serial per K block
             t_k = max(t_mma_k + hw.e2m1_decode_thread_ns_per_elem * bn * bk / cfg.num_epilogue_threads
                       + hw.stage_handoff_ns, stage_bytes / load_rate)
+            # an L1 K block promoted once (x folded per 128-K group at this block_m, kernel v7.6:
+            # design_sm90.L1_X_FOLD_K) saves one 64-K group's promotion
+            promoted_once = L1_X_FOLD_K.get(bm) == bk
+            t_k1 = max(t_k - hw.sm90_promotion_ns_per_row * bm, stage_bytes / load_rate) if promoted_once else t_k
         else:
             t_k = max(t_mma_k, stage_bytes / load_rate) + hw.block_overhead_ns / max(1, H // bk)
+            t_k1 = t_k
         epi_threads = cfg.num_epilogue_threads
         # the L1 epilogue pays a fixed hand-off (cross-warp amax reduction, arrival-mask release);
         # the L2 epilogue's time per pool block is in epi2
         t_epi1 = hw.l1_epilogue_thread_ns_per_elem * bm * bn / epi_threads + hw.block_overhead_ns
         kb1, kb2 = H // bk, I // bk
         # per-phase constants: K-loop length, the ring's prefetch, FP4 weight bytes of the unit
-        loop1, loop2 = kb1 * t_k, kb2 * t_k
-        pre1, pre2 = min(stages, kb1) * t_k, min(stages, kb2) * t_k
+        loop1, loop2 = kb1 * t_k1, kb2 * t_k
+        pre1, pre2 = min(stages, kb1) * t_k1, min(stages, kb2) * t_k
         w1, w2 = cs * bn * (kb1 * bk) / 2, cs * bn * (kb2 * bk) / 2
         per_kb = 2 * bk // bn  # L1 n blocks (bn/2 SwiGLU outputs each) per L2 K block
         offs = [i * t_k for i in range(kb2)]
@@ -693,12 +699,12 @@ class _Engine:
             if phase == L1:
                 mma_end = mma_start + loop1
                 if first:
-                    f = hbm_reserve(load_start, first) + t_k
+                    f = hbm_reserve(load_start, first) + t_k1
                     if f > mma_end:
                         mma_end = f
                 if sm90:  # the last K block's data comes after its issue; the ring paces the issues
                     issue_end = load_start + iss1
-                    mma_end = max(mma_end, issue_end + lat + t_k)
+                    mma_end = max(mma_end, issue_end + lat + t_k1)
                     issue_end = max(issue_end, mma_end - pre1 + t_iss)
                 epi_start = mma_end if mma_end > prev_epi_end else prev_epi_end
                 epi_end = epi_start + t_epi1

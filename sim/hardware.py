@@ -28,6 +28,11 @@ Figures (units in the key names):
   (FP8 WGMMA plus the per-32-K FP32 promotion of the UE8M0 scales) as a fraction of the
   sustained FP8 GEMM rate (``fp8_dense_tflops x mma_efficiency``); unused by the SM100
   reference design, whose UMMA K loop runs at the sustained rate.
+* ``sm90_promotion_ns_per_row`` — SM90 design: one 64-K group's FP32 promotion (the partial
+  times the token scale into the accumulator), per block_m row of a K block. The K-block line
+  (``sm90_mma_fraction``) holds two of them; an L1 K block promoted once (x folded per 128-K
+  group at block_m 128, kernel v7.6, ``megamoe.design_sm90.L1_X_FOLD_K``) takes this x block_m
+  less.
 * ``e2m1_decode_thread_ns_per_elem`` — SM90 design: the consumers' per-stage preparation
   before the MMA, per element per consumer thread (kernel v4: the E2M1 -> E4M3 decode into
   shared memory; v5 decodes into the WGMMA registers inside the MMA phase, and this term is
@@ -131,6 +136,7 @@ class Hardware:
     l2_epilogue_thread_ns_per_elem: float
     block_overhead_ns: float
     sm90_mma_fraction: float
+    sm90_promotion_ns_per_row: float
     e2m1_decode_thread_ns_per_elem: float
     stage_handoff_ns: float
     sm90_issue_kblock_ns: float
@@ -220,6 +226,7 @@ FIGURE_RANGES: dict[str, tuple[float, float, str]] = {
     "l2_epilogue_thread_ns_per_elem": (0.01, 300.0, "ns"),
     "block_overhead_ns": (0.01, 10_000.0, "ns"),
     "sm90_mma_fraction": (0.05, 1.0, "fraction"),
+    "sm90_promotion_ns_per_row": (0.0, 100.0, "ns"),
     "e2m1_decode_thread_ns_per_elem": (0.01, 20.0, "ns"),
     "stage_handoff_ns": (0.01, 5_000.0, "ns"),
     "sm90_issue_kblock_ns": (0.01, 5_000.0, "ns"),

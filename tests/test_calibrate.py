@@ -64,7 +64,8 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
     prof = json.loads(Path(_root(SM90_FIT_PROFILE)).read_text())
     fit = fit_sm90_traces([_root(p) for p in TRACES], prof)
     hw = load_hardware("h200")
-    assert set(fit) == {"sm90_mma_fraction", "e2m1_decode_thread_ns_per_elem", "stage_handoff_ns",
+    assert set(fit) == {"sm90_mma_fraction", "sm90_promotion_ns_per_row", "e2m1_decode_thread_ns_per_elem",
+                        "stage_handoff_ns",
                         "sm90_issue_kblock_ns", "sched_block_ns", "sched_step_ns", "l1_epilogue_thread_ns_per_elem", "block_overhead_ns",
                         "l2_epilogue_fixed_ns", "l2_epilogue_thread_ns_per_elem", "pull_latency_ns",
                         "combine_round_ns", "grid_sync_ns"}
@@ -73,17 +74,20 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
         assert getattr(hw, key) == value and hw.sources[key] == src, key
         assert fit[key][1] in src and "2026-12-01" in src and SM90_FIT_KERNEL in src, key
         assert "kernel_flash_ep1_t{64,512,4096}.npz" in src, key
-    # the slope: K blocks of 364 ns at block_m 16 (T=64 and T=512 alike: the mean of the median
-    # L1 K loop / 32 and L2 K loop / 16: (11520 / 32 + 5888 / 16) / 2 = (360 + 368) / 2) and 845.5
-    # ns at block_m 128 (T=4096: (25504 / 32 + 14304 / 16) / 2 = (797 + 894) / 2: kernel v7.6's L1
-    # K block, one promotion, is 11% shorter than its L2 one); least squares over x = 16, 16, 128
-    # puts the line through the block_m 16 point: (845.5 - 364) / 112 = 4.30 ns per block_m row
-    # and K block; 128 weight rows x 128 K x 2 = 32768 FLOP per row and K block -> 7.62 TFLOP/s
-    # per SM, 1006 TFLOP/s on 132 SMs, 70.9% of 1419 TFLOP/s (v7.5's traces: 364 / 364 / 884 ns,
-    # 65.7%; v7.4's: 381 / 379 / 960 ns, 58.9%; v7.3's: 378 / 378.5 / 888.5 ns, 66.9%; v7.2's,
-    # from warpgroup 0: 406.25 / 886.5 ns, 71.1%; v6.7's: 39.4%; v6.5's: 36.0%; v6.4's: 33.7%)
-    assert fit["sm90_mma_fraction"][0] == pytest.approx(32768 / ((845.5 - 364) / 112 * 1e-9) * 132 / 1419e12,
+    # the slope: K blocks with two promotions of 364 ns at block_m 16 (T=64 and T=512 alike:
+    # the mean of the median L1 K loop / 32 and L2 K loop / 16: (11520 / 32 + 5888 / 16) / 2 =
+    # (360 + 368) / 2) and 894 ns at block_m 128 (T=4096: the L2 K loop, 14304 / 16; kernel
+    # v7.6's L1 K block there is promoted once, 25504 / 32 = 797 ns); least squares over x =
+    # 16, 16, 128 puts the line through the block_m 16 point: (894 - 364) / 112 = 4.73 ns per
+    # block_m row and K block; 128 weight rows x 128 K x 2 = 32768 FLOP per row and K block ->
+    # 6.92 TFLOP/s per SM, 914 TFLOP/s on 132 SMs, 64.4% of 1419 TFLOP/s (v7.5's traces: 364 /
+    # 364 / 884 ns, both GEMMs promoted twice, 65.7%; v7.4's: 381 / 379 / 960 ns, 58.9%;
+    # v7.3's: 378 / 378.5 / 888.5 ns, 66.9%; v7.2's, from warpgroup 0: 406.25 / 886.5 ns,
+    # 71.1%; v6.7's: 39.4%; v6.5's: 36.0%; v6.4's: 33.7%)
+    assert fit["sm90_mma_fraction"][0] == pytest.approx(32768 / ((894 - 364) / 112 * 1e-9) * 132 / 1419e12,
                                                         abs=0.002)
+    # one promotion per block_m row: (894 - 797) / 128 = 0.758 ns
+    assert fit["sm90_promotion_ns_per_row"][0] == pytest.approx((14304 / 16 - 25504 / 32) / 128, rel=1e-9)
     # the scheduler: ~0.7-0.9 us per block plus ~0.3 us per chunk scan beyond a call's first
     # (v7.6's traces: 668 + 277 ns; v7.5's: 730 + 280; v7.4's: 792 + 284; v7.2's: 873 + 287)
     assert 650 <= fit["sched_block_ns"][0] <= 950
