@@ -19,10 +19,12 @@ Figures the kernel itself reveals come from its traces (no GPU needed once they 
   hand-off), against the FP8 GEMM rate -> ``sm90_mma_fraction``.
 * :func:`fit_sm90_traces` (several traces of this project's SM90 kernel, at least two
   ``block_m``, and optionally the per-role cycle profile of ``benchmarks/device/profile_stages.py``):
-  every SM90 figure of the H200 model — the K-block time (mean of the median L1 and L2 K
-  loops per K block) as a line in ``block_m`` (slope -> ``sm90_mma_fraction``; intercept ->
+  every SM90 figure of the H200 model — the K-block time with two promotions (mean of the
+  median L1 and L2 K loops per K block; the L2 one alone where the L1 K block is promoted
+  once, kernel v7.6) as a line in ``block_m`` (slope -> ``sm90_mma_fraction``; intercept ->
   ``e2m1_decode_thread_ns_per_elem`` from the profile's decode share plus
-  ``stage_handoff_ns``), the producer's time to issue one K block's loads with its stage
+  ``stage_handoff_ns``), the L2 K block less the L1 one where that is promoted once, per row
+  (``sm90_promotion_ns_per_row``), the producer's time to issue one K block's loads with its stage
   free (``sm90_issue_kblock_ns``: the first L1 block of every CTA, where the ring is empty;
   traces whose producer the ring paces are left out), the consumers' gap between blocks as
   a line in the scheduler's steps (``sched_block_ns``, ``sched_step_ns``; steps from :func:`sim.engine.sm90_walk_steps`), the
