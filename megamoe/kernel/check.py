@@ -4,8 +4,8 @@
 "row"``, ``W_FOLD_TOP = 6``, ``X_FOLD_K = 64``): weight values folded per row as E4M3 of
 ``E2M1 x 2^(s - s_max + 6)`` times ``2^(s_max - 6)`` (``s_max`` over the row's 32-groups with a
 nonzero value), activation values folded per 64-K group the same way (:func:`fold_x`, no
-offset; x per 128 at block_m 128: ``design_sm90.L1_X_FOLD_K``), FP32-level accumulation (float64 here), gate/up rounded to BF16 then clamped, SiLU
-in FP32, times the top-k weight, per-32 amax -> UE8M0 (``ceil(log2(amax / 448))``) -> E4M3
+offset; x per 128 at block_m 128: ``design_sm90.L1_X_FOLD_K``), FP32-level accumulation
+(float64 here), gate/up rounded to BF16 then clamped, SiLU in FP32, times the top-k weight, per-32 amax -> UE8M0 (``ceil(log2(amax / 448))``) -> E4M3
 (RNE, saturating) -> the 64-K fold, L2 in float64 rounded to BF16 per (token, slot), combine in
 FP32 over the valid slots in slot order, BF16 out. It is the check used until/beside
 ``megamoe.reference.moe_reference_quantized``. ``reference_sm90(..., mma="h200_wgmma")`` forms
