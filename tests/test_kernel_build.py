@@ -397,3 +397,36 @@ def test_stages_floor_is_one_per_producer_warp():
                                          r"tables and 4 pipeline stages at block_m 16 need"):
         d.stages_for(16, most + 1)
     assert d.stages_for(16, most) == 4
+
+
+def test_pool_buffers_of_both_launches():
+    """megamoe.kernel.runtime.pool_buffers: the pools every SM90 launch passes (POOL_FIELDS),
+    shaped as csrc/megamoe/params.h lays them out; the one-rank and the EP workspaces both hold
+    them (EP adds each row's source rank). By hand for the V4-Flash design at 256 tokens."""
+    import types
+
+    import torch
+
+    from megamoe.kernel.ep import MegaMoEKernelEP
+    from megamoe.kernel.runtime import POOL_FIELDS, MegaMoEKernel, pool_buffers
+
+    des = d.design_for(256, 4096, 2048, 256, 6)
+    R, bm = des.pool_rows, des.block_m
+    b = pool_buffers(torch, des, 4096, 2048, "cpu")
+    assert tuple(b) == POOL_FIELDS
+    shapes = {k: (tuple(v.shape), v.dtype) for k, v in b.items()}
+    assert shapes == {
+        "l1_pool": ((R, 4096), torch.uint8), "l1_pool_sf": ((32, R, 4), torch.uint8),
+        "l1_pool_fsx": ((32, R // bm, 2, bm), torch.float32),
+        "l2_pool": ((R, 2048), torch.uint8), "l2_pool_sf": ((16, R, 4), torch.uint8),
+        "l2_pool_fsx": ((16, R // bm, 2, bm), torch.float32),
+        "pool_token": ((R,), torch.int32), "pool_slot": ((R,), torch.int32), "pool_weight": ((R,), torch.float32),
+        "arrival": ((R // bm,), torch.int32), "mask": ((R // bm,), torch.int64)}
+    assert (b["pool_token"] == -1).all() and (b["pool_slot"] == -1).all() and not b["arrival"].any()
+    one = types.SimpleNamespace(torch=torch, device="cpu", max_tokens=256, H=4096, I=2048, E=256, K=6,
+                                _ws_key=None, _ws=None)
+    ws = MegaMoEKernel._workspace(one, des)
+    assert set(POOL_FIELDS) < set(ws) and ws["combine_buf"].shape == (6, 256, 4096)
+    ep = types.SimpleNamespace(torch=torch, device="cpu", H=4096, I=2048, _ws_key=None, _ws=None)
+    ws = MegaMoEKernelEP._workspace(ep, des)
+    assert set(ws) == set(POOL_FIELDS) | {"pool_rank"} and (ws["pool_rank"] == -1).all()

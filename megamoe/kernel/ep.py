@@ -382,22 +382,10 @@ class MegaMoEKernelEP:
         key = (design.block_m, design.pool_rows)
         if self._ws_key == key:
             return self._ws
+        from .runtime import pool_buffers
         self._ws = {}
-        d, R, H, I = self.device, design.pool_rows, self.H, self.I
-        nblk = R // design.block_m
-        u8 = dict(dtype=torch.uint8, device=d)
-        self._ws = dict(
-            l1_pool=torch.empty(R, H, **u8), l1_pool_sf=torch.empty(H // 128, R, 4, **u8),
-            l2_pool=torch.empty(R, I, **u8), l2_pool_sf=torch.empty(I // 128, R, 4, **u8),
-            # the same scales as FP32 per 64-K group, [K/128][pool block][2][block_m] (params.h)
-            l1_pool_fsx=torch.empty(H // 128, nblk, 2, design.block_m, dtype=torch.float32, device=d),
-            l2_pool_fsx=torch.empty(I // 128, nblk, 2, design.block_m, dtype=torch.float32, device=d),
-            pool_token=torch.full((R,), -1, dtype=torch.int32, device=d),
-            pool_slot=torch.full((R,), -1, dtype=torch.int32, device=d),
-            pool_rank=torch.full((R,), -1, dtype=torch.int32, device=d),
-            pool_weight=torch.zeros(R, dtype=torch.float32, device=d),
-            arrival=torch.zeros(nblk, dtype=torch.int32, device=d),
-            mask=torch.zeros(nblk, dtype=torch.int64, device=d))
+        self._ws = dict(**pool_buffers(torch, design, self.H, self.I, self.device),
+                        pool_rank=torch.full((design.pool_rows,), -1, dtype=torch.int32, device=self.device))
         self._ws_key = key
         return self._ws
 
@@ -459,7 +447,7 @@ class MegaMoEKernelEP:
     def __call__(self, x, x_sf, topk_idx, topk_w, design=None, trace: bool = False, out=None):
         """This rank's MoE output BF16 ``[T_r, H]``; every rank must call (same count of calls).
         Inputs already in the symmetric buffer (:meth:`input_buffers`) are not copied."""
-        from .runtime import Params, KernelError
+        from .runtime import POOL_FIELDS, KernelError, Params
         torch = self.torch
         T = self._stage(x, x_sf, topk_idx, topk_w)
         topk_idx = topk_idx.to(torch.int32).contiguous()
@@ -478,9 +466,7 @@ class MegaMoEKernelEP:
                    fault_inject=self.fault_inject, clamp=self.clamp,
                    x=self.x_buf.data_ptr(), x_sf=self.x_sf_buf.data_ptr(), topk_idx=topk_idx.data_ptr(),
                    topk_w=self.topk_w_buf.data_ptr(), **w.params(),
-                   **{k: ws[k].data_ptr() for k in ("l1_pool", "l1_pool_sf", "l1_pool_fsx", "l2_pool", "l2_pool_sf",
-                                                    "l2_pool_fsx", "pool_token",
-                                                    "pool_slot", "pool_weight", "arrival", "mask", "pool_rank")},
+                   **{k: ws[k].data_ptr() for k in POOL_FIELDS + ("pool_rank",)},
                    expert_count=self.expert_count.data_ptr(), grid_sync=self.grid_sync.data_ptr(),
                    error=self.error.data_ptr(), item_pos=self.item_pos.data_ptr(),
                    combine_buf=self.combine_buf.data_ptr(), y=y.data_ptr(),

@@ -284,6 +284,34 @@ def check_call_shapes(x, x_sf, topk_idx, topk_w, hidden: int, topk: int, max_tok
     return T
 
 
+#: The pool buffers of an SM90 launch (one rank or EP), as ``Params`` fields: :func:`pool_buffers`.
+POOL_FIELDS = ("l1_pool", "l1_pool_sf", "l1_pool_fsx", "l2_pool", "l2_pool_sf", "l2_pool_fsx", "pool_token",
+               "pool_slot", "pool_weight", "arrival", "mask")
+
+
+def pool_buffers(torch, design, hidden: int, inter: int, device) -> dict:
+    """The expert-contiguous pools of one SM90 launch (``design.pool_rows`` rows of
+    ``design.block_m``-row pool blocks), keyed by :data:`POOL_FIELDS`: the FP8 rows ``uint8
+    [R, H]`` / ``[R, I]``, their UE8M0 bytes ``uint8 [K/128][R][4]``, the same scales as FP32
+    per 64-K group ``float32 [K/128][pool block][2][block_m]`` (``csrc/megamoe/params.h``), each
+    row's token / top-k slot (-1: none) and top-k weight, and per pool block the arrival count
+    and the L1 N-block mask."""
+    R, bm = design.pool_rows, design.block_m
+    nblk = R // bm
+    u8 = dict(dtype=torch.uint8, device=device)
+    f32 = dict(dtype=torch.float32, device=device)
+    return dict(
+        l1_pool=torch.empty(R, hidden, **u8), l1_pool_sf=torch.empty(hidden // 128, R, 4, **u8),
+        l1_pool_fsx=torch.empty(hidden // 128, nblk, 2, bm, **f32),
+        l2_pool=torch.empty(R, inter, **u8), l2_pool_sf=torch.empty(inter // 128, R, 4, **u8),
+        l2_pool_fsx=torch.empty(inter // 128, nblk, 2, bm, **f32),
+        pool_token=torch.full((R,), -1, dtype=torch.int32, device=device),
+        pool_slot=torch.full((R,), -1, dtype=torch.int32, device=device),
+        pool_weight=torch.zeros(R, **f32),
+        arrival=torch.zeros(nblk, dtype=torch.int32, device=device),
+        mask=torch.zeros(nblk, dtype=torch.int64, device=device))
+
+
 class MegaMoEKernel:
     """One EP=1 mega-kernel instance: weights, plan numbers and workspace for up to
     ``max_tokens`` tokens. ``k(x, x_sf, topk_idx, topk_w)`` returns BF16 ``[T, H]``.
@@ -359,22 +387,10 @@ class MegaMoEKernel:
         if self._ws_key == key:
             return self._ws
         d = self.device
-        T, H, I, E, K = self.max_tokens, self.H, self.I, self.E, self.K
-        R = design.pool_rows
-        nblk = R // design.block_m
-        u8 = dict(dtype=torch.uint8, device=d)
+        T, H, E, K = self.max_tokens, self.H, self.E, self.K
         ws = dict(
-            l1_pool=torch.empty(R, H, **u8), l1_pool_sf=torch.empty(H // 128, R, 4, **u8),
-            l2_pool=torch.empty(R, I, **u8), l2_pool_sf=torch.empty(I // 128, R, 4, **u8),
-            # the same scales as FP32 per 64-K group, [K/128][pool block][2][block_m] (params.h)
-            l1_pool_fsx=torch.empty(H // 128, nblk, 2, design.block_m, dtype=torch.float32, device=d),
-            l2_pool_fsx=torch.empty(I // 128, nblk, 2, design.block_m, dtype=torch.float32, device=d),
-            pool_token=torch.full((R,), -1, dtype=torch.int32, device=d),
-            pool_slot=torch.full((R,), -1, dtype=torch.int32, device=d),
-            pool_weight=torch.zeros(R, dtype=torch.float32, device=d),
+            **pool_buffers(torch, design, H, self.I, d),
             expert_count=torch.zeros(E, dtype=torch.int64, device=d),
-            arrival=torch.zeros(nblk, dtype=torch.int32, device=d),
-            mask=torch.zeros(nblk, dtype=torch.int64, device=d),
             grid_sync=torch.zeros(1, dtype=torch.int32, device=d),
             error=torch.zeros(8, dtype=torch.int32, device=d),
             item_pos=torch.empty(max(T * K, 1), dtype=torch.int32, device=d),
@@ -410,10 +426,8 @@ class MegaMoEKernel:
                    fault_inject=self.fault_inject, clamp=self.clamp,
                    x=x.data_ptr(), x_sf=x_sf.data_ptr(), topk_idx=topk_idx.data_ptr(), topk_w=topk_w.data_ptr(),
                    **w.params(),
-                   **{k: ws[k].data_ptr() for k in ("l1_pool", "l1_pool_sf", "l1_pool_fsx", "l2_pool", "l2_pool_sf",
-                                                    "l2_pool_fsx", "pool_token",
-                                                    "pool_slot", "pool_weight", "expert_count", "arrival", "mask",
-                                                    "grid_sync", "error", "item_pos", "combine_buf")},
+                   **{k: ws[k].data_ptr() for k in POOL_FIELDS + ("expert_count", "grid_sync", "error", "item_pos",
+                                                                  "combine_buf")},
                    y=y.data_ptr(), trace=tr.data_ptr() if trace else 0, trace_count=trc.data_ptr() if trace else 0,
                    progress=self.progress.data_ptr() if getattr(self, "progress", None) is not None else 0,
                    combine_rows=T, device=-1, num_ranks=1, rank=0)
