@@ -28,7 +28,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from megamoe.kernel import MegaMoEKernel, cuda_available, prepare_weights  # noqa: E402
 from megamoe.kernel.check import make_weights, make_inputs, reference_sm90, compare  # noqa: E402
-from megamoe.kernel.timing import alternating_rounds, cuda_steady_us, cuda_times_us, kernel_durations_us  # noqa: E402
+from megamoe.errors import InputError
+from megamoe.kernel.timing import (alternating_rounds, cuda_steady_us, cuda_times_us, kernel_durations_us,  # noqa: E402
+                                   token_counts)
 
 E, K, H, I = 256, 6, 4096, 2048
 
@@ -177,11 +179,9 @@ def main():
     if args.reps < 1:
         ap.error(f"reps: expected an integer >= 1, got {args.reps}")
     try:
-        tokens = [int(t) for t in args.tokens.split(",")]
-    except ValueError:
-        tokens = []
-    if not tokens or min(tokens) < 1:
-        ap.error(f"tokens: expected comma-separated integers >= 1, got {args.tokens!r}")
+        tokens = token_counts(args.tokens)
+    except InputError as e:
+        ap.error(str(e))
     if not Path(args.out).resolve().parent.is_dir():
         ap.error(f"out: expected a file in an existing folder, got {args.out!r}")
     calls = args.steady_calls

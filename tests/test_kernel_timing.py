@@ -83,3 +83,13 @@ def test_alternating_rounds_run_abba_and_after_each_round():
     assert log == ["a", "b", "|", "b", "a", "|", "a", "b", "|"]
     with pytest.raises(ValueError, match="rounds"):
         alternating_rounds(fns, 0, lambda fn: fn())
+
+
+def test_token_counts():
+    from megamoe.errors import InputError
+    from megamoe.kernel.timing import token_counts
+
+    assert token_counts("64,1024") == [64, 1024] and token_counts("7") == [7]
+    for bad in ("", "64,", "0", "64,-1", "1e3", "a"):
+        with pytest.raises(InputError, match=rf"^tokens: expected comma-separated integers >= 1, got {bad!r}$"):
+            token_counts(bad)

@@ -36,10 +36,11 @@ sys.path.insert(0, ".")
 import torch
 
 from megamoe import design_sm90
+from megamoe.errors import InputError
 from megamoe.kernel import KernelError, MegaMoEKernel, cuda_available, prepare_weights
 from megamoe.kernel.check import make_inputs, make_weights
 from megamoe.kernel.runtime import load_library_file
-from megamoe.kernel.timing import alternating_rounds, cuda_steady_us
+from megamoe.kernel.timing import alternating_rounds, cuda_steady_us, token_counts
 
 E, K, H, I = 256, 6, 4096, 2048
 TIMING_BITS = 2 | 8 | 32 | 64 | 128  # fault_inject bits that only change timing (params.h); 1 is the timeout test
@@ -57,11 +58,9 @@ def main() -> int:
                     help="fault_inject bits for this tree's build (timing experiments; default 0)")
     a = ap.parse_args()
     try:
-        tokens = [int(t) for t in a.tokens.split(",")]
-    except ValueError:
-        tokens = []
-    if not tokens or min(tokens) < 1:
-        ap.error(f"tokens: expected comma-separated integers >= 1, got {a.tokens!r}")
+        tokens = token_counts(a.tokens)
+    except InputError as e:
+        ap.error(str(e))
     if a.rounds < 2:
         ap.error(f"rounds: expected an integer >= 2, got {a.rounds}")
     if a.new_fault < 0 or a.new_fault & ~TIMING_BITS:

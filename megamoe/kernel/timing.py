@@ -120,3 +120,19 @@ def alternating_rounds(fns: dict, rounds: int, measure, after_round=None) -> lis
         if after_round is not None:
             after_round()
     return out
+
+
+def token_counts(text: str) -> list[int]:
+    """A benchmark's ``--tokens`` text, comma-separated token counts (``"64,1024"``), as ints.
+
+    Raises:
+        InputError: ``tokens``: an entry that is not an integer >= 1, or none at all.
+    """
+    from ..errors import InputError
+    try:
+        tokens = [int(t) for t in text.split(",")]
+    except ValueError:
+        tokens = []
+    if not tokens or min(tokens) < 1:
+        raise InputError("tokens", "comma-separated integers >= 1", repr(text))
+    return tokens
