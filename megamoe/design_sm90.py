@@ -79,6 +79,12 @@ X_FOLD_K = 64
 L1_X_FOLD_K = {16: 64, 32: 64, 64: 64, 128: 128}
 
 
+def l1_promoted_once(block_m: int) -> bool:
+    """Whether the L1 GEMM promotes each K block once at this block_m (its x folded per 128-K
+    group, the whole K block: :data:`L1_X_FOLD_K`) instead of once per 64-K group."""
+    return L1_X_FOLD_K.get(block_m) == BLOCK_K
+
+
 def _align(x: int, a: int) -> int:
     return (x + a - 1) // a * a
 

@@ -200,9 +200,9 @@ def _l1_promoted_once(t) -> bool:
     """Whether the trace's L1 K blocks are promoted once (x folded per 128-K group at its
     block_m: ``megamoe.design_sm90.L1_X_FOLD_K``, kernel v7.6; the model describes the current
     kernel, and traces of older builds are not held to it)."""
-    from megamoe.design_sm90 import BLOCK_K, L1_X_FOLD_K
+    from megamoe.design_sm90 import l1_promoted_once
 
-    return L1_X_FOLD_K.get(int(t.meta["plan"]["block_m"])) == BLOCK_K
+    return l1_promoted_once(int(t.meta["plan"]["block_m"]))
 
 
 def sm90_k_block_ns(t) -> float:

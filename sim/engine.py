@@ -62,7 +62,7 @@ from operator import sub
 import numpy as np
 import simpy
 
-from megamoe.design_sm90 import L1_X_FOLD_K
+from megamoe.design_sm90 import l1_promoted_once
 from megamoe.errors import InputError
 from megamoe.plan import L1, Plan
 from megamoe.scenario import Scenario
@@ -600,8 +600,8 @@ class _Engine:
                       + hw.stage_handoff_ns, stage_bytes / load_rate)
             # an L1 K block promoted once (x folded per 128-K group at this block_m, kernel v7.6:
             # design_sm90.L1_X_FOLD_K) saves one 64-K group's promotion
-            promoted_once = L1_X_FOLD_K.get(bm) == bk
-            t_k1 = max(t_k - hw.sm90_promotion_ns_per_row * bm, stage_bytes / load_rate) if promoted_once else t_k
+            t_k1 = (max(t_k - hw.sm90_promotion_ns_per_row * bm, stage_bytes / load_rate) if l1_promoted_once(bm)
+                    else t_k)
         else:
             t_k = max(t_mma_k, stage_bytes / load_rate) + hw.block_overhead_ns / max(1, H // bk)
             t_k1 = t_k

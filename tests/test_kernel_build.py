@@ -430,3 +430,9 @@ def test_pool_buffers_of_both_launches():
     ep = types.SimpleNamespace(torch=torch, device="cpu", H=4096, I=2048, _ws_key=None, _ws=None)
     ws = MegaMoEKernelEP._workspace(ep, des)
     assert set(ws) == set(POOL_FIELDS) | {"pool_rank"} and (ws["pool_rank"] == -1).all()
+
+
+def test_l1_promoted_once_follows_the_fold():
+    """design_sm90.l1_promoted_once: only where L1_X_FOLD_K folds x over the whole 128-K block."""
+    assert {bm: d.l1_promoted_once(bm) for bm in d.BLOCK_MS} == {16: False, 32: False, 64: False, 128: True}
+    assert not d.l1_promoted_once(48)
