@@ -111,10 +111,16 @@ def stage_bytes(block_m: int) -> int:
     return _align(block_m * BLOCK_K + 8192 + 512 + block_m * 8, 1024)
 
 
+#: Rows of ``block_m`` FP32 in the L1 epilogue's shared scratch (``fixed_bytes``).
+EPILOGUE_SCRATCH_ROWS = 20
+
+
 def fixed_bytes(block_m: int, num_experts: int) -> int:
-    """Barriers (1 KB), dispatch scratch (3 ints per expert + 64 B), epilogue amax scratch
-    (8 consumer warps x block_m FP32), rounded up to 1024 B."""
-    return _align(1024 + _align(num_experts * 12 + 64, 128) + _align(CONSUMER_WARPS * block_m * 4, 128), 1024)
+    """Barriers (1 KB), dispatch scratch (3 ints per expert + 64 B), the L1 epilogue's scratch
+    (``[20][block_m]`` FP32: the 8 consumer warps' amax, then the tokens' scales in rows 0-3 and
+    the block's ``[block_m][64]``-byte L2-pool tile in rows 4-19, kernel v7.7), rounded up to
+    1024 B."""
+    return _align(1024 + _align(num_experts * 12 + 64, 128) + _align(EPILOGUE_SCRATCH_ROWS * block_m * 4, 128), 1024)
 
 
 def smem_bytes(block_m: int, num_stages: int, num_experts: int) -> int:

@@ -57,6 +57,13 @@ __device__ __forceinline__ void red_release_or_u64(unsigned long long* p, unsign
 }
 
 // ---------------------------------------------------------------- errors / timeouts
+// threadIdx.x read where it is used: values derived from it in an epilogue are not hoisted
+// by the compiler to the kernel's start, where they would hold registers through the K loop.
+__device__ __forceinline__ uint32_t tid_here() {
+    uint32_t t;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+    return t;
+}
 __device__ __forceinline__ bool aborted(const Params& p) {
     return *reinterpret_cast<volatile uint32_t*>(p.error) != 0;
 }

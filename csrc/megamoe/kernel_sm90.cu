@@ -80,8 +80,10 @@ __host__ __device__ constexpr size_t stage_bytes(int bm) {
     return align1024((size_t)bm * 128 + 8192 + 512 + (size_t)bm * 8);
 }
 __host__ __device__ constexpr size_t fixed_bytes(int bm, int num_experts) {
-    // barriers + fold table (kFoldTableOffset) | dispatch scratch | per-warp amax [8][bm] f32
-    return align1024(1024 + align128((size_t)num_experts * 12 + 64) + align128((size_t)8 * bm * 4));
+    // barriers + fold table (kFoldTableOffset) | dispatch scratch | the L1 epilogue's scratch
+    // `red` [20][bm] f32: per-warp amax [8][bm], then the tokens' scales [4][bm] in rows 0-3 and
+    // the block's L2-pool tile [bm][64] bytes in rows 4-19
+    return align1024(1024 + align128((size_t)num_experts * 12 + 64) + align128((size_t)20 * bm * 4));
 }
 __host__ __device__ constexpr size_t smem_bytes(int bm, int stages, int num_experts) {
     return fixed_bytes(bm, num_experts) + (size_t)stages * stage_bytes(bm);
@@ -597,6 +599,10 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
         // never have been pulled: compute nothing into memory, above all no write-back through
         // a stale source rank (EP). The named barriers below are still met.
         const bool store = !dead && !aborted(p);
+        // ctid, re-read here: lane-derived addresses of the epilogues computed once at the start
+        // would hold registers through the K loop (ptxas then recomputed the K loop's own stage
+        // offsets in it: 4-9 more instructions per K block)
+        const int et = (int)tid_here() - kDispatchThreads - kProducerThreads;
         #pragma unroll
         for (int j = 0; j < NJ; ++j) {  // the row scales: rows row_of(0) (r = 0, 1) and row_of(2) (r = 2, 3)
             tile.acc[j][0] *= rs0; tile.acc[j][1] *= rs0;
@@ -633,7 +639,7 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
             // Once per token (thread ctid < BM, token ctid): both 32-groups' amax over their
             // warpgroup's four warps, their UE8M0 exponents and the fold (s_max over the groups
             // with a nonzero value), written into rows 0-3 of the token's own column of red (no
-            // other thread reads that column): 2^-l of each group, each group's fold shift, and
+            // other thread reads that column): 2^-l of each group, each group's fold factor, and
             // both scale bytes (one 16-bit store: the two groups are adjacent bytes). Until v7.3
             // each of the 64 threads holding a token did this per value (8 shared loads, 8 FMNMX,
             // two exponents): ~120 instructions per value in all (ncu, benchmarks/NOTES_kernel.md).
@@ -652,8 +658,9 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
                 const int lm1 = a0 > 0.0f ? (a1 > 0.0f ? max(l1, l0) : l0) : l1;
                 red[m] = inv0;
                 red[BM + m] = inv1;
-                reinterpret_cast<int*>(red)[2 * BM + m] = (a0 > 0.0f && lm0 > l0) ? lm0 - l0 : 0;
-                reinterpret_cast<int*>(red)[3 * BM + m] = (a1 > 0.0f && lm1 > l1) ? lm1 - l1 : 0;
+                // the fold's 2^-d per group as FP16 bits (1 for d = 0: an exact no-op)
+                reinterpret_cast<uint32_t*>(red)[2 * BM + m] = pow2_neg_h((a0 > 0.0f && lm0 > l0) ? lm0 - l0 : 0);
+                reinterpret_cast<uint32_t*>(red)[3 * BM + m] = pow2_neg_h((a1 > 0.0f && lm1 > l1) ? lm1 - l1 : 0);
                 if (store) {  // 32-groups 2 n_block and 2 n_block + 1 of the intermediate dim
                     *reinterpret_cast<uint16_t*>(p.l2_pool_sf + ((size_t)(b.n_block >> 1) * p.pool_rows + prow0 + m) * 4 +
                                                  ((2 * b.n_block) & 3)) = (uint16_t)((lm0 + 127) | ((lm1 + 127) << 8));
@@ -663,70 +670,98 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
                 }
             }
             named_bar_sync(kBarConsumer, kConsumerThreads);
-            // the per-32 quantization with this group's scale, then the fold; this thread's rows
-            // are tokens tok_of(j, r) = 8 j + 2 (lane & 3) + r, one column of the L2 pool
+            // the per-32 quantization with this group's scale, then the fold, two tokens at a time
+            // (tok_of(j, 0) and tok_of(j, 1): one E4M3x2 conversion, one FP16x2 rescale, d = 0
+            // scaling by 1 exactly), into the block's [BM][64]-byte tile in shared memory (red's
+            // rows 4..19, free once the amax are read; 16-byte chunk c of row m at chunk
+            // c ^ ((m >> 1) & 3): the warp's four rows of a store sit on different banks). Then
+            // coalesced 16-byte stores of whole rows. (Until v7.7 each thread stored its 2 NJ
+            // bytes one by one, strided by I: ~35 instructions per value with the fold's branch
+            // and a 64-bit address each; the L1 epilogue ran ~4300 instructions per thread at
+            // block_m 128, benchmarks/NOTES_kernel.md.)
             const float* inv_g = red + g * BM;
-            const int* d_g = reinterpret_cast<const int*>(red) + (2 + g) * BM;
-            const int c2 = (lane & 3) * 2;
-            uint8_t* out = p.l2_pool + (prow0 + c2) * (size_t)I + (b.n_block * 64 + g * 32 + wi * 8 + lane / 4);
+            const uint32_t* m_g = reinterpret_cast<const uint32_t*>(red) + (2 + g) * BM;
+            uint8_t* tile_s = reinterpret_cast<uint8_t*>(red + 4 * BM);
+            const int c2 = (et & 3) * 2;
+            const int tcol = (et >> 5) * 8 + (et & 31) / 4;  // this thread's column of the tile: g * 32 + wi * 8 + lane / 4
             #pragma unroll
             for (int j = 0; j < NJ; ++j) {
                 const float2 inv2 = *reinterpret_cast<const float2*>(inv_g + 8 * j + c2);
-                const int2 d2 = *reinterpret_cast<const int2*>(d_g + 8 * j + c2);
+                const uint2 m2 = *reinterpret_cast<const uint2*>(m_g + 8 * j + c2);
+                const uint32_t q = e4m3x2_scale(e4m3x2_of(tile.acc[j][0] * inv2.x, tile.acc[j][1] * inv2.y),
+                                                __halves2half2(__ushort_as_half((unsigned short)m2.x),
+                                                               __ushort_as_half((unsigned short)m2.y)));
+                const int m = 8 * j + c2;  // even: rows m and m + 1 share the swizzle
+                const int off = ((tcol >> 4) ^ ((m >> 1) & 3)) * 16 + (tcol & 15);
+                tile_s[m * 64 + off] = (uint8_t)q;
+                tile_s[(m + 1) * 64 + off] = (uint8_t)(q >> 8);
+            }
+            named_bar_sync(kBarConsumer, kConsumerThreads);
+            if (store) {
+                uint8_t* out = p.l2_pool + prow0 * (size_t)I + b.n_block * 64;
                 #pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    uint32_t q = to_e4m3(tile.acc[j][r] * (r ? inv2.y : inv2.x));
-                    const int d = r ? d2.y : d2.x;
-                    if (d) q = e4m3x2_scale(q, pow2_neg_h2(d)) & 0xFFu;
-                    if (store) out[(size_t)(8 * j + r) * I] = (uint8_t)q;
+                for (int i = et; i < BM * 4; i += kConsumerThreads) {
+                    const int m = i >> 2, c = i & 3;
+                    *reinterpret_cast<uint4*>(out + (size_t)m * I + c * 16) =
+                        *reinterpret_cast<const uint4*>(tile_s + m * 64 + ((c ^ ((m >> 1) & 3)) * 16));
                 }
             }
             fence_proxy_async_global();  // the rows are read by other CTAs' TMA loads
-            // every consumer thread's rows happen before thread 0's fence through the barrier
-            // (the cooperative-groups grid-sync pattern): one GPU-scope fence per block
+            // every consumer thread's rows happen before thread 0's release through the barrier
+            // (bar.sync synchronizes, and a release is cumulative: the PTX memory model; the
+            // pulls release their rows the same way). Until v7.7 a __threadfence() (fence.sc.gpu
+            // with an L1 invalidation) came first.
             named_bar_sync(kBarConsumer, kConsumerThreads);
-            if (ctid == 0) {
-                __threadfence();
-                red_release_or_u64(p.mask + b.pool_block, 1ull << b.n_block);
-            }
+            if (ctid == 0) red_release_or_u64(p.mask + b.pool_block, 1ull << b.n_block);
             if (lane == 0) progress(p, wslot, 0x06000000 | (uint32_t)it);
         } else {
-            // Row metadata once per token, not per fragment element: lane l loads that of
-            // tokens l, l + 32, .. (combine row = slot * combine_rows + token, -1 = not stored;
-            // the source rank), each element takes its token's from that lane by a shuffle.
+            // Row metadata once per token, not per fragment element: lane l computes the address
+            // of the combine rows of tokens l, l + 32, .. (row = slot * combine_rows + token; EP:
+            // in the source rank's combine buffer over NVLink; 0 = not stored), each element takes
+            // its token's from that lane by a shuffle. (Until v7.7 the lane held the row and the
+            // rank, and every element shuffled both and built its address, peer table included:
+            // ~50 instructions per element at block_m 128, benchmarks/NOTES_kernel.md.)
             constexpr int NT = (BM + 31) / 32;
+            // The loads do not wait for `store` (its error-word load is in flight with them: one
+            // round trip, not two); a row is used only if `store`.
+            unsigned long long row_l[NT];
             int crow_l[NT], src_l[NT];
             #pragma unroll
             for (int u = 0; u < NT; ++u) {
-                const int m = u * 32 + lane;
-                const bool ok = store && m < b.valid_m;
+                const int m = u * 32 + (et & 31);
+                const bool ok = m < b.valid_m;
                 crow_l[u] = ok ? __ldcg(p.pool_slot + prow0 + m) * (int)p.combine_rows + __ldcg(p.pool_token + prow0 + m) : -1;
                 src_l[u] = (p.num_ranks > 1 && ok) ? __ldcg(p.pool_rank + prow0 + m) : 0;
+            }
+            #pragma unroll
+            for (int u = 0; u < NT; ++u) {
+                row_l[u] = 0;
+                if (store && crow_l[u] >= 0) {
+                    __nv_bfloat16* cb = p.num_ranks > 1
+                        ? reinterpret_cast<__nv_bfloat16*>(peer_ptr(p, src_l[u], p.off_combine))
+                        : reinterpret_cast<__nv_bfloat16*>(p.combine_buf);
+                    row_l[u] = reinterpret_cast<unsigned long long>(cb + (size_t)crow_l[u] * H);
+                }
             }
             // Full 32-byte sectors: lanes q = lane / 4 and q ^ 1 (same tokens) swap one value, so
             // that each holds two adjacent columns of its token (even q: q, q + 1; odd q: q + 7,
             // q + 8) and the warp's 8 lanes per token store its 16 columns as one sector with
             // 4-byte stores (the fragment's own layout, columns q and q + 8, wrote 2-byte halves
             // of sectors: kernel v7.2, benchmarks/NOTES_kernel.md).
-            const int q = lane >> 2;
+            const int q = (et & 31) >> 2;
             const bool odd = q & 1;
-            const int col = b.n_block * 128 + g * 64 + wi * 16 + (odd ? q + 7 : q);
+            const int col = b.n_block * 128 + (et >> 5) * 16 + (odd ? q + 7 : q);  // g * 64 + wi * 16 + ..
             #pragma unroll
             for (int j = 0; j < NJ; ++j)
                 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
-                    const int from = (j % 4) * 8 + (lane & 3) * 2 + r;  // the lane holding tok_of(j, r)'s metadata
-                    const int crow = __shfl_sync(0xffffffffu, crow_l[j / 4], from);
-                    const int src = __shfl_sync(0xffffffffu, src_l[j / 4], from);
+                    const int from = (j % 4) * 8 + (et & 3) * 2 + r;  // the lane holding tok_of(j, r)'s row
+                    const unsigned long long row = __shfl_sync(0xffffffffu, row_l[j / 4], from);
                     const float a = tile.acc[j][r], c8 = tile.acc[j][2 + r];  // columns q and q + 8
                     const float recv = __shfl_xor_sync(0xffffffffu, odd ? a : c8, 4);
-                    if (crow < 0) continue;
-                    // EP: straight into the source rank's combine buffer over NVLink
-                    __nv_bfloat16* cb = p.num_ranks > 1
-                        ? reinterpret_cast<__nv_bfloat16*>(peer_ptr(p, src, p.off_combine))
-                        : reinterpret_cast<__nv_bfloat16*>(p.combine_buf);
-                    *reinterpret_cast<__nv_bfloat162*>(cb + (size_t)crow * H + col) =
-                        odd ? __floats2bfloat162_rn(recv, c8) : __floats2bfloat162_rn(a, recv);
+                    if (row != 0)
+                        reinterpret_cast<__nv_bfloat162*>(reinterpret_cast<__nv_bfloat16*>(row) + col)[0] =
+                            __floats2bfloat162_rn(odd ? recv : a, odd ? c8 : recv);
                 }
         }
         cyc_epi += pclock() - ce;

@@ -82,9 +82,16 @@ __device__ __forceinline__ uint8_t to_e4m3(float v) {
 // mma_sm90.cuh.)
 constexpr int kL1Fold128BlockM = 128;
 // 2^-d as FP16 (0 from d = 25).
+__device__ __forceinline__ unsigned short pow2_neg_h(int d) {
+    return d <= 14 ? (unsigned short)((15 - d) << 10) : d <= 24 ? (unsigned short)(1u << (24 - d)) : 0;
+}
 __device__ __forceinline__ __half2 pow2_neg_h2(int d) {
-    const unsigned short b = d <= 14 ? (unsigned short)((15 - d) << 10) : d <= 24 ? (unsigned short)(1u << (24 - d)) : 0;
+    const unsigned short b = pow2_neg_h(d);
     return __halves2half2(__ushort_as_half(b), __ushort_as_half(b));
+}
+// Two floats as E4M3 (round to nearest even, saturating like to_e4m3): lo in bits 0-7, hi in 8-15.
+__device__ __forceinline__ uint32_t e4m3x2_of(float lo, float hi) {
+    return (uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3);
 }
 // Two E4M3 values (low 16 bits) times m = 2^-d, rounded to nearest-even E4M3 once: E4M3 -> FP16
 // is exact, and so is the FP16 product of every value that does not round to zero in E4M3
