@@ -180,12 +180,21 @@ def pool_rows_for(num_tokens: int, topk: int, num_experts: int, block_m: int, ra
 
 def experts_per_wave_for(num_experts: int, expected_tokens_per_expert: float, block_m: int, inter: int,
                          num_sms: int) -> int:
-    """Default wave width when no plan gives one: the smallest divisor of E whose L1 blocks
-    (experts x m blocks x 2I/128) keep every SM busy twice over (imbalance factor 2)."""
+    """Default wave width when no plan gives one: the smallest divisor of E whose expected L1
+    blocks (experts x m blocks x 2I/128) keep every SM busy twice over (imbalance factor 2).
+
+    An expert's m blocks are ``ceil(expected / block_m)`` (at least 1) if it has tokens, and it
+    has some with probability ``1 - exp(-expected)`` (Poisson routing of ``expected`` tokens on
+    average): at a few tokens most experts of a wave are empty. Counting them as full (until
+    session 18) gave 16 experts per wave at 1 token, about 0.4 routed experts per wave, and
+    the kernel ran 1.33x longer than with all 256 experts in one wave (H200, V4-Flash EP1:
+    88.7 vs 66.3 us; 16 tokens, 32 per wave: 0.935x; benchmarks/NOTES_kernel.md).
+    """
     m_blocks = max(1, math.ceil(expected_tokens_per_expert / block_m))
+    occupied = -math.expm1(-expected_tokens_per_expert)  # P(an expert has a token), Poisson
     n_blocks = 2 * inter // BLOCK_N
     for w in range(1, num_experts + 1):
-        if num_experts % w == 0 and w * m_blocks * n_blocks >= 2 * num_sms:
+        if num_experts % w == 0 and w * occupied * m_blocks * n_blocks >= 2 * num_sms:
             return w
     return num_experts
 

@@ -52,6 +52,24 @@ def test_design_for_v4_flash():
     assert 256 % des.experts_per_wave == 0
 
 
+def test_experts_per_wave_counts_only_experts_with_tokens():
+    # V4-Flash EP1 (E 256, k 6, 2I/128 = 32 L1 n blocks, 132 SMs): the smallest divisor w of
+    # 256 with w x P(expert has a token) x m blocks x 32 >= 2 x 132, P = 1 - exp(-T*6/256)
+    # T = 1: P = 1 - exp(-0.0234375) = 0.023165 -> w >= 264 / (32 * 0.023165) = 356.1: none, 256
+    # T = 16: P = 1 - exp(-0.375) = 0.312711 -> w >= 26.38 -> 32
+    # T = 64: P = 1 - exp(-1.5) = 0.776870 -> w >= 10.62 -> 16
+    # T = 512 (block_m 16, ceil(12 / 16) = 1 m block): P = 0.999994 -> w >= 8.25005 -> 16
+    # T = 8192 (block_m 128, ceil(192 / 128) = 2 m blocks): w >= 4.125 -> 8
+    # no tokens: no wave ever fills, one wave of all 256
+    for T, bm, w in [(1, 16, 256), (16, 16, 32), (64, 16, 16), (512, 16, 16), (8192, 128, 8), (0, 16, 256)]:
+        assert d.experts_per_wave_for(256, T * 6 / 256, bm, 2048, 132) == w, T
+        if T:
+            assert d.design_for(T, 4096, 2048, 256, 6).experts_per_wave == w, T
+    # a threshold case: 33 SMs need 2 x 33 = 66 L1 blocks; at P = 1 - exp(-1) = 0.632121,
+    # w = 4 gives 4 x 0.632121 x 32 = 80.9 >= 66 but w = 2 gives 40.5 < 66
+    assert d.experts_per_wave_for(256, 1.0, 16, 2048, 33) == 4
+
+
 def _all_blocks(counts, bm, n1, n2):
     blocks = set()
     for e, c in enumerate(counts):
