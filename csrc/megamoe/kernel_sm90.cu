@@ -618,14 +618,36 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
             for (int j = 0; j < NJ; ++j)
                 #pragma unroll
                 for (int r = 0; r < 2; ++r) wt[j][r] = __ldcg(p.pool_weight + prow0 + tile.tok_of(j, r));
+            // Every value first (into the gate slot), then the amax: no branch or shuffle between
+            // the values, their dependency chains interleave. The division's fast path serves a
+            // warp whose gates all allow it (swiglu_fast_ok: zero or a finite gate away from the
+            // range limits); otherwise the IEEE division with its slow path. (Until
+            // v7.8 each value ran its chain -- BF16 rounds, expf, the division behind its own
+            // slow-path branch, three shuffles -- after the previous one's.)
+            bool fast = true;
+            #pragma unroll
+            for (int j = 0; j < NJ; ++j)
+                #pragma unroll
+                for (int r = 0; r < 2; ++r) fast = fast && swiglu_fast_ok(tile.acc[j][r], do_clamp, clamp_bf);
+            if (__all_sync(0xffffffffu, fast)) {
+                #pragma unroll
+                for (int j = 0; j < NJ; ++j)
+                    #pragma unroll
+                    for (int r = 0; r < 2; ++r)
+                        tile.acc[j][r] = swiglu_weighted_fast(tile.acc[j][r], tile.acc[j][2 + r], wt[j][r], do_clamp, clamp_bf);
+            } else {
+                #pragma unroll
+                for (int j = 0; j < NJ; ++j)
+                    #pragma unroll
+                    for (int r = 0; r < 2; ++r)
+                        tile.acc[j][r] = swiglu_weighted(tile.acc[j][r], tile.acc[j][2 + r], wt[j][r], do_clamp, clamp_bf);
+            }
             #pragma unroll
             for (int j = 0; j < NJ; ++j)
                 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
                     const int m = tile.tok_of(j, r);
-                    const float v = swiglu_weighted(tile.acc[j][r], tile.acc[j][2 + r], wt[j][r], do_clamp, clamp_bf);
-                    tile.acc[j][r] = v;  // reuse the gate slot
-                    float a = fabsf(v);
+                    float a = fabsf(tile.acc[j][r]);
                     a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 4));
                     a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 8));
                     a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 16));

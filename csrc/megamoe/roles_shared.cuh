@@ -50,12 +50,40 @@ struct UtccpSfRow {
 // ------------------------------------------------------------------ SwiGLU epilogue math
 // The exact per-element math of the L1 epilogue (Numerics.sm90 / the reference): BF16 round
 // of gate and up, optional clamp, silu(g) * u, times the top-k weight (FP32).
+__device__ __forceinline__ float swiglu_gate(float gate, bool do_clamp, float clamp_bf) {
+    const float g = __bfloat162float(__float2bfloat16_rn(gate));
+    return do_clamp ? fminf(g, clamp_bf) : g;
+}
+__device__ __forceinline__ float swiglu_up(float up, bool do_clamp, float clamp_bf) {
+    const float u = __bfloat162float(__float2bfloat16_rn(up));
+    return do_clamp ? fmaxf(fminf(u, clamp_bf), -clamp_bf) : u;
+}
 __device__ __forceinline__ float swiglu_weighted(float gate, float up, float w, bool do_clamp, float clamp_bf) {
-    float g = __bfloat162float(__float2bfloat16_rn(gate));
-    float u = __bfloat162float(__float2bfloat16_rn(up));
-    if (do_clamp) { g = fminf(g, clamp_bf); u = fmaxf(fminf(u, clamp_bf), -clamp_bf); }
+    const float g = swiglu_gate(gate, do_clamp, clamp_bf), u = swiglu_up(up, do_clamp, clamp_bf);
     const float silu = g / (1.0f + expf(-g));
     return (silu * u) * w;
+}
+// The same value without the division's slow path, for gates where the fast path is the IEEE
+// quotient (swiglu_fast_ok): the reciprocal, one Newton step and the FMA correction that ptxas
+// emits for div.rn.f32 (its slow path, behind a per-value branch, handles operands near the
+// range limits); a zero gate gives itself (silu(+-0) = +-0). Branch-free: the L1 epilogue's
+// values interleave (kernel v7.8).
+__device__ __forceinline__ float swiglu_weighted_fast(float gate, float up, float w, bool do_clamp, float clamp_bf) {
+    const float g = swiglu_gate(gate, do_clamp, clamp_bf), u = swiglu_up(up, do_clamp, clamp_bf);
+    const float b = 1.0f + expf(-g);
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b));
+    r = fmaf(r, fmaf(-b, r, 1.0f), r);
+    const float q = __fmul_rn(g, r);
+    const float silu = g == 0.0f ? g : fmaf(fmaf(-b, q, g), r, q);
+    return (silu * u) * w;
+}
+// A gate whose division the fast path gets exactly: zero, or 2^-64 <= |g| <= 2^64 with g > -40
+// (then b = 1 + e^-g is in [1, 2^58] and the quotient in [2^-65, 2^64]: every intermediate is
+// a normal number, far from where div.rn's range check sends it to the slow path).
+__device__ __forceinline__ bool swiglu_fast_ok(float gate, bool do_clamp, float clamp_bf) {
+    const float g = swiglu_gate(gate, do_clamp, clamp_bf), a = fabsf(g);
+    return g == 0.0f || (a >= 0x1p-64f && a <= 0x1p64f && g > -40.0f);
 }
 // UE8M0 exponent for a 32-group amax (ceil(log2(amax / 448))) and the matching 2^-e.
 __device__ __forceinline__ int ue8m0_exponent(float amax, float& inv_scale) {
