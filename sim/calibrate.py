@@ -624,13 +624,14 @@ SM90_EP_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep2_t{t}.npz" for t 
 SM90_EP_FIT_DEVICE = "two lent H200s (EP2, NV18)"
 SM90_FIT_PROFILE = "benchmarks/results/kernel_profile_stages_h200.json"
 SM90_FIT_DATE = "2026-12-01"
-SM90_FIT_KERNEL = ("FP8 WGMMA v7.6 (TMA loads, E2M1 decoded into WGMMA registers through the weight fold's "
+SM90_FIT_KERNEL = ("FP8 WGMMA v7.8 (TMA loads, E2M1 decoded into WGMMA registers through the weight fold's "
                    "table, activation scales folded per 64-K group (two WGMMAs per promotion), full-sector L2 "
                    "epilogue stores, four producer warps, one-ballot scheduler, vectorized EP index prefix, profile "
                    "clocks in a separate instance, idle-wait records after the issue, consumer records from the "
                    "last consumer warp, the L1 epilogue's per-token scales computed once, FP32 token scales copied "
-                   "with each stage, x folded per 128-K group at block_m 128, build 2c510601)")
-SM90_PROFILE_KERNEL = "FP8 WGMMA v7.6 kernel (its profile instance)"
+                   "with each stage, x folded per 128-K group at block_m 128, the epilogues' instruction diet "
+                   "(L2-pool tile staged in shared memory), SwiGLU values interleaved, build 3fa9ff26)")
+SM90_PROFILE_KERNEL = "FP8 WGMMA v7.8 kernel (its profile instance)"
 #: The kernel and day of the EP2 traces: v6.4's (the two-GPU machine was not lent in the
 #: sessions that re-recorded the EP1 traces on v6.5-v6.7 and v7-v7.2; those changed the consumers'
 #: K loop and both epilogues (the weight fold, the activation fold, the L2 epilogue's stores), moved the profile clocks
