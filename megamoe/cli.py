@@ -114,7 +114,7 @@ def add_scenario_args(p: argparse.ArgumentParser) -> None:
 
     g = p.add_argument_group("scenario")
     g.add_argument("--shape", default="deepseek-v4-pro",
-                   help="preset (deepseek-v4-pro, deepseek-v4-flash) or E,k,H,I")
+                   help="preset (deepseek-v4-pro, deepseek-v4-flash) or E,k,H,I (default deepseek-v4-pro)")
     g.add_argument("--ranks", type=_positive, default=8,
                    help=f"EP size (default 8; ranks x experts at most {MAX_RANKS_X_EXPERTS})")
     g.add_argument("--tokens", type=_tokens, default=None,
@@ -127,8 +127,8 @@ def add_scenario_args(p: argparse.ArgumentParser) -> None:
                    help="uniform | masked[:RATIO, default 0.5] | zipf[:S, default 1] | hot[:FRACTION[:N], "
                         "default 0.5:4] | one_expert (every token to expert 3 in slot 0, its other slots uniform) | file:PATH (PATH may hold {rank})")
     g.add_argument("--seed", type=_nonneg, default=0, help="routing seed (default 0)")
-    g.add_argument("--hardware", default="b200", help="b200 | h200 | h20 | path to a TOML file")
-    g.add_argument("--design", default="deepgemm-sm100", help="deepgemm-sm100 | megamoe-sm90")
+    g.add_argument("--hardware", default="b200", help="b200 | h200 | h20 | path to a TOML file (default b200)")
+    g.add_argument("--design", default="deepgemm-sm100", help="deepgemm-sm100 | megamoe-sm90 (default deepgemm-sm100)")
     g.add_argument("--reserved-sms", type=_nonneg, default=0,
                    help="SMs taken away from the kernel")
     g.add_argument("--launch-skew-us", type=_skew, default=0.0,
@@ -561,9 +561,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--force", action="store_true", help="rebuild even when cached")
     b.set_defaults(func=cmd_build)
     r = sub.add_parser("run", help="run one scenario on the GPU(s) (--ranks N launches N processes), check it, time it")
-    r.add_argument("--shape", default="deepseek-v4-flash", help="preset or E,k,H,I")
-    r.add_argument("--tokens", type=_nonneg, default=64, help="tokens per rank")
-    r.add_argument("--ranks", type=_positive, default=1, help="EP size: GPUs, one process each (NVLink)")
+    r.add_argument("--shape", default="deepseek-v4-flash", help="preset or E,k,H,I (default deepseek-v4-flash)")
+    r.add_argument("--tokens", type=_nonneg, default=64, help="tokens per rank (default 64)")
+    r.add_argument("--ranks", type=_positive, default=1, help="EP size: GPUs, one process each (NVLink; default 1)")
     r.add_argument("--routing", default="uniform",
                    help="the names of simulate --routing that the kernel's input generator makes: uniform | "
                         "zipf (exponent 1; experts 0, 1, 2, ... the most popular) | one_expert (expert 3 in "

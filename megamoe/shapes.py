@@ -82,6 +82,6 @@ def get_shape(spec: str | MoEShape) -> MoEShape:
         try:
             e, k, h, i = (int(p) for p in parts)
         except ValueError:
-            raise InputError("shape", "a preset name or E,k,H,I integers", spec) from None
+            raise InputError("shape", f"one of {', '.join(sorted(PRESETS))} or four integers E,k,H,I", spec) from None
         return MoEShape("custom", e, k, h, i)
-    raise InputError("shape", f"one of {', '.join(sorted(PRESETS))} or E,k,H,I", spec)
+    raise InputError("shape", f"one of {', '.join(sorted(PRESETS))} or four integers E,k,H,I", spec)

@@ -331,7 +331,12 @@ def test_sweep_refuses_oversized_and_repeated_axes(tmp_path):
 
 def test_shape_error_lists_presets_plainly():
     rc, _, err = run("simulate", "--shape", "foo")
-    assert rc == 2 and "one of deepseek-v4-flash, deepseek-v4-pro or E,k,H,I" in err and "[" not in err
+    assert rc == 2 and "one of deepseek-v4-flash, deepseek-v4-pro or four integers E,k,H,I" in err and "[" not in err
+    # three numbers or four non-numbers: the same message, the count spelled out
+    for bad in ("1,2,3", "a,b,c,d"):
+        rc, _, err = run("simulate", "--shape", bad)
+        assert rc == 2 and "shape: expected one of deepseek-v4-flash, deepseek-v4-pro or four integers E,k,H,I" in err
+        assert err.strip().endswith(f"got {bad}") and "Traceback" not in err
 
 
 def test_legacy_speedup_says_when_its_latencies_are_estimates():
