@@ -284,7 +284,7 @@ __device__ __forceinline__ void dispatch_role_ep(const Params& p, const int BM, 
         uint4* dst = reinterpret_cast<uint4*>(p.l1_pool + (size_t)row * H);
         const uint32_t* sf_src = reinterpret_cast<const uint32_t*>(peer_ptr(p, s, p.off_x_sf) + (size_t)t * (H / 32));
         uint32_t* sf_dst = reinterpret_cast<uint32_t*>(p.l1_pool_sf);
-        float* fsx_dst = p.l1_pool_fsx + (size_t)(row / BM) * 2 * BM + row % BM;
+        float* fsx_dst = l1_pool_fsx_row(p, row, BM);
         if (BM >= kL1Fold128BlockM)
             pull_row_fold<true, true>(src, dst, sf_src, sf_dst + row, p.pool_rows, fsx_dst, 2 * p.pool_rows, BM, hv, lane);
         else
@@ -688,7 +688,7 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
                                                  ((2 * b.n_block) & 3)) = (uint16_t)((lm0 + 127) | ((lm1 + 127) << 8));
                     // the 64-K group's scale (its first byte) as FP32 for the L2 consumers
                     p.l2_pool_fsx[(size_t)(b.n_block >> 1) * 2 * p.pool_rows + prow0 * 2 + (b.n_block & 1) * BM + m] =
-                        __uint_as_float(((uint32_t)(lm0 + 127) & 0xFFu) << 23);
+                        ue8m0_to_float((uint32_t)(lm0 + 127) & 0xFFu);
                 }
             }
             named_bar_sync(kBarConsumer, kConsumerThreads);

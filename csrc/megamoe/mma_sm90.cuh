@@ -48,8 +48,6 @@
 
 namespace megamoe {
 
-__device__ __forceinline__ float ue8m0_to_float(uint32_t e) { return __uint_as_float(e << 23); }
-
 // Shared-memory descriptor of a K-major operand with the 128-byte swizzle (rows of 128 B).
 __device__ __forceinline__ uint64_t sw128_kmajor_desc(const void* smem_ptr) {
     cute::GmmaDescriptor d;

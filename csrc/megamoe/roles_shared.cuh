@@ -85,12 +85,19 @@ __device__ __forceinline__ bool swiglu_fast_ok(float gate, bool do_clamp, float 
     const float g = swiglu_gate(gate, do_clamp, clamp_bf), a = fabsf(g);
     return g == 0.0f || (a >= 0x1p-64f && a <= 0x1p64f && g > -40.0f);
 }
+// A UE8M0 scale byte's value as FP32, 2^(e - 127) (the pools' FP32 token scales, Params::l1_pool_fsx).
+__device__ __forceinline__ float ue8m0_to_float(uint32_t e) { return __uint_as_float(e << 23); }
+// Where the pulls write a pool row's FP32 token scales (K block 0, group 0): Params::l1_pool_fsx
+// is [H/128][pool_rows / bm][2][bm].
+__device__ __forceinline__ float* l1_pool_fsx_row(const Params& p, int row, int bm) {
+    return p.l1_pool_fsx + (size_t)(row / bm) * 2 * bm + row % bm;
+}
 // UE8M0 exponent for a 32-group amax (ceil(log2(amax / 448))) and the matching 2^-e.
 __device__ __forceinline__ int ue8m0_exponent(float amax, float& inv_scale) {
     const float scaled = amax * (1.0f / 448.0f);
     const uint32_t bits = __float_as_uint(scaled);
     const int l = (int)(bits >> 23) - 127 + ((bits & 0x7fffffu) != 0);
-    inv_scale = __uint_as_float((uint32_t)(127 - l) << 23);
+    inv_scale = ue8m0_to_float((uint32_t)(127 - l));
     return l;
 }
 __device__ __forceinline__ uint8_t to_e4m3(float v) {
@@ -194,8 +201,8 @@ __device__ __forceinline__ void pull_row_fold(const uint4* src, uint4* dst, cons
                 if ((lane & 7) == 0) {
                     sf_dst[(size_t)(v / 8) * sf_stride] = word;
                     float* f = fsx_dst + (size_t)(v / 8) * fsx_stride;
-                    f[0] = __uint_as_float((word & 0xFFu) << 23);
-                    f[fsx_half] = __uint_as_float(((word >> 16) & 0xFFu) << 23);
+                    f[0] = ue8m0_to_float(word & 0xFFu);
+                    f[fsx_half] = ue8m0_to_float((word >> 16) & 0xFFu);
                 }
             }
         }
@@ -312,7 +319,7 @@ __device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* of
         const int64_t srow = sf_row((int64_t)row, BM);
         if constexpr (FOLD_X) {
             pull_row_fold<false, (BM >= kL1Fold128BlockM)>(src, dst, sf_src, sf_dst + srow, sf_row.stride(),
-                                                           p.l1_pool_fsx + (size_t)(row / BM) * 2 * BM + row % BM,
+                                                           l1_pool_fsx_row(p, row, BM),
                                                            2 * p.pool_rows, BM, hv, lane);
         } else {
             for (int c0 = 0; c0 < hv; c0 += chunk_vec) {
