@@ -194,11 +194,10 @@ def reference_sm90(x, x_sf, topk_idx, topk_w, w1, w1_sf, w2, w2_sf, clamp=None, 
     K = topk_idx.shape[1]
     I = w2.shape[2] * 2
     dev = x.device
-    from ..design_sm90 import L1_X_FOLD_K, X_FOLD_K
     from ..errors import require
+    from ..reference import Numerics
     require(mma in ("exact", "h200_wgmma"), "mma", "'exact' or 'h200_wgmma'", repr(mma))
-    ok = block_m is None or (isinstance(block_m, int) and not isinstance(block_m, bool) and block_m in L1_X_FOLD_K)
-    require(ok, "block_m", f"None or one of {sorted(L1_X_FOLD_K)}", repr(block_m))
+    num = Numerics.sm90_kernel(block_m=block_m)  # the folds at this block_m (refuses another block_m)
     E = w1.shape[0]
     require(H % 128 == 0, "x", "E4M3 bytes [T, H] with H a multiple of 128 (the kernel's K block)",
             f"shape {tuple(x.shape)}")
@@ -213,7 +212,7 @@ def reference_sm90(x, x_sf, topk_idx, topk_w, w1, w1_sf, w2, w2_sf, clamp=None, 
             f"topk_idx {tuple(topk_idx.shape)}, topk_w {tuple(topk_w.shape)}, x_sf {tuple(x_sf.shape)}")
     bad = topk_idx[(topk_idx < -1) | (topk_idx >= E)]
     require(bad.numel() == 0, "topk_idx", f"expert ids in [-1, {E})", f"{int(bad[0]) if bad.numel() else ''}")
-    x1 = X_FOLD_K if block_m is None else L1_X_FOLD_K[block_m]
+    x1, x2 = num.x_fold_k, num.for_l2().x_fold_k
     fx, fxs = fold_x(x, x_sf, x1)
     xd = dequant_e4m3(fx, fxs)
     cb = torch.zeros(K, T, H, dtype=torch.bfloat16, device=dev)
@@ -234,9 +233,9 @@ def reference_sm90(x, x_sf, topk_idx, topk_w, w1, w1_sf, w2, w2_sf, clamp=None, 
             up = up.clamp(-cl, cl)
         silu = gate / (1.0 + torch.exp(-gate))
         v = (silu * up) * topk_w[t, k].to(torch.float32)[:, None]
-        q, qsf = fold_x(*quantize_e4m3_per32(v), X_FOLD_K)
+        q, qsf = fold_x(*quantize_e4m3_per32(v), x2)
         if mma == "h200_wgmma":
-            o = gemm_sm90_h200(q, qsf, w2[e], w2_sf[e], X_FOLD_K)
+            o = gemm_sm90_h200(q, qsf, w2[e], w2_sf[e], x2)
         else:
             o = dequant_e4m3(q, qsf) @ dequant_e2m1_folded(w2[e], w2_sf[e]).T
         cb[k, t] = o.to(torch.float32).to(torch.bfloat16)
