@@ -40,7 +40,7 @@ whichever is latest; the consumers cannot finish the K loop before the last stag
 arrives); the L2
 epilogue grows with the valid rows (and with several ranks pays ``l2_epilogue_ep_ns`` for
 storing through the symmetric-memory peer table); each CTA pulls a contiguous range of
-items (EP1: its tokens' items in token order, so pool blocks complete late; EP: pool
+items (EP1: its tokens' items sorted by expert, so pool blocks complete in wave order; EP: pool
 positions, a remote one paying ``SM90_REMOTE_ROUND_TRIPS`` NVLink round trips, one round's
 latency growing with its share of remote items); the combine takes grid-stride rounds of
 ``combine_round_ns``.
@@ -528,8 +528,9 @@ class _Engine:
         """The SM90 kernel's pull order (``csrc/megamoe/kernel_sm90.cu``): CTA ``c`` pulls a
         contiguous range of items with its 4 dispatch warps, item ``j`` of the range in round
         ``j // 4``.  EP1: the range is the items (token, top-k slot) of tokens
-        ``[T c / S, T (c + 1) / S)``, in token order; a pool row is the expert's items in
-        ascending order, so a pool block collects rows from many CTAs and completes late.
+        ``[T c / S, T (c + 1) / S)``, sorted by expert (stably: kernel v7.9; until v7.8 in token
+        order, so that a pool block collected rows from almost every CTA and completed only
+        at the end of the pull); a pool row is the expert's items in ascending order.
         EP: the range is pool positions ``[N c / S, N (c + 1) / S)`` of the rank's ``N`` pool
         items (experts in order, each in pull order).
 
@@ -548,7 +549,12 @@ class _Engine:
             items = np.nonzero(ids >= 0)[0]
             t0 = (T * np.arange(S)) // S                       # first token of each CTA
             cta = np.searchsorted(t0, items // K, side="right") - 1
-            rnd = (items - t0[cta] * K) // W
+            # position of each item in its CTA's items sorted by expert (stable)
+            srt = np.lexsort((items, ids[items], cta))
+            first = np.searchsorted(cta[srt], np.arange(S))
+            pos = np.empty(len(items), dtype=np.int64)
+            pos[srt] = np.arange(len(items)) - first[cta[srt]]
+            rnd = pos // W
             # pool order: experts in order, each expert's items ascending
             rnd = rnd[np.argsort(ids[items], kind="stable")]
         else:

@@ -232,6 +232,23 @@ def test_deterministic_and_pool():
         assert torch.equal(pool_sf[r], fxs[t])
 
 
+def test_pull_sorts_each_cta_items_by_expert():
+    """The EP1 dispatch pulls each CTA's items sorted by expert, stably (kernel v7.9): the
+    scratch ``item_order`` holds, at CTA c's item offset T c / S * K, its valid items (token
+    range [T c / S, T (c + 1) / S), masked slots left out) ordered by (expert, item). Built
+    here by a Python loop; the pool's content is the same as in token order (the rows of an
+    expert stay in item order: test_deterministic_and_pool)."""
+    T, K = 1000, FLASH["K"]
+    k, inp, _ = _check(FLASH, T, routing="zipf", mask_frac=0.1)
+    idx = inp[2].reshape(-1).tolist()
+    S = k.last_design.num_sms
+    order = k._ws["item_order"].tolist()
+    for c in range(S):
+        i0, i1 = (T * c // S) * K, (T * (c + 1) // S) * K
+        want = sorted((idx[i], i) for i in range(i0, i1) if idx[i] >= 0)
+        assert order[i0:i0 + len(want)] == [i for _, i in want], c
+
+
 @pytest.mark.parametrize("block_m", [None, 128])
 def test_activation_fold_of_wide_scales(block_m):
     """The pull's activation fold (x_fold_k = 64; 128 at block_m 128) where it rounds: token

@@ -267,7 +267,7 @@ def _expected_fields(k, cfg, T, x, x_sf, idx, w, y, trace_cap=0, tr=None, trc=No
         w1=ptr(k.weights.w1), w1_sf=ptr(k.weights.w1_sf), w2=ptr(k.weights.w2), w2_sf=ptr(k.weights.w2_sf),
         **{n: ptr(ws[n]) for n in ("l1_pool", "l1_pool_sf", "l2_pool", "l2_pool_sf", "pool_token", "pool_slot",
                                    "pool_weight", "expert_count", "arrival", "mask", "grid_sync", "error",
-                                   "item_pos", "combine_buf")},
+                                   "item_pos", "combine_buf", "item_order")},
         y=ptr(y), trace=ptr(tr) if tr is not None else None, trace_count=ptr(trc) if trc is not None else None,
         progress=None, combine_rows=T, device=-1, num_ranks=1, rank=0,
         off_x=0, off_x_sf=0, off_topk_w=0, off_src_idx=0, off_recv_count=0, off_combine=0, off_flag=0,

@@ -430,7 +430,8 @@ def test_sm100_workspace_sizes_are_what_the_kernel_indexes(E, K, H, I, T_max, T)
     * pool_token / pool_slot / pool_weight [R]: indexed by pool rows (< R, see above).
     * arrival [nblk] u32, mask [nblk] u64: indexed by pool_block; cleared for i < pool_rows/BM.
     * expert_count [E] u64 (count, scheduler lane cache), grid_sync [1], error [8] (raise_error
-      writes error[0..7]), item_pos [T*K] (item index i < num_tokens*K), combine_buf [K, T, H]
+      writes error[0..7]), item_pos and item_order [T*K] (item index i < num_tokens*K; the sorted
+      position of an item of the CTA's range [i0, i1) is below i1 - i0), combine_buf [K, T, H]
       bf16 ((slot*num_tokens + tok)*H + ch with slot < K, tok < num_tokens <= T, ch < H).
     The scale-buffer bounds are also found by enumerating the index expressions below."""
     from megamoe.kernel import sm100
@@ -448,7 +449,8 @@ def test_sm100_workspace_sizes_are_what_the_kernel_indexes(E, K, H, I, T_max, T)
         ("pool_token", "pool_slot", "pool_weight"), 4 * R)
     assert (size["arrival"], size["mask"]) == (4 * nblk, 8 * nblk)
     assert (size["expert_count"], size["grid_sync"], size["error"]) == (8 * E, 4, 32)
-    assert (size["item_pos"], size["combine_buf"]) == (4 * T_max * K, 2 * K * T_max * H)
+    assert (size["item_pos"], size["item_order"], size["combine_buf"]) == (4 * T_max * K, 4 * T_max * K,
+                                                                            2 * K * T_max * H)
     # enumerate the scale-buffer index expressions (every pool row / block, last K block)
     rows = np.arange(R)
     srow = (rows // bm) * sfm + _utccp_row(rows % bm)
@@ -463,4 +465,4 @@ def test_sm100_workspace_sizes_are_what_the_kernel_indexes(E, K, H, I, T_max, T)
     init = {n: v for n, (_, _, v) in spec.items()}
     assert init == dict(l1_pool=None, l1_pool_sf=0, l2_pool=None, l2_pool_sf=0, pool_token=-1, pool_slot=-1,
                         pool_weight=0, expert_count=0, arrival=0, mask=0, grid_sync=0, error=0, item_pos=None,
-                        combine_buf=None)
+                        item_order=None, combine_buf=None)

@@ -64,6 +64,12 @@ __device__ __forceinline__ uint32_t tid_here() {
     asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
     return t;
 }
+// x, which the compiler cannot see through: a test of it is redone where it stands (not hoisted
+// out of a loop and held as a predicate).
+__device__ __forceinline__ uint32_t opaque_u32(uint32_t x) {
+    asm volatile("mov.u32 %0, %0;" : "+r"(x));
+    return x;
+}
 __device__ __forceinline__ bool aborted(const Params& p) {
     return *reinterpret_cast<volatile uint32_t*>(p.error) != 0;
 }

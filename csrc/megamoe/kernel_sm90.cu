@@ -34,6 +34,7 @@
 #include "roles_shared.cuh"
 #include <cute/arch/copy_sm90_desc.hpp>
 #include <cute/arch/copy_sm90_tma.hpp>
+#include <cute/arch/cluster_sm90.hpp>  // elect_one_sync
 
 namespace megamoe {
 
@@ -557,8 +558,14 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
         // The L1 GEMM at block_m >= kL1Fold128BlockM (its pool folded per 128-K group) chains a K
         // block's four k32 steps and promotes once (mma_sm90.cuh); the other GEMMs promote per
         // 64-K group. One loop for both (a second copy left ptxas short of registers at block_m
-        // 128: it spilled two stage addresses into the L2 loop).
-        const bool one = BM >= kL1Fold128BlockM && b.phase == kPhaseL1;
+        // 128: it spilled two stage addresses into the L2 loop). At block_m 128 the phase test
+        // is redone per K block (opaque_u32) and an elected lane (elect.sync) releases the
+        // stage: with the phase and lane-0 predicates held through the loop, ptxas kept them in a
+        // register that it spilled once the v7.9 dispatch was in the same function (a local
+        // load per K block). Below 128 lane 0 releases: elect.sync measured 1-3% slower there.
+        // (A lane test from %tid.x put an S2R's latency in front of every release: +3..+10%.
+        // Kernel v7.9, benchmarks/NOTES_kernel.md.)
+        constexpr bool one = BM >= kL1Fold128BlockM;
         for (int kb = 0; kb < b.num_k_blocks; ++kb) {
             // After an error every wait fails fast; keep walking the block list so that all
             // consumer warps still meet at the named barriers (no hang).
@@ -583,9 +590,9 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
             // proxy fence; the full barrier's completion makes it visible.)
             c0 = pclock();
             cyc_decode += c0 - c1;
-            if (!dead && mma_on) tile.mma_k_block(w0, w8, o0, o8, fold_tab, st.a, st.fsx, one);
+            if (!dead && mma_on) tile.mma_k_block(w0, w8, o0, o8, fold_tab, st.a, st.fsx, one && opaque_u32(b.phase) == kPhaseL1);
             __syncwarp();
-            if (lane == 0) mbar_arrive(empty + s);
+            if (BM == 128 ? cute::elect_one_sync() : lane == 0) mbar_arrive(empty + s);  // one lane
             cyc_mma += pclock() - c0;
             ++it;
             if (++s == S) { s = 0; parity ^= 1u; }

@@ -95,6 +95,8 @@ struct Params {
     // bytes; the SM100 kernel reads none of it).
     float* l1_pool_fsx;                   // [H/128][pool_rows / block_m][2][block_m]
     float* l2_pool_fsx;                   // [I/128][pool_rows / block_m][2][block_m]
+    // ---- EP1 dispatch (roles_shared.cuh dispatch_pull; the EP dispatch reads none of it)
+    int32_t* item_order;                  // [T*K] scratch: each CTA's items sorted by expert (stable)
 };
 
 enum ErrorCode : uint32_t {

@@ -248,6 +248,12 @@ __device__ __forceinline__ void count_items(const Params& p, int* hist, int i0, 
 // Scratch in shared memory: hist[E], cta_base[E], off_blk[E], scan[4].
 // FOLD_X: SM90 (Numerics.sm90_kernel()): each row is folded per 64-K group as it is copied
 // (pull_row_fold, per 128 at block_m >= kL1Fold128BlockM; whole rows, SfRow the identity).
+// The CTA pulls its items sorted by expert (stably, so every item keeps its pool row): the pool
+// blocks then fill in expert order, i.e. in wave order, and the first waves' L1 blocks start
+// while later rows are still being pulled. (Until kernel v7.9 it pulled them in token order:
+// every pool block took rows from almost every CTA and was complete only at the end of the
+// pull; every CTA's first L1 block waited for the whole pull, 230 / 444 us at 4096 / 8192
+// tokens on the H200: benchmarks/NOTES_kernel.md.)
 template <int BM, class SfRow, bool FOLD_X = false>
 __device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* off_blk, int* scan, SfRow sf_row,
                               int pull_bytes) {
@@ -267,6 +273,35 @@ __device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* of
         cta_base[e] = (int)(uint32_t)old;
     }
     if (tid == 0) progress(p, 0, 2);
+    // 2b. sort (while the other CTAs publish): item_order[i0 + s] = the item at position s of
+    //     this CTA's items sorted by expert, s = (its items of lower experts) + item_pos; off_blk
+    //     holds the first term until step 3. cta_base[e] -= that term, so that the pool row of
+    //     position s is off_blk[e] * BM + cta_base[e] + s.
+    int n_items;
+    {
+        const int per = (E + kThreads - 1) / kThreads;
+        const int e0 = tid * per, e1 = min(E, e0 + per);
+        int local = 0;
+        for (int e = e0; e < e1; ++e) local += hist[e];
+        int incl = local;
+        #pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int v = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += v;
+        }
+        if (lane == 31) scan[warp] = incl;
+        named_bar_sync(kSharedBarDispatch, kThreads);
+        int run = incl - local;
+        for (int w = 0; w < warp; ++w) run += scan[w];
+        n_items = scan[0] + scan[1] + scan[2] + scan[3];
+        for (int e = e0; e < e1; ++e) { off_blk[e] = run; cta_base[e] -= run; run += hist[e]; }
+    }
+    named_bar_sync(kSharedBarDispatch, kThreads);
+    for (int i = i0 + tid; i < i1; i += kThreads) {
+        const int e = p.topk_idx[i];
+        if (e >= 0 && e < E) p.item_order[i0 + off_blk[e] + p.item_pos[i]] = i;
+    }
+    named_bar_sync(kSharedBarDispatch, kThreads);
     if (trace) trace_record(p, kRoleDispatch, kKindCount, -1, -1, -1, -1, i1 - i0, ts, globaltimer());
 
     // 3. count barrier (high half == grid size), then pool-block offsets (exclusive scan).
@@ -301,15 +336,15 @@ __device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* of
     if (trace) trace_record(p, kRoleDispatch, kKindGridSync, -1, -1, -1, -1, 0, ts, globaltimer());
     if (aborted(p)) return;
 
-    // 4. pull: one warp per item, the row in pull_bytes chunks, its scales, metadata, then
-    //    the pool block's arrival count (release).
+    // 4. pull: one warp per item, in sorted order, the row in pull_bytes chunks, its scales,
+    //    metadata, then the pool block's arrival count (release).
     ts = globaltimer();
     const int chunk_vec = max(16, pull_bytes) / 16;  // uint4 per chunk
     const int hv = H / 16, hk = H / 128;
-    for (int i = i0 + warp; i < i1; i += kThreads / 32) {
+    for (int j = warp; j < n_items; j += kThreads / 32) {  // position j of the sorted items
+        const int i = p.item_order[i0 + j];
         const int e = p.topk_idx[i];
-        if (e < 0 || e >= E) continue;
-        const int row = off_blk[e] * BM + cta_base[e] + p.item_pos[i];
+        const int row = off_blk[e] * BM + cta_base[e] + j;
         if (row >= p.pool_rows) continue;  // overflow already raised
         const int t = i / K, k = i % K;
         const uint4* src = reinterpret_cast<const uint4*>(p.x + (size_t)t * H);

@@ -73,7 +73,7 @@ class Params(ctypes.Structure):
             "off_recv_count", "off_combine", "off_flag")] + [
         (n, ctypes.c_void_p) for n in ("peer_base", "send_count", "cta_hist", "pool_rank", "epoch_counter",
                                        "w1_row_scale", "w2_row_scale", "fold_table",
-                                       "l1_pool_fsx", "l2_pool_fsx")]
+                                       "l1_pool_fsx", "l2_pool_fsx", "item_order")]
 
 
 def cuda_available() -> bool:
@@ -394,6 +394,7 @@ class MegaMoEKernel:
             grid_sync=torch.zeros(1, dtype=torch.int32, device=d),
             error=torch.zeros(8, dtype=torch.int32, device=d),
             item_pos=torch.empty(max(T * K, 1), dtype=torch.int32, device=d),
+            item_order=torch.empty(max(T * K, 1), dtype=torch.int32, device=d),
             combine_buf=torch.empty(K, T, H, dtype=torch.bfloat16, device=d),
         )
         self._ws, self._ws_key = ws, key
@@ -427,7 +428,7 @@ class MegaMoEKernel:
                    x=x.data_ptr(), x_sf=x_sf.data_ptr(), topk_idx=topk_idx.data_ptr(), topk_w=topk_w.data_ptr(),
                    **w.params(),
                    **{k: ws[k].data_ptr() for k in POOL_FIELDS + ("expert_count", "grid_sync", "error", "item_pos",
-                                                                  "combine_buf")},
+                                                                  "item_order", "combine_buf")},
                    y=y.data_ptr(), trace=tr.data_ptr() if trace else 0, trace_count=trc.data_ptr() if trace else 0,
                    progress=self.progress.data_ptr() if getattr(self, "progress", None) is not None else 0,
                    combine_rows=T, device=-1, num_ranks=1, rank=0)

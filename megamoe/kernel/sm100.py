@@ -154,13 +154,15 @@ def workspace_spec(cfg, max_tokens: int, hidden: int, inter: int, num_experts: i
         pool_token=((R,), "int32", -1), pool_slot=((R,), "int32", -1), pool_weight=((R,), "float32", 0),
         expert_count=((E,), "int64", 0), arrival=((nblk,), "int32", 0), mask=((nblk,), "int64", 0),
         grid_sync=((1,), "int32", 0), error=((8,), "int32", 0),
-        item_pos=((max(T * K, 1),), "int32", None), combine_buf=((K, T, H), "bfloat16", None),
+        item_pos=((max(T * K, 1),), "int32", None), item_order=((max(T * K, 1),), "int32", None),
+        combine_buf=((K, T, H), "bfloat16", None),
     )
 
 
 #: Workspace buffers, in ``Params`` order (the struct fields of the same names).
 WORKSPACE_FIELDS = ("l1_pool", "l1_pool_sf", "l2_pool", "l2_pool_sf", "pool_token", "pool_slot", "pool_weight",
-                    "expert_count", "arrival", "mask", "grid_sync", "error", "item_pos", "combine_buf")
+                    "expert_count", "arrival", "mask", "grid_sync", "error", "item_pos", "combine_buf",
+                    "item_order")
 
 
 # ------------------------------------------------------------------ parameters
