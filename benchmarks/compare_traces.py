@@ -4,8 +4,8 @@ and the ranking of plan choices measured on the kernel.
 Prints two tables and writes benchmarks/results/compare_h200.json.  Runs on any CPU: the
 traces (benchmarks/traces/*.npz) and the kernel's plan-choice times
 (results/kernel_plan_choices_h200.json) were measured on the lent H200s: the EP1 traces and
-plan choices on one H200 with the FP8 WGMMA kernel v7.8 (build 3fa9ff26), the EP2 traces on
-two (NV18) with v6.4 (build fbc2931d; the two-GPU machine was not lent when v6.5-v7.8 were
+plan choices on one H200 with the FP8 WGMMA kernel v7.9 (build 3dafdfdd), the EP2 traces on
+two (NV18) with v6.4 (build fbc2931d; the two-GPU machine was not lent when v6.5-v7.9 were
 recorded), all on 2026-12-01. EP traces are simulated with the ranks' launch skew read off the trace (host jitter; the column
 without it is shown too).
 A plan-choice pair must be ordered like the kernel only where the kernel's times differ by
@@ -78,8 +78,8 @@ def main() -> None:
     ok = all(p["same_order"] for p in pairs if p["must_agree"])
     print(f"plan choices apart by more than 5% ordered like the kernel: {ok}")
     with open(out, "w") as f:
-        json.dump({"kernel": "EP1: FP8 WGMMA v7.8 (2026-12-01, build 3fa9ff26); EP2: v6.4 (2026-12-01, build fbc2931d)",
-                   "plan_choices_kernel": "FP8 WGMMA v7.8 (2026-12-01, build 3fa9ff26)",
+        json.dump({"kernel": "EP1: FP8 WGMMA v7.9 (2026-12-02, build 3dafdfdd); EP2: v6.4 (2026-12-01, build fbc2931d)",
+                   "plan_choices_kernel": "FP8 WGMMA v7.9 (2026-12-02, build 3dafdfdd)",
                    "traces": rows, "plan_choices": pairs, "ranking_ok": ok}, f, indent=1)
     print(f"wrote {out}")
 

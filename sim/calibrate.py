@@ -13,8 +13,8 @@ Micro-benchmarks (torch on the GPU; each the median of repeated CUDA-event timin
 
 Figures the kernel itself reveals come from its traces (no GPU needed once they exist):
 
-* :func:`from_kernel_trace` (one trace, ``--kernel-trace``): the first grid sync's last
-  arrival to first release -> ``grid_sync_ns``; the consumers' time per K block (see
+* :func:`from_kernel_trace` (one trace, ``--kernel-trace``): the last grid sync's (before the
+  combine) last arrival to first release -> ``grid_sync_ns``; the consumers' time per K block (see
   :func:`sm90_k_block_ns`) less the base file's fixed per-K-block cost (E2M1 decode + stage
   hand-off), against the FP8 GEMM rate -> ``sm90_mma_fraction``.
 * :func:`fit_sm90_traces` (several traces of this project's SM90 kernel, at least two
@@ -111,15 +111,18 @@ def _median(x) -> float:
 
 
 def _grid_sync_ns(t) -> float | None:
-    """The first grid sync of every SM: from the last arrival to the first release (the
-    interval lengths themselves include waiting for slower SMs)."""
+    """The grid sync before the combine (every SM's last grid-sync record): from the last
+    arrival to the first release (the interval lengths themselves include waiting for slower
+    SMs). (Until kernel v7.9 the first one, the count barrier; its records now start after
+    the dispatch's sort, which runs while the other CTAs publish, so a CTA can arrive there
+    after the first release.)"""
     import numpy as np
 
     gs = t.where(kind="grid_sync")
     if not len(gs):
         return None
-    firsts = [np.argmin(np.where(gs["sm"] == s, gs["t_start_ns"], np.inf)) for s in np.unique(gs["sm"])]
-    return float(max(0.0, gs["t_end_ns"][firsts].min() - gs["t_start_ns"][firsts].max()))
+    lasts = [np.argmax(np.where(gs["sm"] == s, gs["t_start_ns"], -np.inf)) for s in np.unique(gs["sm"])]
+    return float(max(0.0, gs["t_end_ns"][lasts].min() - gs["t_start_ns"][lasts].max()))
 
 
 def _sm90_plan(t):
@@ -450,7 +453,7 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
     gss = [r["grid_sync"] for r in rows if r["grid_sync"] is not None]
     if gss:
         out["grid_sync_ns"] = (float(np.median(gss)),
-                               "last arrival to first release of the first grid sync: "
+                               "last arrival to first release of the grid sync before the combine: "
                                + ", ".join(f"{g / 1e3:.2f} us" for g in gss) + ", median")
     return out
 
@@ -623,15 +626,16 @@ SM90_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep1_t{t}.npz" for t in 
 SM90_EP_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep2_t{t}.npz" for t in (64, 512, 2048))
 SM90_EP_FIT_DEVICE = "two lent H200s (EP2, NV18)"
 SM90_FIT_PROFILE = "benchmarks/results/kernel_profile_stages_h200.json"
-SM90_FIT_DATE = "2026-12-01"
-SM90_FIT_KERNEL = ("FP8 WGMMA v7.8 (TMA loads, E2M1 decoded into WGMMA registers through the weight fold's "
+SM90_FIT_DATE = "2026-12-02"
+SM90_FIT_KERNEL = ("FP8 WGMMA v7.9 (TMA loads, E2M1 decoded into WGMMA registers through the weight fold's "
                    "table, activation scales folded per 64-K group (two WGMMAs per promotion), full-sector L2 "
                    "epilogue stores, four producer warps, one-ballot scheduler, vectorized EP index prefix, profile "
                    "clocks in a separate instance, idle-wait records after the issue, consumer records from the "
                    "last consumer warp, the L1 epilogue's per-token scales computed once, FP32 token scales copied "
                    "with each stage, x folded per 128-K group at block_m 128, the epilogues' instruction diet "
-                   "(L2-pool tile staged in shared memory), SwiGLU values interleaved, build 3fa9ff26)")
-SM90_PROFILE_KERNEL = "FP8 WGMMA v7.8 kernel (its profile instance)"
+                   "(L2-pool tile staged in shared memory), SwiGLU values interleaved, the EP1 pull sorted by expert, "
+                   "build 3dafdfdd)")
+SM90_PROFILE_KERNEL = "FP8 WGMMA v7.9 kernel (its profile instance)"
 #: The kernel and day of the EP2 traces: v6.4's (the two-GPU machine was not lent in the
 #: sessions that re-recorded the EP1 traces on v6.5-v6.7 and v7-v7.2; those changed the consumers'
 #: K loop and both epilogues (the weight fold, the activation fold, the L2 epilogue's stores), moved the profile clocks

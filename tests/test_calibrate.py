@@ -72,36 +72,38 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
     for key, (value, src) in sm90_fit_sources(fit).items():
         assert getattr(hw, key) == pytest.approx(fit[key][0], rel=2e-3, abs=0.5), key
         assert getattr(hw, key) == value and hw.sources[key] == src, key
-        assert fit[key][1] in src and "2026-12-01" in src and SM90_FIT_KERNEL in src, key
+        assert fit[key][1] in src and "2026-12-02" in src and SM90_FIT_KERNEL in src, key
         assert "kernel_flash_ep1_t{64,512,4096}.npz" in src, key
-    # the slope: K blocks with two promotions of 361 ns at block_m 16 (the mean of the median L1
-    # K loop / 32 and L2 K loop / 16: T=64 (11488 / 32 + 5824 / 16) / 2 = (359 + 364) / 2 =
-    # 361.5, T=512 (11424 / 32 + 5824 / 16) / 2 = (357 + 364) / 2 = 360.5) and 920 ns at
-    # block_m 128 (T=4096: the L2 K loop, 14720 / 16; the L1 K block there is promoted once,
-    # 23776 / 32 = 743 ns); least squares over x = 16, 16, 128 puts the line through the mean
-    # of the block_m 16 points: (920 - 361) / 112 = 4.99 ns per block_m row and K block; 128
+    # the slope: K blocks with two promotions of 363 ns at block_m 16 (the mean of the median L1
+    # K loop / 32 and L2 K loop / 16: T=64 (11552 / 32 + 5856 / 16) / 2 = (361 + 366) / 2 =
+    # 363.5, T=512 (11520 / 32 + 5856 / 16) / 2 = (360 + 366) / 2 = 363) and 922 ns at
+    # block_m 128 (T=4096: the L2 K loop, 14752 / 16; the L1 K block there is promoted once,
+    # 23680 / 32 = 740 ns); least squares over x = 16, 16, 128 puts the line through the mean
+    # of the block_m 16 points: (922 - 363.25) / 112 = 4.99 ns per block_m row and K block; 128
     # weight rows x 128 K x 2 = 32768 FLOP per row and K block -> 6.57 TFLOP/s per SM, 867
-    # TFLOP/s on 132 SMs, 61.1% of 1419 TFLOP/s (kernel v7.8's traces; v7.6's: 364 / 364 / 894
+    # TFLOP/s on 132 SMs, 61.1% of 1419 TFLOP/s (kernel v7.9's traces; v7.8's: 361 / 361 / 920
+    # ns, 61.1%; v7.6's: 364 / 364 / 894
     # ns, 64.4%; v7.5's: 364 / 364 / 884 ns, both GEMMs promoted twice, 65.7%; v7.4's: 381 /
     # 379 / 960 ns, 58.9%; v7.3's: 378 / 378.5 / 888.5 ns, 66.9%; v7.2's, from warpgroup 0:
     # 406.25 / 886.5 ns, 71.1%; v6.7's: 39.4%; v6.5's: 36.0%; v6.4's: 33.7%)
     assert fit["sm90_mma_fraction"][0] == pytest.approx(
-        32768 / ((14720 / 16 - ((11488 / 32 + 5824 / 16) / 2 + (11424 / 32 + 5824 / 16) / 2) / 2) / 112 * 1e-9)
+        32768 / ((14752 / 16 - ((11552 / 32 + 5856 / 16) / 2 + (11520 / 32 + 5856 / 16) / 2) / 2) / 112 * 1e-9)
         * 132 / 1419e12, rel=1e-4)  # (the preset's FP8 GEMM rate is 1418.9 TFLOP/s, rounded here)
-    # one promotion per block_m row: (920 - 743) / 128 = 1.383 ns (v7.6's traces: (894 - 797) /
-    # 128 = 0.758 ns)
-    assert fit["sm90_promotion_ns_per_row"][0] == pytest.approx((14720 / 16 - 23776 / 32) / 128, rel=1e-9)
+    # one promotion per block_m row: (922 - 740) / 128 = 1.422 ns (v7.8's traces: (920 - 743) /
+    # 128 = 1.383 ns; v7.6's: (894 - 797) / 128 = 0.758 ns)
+    assert fit["sm90_promotion_ns_per_row"][0] == pytest.approx((14752 / 16 - 23680 / 32) / 128, rel=1e-9)
     # the scheduler: ~0.7-0.9 us per block plus ~0.3 us per chunk scan beyond a call's first
-    # (v7.8's traces: 688 + 274 ns; v7.6's: 668 + 277; v7.5's: 730 + 280; v7.4's: 792 + 284;
+    # (v7.9's traces: 719 + 280 ns; v7.8's: 688 + 274; v7.6's: 668 + 277; v7.5's: 730 + 280; v7.4's: 792 + 284;
     # v7.2's: 873 + 287)
     assert 650 <= fit["sched_block_ns"][0] <= 950
     assert 250 <= fit["sched_step_ns"][0] <= 350
     # the producer's copy issues in each CTA's first L1 block (ring empty): ~300 ns per K block
-    # at T=64 and 512 (block_m 16, 16 stages), ~0.7 us at 4096 (block_m 128, 8 stages; kernel
-    # v7.8's traces: 293, 319 and 710 ns, the last issue 13.6, 10.7 and 8.7 K blocks before
-    # the consumers' K loop ends), about a full ring everywhere (four producer warps issue faster
-    # than the consumers free stages), so the figure is the smallest, an upper bound
-    assert fit["sm90_issue_kblock_ns"][0] == pytest.approx(293, abs=5)
+    # at T=64 and 512 (block_m 16, 16 stages), ~0.8 us at 4096 (block_m 128, 8 stages; kernel
+    # v7.9's traces: 298, 350 and 804 ns, the last issue 13.4, 13.1 and 9.7 K blocks before
+    # the consumers' K loop ends; v7.8's: 293, 319 and 710 ns), about a full ring everywhere
+    # (four producer warps issue faster than the consumers free stages), so the figure is the
+    # smallest, an upper bound
+    assert fit["sm90_issue_kblock_ns"][0] == pytest.approx(298, abs=5)
     assert "upper bound" in fit["sm90_issue_kblock_ns"][1]
     assert re.search(r"T=4096 \(block_m 128\) [6-9]\d\d ns", fit["sm90_issue_kblock_ns"][1])
 
@@ -112,7 +114,8 @@ def test_one_trace_gives_the_same_mma_fraction():
     hw = load_hardware("h200")
     got = from_kernel_trace(_root(TRACES[-1]), hw.fp8_dense_tflops * hw.mma_efficiency)
     assert got["sm90_mma_fraction"] == pytest.approx(hw.sm90_mma_fraction, rel=0.01)
-    assert got["grid_sync_ns"] == 960.0  # last arrival (13184 ns) to first release (14144 ns) in that trace
+    # the grid sync before the combine: last arrival (3190912 ns) to first release (3191616 ns)
+    assert got["grid_sync_ns"] == 704.0
 
 
 def test_fit_needs_two_block_m():
@@ -169,15 +172,15 @@ def test_h200_ep_figures_are_the_fit_to_the_ep2_traces():
     # the three traces of the same difference by least squares: 6.97 us, 1.74 us each)
     assert fit["nvlink_latency_ns"][0] == pytest.approx((11616 - 5120) / 4, rel=0.1)
     # median L2 epilogue measured (the EP2 traces, kernel v6.4) vs the one-rank line (fitted to
-    # the EP1 traces of v7.8: 544.0 ns + 10.79 ns x (block_m + rows) / 2, with (block_m + median
-    # rows) / 2 = 9.5, 28 and 112 per trace): 960 vs 647 ns at 64 tokens per rank (block_m 16),
-    # 2432 vs 846 at 512 (block_m 32), 6848 vs 1752 at 2048 (block_m 128); in relative error
-    # each trace's excess counts by 1 / duration^2: (313/960^2 + 1586/2432^2 + 5096/6848^2) /
-    # (1/960^2 + 1/2432^2 + 1/6848^2) = 562 ns (the fit, over every epilogue rather than the
-    # medians: 541). Most of it is v6.4's epilogue (2-byte stores, the per-element address
+    # the EP1 traces of v7.9: 569.7 ns + 10.27 ns x (block_m + rows) / 2, with (block_m + median
+    # rows) / 2 = 9.5, 28 and 112 per trace): 960 vs 667 ns at 64 tokens per rank (block_m 16),
+    # 2432 vs 857 at 512 (block_m 32), 6848 vs 1720 at 2048 (block_m 128); in relative error
+    # each trace's excess counts by 1 / duration^2: (293/960^2 + 1575/2432^2 + 5128/6848^2) /
+    # (1/960^2 + 1/2432^2 + 1/6848^2) = 543 ns (the fit, over every epilogue rather than the
+    # medians: 522). Most of it is v6.4's epilogue (2-byte stores, the per-element address
     # build), which v7.2 and v7.7 took out of the one-rank line, not the second rank: a figure
     # to refit when EP2 is re-recorded.
-    assert fit["l2_epilogue_ep_ns"][0] == pytest.approx(562, abs=30)
+    assert fit["l2_epilogue_ep_ns"][0] == pytest.approx(543, abs=30)
 
 
 def test_ep_fit_needs_several_ranks():
