@@ -4,9 +4,9 @@ and the ranking of plan choices measured on the kernel.
 Prints two tables and writes benchmarks/results/compare_h200.json.  Runs on any CPU: the
 traces (benchmarks/traces/*.npz) and the kernel's plan-choice times
 (results/kernel_plan_choices_h200.json) were measured on the lent H200s: the EP1 traces and
-plan choices on one H200 with the FP8 WGMMA kernel v7.9 (build 3dafdfdd), the EP2 traces on
-two (NV18) with v6.4 (build fbc2931d; the two-GPU machine was not lent when v6.5-v7.9 were
-recorded), all on 2026-12-01. EP traces are simulated with the ranks' launch skew read off the trace (host jitter; the column
+plan choices on one H200 with the FP8 WGMMA kernel v7.9 (build 3dafdfdd, 2026-12-02), the EP2
+traces on two (NV18) with v6.4 (build fbc2931d, 2026-12-01; the two-GPU machine was not lent
+when v6.5-v7.9 were recorded). EP traces are simulated with the ranks' launch skew read off the trace (host jitter; the column
 without it is shown too).
 A plan-choice pair must be ordered like the kernel only where the kernel's times differ by
 more than 5% (``must_agree``); ``ranking_ok`` says whether all of those are.
