@@ -456,6 +456,10 @@ def cmd_run(a: argparse.Namespace) -> int:
     s = get_shape(a.shape)  # bad --shape / --routing / --trace / kernel limits are reported before looking for a GPU
     check_kernel_shape(s.num_experts, s.top_k, s.hidden, s.intermediate, a.ranks)
     routing = kernel_routing_name(a.routing)  # simulate's vocabulary -> the kernel generator's name
+    try:  # the kernel runs through torch; `pip install -e .` and the `kernel` extra do not bring it
+        import torch  # noqa: F401
+    except ImportError:
+        raise InputError("device", "torch (a CUDA build, >= 2.9) to run the kernel", "torch not installed") from None
     with Outputs() as outs:
         if a.ranks > 1:  # one process per GPU (starts torchrun, or joins an existing process group)
             from .kernel.ep import run_ep_main

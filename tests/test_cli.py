@@ -175,6 +175,17 @@ def test_run_without_a_gpu_is_one_line(monkeypatch, capsys):
     assert err == ["megamoe: error: ranks: expected 2 CUDA GPUs (one per rank), got 0"]
 
 
+@pytest.mark.parametrize("ranks", ["1", "2"])
+def test_run_without_torch_is_one_line(monkeypatch, capsys, ranks):
+    """`megamoe run` where torch is not installed (after the README's first command, or the
+    `kernel` extra alone): exit 2 and one line naming torch (a fresh-user pass found a
+    ModuleNotFoundError traceback and exit 1)."""
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
+    assert main(["run", "--tokens", "5", "--ranks", ranks]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "megamoe: error: device: expected torch (a CUDA build, >= 2.9) to run the kernel, got torch not installed"]
+
+
 @pytest.mark.parametrize("args, line", [
     (["--shape", "256,6,4096,2048", "--ranks", "3"], "num_ranks: expected a divisor of num_experts = 256, got 3"),
     (["--shape", "512,6,4096,2048"], "shape.num_experts: expected <= 256 per rank (scheduler lane cache), got 512"),
