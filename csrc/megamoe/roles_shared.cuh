@@ -245,6 +245,34 @@ __device__ __forceinline__ void count_items(const Params& p, int* hist, int i0, 
     named_bar_sync(kSharedBarDispatch, kSharedDispatchThreads);
 }
 
+// Exclusive scan over the experts by the 128 dispatch threads (each thread its own run of
+// experts, then the warps, then the four warp sums in scan[4]): emit(e, v(0) + .. + v(e - 1))
+// for every expert; *total (if given) = the sum over all experts, to every thread; returns the
+// thread's running sum past its last expert (the total for the last thread). One barrier inside;
+// scan[] holds the warp sums until the caller's next one.
+template <class V, class Emit>
+__device__ __forceinline__ int scan_experts(int E, int* scan, V v, Emit emit, int* total) {
+    constexpr int kThreads = kSharedDispatchThreads;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int per = (E + kThreads - 1) / kThreads;
+    const int e0 = tid * per, e1 = min(E, e0 + per);
+    int local = 0;
+    for (int e = e0; e < e1; ++e) local += v(e);
+    int incl = local;
+    #pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int x = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += x;
+    }
+    if (lane == 31) scan[warp] = incl;
+    named_bar_sync(kSharedBarDispatch, kThreads);
+    int run = incl - local;
+    for (int w = 0; w < warp; ++w) run += scan[w];
+    if (total) *total = scan[0] + scan[1] + scan[2] + scan[3];
+    for (int e = e0; e < e1; ++e) { emit(e, run); run += v(e); }
+    return run;
+}
+
 // Scratch in shared memory: hist[E], cta_base[E], off_blk[E], scan[4].
 // FOLD_X: SM90 (Numerics.sm90_kernel()): each row is folded per 64-K group as it is copied
 // (pull_row_fold, per 128 at block_m >= kL1Fold128BlockM; whole rows, SfRow the identity).
@@ -278,24 +306,8 @@ __device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* of
     //     holds the first term until step 3. cta_base[e] -= that term, so that the pool row of
     //     position s is off_blk[e] * BM + cta_base[e] + s.
     int n_items;
-    {
-        const int per = (E + kThreads - 1) / kThreads;
-        const int e0 = tid * per, e1 = min(E, e0 + per);
-        int local = 0;
-        for (int e = e0; e < e1; ++e) local += hist[e];
-        int incl = local;
-        #pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const int v = __shfl_up_sync(0xffffffffu, incl, o);
-            if (lane >= o) incl += v;
-        }
-        if (lane == 31) scan[warp] = incl;
-        named_bar_sync(kSharedBarDispatch, kThreads);
-        int run = incl - local;
-        for (int w = 0; w < warp; ++w) run += scan[w];
-        n_items = scan[0] + scan[1] + scan[2] + scan[3];
-        for (int e = e0; e < e1; ++e) { off_blk[e] = run; cta_base[e] -= run; run += hist[e]; }
-    }
+    scan_experts(E, scan, [&](int e) { return hist[e]; }, [&](int e, int run) { off_blk[e] = run; cta_base[e] -= run; },
+                 &n_items);
     named_bar_sync(kSharedBarDispatch, kThreads);
     for (int i = i0 + tid; i < i1; i += kThreads) {
         const int e = p.topk_idx[i];
@@ -313,21 +325,8 @@ __device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* of
     }
     named_bar_sync(kSharedBarDispatch, kThreads);
     {
-        const int per = (E + kThreads - 1) / kThreads;
-        const int e0 = tid * per, e1 = min(E, e0 + per);
-        int local = 0;
-        for (int e = e0; e < e1; ++e) local += (hist[e] + BM - 1) / BM;
-        int incl = local;
-        #pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const int v = __shfl_up_sync(0xffffffffu, incl, o);
-            if (lane >= o) incl += v;
-        }
-        if (lane == 31) scan[warp] = incl;
-        named_bar_sync(kSharedBarDispatch, kThreads);
-        int run = incl - local;
-        for (int w = 0; w < warp; ++w) run += scan[w];
-        for (int e = e0; e < e1; ++e) { off_blk[e] = run; run += (hist[e] + BM - 1) / BM; }
+        const int run = scan_experts(E, scan, [&](int e) { return (hist[e] + BM - 1) / BM; },
+                                     [&](int e, int r) { off_blk[e] = r; }, static_cast<int*>(nullptr));
         if (tid == kThreads - 1 && (int64_t)run * BM > p.pool_rows)
             raise_error(p, kErrPoolOverflow, kRoleDispatch, -1, run, -1, -1, (uint32_t)p.pool_rows);
     }
