@@ -112,6 +112,10 @@ def test_sass_contains_the_matrix_instructions(arch):
         assert any(op.startswith("UTCCP") for op in every) and any(op.startswith("LDTM") for op in every)
     # no register spills inside the matrix loops of the timed instances
     assert kbuild.hot_loop_spills(arch, sass) == {}
+    if arch == "sm_90a":  # every timed instance has a K loop, longer with more accumulator registers
+        sizes = kbuild.k_loop_sizes(arch, sass)
+        timed = [sizes[f"block_m={bm}"] for bm in sorted(d90.BLOCK_MS)]
+        assert timed == sorted(timed) and len(set(timed)) == len(timed), sizes
     # ptxas kept the WGMMAs asynchronous (no serialization diagnostic for any instance)
     assert kbuild.serialized_wgmma(r.log) == {}
 
@@ -162,6 +166,39 @@ def test_hot_loop_local_memory_counts_the_whole_k_loop_but_not_its_slow_paths():
         "_ZN7megamoe19megamoe_sm90_kernelILi128ELb1EEEvNS_8Sm90ArgsE": 1}
     # what the strict build refuses: the timed instance, not the profile one
     assert kbuild.hot_loop_spills("sm_90a", fake) == {"block_m=128": 1}
+
+
+def test_k_loop_sizes_and_sass_digests_by_hand():
+    """k_loop_sizes: the smallest loop around the first matrix instruction (0x010 .. 0x0a0, ten
+    instructions) less the retry code the branch after the unpredicated try-wait jumps over
+    (0x030 - 0x050): seven; a function without a matrix instruction is left out. sass_digests:
+    addresses and encodings do not count, a register does."""
+    k16 = "_ZN7megamoe19megamoe_sm90_kernelILi16ELb0EEEvNS_8Sm90ArgsE"
+    fake = f"""
+        Function : {k16}
+        /*0000*/                   MOV R1, R2 ;
+        /*0010*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R2], R3 ;
+        /*0020*/                @P0 BRA 0x60 ;
+        /*0030*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R2], R3 ;
+        /*0040*/               @!P0 BRA 0x30 ;
+        /*0050*/                   NOP ;
+        /*0060*/                   QGMMA.64x16x32.F32.E4M3.E4M3 R24, R88, gdesc[UR16], RZ, !UPT ;
+        /*0070*/                   QGMMA.64x16x32.F32.E4M3.E4M3 R24, R92, gdesc[UR20], R24, gsb0 ;
+        /*0080*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*0090*/                   FFMA R40, R24, R5, R40 ;
+        /*00a0*/                @P1 BRA 0x10 ;
+        /*00b0*/                   EXIT ;
+        Function : other
+        /*0000*/                   MOV R1, R2 ;
+        /*0010*/                @P1 BRA 0x0 ;
+"""
+    assert kbuild.k_loop_sizes("sm_90a", fake) == {"block_m=16": 7}
+    dig = kbuild.sass_digests(fake)
+    moved = fake.replace("/*0090*/", "/*0094*/").replace("EXIT ;", "EXIT ;  /* 0x000000000000794d */")
+    assert kbuild.sass_digests(moved) == dig
+    other_reg = fake.replace("FFMA R40, R24, R5, R40", "FFMA R41, R24, R5, R41")
+    assert kbuild.sass_digests(other_reg)["block_m=16"] != dig["block_m=16"]
+    assert kbuild.sass_digests(other_reg)["other"] == dig["other"]
 
 
 def test_serialized_wgmma_names_the_instances_from_the_ptxas_log():

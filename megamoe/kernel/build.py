@@ -12,7 +12,9 @@ stack frame, spill bytes per template instance):
 :func:`arch_for_capability` picks the arch from a device's compute capability (9.x ->
 sm_90a, 10.x -> sm_100a). :func:`disassemble` / :func:`sass_opcodes` / :func:`check_sass`
 read the SASS back (``cuobjdump -sass`` from the CUDA toolkit or the ``nvidia-cuda-cuobjdump``
-wheel) and check the matrix instructions each binary must contain (:data:`REQUIRED_SASS`).
+wheel) and check the matrix instructions each binary must contain (:data:`REQUIRED_SASS`);
+:func:`k_loop_sizes` counts each instance's K-loop instructions and :func:`sass_digests` tells
+two builds' SASS apart (``megamoe build`` prints both).
 """
 
 from __future__ import annotations
@@ -290,8 +292,14 @@ def build(arch: str = "sm_90a", force: bool = False, strict: bool = False, verbo
         raise KernelBuildError(f"register spills over {SPILL_LIMIT_BYTES} B: {r.resources}")
     if strict and (serialized := serialized_wgmma(r.log)):
         raise KernelBuildError(f"ptxas serialized the WGMMAs of: {serialized}")
-    if strict and find_cuobjdump() is not None:
-        bad = hot_loop_spills(arch, disassemble(r.path))
+    sass = disassemble(r.path) if (strict or verbose) and find_cuobjdump() is not None else None
+    if verbose and sass is not None:
+        sizes, digests = k_loop_sizes(arch, sass), sass_digests(sass)
+        for k in sorted(digests, key=lambda k: [int(x) if x.isdigit() else x for x in re.split(r"(\d+)", k)]):
+            loop = f"K loop {sizes[k]} instructions, " if k in sizes else ""
+            print(f"{arch} {k}: {loop}SASS {digests[k]}")
+    if strict and sass is not None:
+        bad = hot_loop_spills(arch, sass)
         if bad:
             raise KernelBuildError(f"local-memory loads/stores inside the matrix loop: {bad}")
     return r
@@ -387,6 +395,69 @@ def hot_loop_spills(arch: str, sass: str) -> dict[str, int]:
     loop a few spill reloads by design (kernel v6.6, benchmarks/NOTES_kernel.md)."""
     return {_instance_name(fn): n for fn, n in hot_loop_local_memory(arch, sass).items()
             if n and not _instance_name(fn).endswith(",profile")}
+
+
+def _sass_lines(sass: str) -> dict[str, list[tuple[int, str]]]:
+    """(address, instruction text without the trailing ``;``) per kernel function."""
+    out: dict[str, list[tuple[int, str]]] = {}
+    cur = None
+    for line in sass.splitlines():
+        m = re.search(r"Function : (\S+)", line)
+        if m:
+            cur = out.setdefault(m.group(1), [])
+            continue
+        m = re.match(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
+        if m and cur is not None:
+            cur.append((int(m.group(1), 16), m.group(2)))
+    return out
+
+
+def k_loop_sizes(arch: str, sass: str) -> dict[str, int]:
+    """Per kernel instance (named as :func:`parse_ptxas` names them), the SASS instructions one K
+    block runs: the smallest loop (a backward branch and its target) around the instance's first
+    matrix instruction (:data:`HOT_LOOP_OPS`), from its top (the stage wait) to its back edge,
+    less each spin wait's retry code (what the first forward branch inside the loop after an
+    unpredicated ``TRYWAIT`` jumps over). These are the K-loop sizes ``benchmarks/NOTES_kernel.md`` gives per
+    kernel version (v7.9: 159 / 198 / 230 / 322 at block_m 16 / 32 / 64 / 128). Functions
+    without such a loop are left out."""
+    mma = HOT_LOOP_OPS[arch]
+    out: dict[str, int] = {}
+    for fn, lines in _sass_lines(sass).items():
+        first = next((i for i, (_, t) in enumerate(lines) if re.sub(r"^@!?U?P\w+\s+", "", t).startswith(mma)), None)
+        if first is None:
+            continue
+        pos = {a: i for i, (a, _) in enumerate(lines)}
+        around = []
+        for i, (a, t) in enumerate(lines):
+            b = _SASS_BRANCH.search(t)
+            if b and (tgt := int(b.group(1), 16)) <= a and tgt in pos and pos[tgt] <= first <= i:
+                around.append((i - pos[tgt], pos[tgt], i))
+        if not around:
+            continue
+        _, lo, hi = min(around)
+        n, skip_to, after_wait, end = 0, None, False, lines[hi][0]
+        for a, t in lines[lo:hi + 1]:
+            if skip_to is not None:
+                if a < skip_to:
+                    continue
+                skip_to = None
+            n += 1
+            b = _SASS_BRANCH.search(t)
+            if "TRYWAIT" in t and not t.startswith("@"):
+                after_wait = True
+            elif after_wait and b and a < int(b.group(1), 16) <= end:
+                skip_to, after_wait = int(b.group(1), 16), False
+        out[_instance_name(fn)] = n
+    return out
+
+
+def sass_digests(sass: str) -> dict[str, str]:
+    """Per kernel instance, a digest (12 hex digits of SHA-256) of its SASS instruction text,
+    addresses and encodings left out: equal digests mean identical SASS, the check behind "SASS
+    identical" in ``benchmarks/NOTES_kernel.md`` (a source change that must not change the
+    measured code, e.g. a comment or a helper)."""
+    return {_instance_name(fn): hashlib.sha256("\n".join(t for _, t in lines).encode()).hexdigest()[:12]
+            for fn, lines in _sass_lines(sass).items()}
 
 
 def check_sass(arch: str, sass: str) -> dict[str, dict[str, int]]:
