@@ -322,7 +322,8 @@ def disassemble(path: Path | str) -> str:
     return p.stdout
 
 
-_SASS_LINE = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[0-9T]\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)")
+#: an instruction's opcode (with modifiers) after its predicate, if any
+_SASS_OP = re.compile(r"(?:@!?U?P[0-9T]\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)")
 
 
 def sass_functions(sass: str) -> dict[str, list[str]]:
@@ -330,23 +331,35 @@ def sass_functions(sass: str) -> dict[str, list[str]]:
     return {fn: [op for _, op, _ in ins] for fn, ins in _sass_instructions(sass).items()}
 
 
-_SASS_ADDR = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/")
 _SASS_BRANCH = re.compile(r"\bBRA(?:\.\w+)*\s+(?:U?R\w+,\s*)?0x([0-9a-f]+)")
 
 
-def _sass_instructions(sass: str) -> dict[str, list[tuple[int, str, int | None]]]:
-    """(address, opcode, branch target or None) per instruction per kernel function."""
-    out: dict[str, list[tuple[int, str, int | None]]] = {}
+def _sass_lines(sass: str) -> dict[str, list[tuple[int, str]]]:
+    """(address, instruction text without the trailing ``;``) per kernel function of a
+    ``cuobjdump -sass`` listing."""
+    out: dict[str, list[tuple[int, str]]] = {}
     cur = None
     for line in sass.splitlines():
         m = re.search(r"Function : (\S+)", line)
         if m:
             cur = out.setdefault(m.group(1), [])
             continue
-        m = _SASS_LINE.match(line)
+        m = re.match(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
         if m and cur is not None:
-            b = _SASS_BRANCH.search(line)
-            cur.append((int(_SASS_ADDR.match(line).group(1), 16), m.group(1), int(b.group(1), 16) if b else None))
+            cur.append((int(m.group(1), 16), m.group(2)))
+    return out
+
+
+def _sass_instructions(sass: str) -> dict[str, list[tuple[int, str, int | None]]]:
+    """(address, opcode, branch target or None) per instruction per kernel function."""
+    out: dict[str, list[tuple[int, str, int | None]]] = {}
+    for fn, lines in _sass_lines(sass).items():
+        ins = out[fn] = []
+        for a, t in lines:
+            m = _SASS_OP.match(t)
+            if m:
+                b = _SASS_BRANCH.search(t)
+                ins.append((a, m.group(1), int(b.group(1), 16) if b else None))
     return out
 
 
@@ -397,21 +410,6 @@ def hot_loop_spills(arch: str, sass: str) -> dict[str, int]:
             if n and not _instance_name(fn).endswith(",profile")}
 
 
-def _sass_lines(sass: str) -> dict[str, list[tuple[int, str]]]:
-    """(address, instruction text without the trailing ``;``) per kernel function."""
-    out: dict[str, list[tuple[int, str]]] = {}
-    cur = None
-    for line in sass.splitlines():
-        m = re.search(r"Function : (\S+)", line)
-        if m:
-            cur = out.setdefault(m.group(1), [])
-            continue
-        m = re.match(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
-        if m and cur is not None:
-            cur.append((int(m.group(1), 16), m.group(2)))
-    return out
-
-
 def k_loop_sizes(arch: str, sass: str) -> dict[str, int]:
     """Per kernel instance (named as :func:`parse_ptxas` names them), the SASS instructions one K
     block runs: the smallest loop (a backward branch and its target) around the instance's first
@@ -423,7 +421,8 @@ def k_loop_sizes(arch: str, sass: str) -> dict[str, int]:
     mma = HOT_LOOP_OPS[arch]
     out: dict[str, int] = {}
     for fn, lines in _sass_lines(sass).items():
-        first = next((i for i, (_, t) in enumerate(lines) if re.sub(r"^@!?U?P\w+\s+", "", t).startswith(mma)), None)
+        first = next((i for i, (_, t) in enumerate(lines) if (m := _SASS_OP.match(t)) and m.group(1).startswith(mma)),
+                     None)
         if first is None:
             continue
         pos = {a: i for i, (a, _) in enumerate(lines)}
