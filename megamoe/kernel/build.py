@@ -363,6 +363,13 @@ def _sass_instructions(sass: str) -> dict[str, list[tuple[int, str, int | None]]
     return out
 
 
+def _backward_loops(branches: list[tuple[int, int | None]]) -> list[tuple[int, int]]:
+    """The loops of one function given (address, branch target or None) per instruction: (index
+    of the target, index of the branch) for every branch back to an instruction of the listing."""
+    pos = {a: i for i, (a, _) in enumerate(branches)}
+    return [(pos[t], i) for i, (a, t) in enumerate(branches) if t is not None and t <= a and t in pos]
+
+
 def sass_opcodes(sass: str) -> dict[str, dict[str, int]]:
     """Opcode (with modifiers) counts per kernel function of a ``cuobjdump -sass`` listing."""
     return {fn: dict(Counter(ops)) for fn, ops in sass_functions(sass).items()}
@@ -386,9 +393,7 @@ def hot_loop_local_memory(arch: str, sass: str) -> dict[str, int]:
         if not idx:
             out[fn] = 0
             continue
-        pos = {a: i for i, (a, _, _) in enumerate(ins)}
-        loops = [(pos[t], i) for i, (a, _, t) in enumerate(ins)
-                 if t is not None and t <= a and t in pos and any(pos[t] <= j <= i for j in idx)]
+        loops = [(b, e) for b, e in _backward_loops([(a, t) for a, _, t in ins]) if any(b <= j <= e for j in idx)]
         hot = set(range(idx[0], idx[-1] + 1))
         for j in idx:  # the smallest loop around each matrix instruction, if it is a K loop
             around = [(e - b, b, e) for b, e in loops if b <= j <= e]
@@ -425,12 +430,8 @@ def k_loop_sizes(arch: str, sass: str) -> dict[str, int]:
                      None)
         if first is None:
             continue
-        pos = {a: i for i, (a, _) in enumerate(lines)}
-        around = []
-        for i, (a, t) in enumerate(lines):
-            b = _SASS_BRANCH.search(t)
-            if b and (tgt := int(b.group(1), 16)) <= a and tgt in pos and pos[tgt] <= first <= i:
-                around.append((i - pos[tgt], pos[tgt], i))
+        targets = [(a, int(b.group(1), 16) if (b := _SASS_BRANCH.search(t)) else None) for a, t in lines]
+        around = [(e - b, b, e) for b, e in _backward_loops(targets) if b <= first <= e]
         if not around:
             continue
         _, lo, hi = min(around)
