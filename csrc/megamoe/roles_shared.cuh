@@ -413,21 +413,55 @@ __device__ void combine_and_clean(const Params& p, int threads) {
     ts = globaltimer();
     const int T = (int)p.num_tokens, H = (int)p.hidden, K = (int)p.topk, E = (int)p.num_experts;
     const size_t nvec = (size_t)T * (H / 8);
+    // Each thread sums 8 channels (one 16-byte vector) of a token per step, grid-stride, over
+    // its valid slots in slot order. At block_m >= 32 the slots' loads go kSlots at a time
+    // (predicated, in flight together, added after): one load in flight per thread read ~2.1
+    // TB/s at 8192 tokens on the H200 (the combine was 28 / 225 us at 1024 / 8192 tokens in
+    // kernel v7.9's traces). At block_m 16 (<= 512 tokens, the combine under 0.5% of the
+    // time) each slot's load still waits behind the branch on its index: the batched loop,
+    // in this function, makes ptxas lay out the block_m 16 K loop in 178 instead of 159
+    // instructions, measured +4..+7% at 64 / 256 tokens (benchmarks/NOTES_kernel.md,
+    // sessions 19-20).
+    constexpr int kSlots = BM >= 32 ? 4 : 1;
     for (size_t v = (size_t)blockIdx.x * threads + threadIdx.x; v < nvec; v += (size_t)gridDim.x * threads) {
         const int t = (int)(v / (H / 8));
         const int hv = (int)(v % (H / 8));
         float acc[8];
         #pragma unroll
         for (int u = 0; u < 8; ++u) acc[u] = 0.0f;
-        for (int k = 0; k < K; ++k) {
-            if (__ldg(p.topk_idx + (size_t)t * K + k) < 0) continue;
-            const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(p.combine_buf + ((size_t)k * p.combine_rows + t) * H) + hv);
-            const __nv_bfloat162* b2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
-            #pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                const float2 f = __bfloat1622float2(b2[u]);
-                acc[2 * u] += f.x;
-                acc[2 * u + 1] += f.y;
+        if constexpr (kSlots == 1) {
+            for (int k = 0; k < K; ++k) {
+                if (__ldg(p.topk_idx + (size_t)t * K + k) < 0) continue;
+                const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(p.combine_buf + ((size_t)k * p.combine_rows + t) * H) + hv);
+                const __nv_bfloat162* b2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+                #pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    const float2 f = __bfloat1622float2(b2[u]);
+                    acc[2 * u] += f.x;
+                    acc[2 * u + 1] += f.y;
+                }
+            }
+        } else {
+            for (int k0 = 0; k0 < K; k0 += kSlots) {
+                uint4 raw[kSlots];
+                bool ok[kSlots];
+                #pragma unroll
+                for (int u = 0; u < kSlots; ++u) {
+                    const int k = k0 + u;
+                    ok[u] = k < K && __ldg(p.topk_idx + (size_t)t * K + k) >= 0;
+                    if (ok[u]) raw[u] = __ldcg(reinterpret_cast<const uint4*>(p.combine_buf + ((size_t)k * p.combine_rows + t) * H) + hv);
+                }
+                #pragma unroll
+                for (int u = 0; u < kSlots; ++u) {
+                    if (!ok[u]) continue;
+                    const __nv_bfloat162* b2 = reinterpret_cast<const __nv_bfloat162*>(&raw[u]);
+                    #pragma unroll
+                    for (int w = 0; w < 4; ++w) {
+                        const float2 f = __bfloat1622float2(b2[w]);
+                        acc[2 * w] += f.x;
+                        acc[2 * w + 1] += f.y;
+                    }
+                }
             }
         }
         uint4 out;
