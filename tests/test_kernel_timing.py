@@ -93,3 +93,21 @@ def test_token_counts():
     for bad in ("", "64,", "0", "64,-1", "1e3", "a"):
         with pytest.raises(InputError, match=rf"^tokens: expected comma-separated integers >= 1, got {bad!r}$"):
             token_counts(bad)
+
+
+def test_crossover_ratios_cancel_the_objects_difference():
+    """megamoe.kernel.timing.crossover_ratios: object 0 is 1.21x object 1 whatever build it
+    runs and the new build is 0.81x the old on either object: new@0 = 1.21 * 81, new@1 = 81,
+    old@0 = 1.21 * 100, old@1 = 100. By hand: builds sqrt(new@0 * new@1 / (old@0 * old@1)) =
+    sqrt(0.81^2) = 0.81, objects sqrt(new@0 * old@0 / (new@1 * old@1)) = sqrt(1.21^2) = 1.21;
+    a plain paired ratio new@0 / old@1 would read 1.21 * 0.81 = 0.9801."""
+    from megamoe.kernel.timing import crossover_ratios
+    r = {"new@0": 1.21 * 81.0, "new@1": 81.0, "old@0": 1.21 * 100.0, "old@1": 100.0}
+    builds, objs = crossover_ratios([r, {k: 2 * v for k, v in r.items()}])
+    assert builds == pytest.approx([0.81, 0.81], rel=1e-12)
+    assert objs == pytest.approx([1.21, 1.21], rel=1e-12)
+    assert r["new@0"] / r["old@1"] == pytest.approx(0.9801, rel=1e-12)
+    with pytest.raises(ValueError, match=r"rounds\[0\]: expected the keys"):
+        crossover_ratios([{"new@0": 1.0, "old@1": 1.0, "new@1": 1.0}])
+    with pytest.raises(ValueError, match=r"rounds\[1\]: expected positive times"):
+        crossover_ratios([r, {**r, "old@0": 0.0}])

@@ -9,9 +9,17 @@ steady-state time per call: five calls back to back between one event pair
 (``cuda_steady_us``), so the host's work before each launch is not in it (until the fifteenth
 session: the median of five single calls from an idle GPU, which include 68-123 us of it).
 
-Per token count it reports: the median over rounds of the per-round ratio new / old (a
-paired measure), its range, each build's median time, and whether the outputs are bitwise
-equal. The old library must share this tree's ``Params`` layout, or a leading part of it (an
+Crossover (the default): two kernel objects, each with its own buffers, and each round runs
+both builds on both objects (ABBA over ``new@0, old@1, new@1, old@0``). The per-round ratio
+new / old is ``sqrt(new@0 * new@1 / (old@0 * old@1))``, so the objects' own difference
+cancels (:func:`megamoe.kernel.timing.crossover_ratios`): in session 20 the object that ran
+this tree's build was 2-4% slower at 1024-4096 tokens whichever build it ran, and a plain
+paired ratio carried that bias (benchmarks/NOTES_kernel.md). The objects' ratio is reported
+too. With ``--old-stages`` the old build needs objects of its own stage count, so the run is
+the plain paired design (new on one object, old on the other).
+
+Per token count it reports: the median over rounds of the per-round ratio new / old, its
+range, each build's median time, and whether the outputs are bitwise equal. The old library must share this tree's ``Params`` layout, or a leading part of it (an
 older build, to which fields were only appended since: the sizes are checked); it launches with
 this tree's design numbers, except for the stage counts that ``--old-stages`` gives per
 block_m (for an old build whose stages have another size: its launcher computes its own
@@ -40,7 +48,12 @@ from megamoe.errors import InputError
 from megamoe.kernel import KernelError, MegaMoEKernel, cuda_available, prepare_weights
 from megamoe.kernel.check import make_inputs, make_weights
 from megamoe.kernel.runtime import load_library_file
-from megamoe.kernel.timing import alternating_rounds, cuda_steady_us, token_counts
+from megamoe.kernel.timing import (
+    alternating_rounds,
+    crossover_ratios,
+    cuda_steady_us,
+    token_counts,
+)
 
 E, K, H, I = 256, 6, 4096, 2048
 TIMING_BITS = 2 | 8 | 32 | 64 | 128  # fault_inject bits that only change timing (params.h); 1 is the timeout test
@@ -90,7 +103,7 @@ def main() -> int:
     except (OSError, KernelError) as e:
         ap.error(f"old_lib: expected a loadable SM90 kernel library, got {old_lib!r} ({e})")
     w = prepare_weights(*make_weights(E, H, I, "cuda", seed=11))
-    new = MegaMoEKernel(E, K, H, I, max(tokens), w)
+    new = MegaMoEKernel(E, K, H, I, max(tokens), w)  # object 0
     new.fault_inject = a.new_fault
     olds = {}  # block_m -> the old build's kernel object (its own stage count)
 
@@ -100,28 +113,55 @@ def main() -> int:
             olds[bm].lib = lib
         return olds[bm]
 
-    res = {"old_lib": old_lib, "rounds": rounds, "old_stages": old_stages, "new_fault": a.new_fault, "tokens": {}}
+    crossover = not old_stages
+    res = {"old_lib": old_lib, "rounds": rounds, "old_stages": old_stages, "new_fault": a.new_fault,
+           "design": "crossover" if crossover else "paired", "tokens": {}}
+    new_lib = new.lib
+    other = MegaMoEKernel(E, K, H, I, max(tokens), w) if crossover else None  # object 1 (its own buffers)
+
+    def on(build, k, args):
+        """Run one build on kernel object k (the fault bits go with this tree's build)."""
+        k.lib, k.fault_inject = (new_lib, a.new_fault) if build == "new" else (lib, 0)
+        return k(*args)
+
     for T in tokens:
         args = make_inputs(T, E, K, H, "cuda", seed=3)
-        ys = [new(*args).clone()]  # warm-up, outputs
-        new.check()
-        old = old_for(new.last_design.block_m)
-        ys.append(old(*args).clone())
-        old.check()
-        per_round = alternating_rounds({"new": lambda a=args: new(*a), "old": lambda a=args, k=old: k(*a)}, rounds,
-                                       lambda fn: cuda_steady_us(fn, 5, rounds=1)[0],
-                                       after_round=lambda k=old: (new.check(), k.check()))
-        times = {name: [t[name] for t in per_round] for name in ("new", "old")}
-        ratios = [a / b for a, b in zip(times["new"], times["old"])]
+        if crossover:
+            ys = [on("new", new, args).clone(), on("old", other, args).clone()]  # warm-up, outputs
+            new.check()
+            other.check()
+            objs = {"0": new, "1": other}
+            fns = {f"{b}@{o}": (lambda b=b, k=objs[o], a=args: on(b, k, a)) for b, o in
+                   (("new", "0"), ("old", "1"), ("new", "1"), ("old", "0"))}
+            per_round = alternating_rounds(fns, rounds, lambda fn: cuda_steady_us(fn, 5, rounds=1)[0],
+                                           after_round=lambda: (new.check(), other.check()))
+            ratios, obj_ratios = crossover_ratios(per_round)
+            times = {b: [(t[f"{b}@0"] * t[f"{b}@1"]) ** 0.5 for t in per_round] for b in ("new", "old")}
+            design = new.last_design
+            old_design = other.last_design
+            extra = {"object_ratio_median": statistics.median(obj_ratios), "rounds_raw": per_round}
+        else:
+            ys = [new(*args).clone()]  # warm-up, outputs
+            new.check()
+            old = old_for(new.last_design.block_m)
+            ys.append(old(*args).clone())
+            old.check()
+            per_round = alternating_rounds({"new": lambda a=args: new(*a), "old": lambda a=args, k=old: k(*a)},
+                                           rounds, lambda fn: cuda_steady_us(fn, 5, rounds=1)[0],
+                                           after_round=lambda k=old: (new.check(), k.check()))
+            times = {name: [t[name] for t in per_round] for name in ("new", "old")}
+            ratios = [a / b for a, b in zip(times["new"], times["old"])]
+            design, old_design, extra = new.last_design, old.last_design, {}
         row = {"ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
                "new_us": statistics.median(times["new"]), "old_us": statistics.median(times["old"]),
-               "bitwise_equal": bool(torch.equal(ys[0], ys[1])), "block_m": new.last_design.block_m,
-               "stages": new.last_design.num_stages, "old_stages": old.last_design.num_stages, **times}
+               "bitwise_equal": bool(torch.equal(ys[0], ys[1])), "block_m": design.block_m,
+               "stages": design.num_stages, "old_stages": old_design.num_stages, **times, **extra}
         res["tokens"][T] = row
+        objects = f"  objects 0/1 {extra['object_ratio_median']:.3f}" if crossover else ""
         print(f"T={T:5d} bm={row['block_m']:3d} stages {row['stages']}/{row['old_stages']} "
               f"new {row['new_us']:9.1f} us  old {row['old_us']:9.1f} us  "
               f"new/old {row['ratio_median']:.3f} (rounds {row['ratio_min']:.3f}..{row['ratio_max']:.3f})  "
-              f"outputs {'equal' if row['bitwise_equal'] else 'DIFFER'}", flush=True)
+              f"outputs {'equal' if row['bitwise_equal'] else 'DIFFER'}{objects}", flush=True)
     with open(out, "w") as f:
         json.dump(res, f, indent=1)
     return 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 
 def cuda_times_us(fn, reps: int, warmup: int = 0, before_each=None) -> list[float]:
     """Time ``fn()`` ``reps`` times with CUDA events; returns each call's time in microseconds.
@@ -120,6 +122,32 @@ def alternating_rounds(fns: dict, rounds: int, measure, after_round=None) -> lis
         if after_round is not None:
             after_round()
     return out
+
+
+def crossover_ratios(rounds: list[dict[str, float]]) -> tuple[list[float], list[float]]:
+    """Per round of a crossover A/B (two builds ``new`` / ``old`` run on two kernel objects
+    ``0`` / ``1``, each with its own buffers, every build on every object): the ratio of the
+    builds' times with the objects' own difference cancelled, ``sqrt(new@0 * new@1 / (old@0 *
+    old@1))``, and the objects' ratio with the builds' difference cancelled, ``sqrt(new@0 *
+    old@0 / (new@1 * old@1))``. Each round is a dict with the keys ``new@0``, ``old@1``,
+    ``new@1``, ``old@0`` (times, any unit). Why: in one process the object that ran this
+    tree's build was 2-4% slower than the other at 1024-4096 tokens whichever build it ran
+    (H200, session 20, benchmarks/NOTES_kernel.md): a plain paired ratio carries that bias.
+
+    Raises:
+        ValueError: a round without one of the four keys, or a time that is not positive.
+    """
+    builds, objs = [], []
+    for i, r in enumerate(rounds):
+        try:
+            t = {k: float(r[k]) for k in ("new@0", "new@1", "old@0", "old@1")}
+        except KeyError as e:
+            raise ValueError(f"rounds[{i}]: expected the keys new@0, new@1, old@0, old@1, got {sorted(r)}") from e
+        if min(t.values()) <= 0:
+            raise ValueError(f"rounds[{i}]: expected positive times, got {t}")
+        builds.append(math.sqrt(t["new@0"] * t["new@1"] / (t["old@0"] * t["old@1"])))
+        objs.append(math.sqrt(t["new@0"] * t["old@0"] / (t["new@1"] * t["old@1"])))
+    return builds, objs
 
 
 def token_counts(text: str) -> list[int]:
