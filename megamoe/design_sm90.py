@@ -79,6 +79,15 @@ X_FOLD_K = 64
 L1_X_FOLD_K = {16: 64, 32: 64, 64: 64, 128: 128}
 
 
+#: The combine's slot loads in flight per thread, per block_m (kernel v8.0;
+#: ``combine_slots`` in ``csrc/megamoe/roles_shared.cuh``, ``megamoe_sm90_combine_slots``):
+#: from block_m 32 on a token's slots are loaded four at a time, at block_m 16 one at a time
+#: (the batched loop in the same function costs the block_m 16 K loop 19 instructions, measured
+#: +4..+7% at 64 / 256 tokens on the H200; benchmarks/NOTES_kernel.md). The H200's
+#: ``combine_round_ns`` is fitted to the batched combine (sim.calibrate).
+COMBINE_SLOTS = {16: 1, 32: 4, 64: 4, 128: 4}
+
+
 def l1_promoted_once(block_m: int) -> bool:
     """Whether the L1 GEMM promotes each K block once at this block_m (its x folded per 128-K
     group, the whole K block: :data:`L1_X_FOLD_K`) instead of once per 64-K group."""

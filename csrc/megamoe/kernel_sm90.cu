@@ -954,6 +954,18 @@ int megamoe_sm90_l1_x_fold_k(int block_m) {
     return block_m >= megamoe::kL1Fold128BlockM ? 128 : 64;
 }
 
+// The combine's slot loads in flight per thread at this block_m (combine_slots, kernel v8.0;
+// mirrored by megamoe.design_sm90.COMBINE_SLOTS); -1 for an unsupported block_m.
+int megamoe_sm90_combine_slots(int block_m) {
+    switch (block_m) {
+        case 16: return megamoe::combine_slots<16>();
+        case 32: return megamoe::combine_slots<32>();
+        case 64: return megamoe::combine_slots<64>();
+        case 128: return megamoe::combine_slots<128>();
+        default: return -1;
+    }
+}
+
 // k32 WGMMAs a consumer warpgroup keeps in flight per K block at this block_m
 // (Sm90Tile::WGMMAS_IN_FLIGHT; mirrored by megamoe.design_sm90.WGMMAS_IN_FLIGHT); -1 for an
 // unsupported block_m.

@@ -388,6 +388,19 @@ __device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* of
 }
 
 // ------------------------------------------------------------------ combine (+ clean-up)
+// The combine's slot loads in flight per thread (mirrored by megamoe.design_sm90.COMBINE_SLOTS;
+// kernel v8.0). From block_m kCombineBatchBlockM on, a token's slots are loaded four at a time
+// (predicated, in flight together, added after): with one load in flight per thread the
+// combine read ~2.1 TB/s at 8192 tokens on the H200 (28 / 225 us at 1024 / 8192 tokens in
+// kernel v7.9's traces; v8.0: 19 / 147 us). Below it (block_m 16: up to 512 tokens, the
+// combine under 1% of the time) each slot's load still waits behind the branch on its index:
+// the batched loop, in this function, makes ptxas lay out the block_m 16 K loop in 178 instead
+// of 159 instructions, measured +4..+7% at 64 / 256 tokens (benchmarks/NOTES_kernel.md,
+// sessions 19-20).
+constexpr int kCombineBatchBlockM = 32;
+template <int BM>
+__host__ __device__ constexpr int combine_slots() { return BM >= kCombineBatchBlockM ? 4 : 1; }
+
 // Called by every thread of every CTA after all roles finished: grid sync (EP: NVLink
 // barrier 2, every rank's L2 rows are in their source ranks' combine buffers), then sum the
 // valid slots of each token in FP32 (slot order), BF16 out; then zero the counters so the
@@ -414,15 +427,8 @@ __device__ void combine_and_clean(const Params& p, int threads) {
     const int T = (int)p.num_tokens, H = (int)p.hidden, K = (int)p.topk, E = (int)p.num_experts;
     const size_t nvec = (size_t)T * (H / 8);
     // Each thread sums 8 channels (one 16-byte vector) of a token per step, grid-stride, over
-    // its valid slots in slot order. At block_m >= 32 the slots' loads go kSlots at a time
-    // (predicated, in flight together, added after): one load in flight per thread read ~2.1
-    // TB/s at 8192 tokens on the H200 (the combine was 28 / 225 us at 1024 / 8192 tokens in
-    // kernel v7.9's traces). At block_m 16 (<= 512 tokens, the combine under 0.5% of the
-    // time) each slot's load still waits behind the branch on its index: the batched loop,
-    // in this function, makes ptxas lay out the block_m 16 K loop in 178 instead of 159
-    // instructions, measured +4..+7% at 64 / 256 tokens (benchmarks/NOTES_kernel.md,
-    // sessions 19-20).
-    constexpr int kSlots = BM >= 32 ? 4 : 1;
+    // its valid slots in slot order; combine_slots<BM>() of them are loaded at a time.
+    constexpr int kSlots = combine_slots<BM>();
     for (size_t v = (size_t)blockIdx.x * threads + threadIdx.x; v < nvec; v += (size_t)gridDim.x * threads) {
         const int t = (int)(v / (H / 8));
         const int hv = (int)(v % (H / 8));
