@@ -456,3 +456,17 @@ def test_l1_promoted_once_follows_the_fold():
     """design_sm90.l1_promoted_once: only where L1_X_FOLD_K folds x over the whole 128-K block."""
     assert {bm: d.l1_promoted_once(bm) for bm in d.BLOCK_MS} == {16: False, 32: False, 64: False, 128: True}
     assert not d.l1_promoted_once(48)
+
+
+@pytest.mark.parametrize("extra,field", [(["64,x"], "tokens"), (["0"], "tokens"), (["64", "1"], "rounds"),
+                                         (["64", "x"], "rounds"), ([], "device|flag_gems")])
+def test_peer_ab_rejects_bad_arguments_before_any_gpu_work(tmp_path, extra, field):
+    """benchmarks/device/peer_ab.py: a bad token list or round count, or no GPU here, is a
+    one-line argparse error (exit 2) naming the field, before any CUDA set-up; nothing written."""
+    p = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "benchmarks" / "device" /
+                                            "peer_ab.py"), str(tmp_path / "o.json"), *extra],
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert p.returncode == 2, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert re.match(rf"peer_ab.py: error: ({field})(: expected|:? )", last), last
+    assert "Traceback" not in p.stderr and not (tmp_path / "o.json").exists()
