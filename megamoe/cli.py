@@ -114,9 +114,9 @@ def add_scenario_args(p: argparse.ArgumentParser) -> None:
 
     g = p.add_argument_group("scenario")
     g.add_argument("--shape", default="deepseek-v4-pro",
-                   help="preset (deepseek-v4-pro, deepseek-v4-flash) or E,k,H,I (default deepseek-v4-pro)")
+                   help="preset (deepseek-v4-pro, deepseek-v4-flash) or E,k,H,I (default %(default)s)")
     g.add_argument("--ranks", type=_positive, default=8,
-                   help=f"EP size (default 8; ranks x experts at most {MAX_RANKS_X_EXPERTS})")
+                   help=f"EP size (default %(default)s; ranks x experts at most {MAX_RANKS_X_EXPERTS})")
     g.add_argument("--tokens", type=_tokens, default=None,
                    help="tokens per rank, or a comma list with one value per rank (default 8192, at most "
                         f"{MAX_TOKENS_PER_RANK}, and ranks x tokens x top_k at most {MAX_ROUTED_SLOTS}; a routing "
@@ -126,9 +126,9 @@ def add_scenario_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--routing", default="uniform",
                    help="uniform | masked[:RATIO, default 0.5] | zipf[:S, default 1] | hot[:FRACTION[:N], "
                         "default 0.5:4] | one_expert (every token to expert 3 in slot 0, its other slots uniform) | file:PATH (PATH may hold {rank})")
-    g.add_argument("--seed", type=_nonneg, default=0, help="routing seed (default 0)")
-    g.add_argument("--hardware", default="b200", help="b200 | h200 | h20 | path to a TOML file (default b200)")
-    g.add_argument("--design", default="deepgemm-sm100", help="deepgemm-sm100 | megamoe-sm90 (default deepgemm-sm100)")
+    g.add_argument("--seed", type=_nonneg, default=0, help="routing seed (default %(default)s)")
+    g.add_argument("--hardware", default="b200", help="b200 | h200 | h20 | path to a TOML file (default %(default)s)")
+    g.add_argument("--design", default="deepgemm-sm100", help="deepgemm-sm100 | megamoe-sm90 (default %(default)s)")
     g.add_argument("--reserved-sms", type=_nonneg, default=0,
                    help="SMs taken away from the kernel")
     g.add_argument("--launch-skew-us", type=_skew, default=0.0,
@@ -521,7 +521,7 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--trace", type=_out_path(".json", ".json.gz"),
                    help="write a Chrome trace JSON (opens in Perfetto; .json.gz ok)")
     o.add_argument("--trace-sms", type=_positive, default=8,
-                   help="keep SMs 0..N-1 of every rank in --trace (default 8; rank-level rows always)")
+                   help="keep SMs 0..N-1 of every rank in --trace (default %(default)s; rank-level rows always)")
     o.add_argument("--trace-npz", type=_out_path(".npz"),
                    help="write the full trace as columnar NPZ (with scenario meta and routing)")
     o.add_argument("--plot", type=_out_path(".png", ".svg", ".pdf"), help="write a timeline figure")
@@ -533,7 +533,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "policy, launch_skew_us, nvlink_scale, hbm_scale, ... with a,b,c or start:stop[:step]; shapes are "
                         "separated by ';' when one is a custom E,k,H,I; repeatable")
     w.add_argument("--out", type=_out_dir, default="sweep-out",
-                   help="output folder (default sweep-out; made once a point is valid)")
+                   help="output folder (default %(default)s; made once a point is valid)")
     w.add_argument("--jobs", type=_positive, default=None,
                    help="local worker processes, at most 4 x the CPUs (default: the CPUs; none with --address)")
     w.add_argument("--no-resume", action="store_true",
@@ -551,7 +551,7 @@ def build_parser() -> argparse.ArgumentParser:
     k = sub.add_parser("calibrate", help="measure this GPU and write a hardware TOML (needs a GPU)")
     k.add_argument("--base", default="h200", help="preset whose datasheet figures and sources are kept")
     k.add_argument("--out", type=_out_path(".toml"), default="calibrated.toml",
-                   help="hardware TOML to write (default calibrated.toml)")
+                   help="hardware TOML to write (default %(default)s)")
     k.add_argument("--kernel-trace", help="a megamoe kernel trace (.npz) for grid sync and MMA-path figures")
     k.set_defaults(func=cmd_calibrate)
     b = sub.add_parser("build", help="compile the CUDA kernel ahead of time (nvcc; no GPU needed)")
@@ -565,17 +565,17 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--force", action="store_true", help="rebuild even when cached")
     b.set_defaults(func=cmd_build)
     r = sub.add_parser("run", help="run one scenario on the GPU(s) (--ranks N launches N processes), check it, time it")
-    r.add_argument("--shape", default="deepseek-v4-flash", help="preset or E,k,H,I (default deepseek-v4-flash)")
-    r.add_argument("--tokens", type=_nonneg, default=64, help="tokens per rank (default 64)")
-    r.add_argument("--ranks", type=_positive, default=1, help="EP size: GPUs, one process each (NVLink; default 1)")
+    r.add_argument("--shape", default="deepseek-v4-flash", help="preset or E,k,H,I (default %(default)s)")
+    r.add_argument("--tokens", type=_nonneg, default=64, help="tokens per rank (default %(default)s)")
+    r.add_argument("--ranks", type=_positive, default=1, help="EP size: GPUs, one process each (NVLink; default %(default)s)")
     r.add_argument("--routing", default="uniform",
                    help="the names of simulate --routing that the kernel's input generator makes: uniform | "
                         "zipf (exponent 1; experts 0, 1, 2, ... the most popular) | one_expert (expert 3 in "
-                        "slot 0 of every token, the other slots uniform); default uniform")
+                        "slot 0 of every token, the other slots uniform); default %(default)s")
     r.add_argument("--clamp", type=_clamp, default=None,
                    help="SwiGLU clamp: a finite number > 0 (default: no clamp)")
     r.add_argument("--reps", type=_positive, default=10,
-                   help="timed repetitions; the median is reported (default 10)")
+                   help="timed repetitions; the median is reported (default %(default)s)")
     r.add_argument("--trace", type=_out_path(".json"),
                    help="write the kernel's own trace (Chrome JSON; with --ranks R one file per rank, "
                         "TRACE.rank<r>.json)")
@@ -583,12 +583,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip the reference checks (exact partial sums within 5e-3 rel L2, and the share of "
                         "outputs bitwise equal to the H200-WGMMA-modelled reference; the latter takes ~20 s "
                         "at 4096 tokens on an H200)")
-    r.add_argument("--seed", type=_nonneg, default=0, help="input seed (default 0)")
+    r.add_argument("--seed", type=_nonneg, default=0, help="input seed (default %(default)s)")
     r.set_defaults(func=cmd_run)
     v = sub.add_parser("validate", help="simulator vs DeepGEMM PR #316 published rows")
     v.add_argument("--hardware", default="b200",
-                   help="hardware preset or TOML (default b200: the rows were measured on B200s)")
-    v.add_argument("--seed", type=_nonneg, default=0, help="routing seed (default 0)")
+                   help="hardware preset or TOML (default %(default)s: the rows were measured on B200s)")
+    v.add_argument("--seed", type=_nonneg, default=0, help="routing seed (default %(default)s)")
     v.add_argument("--json", type=_out_path(".json"),
                    help="write the rows (predicted and published) and the verdict as JSON")
     v.set_defaults(func=cmd_validate)

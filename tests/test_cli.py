@@ -604,6 +604,28 @@ def test_validate_json_is_reported_and_every_option_has_help():
     assert missing == []
 
 
+def test_help_states_the_parsers_own_defaults():
+    """A help text never restates an option's default as a literal ("default 64" beside
+    default=64): it takes it from the parser (argparse's %(default)s), so the two cannot drift
+    apart. Options whose default is computed (None: "default: the design's choice") say so in
+    words."""
+    import re
+
+    parser = __import__("megamoe.cli", fromlist=["build_parser"]).build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    literal = []
+    for name, p in sub.choices.items():
+        for a in p._actions:
+            if a.default in (None, argparse.SUPPRESS, False, []) or not a.help:
+                continue
+            stated = re.search(rf"\bdefault {re.escape(str(a.default))}(?![\w.])", a.help)
+            if stated:
+                literal.append(f"{name} {'/'.join(a.option_strings) or a.dest}: {stated.group(0)!r}")
+    assert literal == []
+    help_text = sub.choices["run"].format_help()
+    assert "tokens per rank (default 64)" in help_text and "input seed (default 0)" in help_text
+
+
 def test_validate_writes_its_json_after_the_table(tmp_path, monkeypatch, capsys):
     from sim import validate as V
 
