@@ -470,3 +470,23 @@ def test_peer_ab_rejects_bad_arguments_before_any_gpu_work(tmp_path, extra, fiel
     last = p.stderr.strip().splitlines()[-1]
     assert re.match(rf"peer_ab.py: error: ({field})(: expected|:? )", last), last
     assert "Traceback" not in p.stderr and not (tmp_path / "o.json").exists()
+
+
+def test_forget_pool_rows_marks_every_row_unfilled():
+    """MegaMoEKernel.forget_pool_rows: pool_token and pool_slot back to -1 (their value at
+    allocation, megamoe.kernel.runtime), the pools' contents untouched; before the first call
+    (no workspace yet) it does nothing. On CPU tensors: the method only touches the two arrays."""
+    import torch
+
+    from megamoe.kernel.runtime import MegaMoEKernel
+
+    k = object.__new__(MegaMoEKernel)
+    k._ws = {}
+    k.forget_pool_rows()
+    assert k._ws == {}
+    pool = torch.arange(12, dtype=torch.uint8).reshape(3, 4)
+    k._ws = {"pool_token": torch.tensor([5, 0, 7], dtype=torch.int32),
+             "pool_slot": torch.tensor([1, 2, 0], dtype=torch.int32), "l1_pool": pool.clone()}
+    k.forget_pool_rows()
+    assert k._ws["pool_token"].tolist() == [-1, -1, -1] and k._ws["pool_slot"].tolist() == [-1, -1, -1]
+    assert k._ws["pool_token"].dtype == torch.int32 and torch.equal(k._ws["l1_pool"], pool)

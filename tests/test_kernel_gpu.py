@@ -116,9 +116,7 @@ def test_l2_pool_matches_reference(shape, T, block_m):
     x, xs, idx, tw = make_inputs(T, shape["E"], shape["K"], shape["H"], "cuda", seed=3)
     k(x, xs, idx, tw)
     k.check()
-    # rows of earlier calls stay in the pool: forget them, run again, match rows by (token, slot)
-    k._ws["pool_token"].fill_(-1)
-    k._ws["pool_slot"].fill_(-1)
+    k.forget_pool_rows()  # rows of earlier calls stay in the pool; run again, match rows by (token, slot)
     k(x, xs, idx, tw)
     k.check()
     bm = k.last_design.block_m
@@ -267,8 +265,7 @@ def test_activation_fold_of_wide_scales(block_m):
     x[1::5, 64:128] = 0                    # an all-zero pair: copied as is
     k(x, xs, idx, tw)
     k.check()
-    k._ws["pool_token"].fill_(-1)          # forget rows of earlier calls, run again
-    k._ws["pool_slot"].fill_(-1)
+    k.forget_pool_rows()                   # rows of earlier calls stay in the pool; run again
     y = k(x, xs, idx, tw)
     k.check()
     bm = k.last_design.block_m

@@ -46,9 +46,7 @@ def main(out_path: str) -> None:
         k, w = kernels[key]
         x, xs, idx, tw = make_inputs(T, shape["E"], shape["K"], shape["H"], "cuda", seed=T, routing=routing,
                                      mask_frac=mask)
-        if "pool_token" in k._ws:  # rows of earlier calls stay in the pool: forget them
-            k._ws["pool_token"].fill_(-1)
-            k._ws["pool_slot"].fill_(-1)
+        k.forget_pool_rows()  # rows of earlier calls stay in the pool
         y = k(x, xs, idx, tw)
         k.check()
         row = {"case": name, "tokens": T, "shape": shape}

@@ -462,6 +462,16 @@ class MegaMoEKernel:
             self._reset_workspace()
             raise KernelError(format_error(err, self.timeout_ns))
 
+    def forget_pool_rows(self) -> None:
+        """Mark every pool row unfilled (``pool_token`` and ``pool_slot`` -1, as at allocation):
+        a call fills only the rows it routes, and rows of earlier calls otherwise stay in the
+        pool, where a reader that matches rows by (token, slot), e.g.
+        :func:`megamoe.kernel.check.l2_pool_agreement`, would find them. The kernel never reads
+        these two arrays. No-op before the first call (nothing allocated yet)."""
+        if "pool_token" in self._ws:
+            self._ws["pool_token"].fill_(-1)
+            self._ws["pool_slot"].fill_(-1)
+
     def pool_contents(self):
         """(l1_pool rows, l1 scales [rows, H/32], token, slot) of the last call, for tests."""
         ws = self._ws
