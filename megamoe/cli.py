@@ -10,6 +10,7 @@ command leaves no partial output and no existing file changed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -130,7 +131,7 @@ def add_scenario_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--hardware", default="b200", help="b200 | h200 | h20 | path to a TOML file (default %(default)s)")
     g.add_argument("--design", default="deepgemm-sm100", help="deepgemm-sm100 | megamoe-sm90 (default %(default)s)")
     g.add_argument("--reserved-sms", type=_nonneg, default=0,
-                   help="SMs taken away from the kernel")
+                   help="SMs taken away from the kernel (default %(default)s)")
     g.add_argument("--launch-skew-us", type=_skew, default=0.0,
                    help="host launch jitter: how much later the ranks' kernels start, microseconds: one "
                         "number (the last rank is that late) or one value per rank (default 0)")
@@ -138,10 +139,11 @@ def add_scenario_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--experts-per-wave", type=_positive, default=None,
                    help="experts whose L1 and L2 blocks form one wave (default: the design's choice)")
     g.add_argument("--block-m", type=_positive, default=None,
-                   help="token rows per block (deepgemm-sm100: 16, 32, 64, 96, 128, 192; megamoe-sm90: 16, 32, 64, 128)")
+                   help="token rows per block (deepgemm-sm100: 16, 32, 64, 96, 128, 192; megamoe-sm90: 16, 32, 64, 128; "
+                        "default: the design's choice)")
     g.add_argument("--pool-tokens", type=_positive, default=None,
                    help="pool (ring) capacity in tokens (deepgemm-sm100, at least one expert's worst-case "
-                        "wave; megamoe-sm90 has no ring, its pool holds every routed row)")
+                        "wave; megamoe-sm90 has no ring, its pool holds every routed row; default: the design's choice)")
     g.add_argument("--num-stages", type=_positive, default=None,
                    help="shared-memory pipeline stages (default: as many as fit; megamoe-sm90: at least one "
                         "per issuing producer warp, 4 at block_m 16-64 and 2 at 128; its model gives the same "
@@ -420,16 +422,30 @@ def cmd_compare(a: argparse.Namespace) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _as_option(field: str, option: str):
+    """Report an :class:`InputError` about ``field`` itself (not one of its parts, such as
+    ``hardware.hbm_gbs``) under the command-line option that gave it."""
+    try:
+        yield
+    except InputError as e:
+        if e.field != field:
+            raise
+        raise InputError(option, e.expected, e.got) from None
+
+
 def cmd_calibrate(a: argparse.Namespace) -> int:
     from sim.calibrate import calibrated_toml, from_kernel_trace, measure
     from sim.hardware import load_hardware
 
     with Outputs() as outs:  # a bad --base, --kernel-trace or --out is reported before measuring
         out = outs.reserve("--out", a.out, _SUFFIXES["toml"])
-        load_hardware(a.base)
+        with _as_option("hardware", "--base"):
+            load_hardware(a.base)
         if a.kernel_trace:
             from megamoe.trace import Trace
-            Trace.load(a.kernel_trace)
+            with _as_option("trace", "--kernel-trace"):
+                Trace.load(a.kernel_trace)
         measured = measure()
         kernel = from_kernel_trace(a.kernel_trace, measured["fp8_gemm_tflops"]) if a.kernel_trace else None
         text = calibrated_toml(a.base, measured, kernel)
@@ -549,14 +565,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write a measured-vs-simulated timeline figure")
     c.set_defaults(func=cmd_compare)
     k = sub.add_parser("calibrate", help="measure this GPU and write a hardware TOML (needs a GPU)")
-    k.add_argument("--base", default="h200", help="preset whose datasheet figures and sources are kept")
+    k.add_argument("--base", default="h200",
+                   help="preset whose datasheet figures and sources are kept (default %(default)s)")
     k.add_argument("--out", type=_out_path(".toml"), default="calibrated.toml",
                    help="hardware TOML to write (default %(default)s)")
     k.add_argument("--kernel-trace", help="a megamoe kernel trace (.npz) for grid sync and MMA-path figures")
     k.set_defaults(func=cmd_calibrate)
     b = sub.add_parser("build", help="compile the CUDA kernel ahead of time (nvcc; no GPU needed)")
     b.add_argument("--arch", default="sm_90a", choices=("sm_90a", "sm_100a"),
-                   help="sm_90a (H100/H200) or sm_100a (B200; never executed in this project)")
+                   help="sm_90a (H100/H200) or sm_100a (B200; never executed in this project); default %(default)s")
     b.add_argument("--strict", action="store_true",
                    help="fail on any local-memory load/store in a timed kernel instance's matrix code (from its "
                         "first to its last matrix instruction, and the whole K loop around each, from the stage "

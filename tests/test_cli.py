@@ -151,7 +151,7 @@ def test_validate_exit_code_follows_the_verdict(tmp_path):
 
 def test_calibrate_checks_its_arguments_before_looking_for_a_gpu():
     rc, _, err = run("calibrate", "--base", "nope")
-    assert rc == 2 and "hardware: expected a preset" in err and "Traceback" not in err
+    assert rc == 2 and "--base: expected a preset" in err and "Traceback" not in err
 
 
 def test_version():
@@ -624,6 +624,23 @@ def test_help_states_the_parsers_own_defaults():
     assert literal == []
     help_text = sub.choices["run"].format_help()
     assert "tokens per rank (default 64)" in help_text and "input seed (default 0)" in help_text
+
+
+def test_calibrate_names_its_options_in_errors(tmp_path, capsys):
+    """`calibrate --base` / `--kernel-trace` errors name the option the user typed, not the
+    library's field (`hardware`, `trace`), before any GPU work; a bad figure inside a --base
+    TOML keeps its own name."""
+    assert main(["calibrate", "--base", "nosuch", "--out", str(tmp_path / "c.toml")]) == 2
+    assert capsys.readouterr().err == ("megamoe: error: --base: expected a preset (b200, h20, h200) or a .toml "
+                                       "path, got nosuch\n")
+    assert main(["calibrate", "--kernel-trace", str(tmp_path / "no.npz"), "--out", str(tmp_path / "c.toml")]) == 2
+    assert capsys.readouterr().err.startswith("megamoe: error: --kernel-trace: expected an .npz trace file, got ")
+    bad = tmp_path / "bad.toml"
+    from sim.hardware import PRESET_DIR
+    bad.write_text((PRESET_DIR / "h200.toml").read_text().replace("hbm_gbs = ", "hbm_gbs = -5 #", 1))
+    assert main(["calibrate", "--base", str(bad), "--out", str(tmp_path / "c.toml")]) == 2
+    assert capsys.readouterr().err.startswith("megamoe: error: hardware.figures.hbm_gbs: expected a number in")
+    assert not (tmp_path / "c.toml").exists()
 
 
 def test_validate_writes_its_json_after_the_table(tmp_path, monkeypatch, capsys):

@@ -320,7 +320,7 @@ def test_missing_sources_and_tools_are_setup_errors(monkeypatch, tmp_path, capsy
         kbuild.build("sm_90a")
     assert build_main("sm_90a") == 2
     err = capsys.readouterr().err
-    assert err.startswith("megamoe build: kernel sources: expected") and err.count("\n") == 1
+    assert err.startswith("megamoe: error: kernel sources: expected") and err.count("\n") == 1
     monkeypatch.undo()
     monkeypatch.setenv("MEGAMOE_BUILD_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(kbuild, "find_nvcc", lambda: None)
@@ -330,6 +330,26 @@ def test_missing_sources_and_tools_are_setup_errors(monkeypatch, tmp_path, capsy
     monkeypatch.setattr(kbuild, "find_cutlass_include", lambda: str(tmp_path))
     assert build_main("sm_90a") == 1
     assert "nvcc failed (1)" in capsys.readouterr().err
+
+
+def test_strict_build_without_cuobjdump_is_a_setup_error(monkeypatch, tmp_path, capsys):
+    """`megamoe build --strict` checks the matrix loops' SASS: with no cuobjdump it refuses (one
+    line, exit 2) instead of passing with the check skipped; without --strict it still builds.
+    On a cached library (a file and its empty ptxas log: nothing compiled here)."""
+    from megamoe.kernel.cli_support import build_main
+
+    monkeypatch.setenv("MEGAMOE_BUILD_DIR", str(tmp_path / "cache"))
+    lib = kbuild.library_path("sm_90a")
+    lib.parent.mkdir(parents=True)
+    lib.write_bytes(b"")
+    lib.with_suffix(".log").write_text("")
+    monkeypatch.setattr(kbuild, "find_cuobjdump", lambda: None)
+    with pytest.raises(kbuild.BuildSetupError, match=r"^strict: expected cuobjdump .* got none$"):
+        kbuild.build("sm_90a", strict=True)
+    assert build_main("sm_90a", strict=True) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("megamoe: error: strict: expected cuobjdump") and err.count("\n") == 1
+    assert kbuild.build("sm_90a").cached and build_main("sm_90a") == 0
 
 
 def test_ncu_summary_finds_the_k_loop_and_counts_its_stalls(tmp_path):

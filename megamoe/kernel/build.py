@@ -292,6 +292,10 @@ def build(arch: str = "sm_90a", force: bool = False, strict: bool = False, verbo
         raise KernelBuildError(f"register spills over {SPILL_LIMIT_BYTES} B: {r.resources}")
     if strict and (serialized := serialized_wgmma(r.log)):
         raise KernelBuildError(f"ptxas serialized the WGMMAs of: {serialized}")
+    if strict and find_cuobjdump() is None:  # the matrix-loop check reads the SASS
+        raise BuildSetupError("strict: expected cuobjdump for the SASS check of the matrix loops (install the CUDA "
+                              "toolkit or `pip install nvidia-cuda-cuobjdump`, or set CUOBJDUMP=/path/to/cuobjdump), "
+                              "got none")
     sass = disassemble(r.path) if (strict or verbose) and find_cuobjdump() is not None else None
     if verbose and sass is not None:
         sizes, digests = k_loop_sizes(arch, sass), sass_digests(sass)

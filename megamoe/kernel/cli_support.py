@@ -16,9 +16,12 @@ def build_main(arch: str = "sm_90a", strict: bool = False, force: bool = False) 
     from .build import BuildSetupError, KernelBuildError, build
     try:
         r = build(arch, force=force, strict=strict, verbose=True)
-    except KernelBuildError as e:  # a missing tool or source is the setup's (2), a failed compile the code's (1)
+    except BuildSetupError as e:  # a missing tool or source: the setup's, one line like the CLI's errors (2)
+        print(f"megamoe: error: {e}", file=sys.stderr)
+        return 2
+    except KernelBuildError as e:  # a failed compile or strict check: the code's (1), with the compiler's log
         print(f"megamoe build: {e}", file=sys.stderr)
-        return 2 if isinstance(e, BuildSetupError) else 1
+        return 1
     print(f"{r.path} ({'cached' if r.cached else 'built'})")
     return 0
 
