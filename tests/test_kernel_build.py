@@ -492,6 +492,15 @@ def test_peer_ab_rejects_bad_arguments_before_any_gpu_work(tmp_path, extra, fiel
     assert re.match(rf"peer_ab.py: error: ({field}): expected", last), last
 
 
+@pytest.mark.parametrize("extra,field", [(["0"], "tokens"), (["x"], "tokens"), (["8192", "0.1"], "seconds"),
+                                         (["8192", "x"], "seconds"), ([], "device|pynvml|flag_gems")])
+def test_peer_clocks_rejects_bad_arguments_before_any_gpu_work(tmp_path, extra, field):
+    """benchmarks/device/peer_clocks.py: a bad token count or phase length, or no GPU here, is a
+    one-line argparse error (exit 2) naming the field; nothing written."""
+    last = _device_script_error(tmp_path, "peer_clocks.py", str(tmp_path / "o.json"), *extra)
+    assert re.match(rf"peer_clocks.py: error: ({field}): expected", last), last
+
+
 def test_forget_pool_rows_marks_every_row_unfilled():
     """MegaMoEKernel.forget_pool_rows: pool_token and pool_slot back to -1 (their value at
     allocation, megamoe.kernel.runtime), the pools' contents untouched; before the first call
