@@ -159,6 +159,21 @@ class FlagGemsFP8:
         return y
 
 
+def flaggems_peer(ap, out: Path) -> FlagGemsFP8:
+    """For the device scripts that run this kernel beside FlagGems (``benchmarks/device/peer_ab.py``,
+    ``peer_clocks.py``): check that ``out`` lies in an existing folder, that a CUDA GPU of
+    compute capability 9.0 is there and that ``flag_gems`` imports, each failure an argparse
+    error of ``ap`` (one field, exit 2, before any CUDA work); returns the FlagGems peer."""
+    if not out.resolve().parent.is_dir():
+        ap.error(f"out: expected a file in an existing folder, got {str(out)!r}")
+    if not cuda_available():
+        ap.error("device: expected a CUDA GPU of compute capability 9.0 (the SM90 kernel), got none")
+    try:
+        return FlagGemsFP8()
+    except ImportError as e:
+        ap.error(f"flag_gems: expected it importable (wheels carried to the device), got {e}")
+
+
 def dequantized_bf16(x, xs):
     """The kernel's E4M3 input (UE8M0 per 32) as BF16: the same values, for the BF16-input peers."""
     v = x.view(torch.float8_e4m3fn).float().reshape(x.shape[0], -1, 32)

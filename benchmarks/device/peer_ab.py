@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from megamoe.errors import InputError
-from megamoe.kernel import MegaMoEKernel, cuda_available, prepare_weights
+from megamoe.kernel import MegaMoEKernel, prepare_weights
 from megamoe.kernel.timing import alternating_rounds, cuda_steady_us, token_counts
 
 E, K, H, I = 256, 6, 4096, 2048
@@ -50,15 +50,8 @@ def main() -> int:
         rounds = 0
     if rounds < 2:
         ap.error(f"rounds: expected an integer >= 2, got {a.rounds!r}")
-    if not a.out.resolve().parent.is_dir():
-        ap.error(f"out: expected a file in an existing folder, got {str(a.out)!r}")
-    if not cuda_available():
-        ap.error("device: expected a CUDA GPU of compute capability 9.0 (the SM90 kernel), got none")
-    try:
-        from kernel_bench import FlagGemsFP8, dequantized_bf16
-        fg = FlagGemsFP8()
-    except ImportError as e:
-        ap.error(f"flag_gems: expected it importable (wheels carried to the device), got {e}")
+    from kernel_bench import dequantized_bf16, flaggems_peer
+    fg = flaggems_peer(ap, a.out)
     import flag_gems
     import torch
 

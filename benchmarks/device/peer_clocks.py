@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from megamoe.kernel import MegaMoEKernel, cuda_available, prepare_weights
+from megamoe.kernel import MegaMoEKernel, prepare_weights
 
 E, K, H, I = 256, 6, 4096, 2048
 
@@ -47,20 +47,13 @@ def main() -> int:
         ap.error(f"tokens: expected an integer >= 1, got {a.tokens!r}")
     if not 0.5 <= secs <= 60:
         ap.error(f"seconds: expected a number in [0.5, 60], got {a.seconds!r}")
-    if not a.out.resolve().parent.is_dir():
-        ap.error(f"out: expected a file in an existing folder, got {str(a.out)!r}")
-    if not cuda_available():
-        ap.error("device: expected a CUDA GPU of compute capability 9.0 (the SM90 kernel), got none")
+    from kernel_bench import dequantized_bf16, flaggems_peer
+    fg = flaggems_peer(ap, a.out)
     try:
         import pynvml
         pynvml.nvmlInit()
     except Exception as e:  # noqa: BLE001 - ImportError or an NVML error
         ap.error(f"pynvml: expected NVML through the nvidia-ml-py package, got {type(e).__name__}: {e}")
-    try:
-        from kernel_bench import FlagGemsFP8, dequantized_bf16
-        fg = FlagGemsFP8()
-    except ImportError as e:
-        ap.error(f"flag_gems: expected it importable (wheels carried to the device), got {e}")
     import torch
 
     from megamoe.kernel.check import make_inputs, make_weights
