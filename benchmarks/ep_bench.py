@@ -20,7 +20,6 @@ NVLink bytes = routed items that cross ranks * (H + H/32 + 4 in, 2H back).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -33,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from megamoe.errors import OneLineArgumentParser
 from megamoe.kernel.build import library_path
 from megamoe.kernel.check import make_inputs, make_weights  # noqa: E402
 from megamoe.kernel.ep import MegaMoEKernelEP, p2p_bandwidth  # noqa: E402
@@ -143,7 +143,7 @@ def copy_bandwidth():
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = OneLineArgumentParser()
     ap.add_argument("--tokens", default="1,64,512,2048,8192")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", default="kernel_ep2_bench.json")

@@ -16,7 +16,6 @@ measured on ``us_kernel`` (the issue's "kernel time"), traced and untraced calls
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -28,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from megamoe.kernel import MegaMoEKernel, cuda_available, prepare_weights  # noqa: E402
 from megamoe.kernel.check import make_weights, make_inputs, reference_sm90, compare  # noqa: E402
-from megamoe.errors import InputError
+from megamoe.errors import InputError, OneLineArgumentParser
 from megamoe.kernel.timing import (alternating_rounds, cuda_steady_us, cuda_times_us, kernel_durations_us,  # noqa: E402
                                    token_counts)
 
@@ -181,7 +180,7 @@ def dequantized_bf16(x, xs):
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = OneLineArgumentParser()
     ap.add_argument("--tokens", default="1,16,64,256,1024,4096,8192", help="comma-separated token counts (>= 1)")
     ap.add_argument("--out", default="kernel_bench.json", help="JSON file to write (and rewrite after every row)")
     ap.add_argument("--reps", type=int, default=20, help="single calls timed per implementation and size (>= 1)")

@@ -26,7 +26,6 @@ Prints a table, writes ``benchmarks/results/numerics.json`` and
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -37,6 +36,7 @@ import torch
 from megamoe.reference import (
     Numerics, SyntheticWeights, mega_moe_pre_dispatch, moe_reference, moe_reference_quantized,
 )
+from megamoe.errors import OneLineArgumentParser
 
 SHAPES = {  # name: (experts, top-k, hidden, intermediate) -- DeepGEMM test defaults / PR #316
     "deepseek-v4-flash": (256, 6, 4096, 2048),
@@ -112,7 +112,7 @@ def page(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small subset")
     ap.add_argument("--json", default=os.path.join(HERE, "results", "numerics.json"))
     ap.add_argument("--md", default=os.path.join(ROOT, "docs", "numerics_error_table.md"))

@@ -14,12 +14,13 @@ is the first row.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 
 import numpy as np
+
+from megamoe.errors import OneLineArgumentParser
 
 M, N, K, V = 64, 16, 128, 4
 KINDS = ("weights x tokens (L1-like)", "random E4M3 x E4M3", "cancelling", "weights x SwiGLU (L2-like)")
@@ -143,7 +144,7 @@ def products(A, B, q: int) -> np.ndarray:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("make")
     m.add_argument("inp")

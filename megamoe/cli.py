@@ -16,15 +16,8 @@ import os
 import sys
 import tempfile
 
-from .errors import InputError
+from .errors import InputError, OneLineArgumentParser
 from .outputs import Outputs
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (exit code 2, no usage dump)."""
-
-    def error(self, message: str):  # noqa: D401
-        self.exit(2, f"megamoe: error: {message}\n")
 
 
 def _int_at_least(lo: int):
@@ -520,7 +513,7 @@ class _StdoutRewrite:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="megamoe", description="megamoe: predict (simulate), validate, sweep and run MegaMoE-style "
+    p = OneLineArgumentParser(prog="megamoe", description="megamoe: predict (simulate), validate, sweep and run MegaMoE-style "
                 "fused MoE kernels. Bad input: one line on stderr, exit code 2.")
     from importlib.metadata import PackageNotFoundError, version
     try:
@@ -528,7 +521,7 @@ def build_parser() -> argparse.ArgumentParser:
     except PackageNotFoundError:  # running from a source tree that was not installed
         ver = "unknown (not installed)"
     p.add_argument("--version", action="version", version=f"megamoe {ver}")
-    sub = p.add_subparsers(dest="cmd", parser_class=_Parser)
+    sub = p.add_subparsers(dest="cmd", parser_class=OneLineArgumentParser)
     s = sub.add_parser("simulate", help="predict one Mega MoE call (the main job)")
     add_scenario_args(s)
     o = s.add_argument_group("outputs")

@@ -7,6 +7,8 @@ one-line message on stderr and exit code 2, with no traceback.
 
 from __future__ import annotations
 
+import argparse
+
 import numpy as np
 
 
@@ -52,3 +54,13 @@ def shown(v: object) -> object:
     """``v`` for an error message: a string where a number belongs is quoted (``'64'``, not
     ``64``, which :class:`InputError` would print for the string)."""
     return repr(v) if isinstance(v, str) else v
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse with the project's rule for bad input: one line, ``<program>: error:
+    <message>`` on stderr, exit code 2, no usage dump. The program is the first word of
+    ``prog`` (a subcommand's parser, ``megamoe simulate``, reports as ``megamoe``). Used by the
+    ``megamoe`` CLI and the benchmark scripts."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog.split()[0]}: error: {message}\n")

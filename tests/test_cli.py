@@ -1,6 +1,8 @@
 """`megamoe` CLI: the main job runs, outputs are written, bad input -> one line, exit 2."""
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -602,6 +604,21 @@ def test_validate_json_is_reported_and_every_option_has_help():
     missing = [f"{name} {'/'.join(a.option_strings) or a.dest}" for name, p in sub.choices.items()
                for a in p._actions if not a.help]
     assert missing == []
+
+
+def test_one_line_parser_reports_as_its_program():
+    """megamoe.errors.OneLineArgumentParser: `<program>: error: <message>`, exit 2, nothing else
+    (no usage line); a subcommand's parser (prog "megamoe simulate") reports as "megamoe"."""
+    from megamoe.errors import OneLineArgumentParser
+
+    for prog, shown in (("peer_ab.py", "peer_ab.py"), ("megamoe simulate", "megamoe")):
+        p = OneLineArgumentParser(prog=prog)
+        p.add_argument("--n", type=int)
+        buf = io.StringIO()
+        with contextlib.redirect_stderr(buf), pytest.raises(SystemExit) as e:
+            p.parse_args(["--n", "x"])
+        assert e.value.code == 2
+        assert buf.getvalue() == f"{shown}: error: argument --n: invalid int value: 'x'\n"
 
 
 def test_help_states_the_parsers_own_defaults():

@@ -408,13 +408,15 @@ def test_ab_interleaved_rejects_bad_arguments_before_any_gpu_work(tmp_path, extr
 
 
 def _device_script_error(tmp_path, script, *args) -> str:
-    """Run ``benchmarks/device/<script> args``: it must exit 2 without a traceback and without
-    writing ``tmp_path/o.json``; returns its last line on stderr (the argparse error)."""
+    """Run ``benchmarks/device/<script> args``: it must exit 2 with one line on stderr (no usage
+    dump, no traceback: megamoe.errors.OneLineArgumentParser) and without writing
+    ``tmp_path/o.json``; returns that line."""
     p = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "benchmarks" / "device" / script),
                         *args], capture_output=True, text=True, timeout=120, check=False)
     assert p.returncode == 2, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert "Traceback" not in p.stderr and not (tmp_path / "o.json").exists()
-    return p.stderr.strip().splitlines()[-1]
+    return p.stderr.strip()
 
 
 def test_stages_floor_is_one_per_producer_warp():

@@ -34,7 +34,6 @@ probe build with bits of its own runs its own copy of this script.
 Usage: python benchmarks/device/ab_interleaved.py OLD_LIB OUT.json [tokens, default
 64,1024,4096,8192] [rounds, default 12] [--old-stages 16:16,32:15,64:11,128:7] [--new-fault BITS]
 """
-import argparse
 import json
 import statistics
 import sys
@@ -44,7 +43,7 @@ sys.path.insert(0, ".")
 import torch
 
 from megamoe import design_sm90
-from megamoe.errors import InputError
+from megamoe.errors import InputError, OneLineArgumentParser
 from megamoe.kernel import KernelError, MegaMoEKernel, cuda_available, prepare_weights
 from megamoe.kernel.check import make_inputs, make_weights
 from megamoe.kernel.runtime import load_library_file
@@ -60,7 +59,7 @@ TIMING_BITS = 2 | 8 | 32 | 64 | 128  # fault_inject bits that only change timing
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description="Interleaved A/B of two SM90 kernel builds (see the module docstring)")
+    ap = OneLineArgumentParser(description="Interleaved A/B of two SM90 kernel builds (see the module docstring)")
     ap.add_argument("old_lib", type=Path, help="the other build's libmegamoe_sm90.so")
     ap.add_argument("out", type=Path, help="JSON file to write")
     ap.add_argument("tokens", nargs="?", default="64,1024,4096,8192", help="comma-separated token counts")

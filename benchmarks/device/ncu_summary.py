@@ -5,13 +5,15 @@ instructions, and the scheduler statistics. Prints a table and writes JSON.
 
 Usage: python benchmarks/device/ncu_summary.py DIR OUT.json [build-hash]
 (DIR holds sass_t<T>.csv and details_t<T>.txt.)"""
-import argparse
+
 import collections
 import csv
 import json
 import re
 import sys
 from pathlib import Path
+
+from megamoe.errors import OneLineArgumentParser
 
 
 def k_loop(ins):
@@ -66,7 +68,7 @@ def summarize(csv_path: Path, details: Path) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = OneLineArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dir", type=Path, help="unpacked ncu.tgz (sass_t<T>.csv, details_t<T>.txt)")
     ap.add_argument("out", type=Path, help="JSON file to write")
     ap.add_argument("build", nargs="?", help="the kernel build the profile ran (recorded in the JSON)")

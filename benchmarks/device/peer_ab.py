@@ -16,7 +16,6 @@ over the rounds, its range and each implementation's median time; writes them as
 Usage: python benchmarks/device/peer_ab.py OUT.json [tokens, default 1,16,64,256,1024,4096,8192]
 [rounds, default 8]. Needs a CUDA GPU of compute capability 9.0 and ``flag_gems`` importable.
 """
-import argparse
 import json
 import statistics
 import sys
@@ -27,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from megamoe.errors import InputError
+from megamoe.errors import InputError, OneLineArgumentParser
 from megamoe.kernel import MegaMoEKernel, prepare_weights
 from megamoe.kernel.timing import alternating_rounds, cuda_steady_us, token_counts
 
@@ -35,7 +34,7 @@ E, K, H, I = 256, 6, 4096, 2048
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description="This kernel against FlagGems, interleaved (see the module docstring)")
+    ap = OneLineArgumentParser(description="This kernel against FlagGems, interleaved (see the module docstring)")
     ap.add_argument("out", type=Path, help="JSON file to write")
     ap.add_argument("tokens", nargs="?", default="1,16,64,256,1024,4096,8192", help="comma-separated token counts")
     ap.add_argument("rounds", nargs="?", default="8", help="ABBA rounds per token count (default 8)")

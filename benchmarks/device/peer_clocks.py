@@ -12,7 +12,6 @@ Usage: python benchmarks/device/peer_clocks.py OUT.json [tokens, default 8192] [
 phase, default 3]. Needs a CUDA GPU of compute capability 9.0, ``pynvml`` and ``flag_gems``
 importable.
 """
-import argparse
 import json
 import statistics
 import sys
@@ -24,13 +23,14 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from megamoe.errors import OneLineArgumentParser
 from megamoe.kernel import MegaMoEKernel, prepare_weights
 
 E, K, H, I = 256, 6, 4096, 2048
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description="SM clock and power per phase (see the module docstring)")
+    ap = OneLineArgumentParser(description="SM clock and power per phase (see the module docstring)")
     ap.add_argument("out", type=Path, help="JSON file to write")
     ap.add_argument("tokens", nargs="?", default="8192", help="token count (default 8192)")
     ap.add_argument("seconds", nargs="?", default="3", help="seconds per phase (default 3)")
