@@ -401,6 +401,22 @@ constexpr int kCombineBatchBlockM = 32;
 template <int BM>
 __host__ __device__ constexpr int combine_slots() { return BM >= kCombineBatchBlockM ? 4 : 1; }
 
+// Vector hv (8 BF16 channels, 16 bytes) of token t's slot-k row in the combine buffer [topk,
+// combine_rows, H] (L2 only: each vector is read once).
+__device__ __forceinline__ uint4 combine_vec(const Params& p, int k, int t, int H, int hv) {
+    return __ldcg(reinterpret_cast<const uint4*>(p.combine_buf + ((size_t)k * p.combine_rows + t) * H) + hv);
+}
+// acc[0..7] += the 8 BF16 channels of raw, in FP32.
+__device__ __forceinline__ void add_bf16x8(float* acc, const uint4& raw) {
+    const __nv_bfloat162* b2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+    #pragma unroll
+    for (int u = 0; u < 4; ++u) {
+        const float2 f = __bfloat1622float2(b2[u]);
+        acc[2 * u] += f.x;
+        acc[2 * u + 1] += f.y;
+    }
+}
+
 // Called by every thread of every CTA after all roles finished: grid sync (EP: NVLink
 // barrier 2, every rank's L2 rows are in their source ranks' combine buffers), then sum the
 // valid slots of each token in FP32 (slot order), BF16 out; then zero the counters so the
@@ -438,14 +454,7 @@ __device__ void combine_and_clean(const Params& p, int threads) {
         if constexpr (kSlots == 1) {
             for (int k = 0; k < K; ++k) {
                 if (__ldg(p.topk_idx + (size_t)t * K + k) < 0) continue;
-                const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(p.combine_buf + ((size_t)k * p.combine_rows + t) * H) + hv);
-                const __nv_bfloat162* b2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
-                #pragma unroll
-                for (int u = 0; u < 4; ++u) {
-                    const float2 f = __bfloat1622float2(b2[u]);
-                    acc[2 * u] += f.x;
-                    acc[2 * u + 1] += f.y;
-                }
+                add_bf16x8(acc, combine_vec(p, k, t, H, hv));
             }
         } else {
             for (int k0 = 0; k0 < K; k0 += kSlots) {
@@ -455,19 +464,11 @@ __device__ void combine_and_clean(const Params& p, int threads) {
                 for (int u = 0; u < kSlots; ++u) {
                     const int k = k0 + u;
                     ok[u] = k < K && __ldg(p.topk_idx + (size_t)t * K + k) >= 0;
-                    if (ok[u]) raw[u] = __ldcg(reinterpret_cast<const uint4*>(p.combine_buf + ((size_t)k * p.combine_rows + t) * H) + hv);
+                    if (ok[u]) raw[u] = combine_vec(p, k, t, H, hv);
                 }
                 #pragma unroll
-                for (int u = 0; u < kSlots; ++u) {
-                    if (!ok[u]) continue;
-                    const __nv_bfloat162* b2 = reinterpret_cast<const __nv_bfloat162*>(&raw[u]);
-                    #pragma unroll
-                    for (int w = 0; w < 4; ++w) {
-                        const float2 f = __bfloat1622float2(b2[w]);
-                        acc[2 * w] += f.x;
-                        acc[2 * w + 1] += f.y;
-                    }
-                }
+                for (int u = 0; u < kSlots; ++u)
+                    if (ok[u]) add_bf16x8(acc, raw[u]);
             }
         }
         uint4 out;
