@@ -292,11 +292,12 @@ def build(arch: str = "sm_90a", force: bool = False, strict: bool = False, verbo
         raise KernelBuildError(f"register spills over {SPILL_LIMIT_BYTES} B: {r.resources}")
     if strict and (serialized := serialized_wgmma(r.log)):
         raise KernelBuildError(f"ptxas serialized the WGMMAs of: {serialized}")
-    if strict and find_cuobjdump() is None:  # the matrix-loop check reads the SASS
+    have_cuobjdump = find_cuobjdump() is not None
+    if strict and not have_cuobjdump:  # the matrix-loop check reads the SASS
         raise BuildSetupError("strict: expected cuobjdump for the SASS check of the matrix loops (install the CUDA "
                               "toolkit or `pip install nvidia-cuda-cuobjdump`, or set CUOBJDUMP=/path/to/cuobjdump), "
                               "got none")
-    sass = disassemble(r.path) if (strict or verbose) and find_cuobjdump() is not None else None
+    sass = disassemble(r.path) if (strict or verbose) and have_cuobjdump else None
     if verbose and sass is not None:
         sizes, digests = k_loop_sizes(arch, sass), sass_digests(sass)
         for k in sorted(digests, key=lambda k: [int(x) if x.isdigit() else x for x in re.split(r"(\d+)", k)]):
