@@ -122,30 +122,24 @@ class Unfused:
         return y.to(torch.bfloat16)
 
 
-class FlagGemsFP8:
-    """FlagGems' Triton fused MoE (``flag_gems.fused.fused_experts_impl``, the vLLM-style
-    kernel pair): E4M3 weights with 128 x 128 block scales, BF16 input quantized inside the
-    call to E4M3 per 128-element token group (the DeepSeek-V3 FP8 recipe), sort by expert
-    (``moe_align_block_size``), grouped GEMM 1, SwiGLU, FP8 quant, grouped GEMM 2 with the
-    top-k weight, ``moe_sum``. FP8 weights (twice our FP4 bytes) and coarser scales: its
-    own numerics, checked against an FP32 reference of its own weights."""
+class FP8BlockWeights:
+    """The FP8 peers' weights: E4M3 ``w1 [E, 2I, H]`` (gate = first I rows) and ``w2 [E, H, I]``,
+    random (N(0, 0.05) rounded to E4M3, seed 6), with FP32 128 x 128 block scales ``s1 [E, 2I/128,
+    H/128]`` / ``s2 [E, H/128, I/128]`` in [0.5, 1.5): the DeepSeek-V3 FP8 recipe's layout, which
+    FlagGems' fused MoE and sgl-deep-gemm's SM90 ``fp8_mega_moe`` both take. Twice our FP4
+    bytes."""
 
     def __init__(self):
-        from flag_gems.fused import fused_experts_impl
-
-        self.fn = fused_experts_impl
         g = torch.Generator(device="cuda").manual_seed(6)
         self.w1 = (torch.randn(E, 2 * I, H, device="cuda", generator=g, dtype=torch.bfloat16) * 0.05).to(torch.float8_e4m3fn)
         self.w2 = (torch.randn(E, H, I, device="cuda", generator=g, dtype=torch.bfloat16) * 0.05).to(torch.float8_e4m3fn)
         self.s1 = torch.rand(E, 2 * I // 128, H // 128, device="cuda", generator=g) + 0.5
         self.s2 = torch.rand(E, H // 128, I // 128, device="cuda", generator=g) + 0.5
 
-    def __call__(self, xb, idx, w):
-        return self.fn(xb, self.w1, self.w2, w, idx, use_fp8_w8a8=True, w1_scale=self.s1, w2_scale=self.s2,
-                       block_shape=[128, 128])
-
     def reference(self, xb, idx, w):
-        """FP32 math on the same FP8 weights (block scales applied), BF16 input: gate = first I rows."""
+        """FP32 math on these FP8 weights (block scales applied), BF16 input ``xb [T, H]``, top-k
+        experts ``idx [T, K]`` (-1 masked) and weights ``w [T, K]``: ``y [T, H]`` FP32, the sum
+        over slots of ``w * W2 (silu(gate) * up)``."""
         def deq(q, s):
             return q.float() * s.repeat_interleave(128, 0).repeat_interleave(128, 1)
         y = torch.zeros(xb.shape[0], H, device="cuda")
@@ -156,6 +150,25 @@ class FlagGemsFP8:
             a = torch.nn.functional.silu(h[:, :I]) * h[:, I:]
             y.index_add_(0, t, (a @ deq(self.w2[e], self.s2[e]).T) * w[t, k][:, None])
         return y
+
+
+class FlagGemsFP8(FP8BlockWeights):
+    """FlagGems' Triton fused MoE (``flag_gems.fused.fused_experts_impl``, the vLLM-style
+    kernel pair) on :class:`FP8BlockWeights`: BF16 input quantized inside the call to E4M3 per
+    128-element token group (the DeepSeek-V3 FP8 recipe), sort by expert
+    (``moe_align_block_size``), grouped GEMM 1, SwiGLU, FP8 quant, grouped GEMM 2 with the
+    top-k weight, ``moe_sum``. FP8 weights (twice our FP4 bytes) and coarser scales: its
+    own numerics, checked against :meth:`FP8BlockWeights.reference`."""
+
+    def __init__(self):
+        from flag_gems.fused import fused_experts_impl
+
+        self.fn = fused_experts_impl
+        super().__init__()
+
+    def __call__(self, xb, idx, w):
+        return self.fn(xb, self.w1, self.w2, w, idx, use_fp8_w8a8=True, w1_scale=self.s1, w2_scale=self.s2,
+                       block_shape=[128, 128])
 
 
 def flaggems_peer(ap, out: Path) -> FlagGemsFP8:

@@ -5,6 +5,7 @@ import ctypes
 import dataclasses
 import importlib.util
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -521,3 +522,144 @@ def test_forget_pool_rows_marks_every_row_unfilled():
     k.forget_pool_rows()
     assert k._ws["pool_token"].tolist() == [-1, -1, -1] and k._ws["pool_slot"].tolist() == [-1, -1, -1]
     assert k._ws["pool_token"].dtype == torch.int32 and torch.equal(k._ws["l1_pool"], pool)
+
+
+@pytest.mark.parametrize("extra,field", [(["--tokens", "64,x"], "tokens"), (["--check-tokens", "0"], "check-tokens"),
+                                         (["--rounds", "1"], "rounds"), (["--shim", "/nonexistent.so"], "shim"),
+                                         ([], "device")])
+def test_sgl_probe_rejects_bad_arguments_before_any_gpu_work(tmp_path, extra, field):
+    """benchmarks/device/sgl_deep_gemm_probe.py: a bad token list, check list, round count or
+    shim path, or no GPU here, is a one-line argparse error (exit 2) naming the field, before
+    any CUDA set-up; nothing written."""
+    last = _device_script_error(tmp_path, "sgl_deep_gemm_probe.py", str(tmp_path / "o.json"), *extra)
+    assert re.match(rf"sgl_deep_gemm_probe.py: error: {field}: expected", last), last
+
+
+# names sgl-deep-gemm 0.2.5's _C.so imports from a newer torch (nm -D of the PyPI wheel's _C.so)
+# that benchmarks/device/torch_abi_shim.cpp defines, and torch 2.11's that it forwards to
+_SHIM_CTOR = "_ZN3c104cuda19CUDAErrorLogCaptureC1Ev"
+_SHIM_CHECK6 = "_ZN3c104cuda29c10_cuda_check_implementationEiPKcS2_jbPNS0_19CUDAErrorLogCaptureE"
+_TORCH_CHECK5 = "_ZN3c104cuda29c10_cuda_check_implementationEiPKcS2_jb"
+_SHIM_DEF = ("_ZNR5torch7Library4_defEOSt7variantIJN3c1012OperatorNameENS2_14FunctionSchemaEEEONS_11CppFunction"
+             "ERKSt6vectorINS_10headeronly3TagESaISB_EE")
+_TORCH_DEF = ("_ZNR5torch7Library4_defEOSt7variantIJN3c1012OperatorNameENS2_14FunctionSchemaEEEONS_11CppFunction"
+              "ERKSt6vectorIN2at3TagESaISB_EE")
+_SHIM_CDP = "_ZNK2at10TensorBase14const_data_ptrIfEEPKT_v"
+_TORCH_DP = "_ZNK2at10TensorBase8data_ptrIfEEPT_v"
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_torch_abi_shim_forwards_to_the_older_names(tmp_path):
+    """benchmarks/device/torch_abi_shim.cpp, built as its header says: the six-argument CUDA
+    check calls the five-argument one with the same arguments (the capture pointer dropped),
+    ``Library::_def`` with headeronly tags calls the at::Tag one with the same four arguments
+    and returns its result, ``const_data_ptr<float>`` falls back to ``data_ptr<float>`` (a
+    stand-in library records each call). Without the targets: a zero CUDA error returns, a
+    nonzero one aborts with a message, a forwarder aborts naming what it tried."""
+    src = Path(__file__).resolve().parents[1] / "benchmarks" / "device" / "torch_abi_shim.cpp"
+    shim = tmp_path / "libshim.so"
+    subprocess.run(["g++", "-O2", "-shared", "-fPIC", "-o", str(shim), str(src), "-ldl"], check=True, timeout=120)
+    (tmp_path / "fake.cpp").write_text(
+        "#include <cstdint>\n#include <cstdio>\n"
+        "namespace c10::cuda { void c10_cuda_check_implementation(int32_t e, const char* f, const char* fn,"
+        " uint32_t l, bool d) { std::printf(\"check5 %d %s %s %u %d\\n\", e, f, fn, l, (int)d); } }\n"
+        f'extern "C" void* fake_def(void* a, void* b, void* c, void* d) __asm__("{_TORCH_DEF}");\n'
+        'extern "C" void* fake_def(void* a, void* b, void* c, void* d) {'
+        ' std::printf("def %p %p %p %p\\n", a, b, c, d); return (char*)a + 8; }\n'
+        f'extern "C" void* fake_dp(void* s) __asm__("{_TORCH_DP}");\n'
+        'extern "C" void* fake_dp(void* s) { std::printf("dp %p\\n", s); return (char*)s + 16; }\n')
+    fake = tmp_path / "libfake.so"
+    subprocess.run(["g++", "-shared", "-fPIC", "-o", str(fake), str(tmp_path / "fake.cpp")], check=True, timeout=120)
+    names = subprocess.run(["nm", "-D", "--defined-only", str(fake)], capture_output=True, text=True, check=True).stdout
+    assert all(n in names for n in (_TORCH_CHECK5, _TORCH_DEF, _TORCH_DP))  # the stand-in has torch's names
+    exported = subprocess.run(["nm", "-D", "--defined-only", str(shim)], capture_output=True, text=True,
+                              check=True).stdout
+    assert all(n in exported for n in (_SHIM_CTOR, _SHIM_CHECK6, _SHIM_DEF, _SHIM_CDP))
+    call = ("import ctypes, sys\n"
+            "{pre}s = ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)\n"
+            "buf = ctypes.create_string_buffer(64)\n"
+            f"getattr(s, '{_SHIM_CTOR}')(buf)\n"
+            "{body}\n"
+            "print('returned', flush=True)\n")
+    check6 = (f"f = getattr(s, '{_SHIM_CHECK6}')\n"
+              "f.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_uint, ctypes.c_bool, ctypes.c_void_p]\n"
+              "f(int(sys.argv[2]), b'file.cu', b'func', 75, True, ctypes.addressof(buf))")
+    fwd = (f"d = getattr(s, '{_SHIM_DEF}')\n"
+           "d.restype = ctypes.c_void_p\n"
+           "d.argtypes = [ctypes.c_void_p] * 4\n"
+           "print('ret', hex(d(0x1000, 0x2000, 0x3000, 0x4000)), flush=True)\n"
+           f"g = getattr(s, '{_SHIM_CDP}')\n"
+           "g.restype = ctypes.c_void_p\n"
+           "g.argtypes = [ctypes.c_void_p]\n"
+           "print('ret', hex(g(0x5000)), flush=True)")
+    with_fake = f"ctypes.CDLL({str(fake)!r}, mode=ctypes.RTLD_GLOBAL)\n"
+
+    def run(pre, body, err="0"):
+        return subprocess.run([sys.executable, "-c", call.format(pre=pre, body=body), str(shim), err],
+                              capture_output=True, text=True, timeout=60, check=False)
+
+    p = run(with_fake, check6, "700")
+    assert p.returncode == 0 and p.stdout.split("\n")[:2] == ["check5 700 file.cu func 75 1", "returned"], p.stderr
+    p = run(with_fake, fwd)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split("\n")[:5] == ["def 0x1000 0x2000 0x3000 0x4000", "ret 0x1008", "dp 0x5000", "ret 0x5010",
+                                        "returned"], p.stdout
+    p = run("", check6, "0")
+    assert p.returncode == 0 and p.stdout.strip() == "returned", p.stderr
+    p = run("", check6, "700")
+    assert p.returncode != 0 and "CUDA error 700 at file.cu:75 (func)" in p.stderr and "returned" not in p.stdout
+    p = run("", fwd)
+    assert p.returncode != 0 and "torch_abi_shim: no target for Library::_def" in p.stderr and _TORCH_DEF in p.stderr
+
+
+@pytest.mark.skipif(any(shutil.which(t) is None for t in ("g++", "readelf", "nm")), reason="needs g++ and binutils")
+def test_missing_symbol_stubs_let_a_library_load_and_abort_when_called(tmp_path):
+    """benchmarks/device/missing_symbol_stubs.py: a library importing three functions, one of
+    them defined by a provider, fails to load with RTLD_NOW; the generated stubs cover exactly
+    the two others, after which it loads, its provided call works, and a stubbed call aborts
+    naming the symbol."""
+    def so(name, src, *extra):
+        (tmp_path / f"{name}.cpp").write_text(src)
+        subprocess.run(["g++", "-shared", "-fPIC", "-o", str(tmp_path / f"lib{name}.so"), str(tmp_path / f"{name}.cpp"),
+                        *extra], check=True, timeout=120)
+        return tmp_path / f"lib{name}.so"
+
+    prov = so("prov", 'extern "C" int have_it(int x) { return x + 1; }\n')
+    user = so("user", 'extern "C" int have_it(int); extern "C" int gone_a(); namespace n { int gone_b(double); }\n'
+                      'extern "C" int use_have(int x) { return have_it(x); }\n'
+                      'extern "C" int use_a() { return gone_a(); }\n'
+                      'extern "C" int use_b() { return n::gone_b(1.0); }\n')
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "device" / "missing_symbol_stubs.py"
+    p = subprocess.run([sys.executable, str(script), str(user), str(tmp_path / "stubs.cpp"), str(prov)],
+                       capture_output=True, text=True, timeout=60, check=True)
+    assert sorted(p.stdout.split()) == ["_ZN1n6gone_bEd", "gone_a"]
+    stubs = so("stubs", (tmp_path / "stubs.cpp").read_text())
+    load = ("import ctypes, sys\n"
+            "ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)\n"
+            "{stubs}u = ctypes.CDLL(sys.argv[2])\n"
+            "print(u.use_have(41), flush=True)\n"
+            "{call}\n")
+    r = subprocess.run([sys.executable, "-c", load.format(stubs="", call=""), str(prov), str(user)],
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode != 0 and "undefined symbol" in r.stderr
+    with_stubs = f"ctypes.CDLL({str(stubs)!r}, mode=ctypes.RTLD_GLOBAL)\n"
+    r = subprocess.run([sys.executable, "-c", load.format(stubs=with_stubs, call=""), str(prov), str(user)],
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0 and r.stdout.strip() == "42", r.stderr
+    r = subprocess.run([sys.executable, "-c", load.format(stubs=with_stubs, call="u.use_b()"), str(prov), str(user)],
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode != 0 and "missing_symbol_stubs: _ZN1n6gone_bEd called" in r.stderr
+
+
+@pytest.mark.parametrize("args,field", [(["/nonexistent.so", "o.cpp", "."], "lib"),
+                                        (["LIB", "/nonexistent/o.cpp", "."], "out"),
+                                        (["LIB", "o.cpp", "/nonexistent"], "providers")])
+def test_missing_symbol_stubs_rejects_bad_arguments(tmp_path, args, field):
+    """missing_symbol_stubs.py: a missing library, output folder or provider is a one-line
+    error (exit 2) naming the argument, nothing written."""
+    lib = tmp_path / "lib.so"
+    lib.write_bytes(b"")
+    args = [str(lib) if x == "LIB" else (str(tmp_path / x) if x == "o.cpp" else x) for x in args]
+    last = _device_script_error(tmp_path, "missing_symbol_stubs.py", *args)
+    assert re.match(rf"missing_symbol_stubs.py: error: {field}: expected", last), last
+    assert not (tmp_path / "o.cpp").exists()
