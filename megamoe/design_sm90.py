@@ -87,6 +87,17 @@ L1_X_FOLD_K = {16: 64, 32: 64, 64: 64, 128: 128}
 #: ``combine_round_ns`` is fitted to the batched combine (sim.calibrate).
 COMBINE_SLOTS = {16: 1, 32: 4, 64: 4, 128: 4}
 
+#: Whether the L1 epilogue's GPU-scope release of its arrival-mask bit is relayed to a dispatch
+#: lane (idle once it has pulled every row) instead of made by a consumer thread, per block_m
+#: (kernel v8.1; ``relay_release`` in ``csrc/megamoe/kernel_sm90.cu``,
+#: ``megamoe_sm90_relay_release``): the consumer hands the request over through a 16-slot
+#: mbarrier ring in shared memory and goes on to its next block without waiting for the
+#: release's fence. Measured on the H200 against v8.0 (crossover A/B), with the relay at every
+#: block_m: 0.961-0.971x the time at 16-256 tokens (block_m 16), 1.002 at 1024 (32), 1.010-1.011
+#: at 4096 / 8192 (128); so only at block_m 16, where the kept build reads 0.960-0.969 at 16-512
+#: tokens and the other instances' SASS is v8.0's (benchmarks/NOTES_kernel.md, session 21).
+RELAY_RELEASE = {16: True, 32: False, 64: False, 128: False}
+
 
 def l1_promoted_once(block_m: int) -> bool:
     """Whether the L1 GEMM promotes each K block once at this block_m (its x folded per 128-K

@@ -174,6 +174,8 @@ def test_build_sm90a_and_resources():
     assert lib.megamoe_sm90_l1_x_fold_k(48) == -1
     assert {bm: lib.megamoe_sm90_combine_slots(bm) for bm in d.BLOCK_MS} == d.COMBINE_SLOTS
     assert lib.megamoe_sm90_combine_slots(48) == -1
+    assert {bm: bool(lib.megamoe_sm90_relay_release(bm)) for bm in d.BLOCK_MS} == d.RELAY_RELEASE
+    assert lib.megamoe_sm90_relay_release(48) == -1
     assert {bm: lib.megamoe_sm90_producer_warps(bm) for bm in d.BLOCK_MS} == d.PRODUCER_ISSUE_WARPS
     assert lib.megamoe_sm90_producer_warps(48) == -1
     regs = [lib.megamoe_sm90_role_registers(i) for i in range(4)]

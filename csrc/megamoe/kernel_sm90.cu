@@ -71,6 +71,69 @@ constexpr uint32_t kTraceScratchOffset = 512;  // the producer's pending idle-wa
 static_assert(kTraceScratchOffset >= kFoldTableOffset + kFoldTableBytes && kTraceScratchOffset + 32 <= 1024,
               "trace scratch after the fold table, inside the barrier kilobyte");
 
+// The release relay (kernel v8.1): once the dispatch warps have pulled every row, one dispatch
+// lane takes over the L1 epilogue's GPU-scope release of the arrival-mask bit, so that the
+// consumer thread that did it (and its warpgroup, at its next WGMMA) no longer waits for the
+// release's memory fence. A ring of kRelaySlots requests in the barrier kilobyte: a request is
+// pool_block * 64 + n_block (the mask is 64 bits wide), kRelayDone ends the ring. The consumer
+// writes it and arrives on the slot's full barrier (release.cta: its block's stores, ordered
+// before it by the consumers' named barrier, come with it); the dispatch lane waits on it
+// (acquire.cta), releases the bit at GPU scope (cumulative, so those stores are visible to
+// whoever acquires the bit), and frees the slot. Before the pull ends the consumer releases
+// itself (`on` not yet set): a release must not wait for the pull. `on` is written and read
+// with shared-memory atomics (either order is correct; a build with plain accesses had one
+// racecheck hazard, this one none). Only at block_m 16 (relay_release<BM>()): against v8.0 on
+// the H200 a first build with the relay at every block_m read 0.961-0.971 of its time at
+// 16-256 tokens (block_m 16), 1.002 at 1024 (32) and 1.010-1.011 at 4096 / 8192 (128); this
+// one 0.960-0.969 at 16-512 tokens, the other instances' SASS v8.0's (benchmarks/NOTES_kernel.md,
+// session 21). Mirrored by design_sm90.RELAY_RELEASE.
+template <int BM>
+__host__ __device__ constexpr bool relay_release() { return BM == 16; }
+constexpr uint32_t kRelayOffset = 576;
+constexpr int kRelaySlots = 16;
+constexpr uint32_t kRelayDone = 0xFFFFFFFFu;
+struct Relay {
+    uint64_t full[kRelaySlots];   // the consumer's request arrived (count 1)
+    uint64_t empty[kRelaySlots];  // the dispatch lane took it (count 1)
+    uint32_t req[kRelaySlots];
+    uint32_t on;                  // set by the dispatch lane once it serves
+    uint32_t sent;                // requests sent so far (the consumer's thread 0 only)
+};
+static_assert(kRelayOffset >= kTraceScratchOffset + 32 && kRelayOffset % 8 == 0 && kRelayOffset + sizeof(Relay) <= 1024,
+              "release relay after the trace scratch, inside the barrier kilobyte");
+__device__ __forceinline__ Relay* relay_of(uint64_t* full) {
+    return reinterpret_cast<Relay*>(reinterpret_cast<uint8_t*>(full) + kRelayOffset);
+}
+// One request (the consumer's thread 0). Waits for its slot only if the dispatch lane is
+// kRelaySlots requests behind; false if that wait failed (error raised or seen).
+__device__ __forceinline__ bool relay_send(const Params& p, Relay* r, uint32_t q) {
+    const uint32_t n = r->sent;
+    const uint32_t slot = n % kRelaySlots;
+    if (n >= (uint32_t)kRelaySlots && !mbar_wait(p, &r->empty[slot], ((n / kRelaySlots) + 1) & 1u, kRoleConsumer))
+        return false;
+    r->req[slot] = q;
+    r->sent = n + 1;
+    mbar_arrive(&r->full[slot]);
+    return true;
+}
+// The L1 epilogue's release of its arrival-mask bit: relayed once the dispatch lane serves.
+__device__ __noinline__ void release_mask_bit(const Params& p, Relay* r, int pool_block, int n_block) {
+    if (atomicOr(&r->on, 0u) == 0u || !relay_send(p, r, (uint32_t)pool_block * 64u + (uint32_t)n_block))
+        red_release_or_u64(p.mask + pool_block, 1ull << n_block);
+}
+// The dispatch lane after the pull: serve requests until kRelayDone (or a failed wait).
+__device__ __noinline__ void relay_serve(const Params& p, Relay* r) {
+    atomicOr(&r->on, 1u);
+    for (uint32_t k = 0;; ++k) {
+        const uint32_t slot = k % kRelaySlots;
+        if (!mbar_wait(p, &r->full[slot], (k / kRelaySlots) & 1u, kRoleDispatch)) return;
+        const uint32_t q = *reinterpret_cast<volatile uint32_t*>(&r->req[slot]);
+        if (q == kRelayDone) return;
+        red_release_or_u64(p.mask + (q >> 6), 1ull << (q & 63u));
+        mbar_arrive(&r->empty[slot]);
+    }
+}
+
 // Shared-memory layout (mirrored by megamoe.design_sm90.smem_bytes). Every stage starts on a
 // 1024-B boundary, and so does its shared-memory WGMMA operand (the token tile): the 128-byte
 // swizzle atoms of the descriptor (mma_sm90.cuh) must be 1024-B aligned. The weights stay
@@ -741,7 +804,10 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
             // pulls release their rows the same way). Until v7.7 a __threadfence() (fence.sc.gpu
             // with an L1 invalidation) came first.
             named_bar_sync(kBarConsumer, kConsumerThreads);
-            if (ctid == 0) red_release_or_u64(p.mask + b.pool_block, 1ull << b.n_block);
+            if (ctid == 0) {
+                if constexpr (relay_release<BM>()) release_mask_bit(p, relay_of(full), b.pool_block, b.n_block);
+                else red_release_or_u64(p.mask + b.pool_block, 1ull << b.n_block);
+            }
             if (lane == 0) progress(p, wslot, 0x06000000 | (uint32_t)it);
         } else {
             // Row metadata once per token, not per fragment element: lane l computes the address
@@ -833,6 +899,15 @@ __global__ void __launch_bounds__(kThreads, 1) megamoe_sm90_kernel(const __grid_
             mbar_init(full + s, 1);  // the producer lane's arrive.expect_tx; the TMA bytes complete it
             mbar_init(empty + s, kConsumerWarps);
         }
+        if constexpr (relay_release<BM>()) {
+            Relay* r = relay_of(full);
+            for (int i = 0; i < kRelaySlots; ++i) {
+                mbar_init(&r->full[i], 1);
+                mbar_init(&r->empty[i], 1);
+            }
+            r->on = 0u;
+            r->sent = 0u;
+        }
     }
     __syncthreads();
     // Register split (setmaxnreg, per warpgroup): dispatch and producer give registers to the
@@ -843,7 +918,10 @@ __global__ void __launch_bounds__(kThreads, 1) megamoe_sm90_kernel(const __grid_
         if (p.num_ranks > 1) dispatch_role_ep(p, BM, hist, cta_base, off_blk, scan);
         else dispatch_pull<BM, IdentitySfRow, true>(p, hist, cta_base, off_blk, scan, IdentitySfRow{p.pool_rows}, (int)p.hidden);  // whole rows, folded
         __syncwarp();
-        if (threadIdx.x == 0) progress(p, 0, 0xD0);
+        if (threadIdx.x == 0) {
+            progress(p, 0, 0xD0);
+            if constexpr (relay_release<BM>()) relay_serve(p, relay_of(full));
+        }
     } else if (warp < 8) {
         setmaxnreg_dec<kRegsProducer>();
         if (warp < 4 + Producer<BM>::NW) {
@@ -855,6 +933,10 @@ __global__ void __launch_bounds__(kThreads, 1) megamoe_sm90_kernel(const __grid_
     } else {
         setmaxnreg_inc<kRegsConsumer>();
         consumer_role<BM, PROF>(p, stages, full, empty, red, fold_tab);
+        // the relay's end, on every path out of the consumer role (if its slot never frees,
+        // the dispatch lane's own wait has failed and returned)
+        if constexpr (relay_release<BM>())
+            if (threadIdx.x == kDispatchThreads + kProducerThreads) relay_send(p, relay_of(full), kRelayDone);
         __syncwarp();
         if (threadIdx.x == kDispatchThreads + kProducerThreads) progress(p, 6, 0xD0);
         setmaxnreg_dec<kRegsEven>();
@@ -962,6 +1044,19 @@ int megamoe_sm90_combine_slots(int block_m) {
         case 32: return megamoe::combine_slots<32>();
         case 64: return megamoe::combine_slots<64>();
         case 128: return megamoe::combine_slots<128>();
+        default: return -1;
+    }
+}
+
+// Whether the L1 epilogue's mask release is relayed to a dispatch lane at this block_m
+// (relay_release, kernel v8.1; mirrored by megamoe.design_sm90.RELAY_RELEASE): 1 or 0; -1 for
+// an unsupported block_m.
+int megamoe_sm90_relay_release(int block_m) {
+    switch (block_m) {
+        case 16: return megamoe::relay_release<16>() ? 1 : 0;
+        case 32: return megamoe::relay_release<32>() ? 1 : 0;
+        case 64: return megamoe::relay_release<64>() ? 1 : 0;
+        case 128: return megamoe::relay_release<128>() ? 1 : 0;
         default: return -1;
     }
 }
