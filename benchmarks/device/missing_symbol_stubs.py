@@ -4,10 +4,11 @@ library, so that it loads (``dlopen`` with RTLD_NOW, as ``torch.ops.load_library
 although it was built against a newer torch.
 
 Written for sgl-deep-gemm 0.2.5's PyPI wheel on the lent H200s' torch 2.11 (issue 5's third
-peer, ``benchmarks/device/sgl_deep_gemm_probe.py``): its ``_C.so`` imports a few functions that
-torch 2.11 does not export. The two on the kernel's launch path (the CUDA check with a log
-capture) are implemented by ``torch_abi_shim.cpp``; the others (error paths such as
-``c10::ValueError``'s constructor) get a stub that prints its symbol on stderr and aborts if it
+peer, ``benchmarks/device/sgl_deep_gemm_probe.py``): its ``_C.so`` imports eight functions that
+torch 2.11 does not export. The five on its load and launch paths (the CUDA check with a log
+capture and its constructor, two ``Library::_def`` and ``const_data_ptr<float>``) are
+implemented by ``torch_abi_shim.cpp``; the three others (error paths: ``c10::ValueError``'s
+constructor, ``torch_exception_get_what*``) get a stub that prints its symbol on stderr and aborts if it
 is ever called: a run either avoids them or ends naming the one it needed, never computes with
 one.
 

@@ -15,14 +15,14 @@ calls back to back between one event pair, :func:`megamoe.kernel.timing.cuda_ste
 sgl-deep-gemm gets ``num_tokens_bound = tokens`` (its schedule chosen per call, as ours is).
 
 The PyPI wheels and the lent H200s' torch 2.11 (2026-12-02, benchmarks/NOTES_kernel.md,
-benchmarks/results/peer_sgl_deep_gemm_h200.json): 0.2.3-0.2.5's ``_C.so`` was built against a
-newer torch. It imports eight functions torch 2.11 does not export. ``--shim`` loads libraries
+benchmarks/results/peer_sgl_deep_gemm_h200.json): 0.2.5's ``_C.so`` (and, by ``nm``, 0.2.3's)
+was built against a newer torch. It imports eight functions torch 2.11 does not export. ``--shim`` loads libraries
 with RTLD_GLOBAL first: ``torch_abi_shim.cpp`` (forwarders and the log capture for the imports
 on the load and launch paths) and the aborting stubs that ``missing_symbol_stubs.py`` writes for
 the rest (each built with g++). Its operators then register, but under another dispatch key
 (the DispatchKey numbering differs), which ``--redispatch CPU`` calls them through. Its host
-code then runs and stops at its own check of the symmetric buffer's size: its inline tensor
-accessors read torch 2.11's TensorImpl with another torch's layout. So 0.2.5 does not run
+code then runs and stops at its own check of the symmetric buffer's size, most likely because
+its inline tensor accessors read torch 2.11's TensorImpl with another torch's layout. So 0.2.5 does not run
 here; 0.2.2 (apache-tvm-ffi 0.1.11) fails creating its symmetric buffer ("tensor does not have
 a device"). The script runs the comparison as is wherever the wheel matches the torch.
 
