@@ -141,3 +141,16 @@ class Outputs:
         for d in self._dirs:
             shutil.rmtree(d, ignore_errors=True)
         self._items, self._dirs = [], []
+
+
+def check_output_path(flag: str, path: str) -> str:
+    """Check one output path up front, as :meth:`Outputs.reserve` does, without reserving it:
+    for the benchmark scripts that rewrite their JSON after every row (so that a run cut short
+    keeps what it measured) and so cannot write it all or nothing. Returns the real path.
+
+    Raises:
+        InputError: (naming ``flag``) the folder is missing, the path is a folder, or an
+            existing file this user may not overwrite.
+    """
+    return Outputs()._check(flag, str(path))
+

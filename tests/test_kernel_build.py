@@ -527,8 +527,9 @@ def test_forget_pool_rows_marks_every_row_unfilled():
 
 
 @pytest.mark.parametrize("extra,field", [(["--tokens", "64,x"], "tokens"), (["--check-tokens", "0"], "check-tokens"),
+                                         (["--tokens", "64", "--check-tokens", "1024"], "check-tokens"),
                                          (["--rounds", "1"], "rounds"), (["--shim", "/nonexistent.so"], "shim"),
-                                         ([], "device")])
+                                         (["--redispatch", "Bogus"], "redispatch"), ([], "device")])
 def test_sgl_probe_rejects_bad_arguments_before_any_gpu_work(tmp_path, extra, field):
     """benchmarks/device/sgl_deep_gemm_probe.py: a bad token list, check list, round count or
     shim path, or no GPU here, is a one-line argparse error (exit 2) naming the field, before
@@ -653,15 +654,35 @@ def test_missing_symbol_stubs_let_a_library_load_and_abort_when_called(tmp_path)
     assert r.returncode != 0 and "missing_symbol_stubs: _ZN1n6gone_bEd called" in r.stderr
 
 
-@pytest.mark.parametrize("args,field", [(["/nonexistent.so", "o.cpp", "."], "lib"),
-                                        (["LIB", "/nonexistent/o.cpp", "."], "out"),
-                                        (["LIB", "o.cpp", "/nonexistent"], "providers")])
+@pytest.mark.parametrize("args,field", [(["/nonexistent.so", "o.cpp", "."], "lib"), (["TEXT", "o.cpp", "."], "lib"),
+                                        (["LIB", "/nonexistent/o.cpp", "."], "out"), (["LIB", "DIR", "."], "out"),
+                                        (["LIB", "o.cpp", "/nonexistent"], "providers"),
+                                        (["LIB", "o.cpp", "TEXT"], "providers")])
 def test_missing_symbol_stubs_rejects_bad_arguments(tmp_path, args, field):
-    """missing_symbol_stubs.py: a missing library, output folder or provider is a one-line
-    error (exit 2) naming the argument, nothing written."""
-    lib = tmp_path / "lib.so"
-    lib.write_bytes(b"")
-    args = [str(lib) if x == "LIB" else (str(tmp_path / x) if x == "o.cpp" else x) for x in args]
-    last = _device_script_error(tmp_path, "missing_symbol_stubs.py", *args)
+    """missing_symbol_stubs.py: a missing or non-ELF library, an output in a missing folder or
+    onto a folder, a missing or non-ELF provider is a one-line error (exit 2) naming the
+    argument, before any readelf / nm work; nothing written."""
+    text = tmp_path / "notes.txt"
+    text.write_text("not a library\n")
+    (tmp_path / "adir").mkdir()
+    sub = {"LIB": str(Path(sys.executable).resolve()), "TEXT": str(text), "DIR": str(tmp_path / "adir"),
+           "o.cpp": str(tmp_path / "o.cpp")}
+    last = _device_script_error(tmp_path, "missing_symbol_stubs.py", *[sub.get(x, x) for x in args])
     assert re.match(rf"missing_symbol_stubs.py: error: {field}: expected", last), last
-    assert not (tmp_path / "o.cpp").exists()
+    assert not (tmp_path / "o.cpp").exists() and not list((tmp_path / "adir").iterdir())
+
+
+@pytest.mark.parametrize("script,pre", [("sgl_deep_gemm_probe.py", []), ("peer_ab.py", []),
+                                        ("ab_interleaved.py", ["LIB"])])
+def test_device_scripts_refuse_a_folder_as_their_json(tmp_path, script, pre):
+    """The device scripts that rewrite their JSON after every row check the path up front
+    (megamoe.outputs.check_output_path): an existing folder given as the output is a one-line
+    error naming ``out`` (exit 2) before any GPU work, not an IsADirectoryError at the first
+    write."""
+    lib = tmp_path / "old.so"
+    lib.write_bytes(b"\x7fELF")
+    folder = tmp_path / "results"
+    folder.mkdir()
+    last = _device_script_error(tmp_path, script, *[str(lib) if x == "LIB" else x for x in pre], str(folder))
+    assert re.match(rf"{re.escape(script)}: error: out: expected a file path \(not a folder\)", last), last
+    assert not list(folder.iterdir())

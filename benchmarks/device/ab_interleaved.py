@@ -53,6 +53,7 @@ from megamoe.kernel.timing import (
     cuda_steady_us,
     token_counts,
 )
+from megamoe.outputs import check_output_path
 
 E, K, H, I = 256, 6, 4096, 2048
 TIMING_BITS = 2 | 8 | 32 | 64 | 128  # fault_inject bits that only change timing (params.h); 1 is the timeout test
@@ -80,8 +81,10 @@ def main() -> int:
                  f"got {a.new_fault}")
     if not a.old_lib.is_file():
         ap.error(f"old_lib: expected a built library file, got {str(a.old_lib)!r}")
-    if not a.out.parent.is_dir():
-        ap.error(f"out: expected a file in an existing folder, got {str(a.out)!r}")
+    try:
+        check_output_path("out", a.out)
+    except InputError as e:
+        ap.error(str(e))
     try:
         pairs = [(int(k), int(v)) for k, v in (kv.split(":") for kv in a.old_stages.split(",") if kv)]
         old_stages = dict(pairs) if len({k for k, _ in pairs}) == len(pairs) else None  # no block_m twice

@@ -27,7 +27,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from megamoe.errors import OneLineArgumentParser
+from megamoe.errors import InputError, OneLineArgumentParser
+from megamoe.outputs import Outputs
+
+
+def is_elf(path: Path) -> bool:
+    """Whether ``path`` is a file that starts with the ELF magic number."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"\x7fELF"
+    except OSError:
+        return False
 
 
 def undefined_functions(lib: Path) -> set[str]:
@@ -75,23 +85,27 @@ def main() -> int:
     ap.add_argument("out", type=Path, help="C++ file to write")
     ap.add_argument("providers", type=Path, nargs="+", help="shared libraries, or folders of them, that define symbols")
     a = ap.parse_args()
-    if not a.lib.is_file():
-        ap.error(f"lib: expected an existing shared library, got {str(a.lib)!r}")
-    if not a.out.resolve().parent.is_dir():
-        ap.error(f"out: expected a file in an existing folder, got {str(a.out)!r}")
+    if not is_elf(a.lib):
+        ap.error(f"lib: expected an existing ELF shared library, got {str(a.lib)!r}")
     libs = []
     for p in a.providers:
-        if p.is_dir():
-            libs += sorted(q for q in p.iterdir() if ".so" in q.name and q.is_file())
-        elif p.is_file():
+        if p.is_dir():  # its ELF files named *.so* (a folder may hold linker scripts too)
+            libs += sorted(q for q in p.iterdir() if ".so" in q.name and is_elf(q))
+        elif is_elf(p):
             libs.append(p)
         else:
-            ap.error(f"providers: expected shared libraries or folders, got {str(p)!r}")
-    have = set()
-    for q in libs + linked_libraries(a.lib):
-        have |= defined_symbols(q)
-    missing = sorted(undefined_functions(a.lib) - have)
-    a.out.write_text(stub_source(missing))
+            ap.error(f"providers: expected ELF shared libraries or folders, got {str(p)!r}")
+    with Outputs() as outs:
+        try:
+            tmp = outs.reserve("out", str(a.out))
+        except InputError as e:
+            ap.error(str(e))
+        have = set()
+        for q in libs + linked_libraries(a.lib):
+            have |= defined_symbols(q)
+        missing = sorted(undefined_functions(a.lib) - have)
+        Path(tmp).write_text(stub_source(missing))
+        outs.commit()
     print("\n".join(missing))
     return 0
 

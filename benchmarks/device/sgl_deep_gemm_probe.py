@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from megamoe.errors import InputError, OneLineArgumentParser
 from megamoe.kernel.timing import alternating_rounds, cuda_steady_us, token_counts
+from megamoe.outputs import check_output_path
 
 E, K, H, I = 256, 6, 4096, 2048
 
@@ -71,17 +72,25 @@ def main() -> int:
         ap.error(str(e).replace("tokens", "check-tokens", 1))
     if a.rounds < 2:
         ap.error(f"rounds: expected an integer >= 2, got {a.rounds}")
-    if not a.out.resolve().parent.is_dir():
-        ap.error(f"out: expected a file in an existing folder, got {str(a.out)!r}")
+    try:
+        check_output_path("out", a.out)
+    except InputError as e:
+        ap.error(str(e))
+    if not check.issubset(tokens):
+        ap.error(f"check-tokens: expected token counts among --tokens ({a.tokens}), got {a.check_tokens!r}")
     for shim in a.shim:
         if not shim.is_file():
             ap.error(f"shim: expected an existing shared library, got {str(shim)!r}")
+    import torch
+    import torch.distributed as dist
+
+    if a.redispatch is not None and not isinstance(getattr(torch._C.DispatchKey, a.redispatch, None),
+                                                   torch._C.DispatchKey):
+        ap.error(f"redispatch: expected a torch dispatch key name (e.g. CPU), got {a.redispatch!r}")
     from megamoe.kernel.runtime import cuda_available
 
     if not cuda_available():
         ap.error("device: expected a CUDA GPU of compute capability 9.0 (the SM90 kernel), got none")
-    import torch
-    import torch.distributed as dist
 
     res = {"steps": {}, "tokens": {}, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "torch": torch.__version__, "shape": {"E": E, "K": K, "H": H, "I": I}, "rounds": a.rounds}
