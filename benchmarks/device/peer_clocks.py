@@ -26,8 +26,6 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from megamoe.errors import OneLineArgumentParser
 from megamoe.kernel import MegaMoEKernel, prepare_weights
 
-E, K, H, I = 256, 6, 4096, 2048
-
 
 def main() -> int:
     ap = OneLineArgumentParser(description="SM clock and power per phase (see the module docstring)")
@@ -47,7 +45,14 @@ def main() -> int:
         ap.error(f"tokens: expected an integer >= 1, got {a.tokens!r}")
     if not 0.5 <= secs <= 60:
         ap.error(f"seconds: expected a number in [0.5, 60], got {a.seconds!r}")
-    from kernel_bench import dequantized_bf16, flaggems_peer
+    from kernel_bench import (  # the FP8 peer's shape is the run's
+        E,
+        H,
+        I,
+        K,
+        dequantized_bf16,
+        flaggems_peer,
+    )
     fg = flaggems_peer(ap, a.out)
     try:
         import pynvml

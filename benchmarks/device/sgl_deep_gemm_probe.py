@@ -47,8 +47,6 @@ from megamoe.errors import InputError, OneLineArgumentParser
 from megamoe.kernel.timing import alternating_rounds, cuda_steady_us, token_counts
 from megamoe.outputs import check_output_path
 
-E, K, H, I = 256, 6, 4096, 2048
-
 
 def main() -> int:
     ap = OneLineArgumentParser(description="sgl-deep-gemm's SM90 fp8_mega_moe beside this kernel (module docstring)")
@@ -83,6 +81,15 @@ def main() -> int:
             ap.error(f"shim: expected an existing shared library, got {str(shim)!r}")
     import torch
     import torch.distributed as dist
+    from kernel_bench import (  # the FP8 weights' shape is the run's
+        E,
+        FlagGemsFP8,
+        FP8BlockWeights,
+        H,
+        I,
+        K,
+        dequantized_bf16,
+    )
 
     if a.redispatch is not None and not isinstance(getattr(torch._C.DispatchKey, a.redispatch, None),
                                                    torch._C.DispatchKey):
@@ -147,8 +154,6 @@ def main() -> int:
                    lambda: dg.get_symm_buffer_for_sm90_mega_moe(dist.group.WORLD, E, max(tokens), K, H, I))
     if not ok:
         return 1
-    from kernel_bench import FlagGemsFP8, FP8BlockWeights, dequantized_bf16
-
     fw = FP8BlockWeights()
     (l1, l2), ok = step("transform_weights_for_mega_moe_sm90",
                         lambda: dg.transform_weights_for_mega_moe_sm90((fw.w1, fw.s1), (fw.w2, fw.s2)))
