@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from megamoe.kernel import MegaMoEKernel, cuda_available, prepare_weights  # noqa: E402
 from megamoe.kernel.check import make_weights, make_inputs, reference_sm90, compare  # noqa: E402
-from megamoe.errors import InputError, OneLineArgumentParser
+from megamoe.errors import OneLineArgumentParser
 from megamoe.outputs import check_output_path
 from megamoe.kernel.timing import (alternating_rounds, cuda_steady_us, cuda_times_us, kernel_durations_us,  # noqa: E402
                                    token_counts)
@@ -177,10 +177,8 @@ def flaggems_peer(ap, out: Path) -> FlagGemsFP8:
     ``peer_clocks.py``): check that ``out`` lies in an existing folder, that a CUDA GPU of
     compute capability 9.0 is there and that ``flag_gems`` imports, each failure an argparse
     error of ``ap`` (one field, exit 2, before any CUDA work); returns the FlagGems peer."""
-    try:
+    with ap.input_errors():
         check_output_path("out", out)
-    except InputError as e:
-        ap.error(str(e))
     if not cuda_available():
         ap.error("device: expected a CUDA GPU of compute capability 9.0 (the SM90 kernel), got none")
     try:
@@ -208,14 +206,9 @@ def main():
         ap.error(f"steady-calls: expected an integer >= 1, got {args.steady_calls}")
     if args.reps < 1:
         ap.error(f"reps: expected an integer >= 1, got {args.reps}")
-    try:
+    with ap.input_errors():
         tokens = token_counts(args.tokens)
-    except InputError as e:
-        ap.error(str(e))
-    try:
         check_output_path("out", args.out)
-    except InputError as e:
-        ap.error(str(e))
     calls = args.steady_calls
     if not cuda_available():
         ap.error("device: expected a CUDA GPU of compute capability 9.0 (the SM90 kernel), got none")

@@ -8,6 +8,7 @@ one-line message on stderr and exit code 2, with no traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 import numpy as np
 
@@ -64,3 +65,12 @@ class OneLineArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog.split()[0]}: error: {message}\n")
+
+    @contextlib.contextmanager
+    def input_errors(self):
+        """Report an :class:`InputError` raised in the ``with`` block (a script's own checks of
+        its arguments) as this parser's one-line error, exit code 2."""
+        try:
+            yield
+        except InputError as e:
+            self.error(str(e))

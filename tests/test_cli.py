@@ -621,6 +621,24 @@ def test_one_line_parser_reports_as_its_program():
         assert buf.getvalue() == f"{shown}: error: argument --n: invalid int value: 'x'\n"
 
 
+def test_one_line_parser_reports_input_errors_of_its_block():
+    """OneLineArgumentParser.input_errors: an InputError raised in the block becomes the
+    parser's one-line error (exit 2); other exceptions pass through, and a clean block runs on."""
+    from megamoe.errors import InputError, OneLineArgumentParser
+
+    p = OneLineArgumentParser(prog="peer_ab.py")
+    buf = io.StringIO()
+    with contextlib.redirect_stderr(buf), pytest.raises(SystemExit) as e, p.input_errors():
+        raise InputError("out", "a file path (not a folder)", "/tmp")
+    assert e.value.code == 2
+    assert buf.getvalue() == "peer_ab.py: error: out: expected a file path (not a folder), got /tmp\n"
+    with pytest.raises(KeyError), p.input_errors():
+        raise KeyError("x")
+    with p.input_errors():
+        done = True
+    assert done
+
+
 def test_help_states_the_parsers_own_defaults():
     """A help text never restates an option's default as a literal ("default 64" beside
     default=64): it takes it from the parser (argparse's %(default)s), so the two cannot drift

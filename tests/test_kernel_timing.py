@@ -93,6 +93,8 @@ def test_token_counts():
     for bad in ("", "64,", "0", "64,-1", "1e3", "a"):
         with pytest.raises(InputError, match=rf"^tokens: expected comma-separated integers >= 1, got {bad!r}$"):
             token_counts(bad)
+    with pytest.raises(InputError, match=r"^check-tokens: expected comma-separated integers >= 1, got '0'$"):
+        token_counts("0", "check-tokens")
 
 
 def test_crossover_ratios_cancel_the_objects_difference():

@@ -43,7 +43,7 @@ sys.path.insert(0, ".")
 import torch
 
 from megamoe import design_sm90
-from megamoe.errors import InputError, OneLineArgumentParser
+from megamoe.errors import OneLineArgumentParser
 from megamoe.kernel import KernelError, MegaMoEKernel, cuda_available, prepare_weights
 from megamoe.kernel.check import make_inputs, make_weights
 from megamoe.kernel.runtime import load_library_file
@@ -70,10 +70,8 @@ def main() -> int:
     ap.add_argument("--new-fault", type=int, default=0, metavar="BITS",
                     help="fault_inject bits for this tree's build (timing experiments; default 0)")
     a = ap.parse_args()
-    try:
+    with ap.input_errors():
         tokens = token_counts(a.tokens)
-    except InputError as e:
-        ap.error(str(e))
     if a.rounds < 2:
         ap.error(f"rounds: expected an integer >= 2, got {a.rounds}")
     if a.new_fault < 0 or a.new_fault & ~TIMING_BITS:
@@ -81,10 +79,8 @@ def main() -> int:
                  f"got {a.new_fault}")
     if not a.old_lib.is_file():
         ap.error(f"old_lib: expected a built library file, got {str(a.old_lib)!r}")
-    try:
+    with ap.input_errors():
         check_output_path("out", a.out)
-    except InputError as e:
-        ap.error(str(e))
     try:
         pairs = [(int(k), int(v)) for k, v in (kv.split(":") for kv in a.old_stages.split(",") if kv)]
         old_stages = dict(pairs) if len({k for k, _ in pairs}) == len(pairs) else None  # no block_m twice

@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from megamoe.errors import InputError, OneLineArgumentParser
+from megamoe.errors import OneLineArgumentParser
 from megamoe.outputs import Outputs
 
 
@@ -96,10 +96,8 @@ def main() -> int:
         else:
             ap.error(f"providers: expected ELF shared libraries or folders, got {str(p)!r}")
     with Outputs() as outs:
-        try:
+        with ap.input_errors():
             tmp = outs.reserve("out", str(a.out))
-        except InputError as e:
-            ap.error(str(e))
         have = set()
         for q in libs + linked_libraries(a.lib):
             have |= defined_symbols(q)

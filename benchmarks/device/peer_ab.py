@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from megamoe.errors import InputError, OneLineArgumentParser
+from megamoe.errors import OneLineArgumentParser
 from megamoe.kernel import MegaMoEKernel, prepare_weights
 from megamoe.kernel.timing import alternating_rounds, cuda_steady_us, token_counts
 
@@ -37,10 +37,8 @@ def main() -> int:
     ap.add_argument("tokens", nargs="?", default="1,16,64,256,1024,4096,8192", help="comma-separated token counts")
     ap.add_argument("rounds", nargs="?", default="8", help="ABBA rounds per token count (default 8)")
     a = ap.parse_args()
-    try:
+    with ap.input_errors():
         tokens = token_counts(a.tokens)
-    except InputError as e:
-        ap.error(str(e))
     try:
         rounds = int(a.rounds)
     except ValueError:

@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from megamoe.errors import InputError, OneLineArgumentParser
+from megamoe.errors import OneLineArgumentParser
 from megamoe.kernel.timing import alternating_rounds, cuda_steady_us, token_counts
 from megamoe.outputs import check_output_path
 
@@ -60,20 +60,13 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=6, help="ABBA rounds per token count, >= 2 (default %(default)s)")
     ap.add_argument("--check-tokens", default="64,1024", help="token counts whose output is checked (default %(default)s)")
     a = ap.parse_args()
-    try:
+    with ap.input_errors():
         tokens = token_counts(a.tokens)
-    except InputError as e:
-        ap.error(str(e))
-    try:
-        check = set(token_counts(a.check_tokens))
-    except InputError as e:
-        ap.error(str(e).replace("tokens", "check-tokens", 1))
+        check = set(token_counts(a.check_tokens, "check-tokens"))
     if a.rounds < 2:
         ap.error(f"rounds: expected an integer >= 2, got {a.rounds}")
-    try:
+    with ap.input_errors():
         check_output_path("out", a.out)
-    except InputError as e:
-        ap.error(str(e))
     if not check.issubset(tokens):
         ap.error(f"check-tokens: expected token counts among --tokens ({a.tokens}), got {a.check_tokens!r}")
     for shim in a.shim:

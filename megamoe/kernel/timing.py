@@ -150,11 +150,12 @@ def crossover_ratios(rounds: list[dict[str, float]]) -> tuple[list[float], list[
     return builds, objs
 
 
-def token_counts(text: str) -> list[int]:
-    """A benchmark's ``--tokens`` text, comma-separated token counts (``"64,1024"``), as ints.
+def token_counts(text: str, field: str = "tokens") -> list[int]:
+    """A benchmark's ``--tokens`` text (or another option's, named ``field``), comma-separated
+    token counts (``"64,1024"``), as ints.
 
     Raises:
-        InputError: ``tokens``: an entry that is not an integer >= 1, or none at all.
+        InputError: ``field``: an entry that is not an integer >= 1, or none at all.
     """
     from ..errors import InputError
     try:
@@ -162,5 +163,5 @@ def token_counts(text: str) -> list[int]:
     except ValueError:
         tokens = []
     if not tokens or min(tokens) < 1:
-        raise InputError("tokens", "comma-separated integers >= 1", repr(text))
+        raise InputError(field, "comma-separated integers >= 1", repr(text))
     return tokens
