@@ -441,17 +441,16 @@ def k_loop_sizes(arch: str, sass: str) -> dict[str, int]:
             continue
         _, lo, hi = min(around)
         n, skip_to, after_wait, end = 0, None, False, lines[hi][0]
-        for a, t in lines[lo:hi + 1]:
+        for (a, t), (_, target) in zip(lines[lo:hi + 1], targets[lo:hi + 1]):
             if skip_to is not None:
                 if a < skip_to:
                     continue
                 skip_to = None
             n += 1
-            b = _SASS_BRANCH.search(t)
             if "TRYWAIT" in t and not t.startswith("@"):
                 after_wait = True
-            elif after_wait and b and a < int(b.group(1), 16) <= end:
-                skip_to, after_wait = int(b.group(1), 16), False
+            elif after_wait and target is not None and a < target <= end:
+                skip_to, after_wait = target, False
         out[_instance_name(fn)] = n
     return out
 
