@@ -449,10 +449,11 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
     # block_m 16 combine, one slot at a time, is not modelled apart (at most 512 tokens, under 1%
     # of the kernel's time); its traces are named in the source as a check
     batched = max(COMBINE_SLOTS.values())
-    fitted = [r for r in rows if r["combine_rounds"] >= 2 and COMBINE_SLOTS.get(r["bm"]) == batched]
+    multi = [r for r in rows if r["combine_rounds"] >= 2]
+    fitted = [r for r in multi if COMBINE_SLOTS.get(r["bm"]) == batched]
+    serial = [r for r in multi if r not in fitted]
     require(len(fitted) >= 1, "fit_sm90_traces", "a trace with 2+ combine rounds at a block_m that batches the "
             "combine's slot loads (design_sm90.COMBINE_SLOTS)", [(r["tokens"], r["bm"]) for r in rows])
-    serial = [r for r in rows if r["combine_rounds"] >= 2 and COMBINE_SLOTS.get(r["bm"]) != batched]
     cr = [r["combine"] / r["combine_rounds"] for r in fitted]
     how = ("slowest CTA's combine / grid-stride rounds (ceil(tokens x hidden / 8 / (SMs x 512))), "
            f"slots loaded {batched} at a time: "
