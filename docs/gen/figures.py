@@ -1028,6 +1028,10 @@ class Gen:
                                                       for n in names if n != "off"], "l" + "r" * len(ts))
                               + f"\n\n{tp.get('conclusion', '')}")
             probes_txt = "".join(f"\n\n{x}" for x in probes)
+            if not rows and not probes and not depth:  # a session file in another layout (checks, runs)
+                out.append(f"`{f.relative_to(ROOT)}` ({d.get('device', '')}, {d.get('date', '')}): "
+                           f"{d.get('what', 'no experiment table')} (in another layout; benchmarks/NOTES_kernel.md quotes it).")
+                continue
             out.append(f"From `{f.relative_to(ROOT)}` ({d.get('device', '')}, {d.get('date', '')}); a ratio "
                        "above 1 is slower, several ratios are several variants; \"-\" where the experiment "
                        f"has no interleaved A/B against {base} at that size (where a row measured something "
@@ -1036,7 +1040,7 @@ class Gen:
                        "(`benchmarks/device/ab_interleaved.py`), the "
                        f"median of the per-round ratios.{aa_txt}\n\n" + _md_table(head, rows, "llrrrrl") + depth_txt
                        + probes_txt)
-        self.snippets["kernel_experiments"] = "\n".join(out) if out else "No experiment file is committed."
+        self.snippets["kernel_experiments"] = "\n\n".join(out) if out else "No experiment file is committed."
 
     def wgmma_model(self) -> None:
         """The H200 FP8 WGMMA accumulation model: how well each candidate reproduces the tensor
