@@ -492,7 +492,8 @@ def sweep(axes: dict[str, list], base: dict, out_dir: str, jobs: int | None = No
 def write_outputs(rows: list[dict], axis_names: list[str], out_dir: str) -> None:
     """``results.csv``, ``results.parquet`` (pandas + pyarrow) and ``time_us_vs_<axis>.png``,
     all or nothing (:class:`megamoe.outputs.Outputs`: an error leaves the folder's earlier
-    results as they were).
+    results as they were). Once they are written, an earlier sweep's ``time_us_vs_*.png`` of
+    another axis (a plot of results no longer in the folder) is removed.
 
     Raises:
         InputError: an output path is a folder or a read-only file, or the folder is not writable.
@@ -524,6 +525,11 @@ def write_outputs(rows: list[dict], axis_names: list[str], out_dir: str) -> None
             df.to_parquet(pq_path, index=False)
         plot_axes(rows, axis_names, pngs)
         outs.commit()
+    mine = {os.path.basename(p) for p in pngs.values()}
+    for f in os.listdir(out_dir):
+        path = os.path.join(out_dir, f)
+        if f.startswith("time_us_vs_") and f.endswith(".png") and f not in mine and os.path.isfile(path):
+            os.remove(path)
 
 
 def plot_axes(rows: list[dict], axis_names: list[str], paths: dict[str, str]) -> None:

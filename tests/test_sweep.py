@@ -231,6 +231,20 @@ def test_write_outputs_all_or_nothing(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.csv", "results.parquet", "time_us_vs_tokens.png"]
 
 
+def test_a_new_sweep_in_the_folder_removes_the_old_axis_plots(tmp_path):
+    """A sweep over other axes into the same folder replaces results.csv, so the earlier
+    sweep's plot of an axis it no longer has goes too; a folder of that name stays."""
+    from sim.sweep import write_outputs
+
+    write_outputs([{"tokens": 8, "time_us": 10.0}, {"tokens": 64, "time_us": 30.0}], ["tokens"], str(tmp_path))
+    (tmp_path / "time_us_vs_notes.png").mkdir()
+    write_outputs([{"routing": "uniform", "time_us": 10.0}, {"routing": "zipf", "time_us": 12.0}], ["routing"],
+                  str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.csv", "results.parquet", "time_us_vs_notes.png",
+                                                          "time_us_vs_routing.png"]
+    assert (tmp_path / "results.csv").read_text().splitlines()[0] == "routing,time_us"
+
+
 def test_jobs_is_bounded_and_no_idle_worker_is_started(tmp_path, monkeypatch, capsys):
     """`--jobs 100000` used to start one process per job (thousands, 23 GB): jobs above
     JOBS_PER_CPU x CPUs are refused before anything runs, and no more workers start than
