@@ -215,7 +215,7 @@ def _print_summary(res) -> None:
     t = Table()
     t.add_column("predicted (mean over ranks)")
     t.add_column("value", justify="right")
-    t.add_row("time (us)", f"{s['time_us']:.1f}")
+    t.add_row(f"time (us, {res.hardware.launch_ns / 1e3:g} us launch included)", f"{s['time_us']:.1f}")
     t.add_row("TFLOPS", f"{s['tflops']:.0f}")
     t.add_row("HBM GB/s", f"{s['hbm_gbs']:.0f}")
     t.add_row("NVLink GB/s (PR #316 formula)", f"{s['nvlink_gbs']:.0f}")
@@ -390,8 +390,8 @@ def cmd_compare(a: argparse.Namespace) -> int:
         outs.commit()
     con = _console()
     con.print(f"{a.trace}: measured {report['makespan_measured_us']:.1f} us, simulated "
-              f"{report['makespan_simulated_us']:.1f} us, makespan error {100 * report['makespan_error']:+.1f}%, "
-              f"median kind error {100 * report['median_kind_error']:.1f}%")
+              f"{report['makespan_simulated_us']:.1f} us (the traced spans: launch not included), makespan error "
+              f"{100 * report['makespan_error']:+.1f}%, median kind error {100 * report['median_kind_error']:.1f}%")
     if any(report["launch_skew_us"]):
         con.print("ranks' launch skew read off the trace (host launch jitter: an input of the model, which it "
                   "does not predict; simulated with it): "

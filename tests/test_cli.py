@@ -720,6 +720,25 @@ def test_compare_writes_both_outputs(tmp_path, capsys):
     assert _no_temporaries(tmp_path)
 
 
+def test_simulate_time_is_the_traced_span_plus_the_launch(tmp_path):
+    """`simulate`'s time runs from the launch; a trace (and so `compare`'s measured and
+    simulated spans) starts at its first record: the two differ by the hardware's launch_ns,
+    which both outputs say."""
+    from megamoe.trace import Trace
+    from sim.hardware import load_hardware
+
+    npz, j = tmp_path / "t.npz", tmp_path / "s.json"
+    rc, out, err = run("simulate", *FLASH, "--trace-npz", str(npz), "--json", str(j))
+    assert rc == 0, err
+    launch_us = load_hardware("b200").launch_ns / 1e3
+    assert f"time (us, {launch_us:g} us launch included)" in out
+    span_us = Trace.load(str(npz)).makespan_ns / 1e3
+    assert json.loads(j.read_text())["time_us"] == pytest.approx(span_us + launch_us, abs=1e-6)
+    rc, out, err = run("compare", str(npz))
+    assert rc == 0, err
+    assert f"measured {span_us:.1f} us, simulated {span_us:.1f} us (the traced spans: launch not included)" in out
+
+
 def test_sweep_checks_its_out_folder_before_any_point(tmp_path, monkeypatch, capsys):
     """The folder the sweep would write to is checked first (the sweep makes it once a point is
     valid, by design, and keeps points.jsonl as its resume log)."""
