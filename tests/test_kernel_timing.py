@@ -85,6 +85,18 @@ def test_alternating_rounds_run_abba_and_after_each_round():
         alternating_rounds(fns, 0, lambda fn: fn())
 
 
+def test_int_at_least():
+    """A script's integer argument: the value, or an InputError naming the field, the bound
+    and the text as given."""
+    from megamoe.errors import InputError
+    from megamoe.kernel.timing import int_at_least
+
+    assert int_at_least("8", "rounds", 2) == 8 and int_at_least("2", "rounds", 2) == 2
+    for bad in ("1", "x", "2.5", ""):
+        with pytest.raises(InputError, match=rf"^rounds: expected an integer >= 2, got {bad!r}$"):
+            int_at_least(bad, "rounds", 2)
+
+
 def test_token_counts():
     from megamoe.errors import InputError
     from megamoe.kernel.timing import token_counts

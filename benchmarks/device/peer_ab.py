@@ -28,7 +28,12 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from megamoe.errors import OneLineArgumentParser
 from megamoe.kernel import MegaMoEKernel, prepare_weights
-from megamoe.kernel.timing import alternating_rounds, cuda_steady_us, token_counts
+from megamoe.kernel.timing import (
+    alternating_rounds,
+    cuda_steady_us,
+    int_at_least,
+    token_counts,
+)
 
 
 def main() -> int:
@@ -39,12 +44,7 @@ def main() -> int:
     a = ap.parse_args()
     with ap.input_errors():
         tokens = token_counts(a.tokens)
-    try:
-        rounds = int(a.rounds)
-    except ValueError:
-        rounds = 0
-    if rounds < 2:
-        ap.error(f"rounds: expected an integer >= 2, got {a.rounds!r}")
+        rounds = int_at_least(a.rounds, "rounds", 2)
     from kernel_bench import (  # the FP8 peer's shape is the run's
         E,
         H,

@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from megamoe.errors import OneLineArgumentParser
 from megamoe.kernel import MegaMoEKernel, prepare_weights
+from megamoe.kernel.timing import int_at_least
 
 
 def main() -> int:
@@ -33,16 +34,12 @@ def main() -> int:
     ap.add_argument("tokens", nargs="?", default="8192", help="token count (default 8192)")
     ap.add_argument("seconds", nargs="?", default="3", help="seconds per phase (default 3)")
     a = ap.parse_args()
-    try:
-        T = int(a.tokens)
-    except ValueError:
-        T = 0
+    with ap.input_errors():
+        T = int_at_least(a.tokens, "tokens", 1)
     try:
         secs = float(a.seconds)
     except ValueError:
         secs = 0.0
-    if T < 1:
-        ap.error(f"tokens: expected an integer >= 1, got {a.tokens!r}")
     if not 0.5 <= secs <= 60:
         ap.error(f"seconds: expected a number in [0.5, 60], got {a.seconds!r}")
     from kernel_bench import (  # the FP8 peer's shape is the run's

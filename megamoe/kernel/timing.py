@@ -150,6 +150,22 @@ def crossover_ratios(rounds: list[dict[str, float]]) -> tuple[list[float], list[
     return builds, objs
 
 
+def int_at_least(text: str, field: str, lo: int) -> int:
+    """A benchmark script's integer argument ``text`` (the option named ``field``), at least ``lo``.
+
+    Raises:
+        InputError: ``field``: not an integer, or below ``lo``.
+    """
+    from ..errors import InputError
+    try:
+        v = int(text)
+    except ValueError:
+        v = None
+    if v is None or v < lo:
+        raise InputError(field, f"an integer >= {lo}", repr(text))
+    return v
+
+
 def token_counts(text: str, field: str = "tokens") -> list[int]:
     """A benchmark's ``--tokens`` text (or another option's, named ``field``), comma-separated
     token counts (``"64,1024"``), as ints.
