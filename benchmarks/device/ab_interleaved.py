@@ -25,6 +25,12 @@ this tree's design numbers, except for the stage counts that ``--old-stages`` gi
 block_m (for an old build whose stages have another size: its launcher computes its own
 shared memory from them).
 
+``--stale-pools`` fills both kernel objects' pool data buffers (FP8 rows, UE8M0 bytes, FP32
+scales: :data:`STALE_FIELDS`) with seeded random bytes after each token count's warm-up call.
+A call writes only its valid pool rows, so the rows past a block's valid ones then hold what
+reused, never-written memory may hold (NaN, 2^100) -- as in the trace runs, whose kernel objects
+got memory freed by earlier ones. Without it, both objects' pools are fresh allocations.
+
 ``--new-fault BITS`` launches this tree's build with ``fault_inject`` timing bits set (those
 ``csrc/megamoe/params.h`` defines: 2 no MMA, 8 no weight loads, 64 no token-tile loads, 128 no
 token-scale loads, 32 the profile instance; a part switched off leaves wrong outputs, only the
@@ -33,6 +39,7 @@ probe build with bits of its own runs its own copy of this script.
 
 Usage: python benchmarks/device/ab_interleaved.py OLD_LIB OUT.json [tokens, default
 64,1024,4096,8192] [rounds, default 12] [--old-stages 16:16,32:15,64:11,128:7] [--new-fault BITS]
+[--stale-pools]
 """
 import json
 import statistics
@@ -56,6 +63,8 @@ from megamoe.kernel.timing import (
 from megamoe.outputs import check_output_path
 
 E, K, H, I = 256, 6, 4096, 2048
+#: The pool buffers whose rows past valid_m are never written by a call (runtime.POOL_FIELDS' data).
+STALE_FIELDS = ("l1_pool", "l1_pool_sf", "l1_pool_fsx", "l2_pool", "l2_pool_sf", "l2_pool_fsx")
 TIMING_BITS = 2 | 8 | 32 | 64 | 128  # fault_inject bits that only change timing (params.h); 1 is the timeout test
 
 
@@ -69,6 +78,8 @@ def main() -> int:
                     help="the old build's stage count per block_m (default: this tree's design)")
     ap.add_argument("--new-fault", type=int, default=0, metavar="BITS",
                     help="fault_inject bits for this tree's build (timing experiments; default 0)")
+    ap.add_argument("--stale-pools", action="store_true",
+                    help="random bytes in the pools' never-written rows (see the module docstring)")
     a = ap.parse_args()
     with ap.input_errors():
         tokens = token_counts(a.tokens)
@@ -113,9 +124,19 @@ def main() -> int:
 
     crossover = not old_stages
     res = {"old_lib": old_lib, "rounds": rounds, "old_stages": old_stages, "new_fault": a.new_fault,
+           "stale_pools": a.stale_pools,
            "design": "crossover" if crossover else "paired", "tokens": {}}
     new_lib = new.lib
     other = MegaMoEKernel(E, K, H, I, max(tokens), w) if crossover else None  # object 1 (its own buffers)
+
+    def stale(*objs):
+        """Random bytes into the objects' pool data (after a warm-up call made their workspace)."""
+        gen = torch.Generator(device="cuda").manual_seed(5)
+        for k in objs:
+            for f in STALE_FIELDS:
+                t = k._ws[f]
+                t.view(torch.uint8).copy_(torch.randint(0, 256, t.view(torch.uint8).shape, dtype=torch.uint8,
+                                                        device="cuda", generator=gen))
 
     def on(build, k, args):
         """Run one build on kernel object k (the fault bits go with this tree's build)."""
@@ -128,22 +149,30 @@ def main() -> int:
             ys = [on("new", new, args).clone(), on("old", other, args).clone()]  # warm-up, outputs
             new.check()
             other.check()
+            if a.stale_pools:
+                stale(new, other)
             objs = {"0": new, "1": other}
             fns = {f"{b}@{o}": (lambda b=b, k=objs[o], a=args: on(b, k, a)) for b, o in
                    (("new", "0"), ("old", "1"), ("new", "1"), ("old", "0"))}
             per_round = alternating_rounds(fns, rounds, lambda fn: cuda_steady_us(fn, 5, rounds=1)[0],
                                            after_round=lambda: (new.check(), other.check()))
+            if a.stale_pools:  # the valid rows' outputs must not see the stale ones
+                extra_eq = {"stale_outputs_equal": bool(torch.equal(on("new", new, args), ys[0]) and
+                                                         torch.equal(on("old", other, args), ys[1]))}
             ratios, obj_ratios = crossover_ratios(per_round)
             times = {b: [(t[f"{b}@0"] * t[f"{b}@1"]) ** 0.5 for t in per_round] for b in ("new", "old")}
             design = new.last_design
             old_design = other.last_design
-            extra = {"object_ratio_median": statistics.median(obj_ratios), "rounds_raw": per_round}
+            extra = {"object_ratio_median": statistics.median(obj_ratios), "rounds_raw": per_round,
+                     **(extra_eq if a.stale_pools else {})}
         else:
             ys = [new(*args).clone()]  # warm-up, outputs
             new.check()
             old = old_for(new.last_design.block_m)
             ys.append(old(*args).clone())
             old.check()
+            if a.stale_pools:
+                stale(new, old)
             per_round = alternating_rounds({"new": lambda a=args: new(*a), "old": lambda a=args, k=old: k(*a)},
                                            rounds, lambda fn: cuda_steady_us(fn, 5, rounds=1)[0],
                                            after_round=lambda k=old: (new.check(), k.check()))
@@ -159,7 +188,9 @@ def main() -> int:
         print(f"T={T:5d} bm={row['block_m']:3d} stages {row['stages']}/{row['old_stages']} "
               f"new {row['new_us']:9.1f} us  old {row['old_us']:9.1f} us  "
               f"new/old {row['ratio_median']:.3f} (rounds {row['ratio_min']:.3f}..{row['ratio_max']:.3f})  "
-              f"outputs {'equal' if row['bitwise_equal'] else 'DIFFER'}{objects}", flush=True)
+              f"outputs {'equal' if row['bitwise_equal'] else 'DIFFER'}{objects}"
+              + ("" if "stale_outputs_equal" not in row else
+                 f"  after stale pools {'equal' if row['stale_outputs_equal'] else 'DIFFER'}"), flush=True)
     with open(out, "w") as f:
         json.dump(res, f, indent=1)
     return 0

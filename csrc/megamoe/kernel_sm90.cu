@@ -679,6 +679,17 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
             tile.acc[j][2] *= rs8; tile.acc[j][3] *= rs8;
         }
         if (b.phase == kPhaseL1) {
+            // Tokens past the block's valid rows: their pool rows and FP32 scales were never
+            // written by this call (stale memory, NaN or 2^100 as likely as a token), so their
+            // accumulators are zeroed before the SwiGLU. Otherwise one such value sends its warp
+            // down the division's slow path: in v8.1's traces a partial block's L1 epilogue took
+            // 1.3-1.7x a full one's (benchmarks/NOTES_kernel.md, kernel v8.2). The L2 pool's rows
+            // past valid_m are then zeros, their scale bytes those of a zero group.
+            #pragma unroll
+            for (int j = 0; j < NJ; ++j)
+                #pragma unroll
+                for (int r = 0; r < 2; ++r)
+                    if (tile.tok_of(j, r) >= b.valid_m) tile.acc[j][r] = tile.acc[j][2 + r] = 0.0f;
             // SwiGLU (BF16-rounded gate/up, optional clamp) x top-k weight, per-32 amax. The
             // top-k weights are loaded up front: one round trip, not one per token. (Loading
             // them during the K loop, after its first full-stage wait, was slower: +4..+12% at
