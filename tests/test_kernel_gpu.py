@@ -230,6 +230,35 @@ def test_deterministic_and_pool():
         assert torch.equal(pool_sf[r], fxs[t])
 
 
+@pytest.mark.parametrize("block_m", [16, 128])
+def test_stale_pool_rows(block_m):
+    """A call writes only its valid pool rows; the rows past a block's valid ones hold whatever
+    the memory held. Random bytes there change no output bit, and the L1 epilogue writes zeros
+    into those rows of the L2 pool (kernel v8.2: their accumulators zeroed before the SwiGLU,
+    which stale NaN or huge values sent down its slow path). The padding rows counted on the
+    host: per expert with c > 0 items, ceil(c / block_m) * block_m - c."""
+    E, K, H, I = TINY["E"], TINY["K"], TINY["H"], TINY["I"]
+    w = make_weights(E, H, I, "cuda", seed=7)
+    k = MegaMoEKernel(E, K, H, I, 100, prepare_weights(*w), block_m=block_m)  # fresh pools
+    inp = make_inputs(100, E, K, H, "cuda", seed=4)
+    y0 = k(*inp).clone()
+    k.check()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for f in ("l1_pool", "l1_pool_sf", "l1_pool_fsx", "l2_pool", "l2_pool_sf", "l2_pool_fsx"):
+        b = k._ws[f].view(torch.uint8)
+        b.copy_(torch.randint(0, 256, b.shape, dtype=torch.uint8, device="cuda", generator=gen))
+    y1 = k(*inp)
+    k.check()
+    assert torch.equal(y0.view(torch.int16), y1.view(torch.int16))
+    counts = torch.bincount(inp[2].reshape(-1).long().cpu(), minlength=E).tolist()
+    want_pad = sum(-(-c // block_m) * block_m - c for c in counts if c > 0)
+    tok = k._ws["pool_token"].view(-1, block_m)
+    pad = (tok < 0) & (tok >= 0).any(dim=1, keepdim=True)  # rows of used blocks without a token
+    assert int(pad.sum()) == want_pad > 0
+    l2 = k._ws["l2_pool"].view(-1, block_m, I)
+    assert int((l2[pad] != 0).sum()) == 0
+
+
 def test_pull_sorts_each_cta_items_by_expert():
     """The EP1 dispatch pulls each CTA's items sorted by expert, stably (kernel v7.9): the
     scratch ``item_order`` holds, at CTA c's item offset T c / S * K, its valid items (token
