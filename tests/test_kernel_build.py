@@ -526,6 +526,43 @@ def test_forget_pool_rows_marks_every_row_unfilled():
     assert k._ws["pool_token"].dtype == torch.int32 and torch.equal(k._ws["l1_pool"], pool)
 
 
+def test_scramble_pool_data_fills_only_the_data_buffers():
+    """MegaMoEKernel.scramble_pool_data: the six pool data buffers get seeded random bytes (the
+    same seed, the same bytes; dtype and shape kept), the token / slot / weight arrays and the
+    barriers stay; before the first call (no workspace yet) it does nothing. On CPU tensors."""
+    import torch
+
+    from megamoe.kernel.runtime import POOL_DATA_FIELDS, POOL_FIELDS, MegaMoEKernel
+
+    assert POOL_DATA_FIELDS == ("l1_pool", "l1_pool_sf", "l1_pool_fsx", "l2_pool", "l2_pool_sf", "l2_pool_fsx")
+
+    def kernel():
+        k = object.__new__(MegaMoEKernel)
+        k.torch, k._ws = torch, {}
+        return k
+
+    k = kernel()
+    k.scramble_pool_data(seed=3)
+    assert k._ws == {}
+    ws = {f: torch.zeros(64, 32, dtype=torch.float32 if f.endswith("fsx") else torch.uint8) for f in POOL_DATA_FIELDS}
+    ws.update(pool_token=torch.full((64,), -1, dtype=torch.int32), pool_slot=torch.full((64,), -1, dtype=torch.int32),
+              pool_weight=torch.zeros(64), arrival=torch.zeros(4, dtype=torch.int32), mask=torch.zeros(4, dtype=torch.int64))
+    assert set(ws) == set(POOL_FIELDS)
+    k1, k2 = kernel(), kernel()
+    k1._ws = {n: t.clone() for n, t in ws.items()}
+    k2._ws = {n: t.clone() for n, t in ws.items()}
+    k1.scramble_pool_data(seed=3)
+    k2.scramble_pool_data(seed=3)
+    for n, t in ws.items():
+        assert k1._ws[n].dtype == t.dtype and k1._ws[n].shape == t.shape
+        assert torch.equal(k1._ws[n].view(torch.uint8), k2._ws[n].view(torch.uint8))
+        changed = int((k1._ws[n].view(torch.uint8) != t.view(torch.uint8)).sum())
+        if n in POOL_DATA_FIELDS:  # 8192 random bytes: a zero in about 1 of 256
+            assert changed > 0.9 * t.view(torch.uint8).numel()
+        else:
+            assert changed == 0
+
+
 @pytest.mark.parametrize("extra,field", [(["--tokens", "64,x"], "tokens"), (["--check-tokens", "0"], "check-tokens"),
                                          (["--tokens", "64", "--check-tokens", "1024"], "check-tokens"),
                                          (["--rounds", "1"], "rounds"), (["--shim", "/nonexistent.so"], "shim"),

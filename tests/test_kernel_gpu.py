@@ -243,10 +243,7 @@ def test_stale_pool_rows(block_m):
     inp = make_inputs(100, E, K, H, "cuda", seed=4)
     y0 = k(*inp).clone()
     k.check()
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    for f in ("l1_pool", "l1_pool_sf", "l1_pool_fsx", "l2_pool", "l2_pool_sf", "l2_pool_fsx"):
-        b = k._ws[f].view(torch.uint8)
-        b.copy_(torch.randint(0, 256, b.shape, dtype=torch.uint8, device="cuda", generator=gen))
+    k.scramble_pool_data(seed=0)
     y1 = k(*inp)
     k.check()
     assert torch.equal(y0.view(torch.int16), y1.view(torch.int16))

@@ -287,6 +287,8 @@ def check_call_shapes(x, x_sf, topk_idx, topk_w, hidden: int, topk: int, max_tok
 #: The pool buffers of an SM90 launch (one rank or EP), as ``Params`` fields: :func:`pool_buffers`.
 POOL_FIELDS = ("l1_pool", "l1_pool_sf", "l1_pool_fsx", "l2_pool", "l2_pool_sf", "l2_pool_fsx", "pool_token",
                "pool_slot", "pool_weight", "arrival", "mask")
+#: Those a call writes only for the rows it routes (the L1 ones) or for its blocks (the L2 ones).
+POOL_DATA_FIELDS = POOL_FIELDS[:6]
 
 
 def pool_buffers(torch, design, hidden: int, inter: int, device) -> dict:
@@ -471,6 +473,21 @@ class MegaMoEKernel:
         if "pool_token" in self._ws:
             self._ws["pool_token"].fill_(-1)
             self._ws["pool_slot"].fill_(-1)
+
+    def scramble_pool_data(self, seed: int = 0) -> None:
+        """Seeded random bytes into the pool data buffers (:data:`POOL_DATA_FIELDS`: FP8 rows,
+        UE8M0 bytes, FP32 scales), as memory reused from other tensors may hold (NaN, 2^100). A
+        call writes only the rows it routes, so afterwards the rows past a block's valid ones
+        hold such bytes: for tests and A/Bs that a call's outputs and time do not depend on
+        them (kernel v8.2, benchmarks/NOTES_kernel.md). The token / slot / weight arrays and the
+        barriers are left alone. No-op before the first call (nothing allocated yet)."""
+        torch = self.torch
+        if "l1_pool" not in self._ws:
+            return
+        gen = torch.Generator(device=self._ws["l1_pool"].device).manual_seed(seed)
+        for f in POOL_DATA_FIELDS:
+            b = self._ws[f].view(torch.uint8)
+            b.copy_(torch.randint(0, 256, b.shape, dtype=torch.uint8, device=b.device, generator=gen))
 
     def pool_contents(self):
         """(l1_pool rows, l1 scales [rows, H/32], token, slot) of the last call, for tests."""
