@@ -636,8 +636,8 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
             if (!dead && !mbar_wait(p, full + s, parity, kRoleConsumer)) dead = true;
             long long c1 = pclock();
             cyc_full += c1 - c0;
-            // Lanes leave the spin wait at different times: reconverge before .aligned ops.
-            __syncwarp();
+            // Lanes leave the spin wait at different times: the vote reconverges them before
+            // the .aligned ops
             dead = __any_sync(0xffffffffu, dead);
             const Stage st = get_stage<BM>(stages, s);
             // Each thread reads its two weight rows' packed chunk and scale bytes and decodes them
