@@ -78,7 +78,7 @@ __device__ __forceinline__ void gmma_rs(const uint2& r0, const uint2& r8, uint64
 //   block_m 16..64: both groups issued at once (two commit groups, four WGMMAs), each promoted
 //     as it completes.
 //   block_m 128: the accumulator and one partial take 128 registers, a second would spill:
-//     one group in flight (group 1 decoded while group 0's WGMMAs run); the two warpgroups
+//     one group in flight (all four k32 steps decoded up front); the two warpgroups
 //     overlap each other (one promotes while the other's WGMMAs run). In the L1 GEMM, whose
 //     tokens are folded per 128-K group at this block_m, group 1 chains onto group 0's partial
 //     and the K block is promoted once.
@@ -89,11 +89,13 @@ struct Sm90Tile {
     using Op = typename GmmaE4M3<BLOCK_M>::Op;
     static constexpr int NP = BLOCK_M <= 64 ? 2 : 1;  // partial accumulators (64-K groups in flight)
     static constexpr int WGMMAS_IN_FLIGHT = 2 * NP;  // k32 WGMMAs in flight (design_sm90.WGMMAS_IN_FLIGHT)
-    // block_m <= 32: each thread loads its tokens' scales of both groups into registers before it
-    // decodes (4 NJ registers), so no shared-memory load sits between a WGMMA wait and its
-    // promotion (read at the promotion, the loads made block_m 16 / 32 2% / 5% slower: kernel
-    // v7.5, benchmarks/NOTES_kernel.md); larger tiles read them as they promote
-    static constexpr bool kPreloadScales = BLOCK_M <= 32;
+    // No shared-memory load of a token scale sits between a WGMMA wait and its promotion: at
+    // block_m <= 64 each thread loads its tokens' scales of both groups into registers before it
+    // decodes (4 NJ registers); at block_m 128 (too few registers for that) a group's scales are
+    // loaded while its WGMMAs run, as many as fit (group 1: half, group 0 of the L2 GEMM: a
+    // quarter), the rest after the wait. (Read at the promotion, the loads cost block_m 16 / 32
+    // 2% / 5% in kernel v7.5, block_m 64 7% and block_m 128 8-10% until v8.4:
+    // benchmarks/NOTES_kernel.md.)
 
     float acc[NJ][4];
     float part[NP][NJ][4];
@@ -135,18 +137,22 @@ struct Sm90Tile {
             #pragma unroll
             for (int r = 0; r < 4; ++r) cute::warpgroup_fence_operand(part[pb][j][r]);
     }
-    // acc += part * 2^sx(token) for 64-K group h (the weight scale is in the decoded values and
-    // the epilogue's row scale); fsx: the stage's FP32 token scales [2][BLOCK_M], one float2 per
-    // n8 tile (tokens tok_of(j, 0) and tok_of(j, 1)); pre: kPreloadScales, group h's scales
-    // loaded from there up front
-    __device__ __forceinline__ void promote(int pb, int h, const float* fsx, const float2* pre) {
+    // 64-K group h's token scales of n8 tiles [J0, J1) into sx: fsx, the stage's FP32 token
+    // scales [2][BLOCK_M]; one float2 per n8 tile (tokens tok_of(j, 0) and tok_of(j, 1))
+    template <int J0, int J1>
+    __device__ __forceinline__ void load_scales(const float* fsx, int h, float2 (&sx)[NJ]) const {
+        #pragma unroll
+        for (int j = J0; j < J1; ++j) sx[j] = *reinterpret_cast<const float2*>(fsx + h * BLOCK_M + tok_of(j, 0));
+    }
+    // acc += part * 2^sx(token) for one 64-K group (the weight scale is in the decoded values and
+    // the epilogue's row scale); sx: that group's scales (load_scales)
+    __device__ __forceinline__ void promote(int pb, const float2 (&sx)[NJ]) {
         #pragma unroll
         for (int j = 0; j < NJ; ++j) {
-            const float2 sx = kPreloadScales ? pre[j] : *reinterpret_cast<const float2*>(fsx + h * BLOCK_M + tok_of(j, 0));
-            acc[j][0] = fmaf(part[pb][j][0], sx.x, acc[j][0]);
-            acc[j][1] = fmaf(part[pb][j][1], sx.y, acc[j][1]);
-            acc[j][2] = fmaf(part[pb][j][2], sx.x, acc[j][2]);
-            acc[j][3] = fmaf(part[pb][j][3], sx.y, acc[j][3]);
+            acc[j][0] = fmaf(part[pb][j][0], sx[j].x, acc[j][0]);
+            acc[j][1] = fmaf(part[pb][j][1], sx[j].y, acc[j][1]);
+            acc[j][2] = fmaf(part[pb][j][2], sx[j].x, acc[j][2]);
+            acc[j][3] = fmaf(part[pb][j][3], sx[j].y, acc[j][3]);
         }
     }
     // Operands of one 128-deep K block. w0 / w8: this thread's 16-byte chunk of packed E2M1
@@ -169,15 +175,10 @@ struct Sm90Tile {
     __device__ __forceinline__ void mma_k_block(const uint32_t* w0, const uint32_t* w8, uint32_t o0, uint32_t o8,
                                                 const uint8_t* tab, const uint8_t* a, const float* fsx, bool one) {
         const uint64_t db = sw128_kmajor_desc(a);
-        constexpr int NS = kPreloadScales ? NJ : 1;
-        float2 sx[2][NS];
-        if constexpr (kPreloadScales) {
-            #pragma unroll
-            for (int h = 0; h < 2; ++h)
-                #pragma unroll
-                for (int j = 0; j < NJ; ++j) sx[h][j] = *reinterpret_cast<const float2*>(fsx + h * BLOCK_M + tok_of(j, 0));
-        }
         if constexpr (NP == 2) {
+            float2 sx[2][NJ];
+            load_scales<0, NJ>(fsx, 0, sx[0]);
+            load_scales<0, NJ>(fsx, 1, sx[1]);
             #pragma unroll
             for (int q = 0; q < 4; ++q) decode(w0, w8, o0, o8, tab, q);
             cute::warpgroup_arrive();
@@ -185,32 +186,43 @@ struct Sm90Tile {
             group(1, db, 1);
             cute::warpgroup_wait<1>();
             fence_group(0, 0);
-            promote(0, 0, fsx, sx[0]);
+            promote(0, sx[0]);
             cute::warpgroup_wait<0>();
             fence_group(1, 1);
-            promote(1, 1, fsx, sx[1]);
+            promote(1, sx[1]);
         } else {
+            // All four groups decoded first, and the first pair committed as soon as it is issued
+            // (a commit placed after more code became an empty commit group of its own in the
+            // SASS, waited for too); ptxas gives pair 2-3's fragments pair 0-1's registers either
+            // way, so the decode does not overlap the pair's WGMMAs (kernel v8.4).
             constexpr auto seq = std::make_integer_sequence<int, NJ * 4>{};
-            decode(w0, w8, o0, o8, tab, 0);
-            decode(w0, w8, o0, o8, tab, 1);
+            constexpr int NE0 = NJ / 4, NE1 = NJ / 2;  // scales loaded while the WGMMAs run (more spilled)
+            #pragma unroll
+            for (int q = 0; q < 4; ++q) decode(w0, w8, o0, o8, tab, q);
             cute::warpgroup_arrive();
             gmma_rs<Op>(ra0[0], ra8[0], db, &part[0][0][0], cute::SM90::GMMA::ScaleOut::Zero, seq);
             gmma_rs<Op>(ra0[1], ra8[1], db + 2, &part[0][0][0], cute::SM90::GMMA::ScaleOut::One, seq);
-            decode(w0, w8, o0, o8, tab, 2);
-            decode(w0, w8, o0, o8, tab, 3);
             cute::warpgroup_commit_batch();
+            float2 sx[NJ];
+            if (!one) load_scales<0, NE0>(fsx, 0, sx);
             cute::warpgroup_wait<0>();
             fence_group(0, 0);
-            if (!one) promote(0, 0, fsx, sx[0]);  // group 0 promoted before group 1 reuses the partial
+            if (!one) {  // group 0 promoted before group 1 reuses the partial
+                load_scales<NE0, NJ>(fsx, 0, sx);
+                promote(0, sx);
+            }
             cute::warpgroup_arrive();
             gmma_rs<Op>(ra0[2], ra8[2], db + 4, &part[0][0][0],
                         one ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero, seq);
             gmma_rs<Op>(ra0[3], ra8[3], db + 6, &part[0][0][0], cute::SM90::GMMA::ScaleOut::One, seq);
             cute::warpgroup_commit_batch();
+            float2 sy[NJ];  // (folded per 128 in the L1 GEMM: group 1's scale is group 0's)
+            load_scales<0, NE1>(fsx, 1, sy);
             cute::warpgroup_wait<0>();
+            load_scales<NE1, NJ>(fsx, 1, sy);
             fence_group(0, 0);
             fence_group(1, 0);
-            promote(0, 1, fsx, sx[1]);  // (folded per 128: group 1's scale is group 0's)
+            promote(0, sy);
         }
     }
 };
