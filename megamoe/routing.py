@@ -339,17 +339,20 @@ def kernel_routing_name(spec: RoutingSpec | str) -> str:
     ``one_expert`` have the simulator's distributions.
 
     Raises:
-        InputError: a spelling :meth:`RoutingSpec.parse` rejects, ``zipf`` with an exponent
-            other than 1, or a kind the generator does not make (``masked``, ``hot``, ``file``).
+        InputError: a kind the generator does not make (``masked``, ``hot``, ``file``, or no
+            routing kind at all: the message names the generator's kinds), a spelling of one of
+            its kinds that :meth:`RoutingSpec.parse` rejects, or ``zipf`` with an exponent other
+            than 1.
     """
     text = spec if isinstance(spec, str) else spec.describe()
+    kind = text.split(":", 1)[0].strip().lower()
+    require(kind in RUN_KINDS, "routing",
+            "uniform, zipf[:1] or one_expert for megamoe run --routing (the kernel's input generator makes "
+            "only these; masked, hot and file: are simulate-only)", text)
     spec = RoutingSpec.parse(spec) if isinstance(spec, str) else spec
     if spec.kind == "zipf":
         require(spec.zipf_exponent == 1.0, "routing.zipf_exponent", "1 for megamoe run --routing (the "
                 "kernel's input generator has exponent 1 only)", f"{spec.zipf_exponent:g}")
-    require(spec.kind in RUN_KINDS, "routing",
-            "uniform, zipf[:1] or one_expert for megamoe run --routing (the kernel's input generator makes "
-            "only these; masked, hot and file: are simulate-only)", text)
     return spec.kind
 
 
