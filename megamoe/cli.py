@@ -16,7 +16,7 @@ import os
 import sys
 import tempfile
 
-from .errors import InputError, OneLineArgumentParser, require
+from .errors import InputError, OneLineArgumentParser
 from .outputs import Outputs
 
 
@@ -460,12 +460,12 @@ def cmd_run(a: argparse.Namespace) -> int:
     from .kernel.cli_support import run_main
     from .kernel.runtime import check_kernel_shape
     from .routing import kernel_routing_name
-    from .scenario import MAX_TOKENS_PER_RANK
+    from .scenario import check_tokens_per_rank
     from .shapes import get_shape
 
     s = get_shape(a.shape)  # bad --shape / --routing / --tokens / --trace / kernel limits are reported before looking for a GPU
     check_kernel_shape(s.num_experts, s.top_k, s.hidden, s.intermediate, a.ranks)
-    require(a.tokens <= MAX_TOKENS_PER_RANK, "tokens", f"at most {MAX_TOKENS_PER_RANK} per rank", a.tokens)
+    check_tokens_per_rank(a.tokens)
     routing = kernel_routing_name(a.routing)  # simulate's vocabulary -> the kernel generator's name
     try:  # the kernel runs through torch; `pip install -e .` and the `kernel` extra do not bring it
         import torch  # noqa: F401

@@ -51,6 +51,12 @@ ONE_EXPERT_ID = 3  # the expert every token picks in ``one_expert`` (as megamoe.
 RUN_KINDS = ("uniform", "zipf", "one_expert")  # what ``megamoe run``'s input generator makes
 
 
+def routing_kind(text: str) -> str:
+    """The kind a routing's CLI spelling names (``zipf`` of ``Zipf:1.2``), lower-cased: what
+    :meth:`RoutingSpec.parse` dispatches on."""
+    return text.partition(":")[0].lower()
+
+
 @dataclass(frozen=True)
 class RoutingSpec:
     """How to produce ``topk_idx`` for every rank.
@@ -105,8 +111,7 @@ class RoutingSpec:
         """
         require(isinstance(text, str), "routing", "a RoutingSpec or its CLI spelling (e.g. 'uniform', 'zipf:1.2')",
                 text)
-        kind, _, rest = text.partition(":")
-        kind = kind.lower()
+        kind, rest = routing_kind(text), text.partition(":")[2]
         if kind == "file":
             return cls(kind="file", path=rest)
         args = [a for a in rest.split(":") if a] if rest else []
@@ -345,8 +350,7 @@ def kernel_routing_name(spec: RoutingSpec | str) -> str:
             than 1.
     """
     text = spec if isinstance(spec, str) else spec.describe()
-    kind = text.split(":", 1)[0].strip().lower()
-    require(kind in RUN_KINDS, "routing",
+    require(routing_kind(text) in RUN_KINDS, "routing",
             "uniform, zipf[:1] or one_expert for megamoe run --routing (the kernel's input generator makes "
             "only these; masked, hot and file: are simulate-only)", text)
     spec = RoutingSpec.parse(spec) if isinstance(spec, str) else spec

@@ -53,6 +53,16 @@ def _skew_values(skew) -> tuple[bool, list]:
     return False, [skew.item() if isinstance(skew, np.ndarray) else skew]
 
 
+def check_tokens_per_rank(t) -> None:
+    """One rank's token count as a scenario (and ``megamoe run``) takes it: an integer in
+    ``[0, MAX_TOKENS_PER_RANK]`` (64.5, '64', NaN or True refused, not rounded).
+
+    Raises:
+        InputError: ``tokens``, naming the value as given.
+    """
+    require(is_int(t) and 0 <= t <= MAX_TOKENS_PER_RANK, "tokens",
+            f"integers in [0, {MAX_TOKENS_PER_RANK}] per rank", shown(t))
+
 @dataclass
 class Scenario:
     """Inputs of one call.
@@ -139,8 +149,7 @@ class Scenario:
                     f"an array of shape {list(given.shape)}")
         # the raw values, before anything converts them: 64.5, '64', NaN or True are refused, not rounded
         for t in [] if given is None else list(given) if isinstance(given, (list, tuple, np.ndarray)) else [given]:
-            require(is_int(t) and 0 <= t <= MAX_TOKENS_PER_RANK, "tokens",
-                    f"integers in [0, {MAX_TOKENS_PER_RANK}] per rank", shown(t))
+            check_tokens_per_rank(t)
         require(self.shape.num_experts % self.num_ranks == 0, "ranks",
                 f"a divisor of the expert count {self.shape.num_experts}", self.num_ranks)
         E = self.shape.num_experts

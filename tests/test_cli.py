@@ -205,7 +205,8 @@ def test_run_checks_the_kernel_shape_before_the_gpu(monkeypatch, capsys, args, l
 
 
 def test_run_checks_the_token_count_before_the_gpu(monkeypatch, capsys):
-    """`megamoe run --tokens` above the per-rank limit simulate has is named before the GPU check
+    """`megamoe run --tokens` above the per-rank limit simulate has (the same rule,
+    scenario.check_tokens_per_rank) is named before the GPU check
     (until session 24 a CPU machine said only "no GPU", and a GPU one tried to allocate)."""
     from megamoe.kernel import cli_support
     from megamoe.scenario import MAX_TOKENS_PER_RANK
@@ -213,7 +214,7 @@ def test_run_checks_the_token_count_before_the_gpu(monkeypatch, capsys):
     for ranks in ("1", "2"):
         assert main(["run", "--tokens", str(MAX_TOKENS_PER_RANK + 1), "--ranks", ranks]) == 2
         assert capsys.readouterr().err.strip().splitlines() == [
-            f"megamoe: error: tokens: expected at most {MAX_TOKENS_PER_RANK} per rank, got {MAX_TOKENS_PER_RANK + 1}"]
+            f"megamoe: error: tokens: expected integers in [0, {MAX_TOKENS_PER_RANK}] per rank, got {MAX_TOKENS_PER_RANK + 1}"]
 
 
 def test_kernel_shape_limits():
