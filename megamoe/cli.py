@@ -251,6 +251,10 @@ def cmd_simulate(a: argparse.Namespace) -> int:
         npz = outs.reserve("--trace-npz", a.trace_npz, _SUFFIXES["npz"])
         png = outs.reserve("--plot", a.plot, _SUFFIXES["plot"])
         res = simulate(scenario_from_args(a))
+        n_sms = res.plan.num_sms
+        if a.trace_sms is not None and a.trace_sms > n_sms:  # (before any output is written)
+            raise InputError("trace_sms", f"at most the plan's {n_sms} SMs per rank", a.trace_sms)
+        trace_sms = min(8, n_sms) if a.trace_sms is None else a.trace_sms
         if j:
             out = dict(res.summary)
             out["plan"] = res.plan.to_dict()
@@ -259,7 +263,7 @@ def cmd_simulate(a: argparse.Namespace) -> int:
             with open(j, "w") as f:
                 json.dump(out, f, indent=1, allow_nan=False)
         if tr:
-            res.trace.save_chrome(tr, max_sms=a.trace_sms)
+            res.trace.save_chrome(tr, max_sms=trace_sms)
         if npz:
             res.trace.save_npz(npz)
         if png:
@@ -271,7 +275,7 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     if a.json:
         print(f"wrote {a.json}")
     if a.trace:
-        n = min(a.trace_sms, res.plan.num_sms)
+        n = trace_sms
         print(f"wrote {a.trace} (Chrome trace; SMs 0..{n - 1} of every rank"
               f"{'' if n == res.plan.num_sms else f', of {res.plan.num_sms}'})")
     if a.trace_npz:
@@ -531,8 +535,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write the summary metrics (top-level keys), plan and scenario as JSON")
     o.add_argument("--trace", type=_out_path(".json", ".json.gz"),
                    help="write a Chrome trace JSON (opens in Perfetto; .json.gz ok)")
-    o.add_argument("--trace-sms", type=_positive, default=8,
-                   help="keep SMs 0..N-1 of every rank in --trace (default %(default)s; rank-level rows always)")
+    o.add_argument("--trace-sms", type=_positive, default=None,
+                   help="keep SMs 0..N-1 of every rank in --trace, N at most the plan's SMs (default 8, or all "
+                        "when fewer; rank-level rows always)")
     o.add_argument("--trace-npz", type=_out_path(".npz"),
                    help="write the full trace as columnar NPZ (with scenario meta and routing)")
     o.add_argument("--plot", type=_out_path(".png", ".svg", ".pdf"), help="write a timeline figure")

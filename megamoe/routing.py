@@ -106,15 +106,15 @@ class RoutingSpec:
         ``one_expert``, ``file:PATH``).
 
         Raises:
-            InputError: ``text`` not a string, unknown kind, a parameter that is not a number
-                (``N`` of ``hot`` not an integer), or a value :class:`RoutingSpec` refuses.
+            InputError: ``text`` not a string, unknown kind, a parameter that is empty or not a
+                number (``N`` of ``hot`` not an integer), or a value :class:`RoutingSpec` refuses.
         """
         require(isinstance(text, str), "routing", "a RoutingSpec or its CLI spelling (e.g. 'uniform', 'zipf:1.2')",
                 text)
         kind, rest = routing_kind(text), text.partition(":")[2]
         if kind == "file":
             return cls(kind="file", path=rest)
-        args = [a for a in rest.split(":") if a] if rest else []
+        args = rest.split(":") if ":" in text else []  # an empty part ("zipf:") is refused, not defaulted
 
         def num(i: int, name: str, conv=float):
             try:

@@ -71,6 +71,15 @@ def test_bad_input_one_line_exit_2(args, field):
     assert len(lines) == 1 and field in lines[0] and "Traceback" not in err, err
 
 
+def test_trace_sms_above_the_plan_is_refused_and_nothing_is_written(tmp_path):
+    out = tmp_path / "t.json"
+    rc, _, err = run("simulate", "--tokens", "8", "--trace", str(out), "--trace-sms", "100000")
+    assert rc == 2 and err.strip() == "megamoe: error: trace_sms: expected at most the plan's 148 SMs per rank, got 100000", err
+    assert not out.exists()
+    rc, stdout, _ = run("simulate", "--tokens", "8", "--trace", str(out), "--trace-sms", "148")
+    assert rc == 0 and "SMs 0..147 of every rank)" in stdout and out.exists()
+
+
 def test_bad_routing_file_and_hardware_file(tmp_path):
     bad = tmp_path / "ids.npy"
     np.save(bad, np.full((4, 6), 999))
