@@ -39,6 +39,7 @@ only; there the popular experts are 0, 1, 2, ... in order, not a seeded permutat
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -207,9 +208,16 @@ def _load_array(path: str) -> np.ndarray:
     except InputError:
         raise
     except Exception as exc:  # unreadable file: report it in one line
-        # numpy's ValueError text (about pickles) misleads for a file that is no NumPy file at all
-        why = (": not a NumPy file (an .npz is a zip archive, an .npy starts with a NumPy header)"
-               if isinstance(exc, ValueError) and not path.endswith(".pt") else "")
+        # numpy's ValueError text (about pickles) misleads for a file that is no NumPy file at all;
+        # a real NumPy file raises it for an object (pickled) array
+        why = ""
+        if isinstance(exc, ValueError) and not path.endswith(".pt"):
+            head = b""
+            with contextlib.suppress(OSError), open(path, "rb") as f:
+                head = f.read(6)
+            why = (": an object (pickled) array; save the ids as an integer array"
+                   if head.startswith((b"\x93NUMPY", b"PK")) else
+                   ": not a NumPy file (an .npz is a zip archive, an .npy starts with a NumPy header)")
         raise InputError("routing.file", "a readable .npy/.npz/.pt integer array",
                          f"{path} ({type(exc).__name__}{why})") from None
     return np.asarray(arr)

@@ -85,6 +85,13 @@ def test_file_routing(tmp_path):
                                              r"got .*text\.np[yz] \(ValueError: not a NumPy file \(an \.npz is a zip "
                                              r"archive, an \.npy starts with a NumPy header\)\)$"):
             load_routing_file(str(tmp_path / name), 1, 4, 2)
+    # a real NumPy file holding an object array: said so, not "not a NumPy file"
+    np.save(tmp_path / "obj.npy", np.array([[1, "a"]], dtype=object), allow_pickle=True)
+    np.savez(tmp_path / "obj.npz", topk_idx=np.array([[1, "a"]], dtype=object))
+    for name in ("obj.npy", "obj.npz"):
+        with pytest.raises(InputError, match=r"^routing\.file: expected .*, got .*obj\.np[yz] \(ValueError: an object "
+                                             r"\(pickled\) array; save the ids as an integer array\)$"):
+            load_routing_file(str(tmp_path / name), 1, 4, 2)
     np.save(tmp_path / "bad_shape.npy", np.zeros((3, 3), dtype=np.int64))
     with pytest.raises(InputError, match=r"shape \[T, 2\]"):
         load_routing_file(str(tmp_path / "bad_shape.npy"), 1, 4, 2)
