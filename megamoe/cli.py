@@ -275,9 +275,8 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     if a.json:
         print(f"wrote {a.json}")
     if a.trace:
-        n = trace_sms
-        print(f"wrote {a.trace} (Chrome trace; SMs 0..{n - 1} of every rank"
-              f"{'' if n == res.plan.num_sms else f', of {res.plan.num_sms}'})")
+        print(f"wrote {a.trace} (Chrome trace; SMs 0..{trace_sms - 1} of every rank"
+              f"{'' if trace_sms == res.plan.num_sms else f', of {res.plan.num_sms}'})")
     if a.trace_npz:
         print(f"wrote {a.trace_npz}")
     if a.plot:

@@ -122,7 +122,7 @@ class RoutingSpec:
                 return conv(args[i])
             except ValueError:
                 raise InputError(f"routing.{name}", "an integer" if conv is int else "a number",
-                                 args[i]) from None
+                                 args[i] or "''") from None
 
         if kind == "uniform" and not args:
             return cls()
