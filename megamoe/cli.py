@@ -244,17 +244,20 @@ _SUFFIXES = {"json": (".json",), "trace": (".json", ".json.gz"), "npz": (".npz",
 
 def cmd_simulate(a: argparse.Namespace) -> int:
     from sim.engine import simulate
+    from sim.hardware import load_hardware
 
-    with Outputs() as outs:  # every output path is checked before the simulation runs
+    with Outputs() as outs:  # every output path and --trace-sms are checked before the simulation runs
         j = outs.reserve("--json", a.json, _SUFFIXES["json"])
         tr = outs.reserve("--trace", a.trace, _SUFFIXES["trace"])
         npz = outs.reserve("--trace-npz", a.trace_npz, _SUFFIXES["npz"])
         png = outs.reserve("--plot", a.plot, _SUFFIXES["plot"])
-        res = simulate(scenario_from_args(a))
-        n_sms = res.plan.num_sms
-        if a.trace_sms is not None and a.trace_sms > n_sms:  # (before any output is written)
+        sc = scenario_from_args(a)
+        hw = load_hardware(sc.hardware)
+        n_sms = sc.usable_sms(hw.num_sms)  # the plan's SMs
+        if a.trace_sms is not None and a.trace_sms > n_sms:
             raise InputError("trace_sms", f"at most the plan's {n_sms} SMs per rank", a.trace_sms)
         trace_sms = min(8, n_sms) if a.trace_sms is None else a.trace_sms
+        res = simulate(sc, hw)
         if j:
             out = dict(res.summary)
             out["plan"] = res.plan.to_dict()
@@ -276,7 +279,7 @@ def cmd_simulate(a: argparse.Namespace) -> int:
         print(f"wrote {a.json}")
     if a.trace:
         print(f"wrote {a.trace} (Chrome trace; SMs 0..{trace_sms - 1} of every rank"
-              f"{'' if trace_sms == res.plan.num_sms else f', of {res.plan.num_sms}'})")
+              f"{'' if trace_sms == n_sms else f', of {n_sms}'})")
     if a.trace_npz:
         print(f"wrote {a.trace_npz}")
     if a.plot:

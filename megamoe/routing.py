@@ -112,10 +112,10 @@ class RoutingSpec:
         """
         require(isinstance(text, str), "routing", "a RoutingSpec or its CLI spelling (e.g. 'uniform', 'zipf:1.2')",
                 text)
-        kind, rest = routing_kind(text), text.partition(":")[2]
+        kind, (_, sep, rest) = routing_kind(text), text.partition(":")
         if kind == "file":
             return cls(kind="file", path=rest)
-        args = rest.split(":") if ":" in text else []  # an empty part ("zipf:") is refused, not defaulted
+        args = rest.split(":") if sep else []  # an empty part ("zipf:") is refused, not defaulted
 
         def num(i: int, name: str, conv=float):
             try:

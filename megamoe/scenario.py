@@ -63,6 +63,7 @@ def check_tokens_per_rank(t) -> None:
     require(is_int(t) and 0 <= t <= MAX_TOKENS_PER_RANK, "tokens",
             f"integers in [0, {MAX_TOKENS_PER_RANK}] per rank", shown(t))
 
+
 @dataclass
 class Scenario:
     """Inputs of one call.
@@ -246,15 +247,25 @@ class Scenario:
                                  self.shape.num_experts, self.shape.top_k, self.seed)
         return self._ids
 
+    def usable_sms(self, num_sms: int) -> int:
+        """The SMs the kernel gets on a GPU with ``num_sms``: all but ``reserved_sms`` (the
+        plan's ``num_sms``).
+
+        Raises:
+            InputError: ``reserved_sms`` leaves fewer than 2.
+        """
+        usable = num_sms - self.reserved_sms
+        require(usable >= 2, "reserved_sms", f"<= {num_sms - 2} (at least 2 SMs must remain)",
+                self.reserved_sms)
+        return usable
+
     def plan(self, num_sms: int, smem_capacity: int) -> Plan:
         """Build the plan for a GPU with ``num_sms`` SMs (before reserving ``reserved_sms``).
 
         Raises:
             InputError: overrides the design cannot take, or too many reserved SMs.
         """
-        usable = num_sms - self.reserved_sms
-        require(usable >= 2, "reserved_sms", f"<= {num_sms - 2} (at least 2 SMs must remain)",
-                self.reserved_sms)
+        usable = self.usable_sms(num_sms)
         s = self.shape
         return build_plan(num_experts=s.num_experts, top_k=s.top_k, hidden=s.hidden,
                           intermediate=s.intermediate, num_ranks=self.num_ranks,
