@@ -21,6 +21,7 @@ the block order is DeepGEMM's MegaMoEScheduler rule.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, asdict
 
@@ -240,6 +241,7 @@ class SM90Design:
         return asdict(self)
 
 
+@functools.lru_cache(maxsize=4096)  # pure, and the frozen result is shared: one lookup per kernel call
 def design_for(num_tokens: int, hidden: int, inter: int, num_experts: int, topk: int, num_sms: int = 132,
                ranks: int = 1, block_m: int | None = None, experts_per_wave: int | None = None,
                num_stages: int | None = None, pool_tokens: int | None = None) -> SM90Design:
@@ -252,6 +254,7 @@ def design_for(num_tokens: int, hidden: int, inter: int, num_experts: int, topk:
     Raises:
         ValueError: ``block_m`` not one of ``BLOCK_MS``.
         InputError: ``num_stages`` outside what :func:`stages_for` allows.
+        TypeError: an unhashable argument (the results are cached by argument).
     """
     expected = num_tokens * ranks * topk / num_experts
     bm = block_m or block_m_for(expected)

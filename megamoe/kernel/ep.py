@@ -33,12 +33,16 @@ from __future__ import annotations
 import ctypes
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .. import design_sm90
 from ..errors import require
 from .trace import fetch_records, record_buffers, trace_capacity
+
+if TYPE_CHECKING:
+    from .runtime import CallGraph
 
 # Keep NVLink multicast off whatever starts us (the shared GPUs' rule; harmless elsewhere).
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
@@ -420,12 +424,12 @@ class MegaMoEKernelEP:
                     dst[:T].copy_(src)
         return T
 
-    def capture(self, num_tokens: int, design=None) -> "EPGraph":
+    def capture(self, num_tokens: int, design=None) -> CallGraph:
         """Collective: a CUDA graph of one call with ``num_tokens`` tokens on this rank.
 
-        The graph reads its inputs from fixed tensors (``EPGraph.x``, ``x_sf``,
+        The graph reads its inputs from fixed tensors (``CallGraph.x``, ``x_sf``,
         ``topk_weights`` are views of the symmetric buffer, ``topk_idx`` a fixed int32
-        tensor) and writes ``EPGraph.y``; the caller fills the inputs, then every rank calls
+        tensor) and writes ``CallGraph.y``; the caller fills the inputs, then every rank calls
         ``replay()`` (the same number of times, like calls). One eager call with every slot
         masked runs first on every rank (workspace and launch set-up are not capturable).
 
@@ -442,19 +446,26 @@ class MegaMoEKernelEP:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.device(self.device), torch.cuda.graph(graph, capture_error_mode="thread_local"):
             self(x, x_sf, idx, topk_w, design=design, out=y)
-        return EPGraph(graph, x, x_sf, idx, topk_w, y, self)
+        from .runtime import CallGraph
+        return CallGraph(graph, x, x_sf, idx, topk_w, y, self)
+
+    def _fill(self, g, x, x_sf, topk_idx, topk_w) -> None:
+        """Stage one call's inputs for ``g`` (a :class:`~megamoe.kernel.runtime.CallGraph` of this
+        rank): x, scales and weights into the symmetric buffer, the expert ids into ``g.topk_idx``."""
+        self._stage(x, x_sf, topk_idx, topk_w)
+        g.topk_idx.copy_(topk_idx.to(g.topk_idx.dtype))
 
     def __call__(self, x, x_sf, topk_idx, topk_w, design=None, trace: bool = False, out=None):
         """This rank's MoE output BF16 ``[T_r, H]``; every rank must call (same count of calls).
         Inputs already in the symmetric buffer (:meth:`input_buffers`) are not copied."""
-        from .runtime import POOL_FIELDS, KernelError, Params
+        from .runtime import POOL_FIELDS, KernelError, Params, output_tensor
         torch = self.torch
         T = self._stage(x, x_sf, topk_idx, topk_w)
         topk_idx = topk_idx.to(torch.int32).contiguous()
         design = design or self.design(T)
         self.last_design = design
         ws = self._workspace(design)
-        y = out if out is not None else torch.empty(T, self.H, dtype=torch.bfloat16, device=self.device)
+        y = output_tensor(torch, out, T, self.H, self.device)
         cap = 0
         if trace:
             cap = self._trace_cap(design)
@@ -519,35 +530,6 @@ class MegaMoEKernelEP:
         R = self._ws_key[1]
         sf = ws["l1_pool_sf"].permute(1, 0, 2).reshape(R, self.H // 32)
         return ws["l1_pool"], sf, ws["pool_token"], ws["pool_slot"], ws["pool_rank"]
-
-
-@dataclass
-class EPGraph:
-    """A captured EP call (:meth:`MegaMoEKernelEP.capture`): ``fill(...)`` (or write ``x``
-    float8_e4m3fn ``[T, H]``, ``x_sf`` uint8 UE8M0 ``[T, H/32]``, ``topk_idx`` int32 ``[T, k]``
-    with -1 masked, ``topk_weights`` float32 ``[T, k]`` in place), then ``replay()`` on every rank;
-    the output is ``y`` (BF16 ``[T, H]``). Errors surface through the kernel's ``check()``."""
-
-    graph: object
-    x: object
-    x_sf: object
-    topk_idx: object
-    topk_weights: object
-    y: object
-    kernel: object
-
-    def fill(self, x, x_sf, topk_idx, topk_weights) -> None:
-        """Copy one call's inputs (the shapes this graph was captured for, else a one-line
-        ``InputError``) into the graph's input tensors, as an eager call would."""
-        require(x.shape[0] == self.x.shape[0], "x", f"{self.x.shape[0]} rows (the captured token count)",
-                x.shape[0])
-        self.kernel._stage(x, x_sf, topk_idx, topk_weights)
-        self.topk_idx.copy_(topk_idx.to(self.topk_idx.dtype))
-
-    def replay(self):
-        """Launch the captured call on the current stream; returns ``y``."""
-        self.graph.replay()
-        return self.y
 
 
 def p2p_bandwidth(src_device: int = 0, dst_device: int = 1, nbytes: int = 1 << 30, reps: int = 10) -> dict:

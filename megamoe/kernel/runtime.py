@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import design_sm90
-from ..errors import require
+from ..errors import InputError, is_int, require
 from .build import KernelBuildError, build
 from .select import PATHS, path_for_device
 from .trace import fetch_records, record_buffers, trace_capacity
@@ -276,12 +276,30 @@ def check_call_shapes(x, x_sf, topk_idx, topk_w, hidden: int, topk: int, max_tok
     Raises:
         InputError: the first field whose shape is wrong (one line naming it)."""
     T = x.shape[0]
+    if (x.dim() == 2 and x.shape[1] == hidden and T <= max_tokens and x_sf.shape == (T, hidden // 32)
+            and topk_idx.shape == (T, topk) and topk_w.shape == (T, topk)):
+        return T  # the common case without building the messages below (host time per call)
     require(x.dim() == 2 and x.shape[1] == hidden, "x", f"[T, {hidden}] float8_e4m3fn", tuple(x.shape))
     require(T <= max_tokens, "x", f"at most max_tokens={max_tokens} rows", T)
     require(tuple(x_sf.shape) == (T, hidden // 32), "x_sf", f"[{T}, {hidden // 32}] UE8M0", tuple(x_sf.shape))
     require(tuple(topk_idx.shape) == (T, topk), "topk_idx", f"[{T}, {topk}]", tuple(topk_idx.shape))
     require(tuple(topk_w.shape) == (T, topk), "topk_weights", f"[{T}, {topk}]", tuple(topk_w.shape))
     return T
+
+
+def output_tensor(torch, out, T: int, hidden: int, device):
+    """``out`` (a caller's buffer, checked) or a new BF16 ``[T, hidden]`` tensor for a call's output.
+
+    Raises:
+        InputError: ``out`` not a contiguous bfloat16 ``[T, hidden]`` tensor on a CUDA device
+            (or on ``device``, as the call's inputs)."""
+    if out is None:
+        return torch.empty(T, hidden, dtype=torch.bfloat16, device=device)
+    if not (isinstance(out, torch.Tensor) and out.shape == (T, hidden) and out.dtype == torch.bfloat16
+            and out.is_contiguous() and (out.device == device or out.device.type == "cuda")):
+        got = (tuple(out.shape), str(out.dtype), str(out.device)) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise InputError("out", f"a contiguous bfloat16 [{T}, {hidden}] CUDA tensor", got)
+    return out
 
 
 #: The pool buffers of an SM90 launch (one rank or EP), as ``Params`` fields: :func:`pool_buffers`.
@@ -374,11 +392,18 @@ class MegaMoEKernel:
         as the kernel reads them: ``(T, x uint8, x_sf uint8, topk_idx int32, topk_w float32)``."""
         torch = self.torch
         T = check_call_shapes(x, x_sf, topk_idx, topk_w, self.H, self.K, self.max_tokens)
-        require(x.dtype in (torch.float8_e4m3fn, torch.uint8), "x.dtype", "float8_e4m3fn", str(x.dtype))
-        require(x_sf.dtype in (torch.uint8, torch.float8_e8m0fnu), "x_sf.dtype", "uint8 (UE8M0)", str(x_sf.dtype))
-        for name, t in (("x", x), ("x_sf", x_sf), ("topk_idx", topk_idx), ("topk_weights", topk_w)):
-            require(t.device == self.device or t.device.type == "cuda", name, "a CUDA tensor", str(t.device))
-        require(trace in (False, True, "device"), "trace", "False, True or 'device'", trace)
+        def on_device(t):
+            return t.device == self.device or t.device.type == "cuda"
+
+        if not (x.dtype in (torch.float8_e4m3fn, torch.uint8) and x_sf.dtype in (torch.uint8, torch.float8_e8m0fnu)
+                and on_device(x) and on_device(x_sf) and on_device(topk_idx) and on_device(topk_w)
+                and trace in (False, True, "device")):  # the messages are built only for a bad call
+            require(x.dtype in (torch.float8_e4m3fn, torch.uint8), "x.dtype", "float8_e4m3fn", str(x.dtype))
+            require(x_sf.dtype in (torch.uint8, torch.float8_e8m0fnu), "x_sf.dtype", "uint8 (UE8M0)",
+                    str(x_sf.dtype))
+            for name, t in (("x", x), ("x_sf", x_sf), ("topk_idx", topk_idx), ("topk_weights", topk_w)):
+                require(on_device(t), name, "a CUDA tensor", str(t.device))
+            require(trace in (False, True, "device"), "trace", "False, True or 'device'", trace)
         return (T, x.contiguous().view(torch.uint8), x_sf.contiguous().view(torch.uint8),
                 topk_idx.to(torch.int32).contiguous(), topk_w.to(torch.float32).contiguous())
 
@@ -402,14 +427,31 @@ class MegaMoEKernel:
         self._ws, self._ws_key = ws, key
         return ws
 
-    def _reset_workspace(self):
+    def _reset_workspace(self, ws=None):
+        ws = self._ws if ws is None else ws
         for k in ("expert_count", "arrival", "mask", "error"):
-            if k in self._ws:
-                self._ws[k].zero_()
+            if k in ws:
+                ws[k].zero_()
 
     def design(self, num_tokens: int):
         return design_sm90.design_for(self.max_tokens if num_tokens == 0 else num_tokens, self.H, self.I, self.E,
                                       self.K, num_sms=self.num_sms, **self.fixed)
+
+    def _launch_fields(self, design, ws) -> dict:
+        """The ``Params`` fields that stay the same from call to call for one design, workspace and
+        set of weights (shape, plan numbers, weight and workspace addresses), kept between calls:
+        rebuilding them was most of the host's ~100 us per call (benchmarks/NOTES_kernel.md,
+        twenty-sixth session)."""
+        w = self.weights
+        c = getattr(self, "_fields_cache", None)
+        if c is None or c[0] != design or c[1] is not ws or c[2] is not w:
+            f = dict(hidden=self.H, inter=self.I, num_experts=self.E, topk=self.K, block_m=design.block_m,
+                     num_stages=design.num_stages, experts_per_wave=design.experts_per_wave, num_sms=design.num_sms,
+                     pool_rows=design.pool_rows, device=-1, num_ranks=1, rank=0, **w.params(),
+                     **{k: ws[k].data_ptr() for k in POOL_FIELDS + ("expert_count", "grid_sync", "error", "item_pos",
+                                                                    "item_order", "combine_buf")})
+            c = self._fields_cache = (design, ws, w, f)
+        return c[3]
 
     def __call__(self, x, x_sf, topk_idx, topk_w, trace: bool = False, design=None, out=None):
         torch = self.torch
@@ -417,23 +459,17 @@ class MegaMoEKernel:
         design = design or self.design(T)
         self.last_design = design
         ws = self._workspace(design)
-        y = out if out is not None else torch.empty(T, self.H, dtype=torch.bfloat16, device=self.device)
+        y = output_tensor(torch, out, T, self.H, self.device)
         cap = 0
         if trace:
             cap = self.trace_cap_override or trace_capacity(design, self.I, self.H, self.num_sms, fixed=8)
             tr, trc = record_buffers(self, self.num_sms, cap)
-        w = self.weights
-        p = Params(num_tokens=T, hidden=self.H, inter=self.I, num_experts=self.E, topk=self.K,
-                   block_m=design.block_m, num_stages=design.num_stages, experts_per_wave=design.experts_per_wave,
-                   num_sms=design.num_sms, pool_rows=design.pool_rows, timeout_ns=self.timeout_ns, trace_cap=cap,
+        p = Params(**self._launch_fields(design, ws), num_tokens=T, timeout_ns=self.timeout_ns, trace_cap=cap,
                    fault_inject=self.fault_inject, clamp=self.clamp,
                    x=x.data_ptr(), x_sf=x_sf.data_ptr(), topk_idx=topk_idx.data_ptr(), topk_w=topk_w.data_ptr(),
-                   **w.params(),
-                   **{k: ws[k].data_ptr() for k in POOL_FIELDS + ("expert_count", "grid_sync", "error", "item_pos",
-                                                                  "item_order", "combine_buf")},
                    y=y.data_ptr(), trace=tr.data_ptr() if trace else 0, trace_count=trc.data_ptr() if trace else 0,
                    progress=self.progress.data_ptr() if getattr(self, "progress", None) is not None else 0,
-                   combine_rows=T, device=-1, num_ranks=1, rank=0)
+                   combine_rows=T)
         stream = torch.cuda.current_stream(self.device).cuda_stream
         rc = self.lib.megamoe_sm90_launch(ctypes.byref(p), ctypes.c_void_p(stream))
         if rc != 0:
@@ -446,6 +482,46 @@ class MegaMoEKernel:
             return y, self.fetch_trace()
         return y
 
+    def capture(self, num_tokens: int, design=None) -> CallGraph:
+        """A CUDA graph of one call with ``num_tokens`` tokens: no host work per replay (the
+        serving loop's way to run small batches; ``benchmarks/kernel_bench.py`` times it).
+
+        The graph reads its inputs from fixed tensors (``CallGraph.x`` float8_e4m3fn ``[T, H]``,
+        ``x_sf`` uint8 ``[T, H/32]``, ``topk_idx`` int32 ``[T, k]``, ``topk_weights`` float32
+        ``[T, k]``; filled with :meth:`CallGraph.fill` or in place) and writes ``CallGraph.y``
+        (BF16 ``[T, H]``). One eager call with every slot masked runs first (the workspace and the
+        launch set-up, shared-memory size and TMA descriptors, are not capturable). Replays and
+        eager calls share the workspace: run them on one stream. The graph keeps its workspace
+        alive; an error of a replay surfaces through :meth:`CallGraph.check`.
+
+        Raises:
+            InputError: ``num_tokens`` not an integer in ``[1, max_tokens]``.
+        """
+        torch = self.torch
+        require(is_int(num_tokens) and 1 <= num_tokens <= self.max_tokens, "num_tokens",
+                f"an integer in [1, {self.max_tokens}]", num_tokens)
+        T, dev = int(num_tokens), self.device
+        x = torch.zeros(T, self.H, dtype=torch.float8_e4m3fn, device=dev)
+        x_sf = torch.full((T, self.H // 32), 127, dtype=torch.uint8, device=dev)  # UE8M0 1.0
+        idx = torch.full((T, self.K), -1, dtype=torch.int32, device=dev)
+        topk_w = torch.zeros(T, self.K, dtype=torch.float32, device=dev)
+        y = torch.empty(T, self.H, dtype=torch.bfloat16, device=dev)
+        design = design or self.design(T)
+        self(x, x_sf, idx, topk_w, design=design, out=y)
+        self.check()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.device(dev), torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            self(x, x_sf, idx, topk_w, design=design, out=y)
+        return CallGraph(graph, x, x_sf, idx, topk_w, y, self, self._ws)
+
+    def _fill(self, g: CallGraph, x, x_sf, topk_idx, topk_w) -> None:
+        """Copy one call's inputs (checked as an eager call checks them) into ``g``'s tensors."""
+        _, x, x_sf, topk_idx, topk_w = self._checked_inputs(x, x_sf, topk_idx, topk_w, False)
+        for dst, src in ((g.x.view(self.torch.uint8), x), (g.x_sf, x_sf), (g.topk_idx, topk_idx),
+                         (g.topk_weights, topk_w)):
+            if src.data_ptr() != dst.data_ptr():
+                dst.copy_(src)
+
     def fetch_trace(self) -> list[dict]:
         """Synchronize, check, and decode the records of the last ``trace=True`` or
         ``trace="device"`` call (the shared trace schema, see :mod:`megamoe.kernel.trace`).
@@ -456,12 +532,15 @@ class MegaMoEKernel:
         """
         return fetch_records(self)
 
-    def check(self):
-        """Synchronize and raise :class:`KernelError` if the last launch reported an error."""
+    def check(self, workspace=None):
+        """Synchronize and raise :class:`KernelError` if the last launch reported an error (the
+        launches of ``workspace``, default the last eager call's: :meth:`CallGraph.check` passes
+        its own), then zero that workspace's counters so that the next call can run."""
+        ws = self._ws if workspace is None else workspace
         self.torch.cuda.synchronize(self.device)
-        err = self._ws["error"].cpu().numpy().astype(np.uint32)
+        err = ws["error"].cpu().numpy().astype(np.uint32)
         if err[0] != 0:
-            self._reset_workspace()
+            self._reset_workspace(ws)
             raise KernelError(format_error(err, self.timeout_ns))
 
     def forget_pool_rows(self) -> None:
@@ -495,6 +574,46 @@ class MegaMoEKernel:
         R = self._ws_key[1]
         sf = ws["l1_pool_sf"].permute(1, 0, 2).reshape(R, self.H // 32)
         return ws["l1_pool"], sf, ws["pool_token"], ws["pool_slot"]
+
+
+@dataclass
+class CallGraph:
+    """A captured kernel call (:meth:`MegaMoEKernel.capture`, and
+    :meth:`megamoe.kernel.ep.MegaMoEKernelEP.capture` on every rank): ``fill(...)`` (or write
+    ``x`` float8_e4m3fn ``[T, H]``, ``x_sf`` uint8 UE8M0 ``[T, H/32]``, ``topk_idx`` int32 ``[T, k]``
+    with -1 masked, ``topk_weights`` float32 ``[T, k]`` in place), then ``replay()`` (EP: on every
+    rank, as many times); the output is ``y`` (BF16 ``[T, H]``). Errors surface through
+    :meth:`check`. ``workspace`` keeps the buffers the graph was captured with alive (EP: the
+    kernel's own, allocated once)."""
+
+    graph: object
+    x: object
+    x_sf: object
+    topk_idx: object
+    topk_weights: object
+    y: object
+    kernel: object
+    workspace: object = None
+
+    def fill(self, x, x_sf, topk_idx, topk_weights) -> None:
+        """Copy one call's inputs into the graph's input tensors, checked as an eager call checks
+        them (a one-line ``InputError``; the token count must be the captured one)."""
+        require(x.shape[0] == self.x.shape[0], "x", f"{self.x.shape[0]} rows (the captured token count)",
+                x.shape[0])
+        self.kernel._fill(self, x, x_sf, topk_idx, topk_weights)
+
+    def replay(self):
+        """Launch the captured call on the current stream; returns ``y``."""
+        self.graph.replay()
+        return self.y
+
+    def check(self) -> None:
+        """Synchronize and raise ``KernelError`` if a replay reported an error (the kernel's
+        ``check()`` on the workspace this graph was captured with)."""
+        if self.workspace is None:
+            self.kernel.check()
+        else:
+            self.kernel.check(self.workspace)
 
 
 def design_from_plan(plan, rank: int = 0):

@@ -38,7 +38,7 @@ import numpy as np
 from .. import design_sm100, layouts
 from ..errors import InputError, require
 from . import runtime as _runtime
-from .runtime import KernelError, MegaMoEKernel, Weights
+from .runtime import KernelError, MegaMoEKernel, Weights, output_tensor
 from .select import PATHS, SM100_UNVERIFIED, device_capability, path_for_device
 from .trace import record_buffers, trace_capacity
 
@@ -286,10 +286,7 @@ class MegaMoEKernelSm100(MegaMoEKernel):
         self.check_config(design)
         self.last_design = design
         ws = self._workspace(design)
-        if out is not None:
-            require(tuple(out.shape) == (T, self.H) and out.dtype == torch.bfloat16 and out.is_contiguous(),
-                    "out", f"contiguous bfloat16 [{T}, {self.H}]", (tuple(out.shape), str(out.dtype)))
-        y = out if out is not None else torch.empty(T, self.H, dtype=torch.bfloat16, device=self.device)
+        y = output_tensor(torch, out, T, self.H, self.device)
         cap, tr, trc = 0, None, None
         if trace:
             cap = self.trace_cap_override or trace_capacity(

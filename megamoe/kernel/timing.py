@@ -70,6 +70,30 @@ def cuda_steady_us(fn, calls: int, rounds: int = 1, warmup: int = 1, before_each
     return out
 
 
+def cuda_graph_replay(fn, warmup: int = 2):
+    """``fn`` (launches on the current CUDA stream, no host synchronization) captured as a CUDA
+    graph; returns ``(replay, out)``: the graph's ``replay`` (no argument; the work with no host
+    time per call, as a serving loop replays small batches) and what ``fn`` returned while it was
+    captured (the tensors each replay writes). The ``warmup`` calls run first on a side stream,
+    as ``torch.cuda.graph`` asks.
+
+    Raises:
+        RuntimeError: what capture raises for ``fn`` (an operation that synchronizes the host,
+            e.g. a data-dependent output size)."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph.replay, out
+
+
 def kernel_durations_us(fn, calls: int, name_contains: str) -> list[float]:
     """The GPU durations (microseconds) of the kernels whose name contains ``name_contains``
     that ``calls`` calls of ``fn`` launch, from the CUDA activity records of ``torch.profiler``
