@@ -6,11 +6,15 @@ reference at every token count), trace overhead, the unfused path (torch grouped
 + separate SwiGLU/quant + gather/scatter) and FlagGems' Triton fused MoE with FP8 weights
 (``flag_gems`` importable; wheels carried to the device). Formulas: shared/anchors/README.md.
 
-Two times per implementation and token count: ``us``, one call from an idle GPU (CUDA events
-around the call: the host's work before the launch is inside), and ``us_steady``, back to
-back (one event pair around ``--steady-calls`` calls, divided; median of three rounds): the
-GPU's time per call when the host runs ahead, as in a serving loop. For this kernel also
-``us_kernel``, its own GPU duration (CUPTI, ``torch.profiler``). The trace overhead is
+Three times per implementation and token count: ``us``, one call from an idle GPU (CUDA events
+around the call: the host's work before the launch is inside); ``us_steady``, back to back
+(one event pair around ``--steady-calls`` calls, divided; median of three rounds): the GPU's
+time per call when the host keeps ahead (when it cannot, the host's time per call); and
+``us_graph``, the same back to back for the call captured as a CUDA graph (no host work per
+call, as a serving loop replays small batches; ``graph_error`` when the implementation cannot
+be captured). For this kernel also ``us_kernel``, its own GPU duration (CUPTI,
+``torch.profiler``), ``us_host``, the host's time per eager call, and whether the graph's
+output is bitwise the eager one's. The trace overhead is
 measured on ``us_kernel`` (the issue's "kernel time"), traced and untraced calls alternating.
 """
 
@@ -29,8 +33,8 @@ from megamoe.kernel import MegaMoEKernel, cuda_available, prepare_weights  # noq
 from megamoe.kernel.check import make_weights, make_inputs, reference_sm90, compare  # noqa: E402
 from megamoe.errors import OneLineArgumentParser
 from megamoe.outputs import check_output_path
-from megamoe.kernel.timing import (alternating_rounds, cuda_steady_us, cuda_times_us, kernel_durations_us,  # noqa: E402
-                                   token_counts)
+from megamoe.kernel.timing import (alternating_rounds, cuda_graph_replay, cuda_steady_us, cuda_times_us,  # noqa: E402
+                                   kernel_durations_us, token_counts)
 
 E, K, H, I = 256, 6, 4096, 2048
 
@@ -74,7 +78,43 @@ def fp8_gemm_rate(calls):
     return 2 * n ** 3 / (med * 1e-6) / 1e12, 2 * n ** 3 / (steady * 1e-6) / 1e12
 
 
-def metrics(T, idx, us, weight_bytes_per_expert, us_steady=None):
+def host_us(fn, calls=50):
+    """Host time per call (perf_counter around ``calls`` calls, no synchronization inside): the
+    Python, checks and launch work a call costs the CPU, whatever the GPU does meanwhile."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    dt = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return dt / calls * 1e6
+
+
+def graph_row(fn, calls):
+    """``fn`` (returns its BF16 output tensor) captured as a CUDA graph: ``{"us_graph":
+    back-to-back time per replay, "graph_bitwise_equal": whether a replay's output is bit for bit
+    an eager call's, "graph_rel_l2_vs_eager"}``, or ``{"graph_error": why it could not be
+    captured}``."""
+    try:
+        replay, out = cuda_graph_replay(fn)
+        replay()
+        eager = fn()
+        same = bool(torch.equal(out.view(torch.int16), eager.view(torch.int16)))
+        diff = float((out.float() - eager.float()).norm() / eager.float().norm().clamp_min(1e-30))
+        return {"us_graph": steady_fn(replay, calls), "graph_bitwise_equal": same, "graph_rel_l2_vs_eager": diff}
+    except Exception as e:  # noqa: BLE001 - a peer that cannot be captured is reported, not fatal
+        torch.cuda.synchronize()
+        return {"graph_error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
+
+
+def graph_text(g):
+    """The graph part of a peer's printed line."""
+    if "us_graph" in g:
+        return f"{g['us_graph']:9.1f} us (bitwise {g['graph_bitwise_equal']})"
+    return f"not capturable ({g['graph_error']})"
+
+
+def metrics(T, idx, us, weight_bytes_per_expert, us_steady=None, us_graph=None):
     valid = idx[idx >= 0]
     recv = int(valid.numel())
     touched = int(torch.unique(valid).numel())
@@ -85,6 +125,9 @@ def metrics(T, idx, us, weight_bytes_per_expert, us_steady=None):
     if us_steady is not None:
         out.update(us_steady=us_steady, tflops_steady=flops / (us_steady * 1e-6) / 1e12,
                    hbm_gbs_steady=hbm / (us_steady * 1e-6) / 1e9)
+    if us_graph is not None:
+        out.update(us_graph=us_graph, tflops_graph=flops / (us_graph * 1e-6) / 1e12,
+                   hbm_gbs_graph=hbm / (us_graph * 1e-6) / 1e9)
     return out
 
 
@@ -247,13 +290,24 @@ def main():
         med, best = time_fn(lambda a=call: kern(*a), reps=args.reps)
         steady = steady_fn(lambda a=call: kern(*a), calls)
         us_kernel = statistics.median(kernel_durations_us(lambda a=call: kern(*a), 10, "megamoe_sm90_kernel"))
+        host = host_us(lambda a=call: kern(*a))
         kern.check()
-        row = dict(impl="megamoe_sm90", **metrics(T, idx, med, wb_fp4, steady), us_min=best, us_kernel=us_kernel,
-                   check=c, design=des.as_dict())
+        g = kern.capture(T)  # the same call as a CUDA graph: no host work per call
+        g.fill(*call)
+        y_graph = g.replay()
+        g.check()
+        graph_bitwise = bool(torch.equal(y_graph.view(torch.int16), y.view(torch.int16)))
+        us_graph = steady_fn(g.replay, calls)
+        g.check()
+        row = dict(impl="megamoe_sm90", **metrics(T, idx, med, wb_fp4, steady, us_graph), us_min=best,
+                   us_kernel=us_kernel, us_host=host, graph_bitwise_equal=graph_bitwise, check=c, design=des.as_dict())
+        del g
         res["rows"].append(row)
         print(f"megamoe  T={T:5d} {med:9.1f} us {row['tflops']:7.1f} TFLOP/s {row['hbm_gbs']:7.0f} GB/s "
               f"| back to back {steady:9.1f} us {row['tflops_steady']:7.1f} TFLOP/s {row['hbm_gbs_steady']:7.0f} GB/s "
-              f"| kernel {us_kernel:9.1f} us | relL2={c['rel_l2']:.2e} off={c['frac_off_1pct']:.1e} bm={des.block_m} "
+              f"| graph {us_graph:9.1f} us {row['hbm_gbs_graph']:7.0f} GB/s (bitwise {graph_bitwise}) "
+              f"| kernel {us_kernel:9.1f} us | host {host:6.1f} us "
+              f"| relL2={c['rel_l2']:.2e} off={c['frac_off_1pct']:.1e} bm={des.block_m} "
               f"st={des.num_stages} epw={des.experts_per_wave}", flush=True)
         Path(args.out).write_text(json.dumps(res, indent=1))
         if peer is not None:
@@ -262,10 +316,13 @@ def main():
                 pcall = (xf8, idx, tw)
                 med_p, best_p = time_fn(lambda a=pcall: peer(*a), reps=max(5, args.reps // 2))
                 st_p = steady_fn(lambda a=pcall: peer(*a), calls)
-                rp = dict(impl="torch_unfused_scaled_grouped_mm_fp8", **metrics(T, idx, med_p, wb_fp8, st_p), us_min=best_p)
+                gp = graph_row(lambda a=pcall: peer(*a), calls)
+                rp = dict(impl="torch_unfused_scaled_grouped_mm_fp8",
+                          **metrics(T, idx, med_p, wb_fp8, st_p, gp.get("us_graph")), us_min=best_p,
+                          **{k: v for k, v in gp.items() if k != "us_graph"})
                 res["rows"].append(rp)
                 print(f"unfused  T={T:5d} {med_p:9.1f} us {rp['tflops']:7.1f} TFLOP/s {rp['hbm_gbs']:7.0f} GB/s "
-                      f"| back to back {st_p:9.1f} us", flush=True)
+                      f"| back to back {st_p:9.1f} us | graph {graph_text(gp)}", flush=True)
                 Path(args.out).write_text(json.dumps(res, indent=1))
             except Exception as e:  # noqa: BLE001
                 print(f"unfused T={T}: failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
@@ -280,11 +337,13 @@ def main():
                     fg_checked = True
                 med_f, best_f = time_fn(lambda a=(xb, idx, tw): fg(*a), reps=max(5, args.reps // 2))
                 st_f = steady_fn(lambda a=(xb, idx, tw): fg(*a), calls)
-                rf = dict(impl="flaggems_fused_experts_fp8_w8a8_block128", **metrics(T, idx, med_f, wb_fp8, st_f),
-                          us_min=best_f, **row_fg)
+                gf = graph_row(lambda a=(xb, idx, tw): fg(*a), calls)
+                rf = dict(impl="flaggems_fused_experts_fp8_w8a8_block128",
+                          **metrics(T, idx, med_f, wb_fp8, st_f, gf.get("us_graph")), us_min=best_f, **row_fg,
+                          **{k: v for k, v in gf.items() if k != "us_graph"})
                 res["rows"].append(rf)
                 print(f"flaggems T={T:5d} {med_f:9.1f} us {rf['tflops']:7.1f} TFLOP/s {rf['hbm_gbs']:7.0f} GB/s "
-                      f"| back to back {st_f:9.1f} us"
+                      f"| back to back {st_f:9.1f} us | graph {graph_text(gf)}"
                       + (f" relL2 vs fp32 {row_fg['check_rel_l2_vs_fp32']:.2e}" if row_fg else ""), flush=True)
                 Path(args.out).write_text(json.dumps(res, indent=1))
             except Exception as e:  # noqa: BLE001

@@ -116,8 +116,9 @@ def test_kernel_experiment_ratios_follow_the_committed_runs(site: Path, session,
 
 
 def test_kernel_table_has_the_back_to_back_times_of_the_committed_run(site: Path):
-    """The kernel page's EP1 table: at 64 tokens, this kernel's back-to-back and kernel-alone
-    times, and FlagGems' back-to-back time over ours, recomputed from the JSON rows."""
+    """The kernel page's EP1 table: at 64 tokens, this kernel's back-to-back, kernel-alone and
+    CUDA-graph times, and FlagGems' back-to-back and graph times over ours, recomputed from the
+    JSON rows."""
     d = json.loads((ROOT / "benchmarks/results/kernel_h200_ep1_wgmma.json").read_text())
     rows = {r["impl"]: r for r in d["rows"] if r["tokens"] == 64}
     ours, fg = rows["megamoe_sm90"], rows["flaggems_fused_experts_fp8_w8a8_block128"]
@@ -127,7 +128,9 @@ def test_kernel_table_has_the_back_to_back_times_of_the_committed_run(site: Path
     tr = next(ln for ln in table.split("<tr>") if ln.split("<td")[1:2] and ">64</td>" in ln.split("<td")[1])
     cells = [c.split(">", 1)[1].split("</td>")[0] for c in tr.split("<td")[1:]]
     assert cells[3] == f"{ours['us_steady']:.1f}" and cells[4] == f"{ours['us_kernel']:.1f}", cells
-    assert cells[7] == f"{fg['us_steady']:.1f}" and cells[8] == f"{fg['us_steady'] / ours['us_steady']:.2f}x", cells
+    assert cells[5] == f"{ours['us_graph']:.1f}", cells  # the call as a CUDA graph
+    assert cells[8] == f"{fg['us_steady']:.1f}" and cells[9] == f"{fg['us_steady'] / ours['us_steady']:.2f}x", cells
+    assert cells[10] == f"{fg['us_graph']:.1f}" and cells[11] == f"{fg['us_graph'] / ours['us_graph']:.2f}x", cells
 
 
 def test_numerics_page_has_the_wgmma_model_tables(site: Path):
@@ -424,3 +427,10 @@ def test_kernel_page_states_the_issue_targets_from_the_committed_runs(site: Path
     page = (site / "kernel/index.html").read_text()
     assert f"at least 800 TFLOP/s at 8192 tokens: {tf:.1f} ({'met' if tf >= 800 else 'missed'})." in page
     assert f"{100 * share:.1f}% at 64" in page
+    # the same with every call a CUDA graph: the peers at least as fast as ours, listed by name
+    impls = list(dict.fromkeys(r["impl"] for r in d["rows"]))  # named peer by peer, in the file's order
+    slower = [f"{r['impl']} at {r['tokens']}" for i in impls for r in d["rows"] if r["impl"] == i != "megamoe_sm90"
+              and "us_graph" in r and r["us_graph"] <= ours[r["tokens"]]["us_graph"]]
+    gshare = ours[64]["hbm_gbs_graph"] / d["copy_gbs_steady"]
+    assert f"{100 * gshare:.1f}% at 64" in page
+    assert ("faster than every peer: " + ("yes" if not slower else "no (" + ", ".join(slower) + ")")) in page

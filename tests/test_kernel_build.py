@@ -489,10 +489,12 @@ def test_l1_promoted_once_follows_the_fold():
 
 
 @pytest.mark.parametrize("extra,field", [(["64,x"], "tokens"), (["0"], "tokens"), (["64", "1"], "rounds"),
-                                         (["64", "x"], "rounds"), ([], "device|flag_gems")])
+                                         (["64", "x"], "rounds"), ([], "device|flag_gems"),
+                                         (["64", "2", "--graph"], "device|flag_gems")])
 def test_peer_ab_rejects_bad_arguments_before_any_gpu_work(tmp_path, extra, field):
-    """benchmarks/device/peer_ab.py: a bad token list or round count, or no GPU here, is a
-    one-line argparse error (exit 2) naming the field, before any CUDA set-up; nothing written."""
+    """benchmarks/device/peer_ab.py: a bad token list or round count, or no GPU here (with or
+    without ``--graph``), is a one-line argparse error (exit 2) naming the field, before any
+    CUDA set-up; nothing written."""
     last = _device_script_error(tmp_path, "peer_ab.py", str(tmp_path / "o.json"), *extra)
     assert re.match(rf"peer_ab.py: error: ({field}): expected", last), last
 
@@ -709,8 +711,18 @@ def test_missing_symbol_stubs_rejects_bad_arguments(tmp_path, args, field):
     assert not (tmp_path / "o.cpp").exists() and not list((tmp_path / "adir").iterdir())
 
 
+@pytest.mark.parametrize("extra,field", [(["--tokens", "1,x"], "tokens"), (["--tokens", "0"], "tokens"),
+                                         ([], "device")])
+def test_host_overhead_rejects_bad_arguments_before_any_gpu_work(tmp_path, extra, field):
+    """benchmarks/device/host_overhead.py: a bad token list, or no GPU here, is a one-line
+    argparse error (exit 2) naming the field before any CUDA set-up; nothing written."""
+    last = _device_script_error(tmp_path, "host_overhead.py", str(tmp_path / "o.json"), *extra)
+    assert re.match(rf"host_overhead.py: error: {field}: expected", last), last
+    assert not (tmp_path / "o.json").exists()
+
+
 @pytest.mark.parametrize("script,pre", [("sgl_deep_gemm_probe.py", []), ("peer_ab.py", []),
-                                        ("ab_interleaved.py", ["LIB"])])
+                                        ("ab_interleaved.py", ["LIB"]), ("host_overhead.py", [])])
 def test_device_scripts_refuse_a_folder_as_their_json(tmp_path, script, pre):
     """The device scripts that rewrite their JSON after every row check the path up front
     (megamoe.outputs.check_output_path): an existing folder given as the output is a one-line

@@ -865,6 +865,11 @@ class Gen:
         stream = {t: ours[t]["hbm_gbs_steady"] / copy for t in ours if t <= 64}
         slower = [f"{impl} at {t}" for impl, rows in by.items() if impl != "megamoe_sm90"
                   for t, r in rows.items() if t in ours and r["us_steady"] <= ours[t]["us_steady"]]
+        graphs = any("us_graph" in r for r in ours.values())
+        slower_g = [f"{impl} at {t}" for impl, rows in by.items() if impl != "megamoe_sm90"
+                    for t, r in rows.items() if t in ours and "us_graph" in r and "us_graph" in ours[t]
+                    and r["us_graph"] <= ours[t]["us_graph"]]
+        uncapturable = sorted({impl for impl, rows in by.items() if any("graph_error" in r for r in rows.values())})
         lines = [("Issue 5's targets against the committed runs (one H200, V4-Flash shape, EP1, "
                   f"{d.get('date', '')}, back to back; `benchmarks/results/kernel_h200_ep1_wgmma.json`):"), "",
                  (f"* at least 800 TFLOP/s at 8192 tokens: {ours[8192]['tflops_steady']:.1f} "
@@ -874,6 +879,15 @@ class Gen:
                   + f" ({'met' if min(stream.values()) >= 0.70 else 'missed'})."),
                  ("* faster than every peer that runs here at every token count, back to back: "
                   + ("yes" if not slower else "no (" + ", ".join(slower) + ")") + ".")]
+        if graphs:
+            gstream = {t: ours[t]["hbm_gbs_graph"] / copy for t in ours if t <= 64 and "hbm_gbs_graph" in ours[t]}
+            lines += [("* the same with every call replayed as a CUDA graph (no host time per call, as serving "
+                       "loops run small batches): weight streaming "
+                       + ", ".join(f"{100 * v:.1f}% at {t}" for t, v in sorted(gstream.items()))
+                       + f" ({'met' if gstream and min(gstream.values()) >= 0.70 else 'missed'}); faster than every "
+                       "peer: " + ("yes" if not slower_g else "no (" + ", ".join(slower_g) + ")")
+                       + (f" ({', '.join(uncapturable)}: not capturable, so not compared)" if uncapturable else "")
+                       + ".")]
         ab = ROOT / "benchmarks/results/kernel_peer_ab_h200.json"
         if ab.exists():
             a = json.loads(ab.read_text())
@@ -881,6 +895,15 @@ class Gen:
             lines.append(f"* the same when the two alternate with FlagGems (`kernel_peer_ab_h200.json`, "
                          f"{len(a['processes'])} processes): our time over FlagGems' at most {worst:.3f} "
                          f"({'faster everywhere' if worst < 1 else 'not faster everywhere'}).")
+        abg = ROOT / "benchmarks/results/kernel_peer_ab_graph_h200.json"
+        if abg.exists():
+            g = json.loads(abg.read_text())
+            ratios = sorted(((int(t), v["ratio_median"]) for t, v in g["tokens"].items()))
+            not_faster = [t for t, v in ratios if v >= 1]
+            lines.append(f"* both as CUDA graphs, alternating (`kernel_peer_ab_graph_h200.json`, {g['rounds']} ABBA "
+                         "rounds): our time over FlagGems' " + ", ".join(f"{v:.3f} at {t}" for t, v in ratios)
+                         + (" (faster everywhere)." if not not_faster else
+                            f" (not faster at {', '.join(map(str, not_faster))} token{'s' if len(not_faster) > 1 else ''})."))
         return lines + [""]
 
     def _kernel_results(self, results: list[str]) -> None:
@@ -909,6 +932,7 @@ class Gen:
             base = [i for i in impls if i != ours and i not in variants]
             ranks = int(d.get("ranks", 1))
             steady = any("us_steady" in r for r in d["rows"])  # back-to-back times (fifteenth session on)
+            graph = any("us_graph" in r for r in d["rows"])  # CUDA-graph replays (twenty-sixth session on)
             sim_ok = True
             rows = []
             for T in sorted(by):
@@ -917,6 +941,8 @@ class Gen:
                 if steady:
                     row += [f"{r['us_steady']:.1f}" if "us_steady" in r else "-",
                             f"{r['us_kernel']:.1f}" if "us_kernel" in r else "-"]
+                if graph:
+                    row.append(f"{r['us_graph']:.1f}" if "us_graph" in r else "-")
                 for v in variants:
                     vu = by[T].get(v, {}).get("us")
                     row.append(f"{vu:.1f}" if vu else "-")
@@ -927,6 +953,10 @@ class Gen:
                         bs = by[T].get(b, {}).get("us_steady")
                         row += [f"{bs:.1f}" if bs else "-",
                                 f"{bs / r['us_steady']:.2f}x" if bs and r.get("us_steady") else "-"]
+                    if graph:
+                        bg = by[T].get(b, {}).get("us_graph")
+                        row += [f"{bg:.1f}" if bg else ("not capturable" if "graph_error" in by[T].get(b, {}) else "-"),
+                                f"{bg / r['us_graph']:.2f}x" if bg and r.get("us_graph") else "-"]
                 chk = r.get("check") or {}
                 row.append(f"{chk['rel_l2']:.1e}" if "rel_l2" in chk else "-")
                 if sim_ok:
@@ -944,11 +974,15 @@ class Gen:
             head = ["tokens", f"`{ours}` (us)", "TFLOPS"]
             if steady:
                 head += ["back to back (us)", "kernel alone (us)"]
+            if graph:
+                head += ["as a CUDA graph, back to back (us)"]
             head += [f"`{v}` (us)" for v in variants]
             for b in base:
                 head += [f"`{b}` (us)", "its time / ours (>1: ours faster)"]
                 if steady:
                     head += ["back to back (us)", "its / ours, back to back"]
+                if graph:
+                    head += ["as a CUDA graph (us)", "its / ours, as graphs"]
             head += ["rel. L2 error vs reference", "simulator, `megamoe-sm90` on `h200` (us)"]
             meta = ", ".join(f"{k} {d[k]}" for k in ("device", "torch", "date") if k in d)
             meta += f", kernel build `{d['build']}`" if "build" in d else ", kernel build not recorded in the file"
@@ -964,6 +998,9 @@ class Gen:
                    "the GPU's time "
                    "per call while the host runs ahead) and, for this kernel, its own GPU duration (CUPTI)."
                    if steady else "")
+            how += (" As a CUDA graph: the call captured once and replayed back to back in the same way (no host "
+                    "work per call); an implementation whose call cannot be captured (it synchronizes the host) "
+                    "says so." if graph else "")
             out.append(f"**`{f}`** ({meta}; shape E={sh.get('E')}, k={sh.get('K')}, H={sh.get('H')}, I={sh.get('I')}, "
                        f"EP{ranks}{'; ' + ', '.join(extra) if extra else ''}).{how}\n\n" + _md_table(head, rows))
             # figure: time vs tokens
