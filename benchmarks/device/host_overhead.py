@@ -63,10 +63,10 @@ def main() -> int:
                 f()
             hs.append((time.perf_counter() - t0) / 50 * 1e6)
         torch.cuda.synchronize()
-        r = dict(host_us=statistics.median(hs), steady_us=statistics.median(cuda_steady_us(f, 10, rounds=5)),
-                 steady50_us=statistics.median(cuda_steady_us(f, 50, rounds=3)),
-                 single_us=statistics.median(cuda_times_us(f, 20, 3)),
-                 kernel_us=statistics.median(kernel_durations_us(f, 10, "megamoe_sm90_kernel")))
+        r = {"host_us": statistics.median(hs), "steady_us": statistics.median(cuda_steady_us(f, 10, rounds=5)),
+             "steady50_us": statistics.median(cuda_steady_us(f, 50, rounds=3)),
+             "single_us": statistics.median(cuda_times_us(f, 20, 3)),
+             "kernel_us": statistics.median(kernel_durations_us(f, 10, "megamoe_sm90_kernel"))}
         if hasattr(k, "capture"):  # runtimes from the twenty-sixth session on
             g = k.capture(T)
             g.fill(x, xs, idx, tw)

@@ -51,6 +51,13 @@ def run_main(num_experts: int = 256, topk: int = 6, hidden: int = 4096, inter: i
         ts = cuda_times_us(lambda: k(x, xs, idx, tw), reps)
         steady = statistics.median(cuda_steady_us(lambda: k(x, xs, idx, tw), reps, rounds=3))
         k.check()
+        graph = None
+        if tokens > 0:  # the same call as a CUDA graph (no host work per call)
+            g = k.capture(tokens)
+            g.fill(x, xs, idx, tw)
+            same = bool(torch.equal(g.replay().view(torch.int16), y.view(torch.int16)))
+            graph = (statistics.median(cuda_steady_us(g.replay, reps, rounds=3)), same)
+            g.check()
     except KernelError as e:
         print(f"megamoe run: {e}", file=sys.stderr)
         return 1
@@ -61,6 +68,9 @@ def run_main(num_experts: int = 256, topk: int = 6, hidden: int = 4096, inter: i
     print(f"tokens {tokens}: {us:.1f} us per call from an idle GPU (median of {reps}), {flop / us / 1e6:.1f} TFLOP/s; "
           f"{steady:.1f} us back to back ({reps} calls per round, median of 3; the host runs ahead), "
           f"{flop / steady / 1e6:.1f} TFLOP/s")
+    if graph is not None:
+        print(f"as a CUDA graph (MegaMoEKernel.capture): {graph[0]:.1f} us back to back, {flop / graph[0] / 1e6:.1f} "
+              f"TFLOP/s; output bitwise equal to the eager call's: {graph[1]}")
     rc = 0
     if check:
         bm = k.last_design.block_m  # sets the L1 fold (design_sm90.L1_X_FOLD_K)
