@@ -392,6 +392,7 @@ class MegaMoEKernel:
         as the kernel reads them: ``(T, x uint8, x_sf uint8, topk_idx int32, topk_w float32)``."""
         torch = self.torch
         T = check_call_shapes(x, x_sf, topk_idx, topk_w, self.H, self.K, self.max_tokens)
+
         def on_device(t):
             return t.device == self.device or t.device.type == "cuda"
 
@@ -439,9 +440,10 @@ class MegaMoEKernel:
 
     def _launch_fields(self, design, ws) -> dict:
         """The ``Params`` fields that stay the same from call to call for one design, workspace and
-        set of weights (shape, plan numbers, weight and workspace addresses), kept between calls:
-        rebuilding them was most of the host's ~100 us per call (benchmarks/NOTES_kernel.md,
-        twenty-sixth session)."""
+        set of weights (shape, plan numbers, weight and workspace addresses), kept between calls.
+        Rebuilding them per call, with the design rule and the check messages, cost about two
+        thirds of the host's ~100 us per eager call (benchmarks/NOTES_kernel.md, twenty-sixth
+        session)."""
         w = self.weights
         c = getattr(self, "_fields_cache", None)
         if c is None or c[0] != design or c[1] is not ws or c[2] is not w:
