@@ -25,7 +25,7 @@ import functools
 import math
 from dataclasses import dataclass, asdict
 
-from .errors import require
+from .errors import is_int, require
 
 #: Output columns per block (both GEMMs). L1 blocks cover 64 gate + 64 up rows.
 BLOCK_N = 128
@@ -252,16 +252,27 @@ def design_for(num_tokens: int, hidden: int, inter: int, num_experts: int, topk:
     ``num_tokens``; the EP launcher passes its ``max_tokens``).
 
     Raises:
-        ValueError: ``block_m`` not one of ``BLOCK_MS``.
-        InputError: ``num_stages`` outside what :func:`stages_for` allows.
+        InputError: a count that is not an integer of its range (``num_tokens`` >= 0;
+            ``hidden``, ``inter``, ``num_experts``, ``topk``, ``num_sms``, ``ranks`` >= 1;
+            ``experts_per_wave`` None or >= 1; ``pool_tokens`` None or >= 0), ``block_m`` not
+            None or one of ``BLOCK_MS``, ``num_stages`` outside what :func:`stages_for` allows.
         TypeError: an unhashable argument (the results are cached by argument).
     """
+    def shown(v):  # '64' is not 64
+        return repr(v) if isinstance(v, str) else v
+
+    for name, v, lo in (("num_tokens", num_tokens, 0), ("hidden", hidden, 1), ("inter", inter, 1),
+                        ("num_experts", num_experts, 1), ("topk", topk, 1), ("num_sms", num_sms, 1),
+                        ("ranks", ranks, 1)):
+        require(is_int(v) and v >= lo, name, f"an integer >= {lo}", shown(v))
+    for name, v, lo in (("experts_per_wave", experts_per_wave, 1), ("pool_tokens", pool_tokens, 0)):
+        require(v is None or (is_int(v) and v >= lo), name, f"None (the rule) or an integer >= {lo}", shown(v))
+    require(block_m is None or (is_int(block_m) and block_m in BLOCK_MS), "block_m",
+            f"None (the rule) or one of {BLOCK_MS}", shown(block_m))
     expected = num_tokens * ranks * topk / num_experts
-    bm = block_m or block_m_for(expected)
-    if bm not in BLOCK_MS:
-        raise ValueError(f"block_m: expected one of {BLOCK_MS}, got {bm}")
+    bm = block_m if block_m is not None else block_m_for(expected)
     st = stages_for(bm, num_experts, num_stages)
-    epw = experts_per_wave or experts_per_wave_for(num_experts // ranks, expected, bm, inter, num_sms)
+    epw = experts_per_wave if experts_per_wave is not None else experts_per_wave_for(num_experts // ranks, expected, bm, inter, num_sms)
     rows = pool_rows_for(num_tokens if pool_tokens is None else pool_tokens, topk, num_experts, bm, ranks)
     return SM90Design(block_m=bm, block_n=BLOCK_N, block_k=BLOCK_K, num_stages=st, experts_per_wave=epw,
                       num_sms=num_sms, pool_rows=rows, smem_bytes=smem_bytes(bm, st, num_experts))

@@ -141,10 +141,16 @@ def test_sm90_call_inputs_are_checked_before_launch(sm90_env):
         ((x, x_sf.float(), idx, w), {}, r"^x_sf\.dtype: expected uint8 \(UE8M0\), got torch\.float32$"),
         ((x, x_sf, idx, w), {"trace": "yes"}, r"^trace: expected False, True or 'device', got yes$"),
         ((x, x_sf, idx, w), {"out": torch.empty(3, H, dtype=torch.float32)},
-         rf"^out: expected a contiguous bfloat16 \[3, {H}\] CUDA tensor, got \(\(3, {H}\), 'torch\.float32', 'cpu'\)$"),
+         rf"^out: expected a contiguous bfloat16 \[3, {H}\] tensor on the call's CUDA device, "
+         rf"got a contiguous float32 \[3, {H}\] tensor on cpu$"),
         ((x, x_sf, idx, w), {"out": torch.empty(H, 3, dtype=torch.bfloat16).t()},
-         rf"^out: expected a contiguous bfloat16 \[3, {H}\] CUDA tensor, got \(\(3, {H}\), 'torch\.bfloat16', 'cpu'\)$"),
-        ((x, x_sf, idx, w), {"out": "y"}, rf"^out: expected a contiguous bfloat16 \[3, {H}\] CUDA tensor, got str$"),
+         rf"^out: expected a contiguous bfloat16 \[3, {H}\] tensor on the call's CUDA device, "
+         rf"got a non-contiguous bfloat16 \[3, {H}\] tensor on cpu$"),
+        ((x, x_sf, idx, w), {"out": "y"},
+         rf"^out: expected a contiguous bfloat16 \[3, {H}\] tensor on the call's CUDA device, got str$"),
+        (([1, 2], x_sf, idx, w), {}, r"^x: expected a torch tensor, got list$"),
+        ((x, x_sf, idx.numpy(), w), {}, r"^topk_idx: expected a torch tensor, got ndarray$"),
+        ((x[0, 0], x_sf, idx, w), {}, rf"^x: expected \[T, {H}\] float8_e4m3fn, got \(\)$"),
     ]
     for args, kw, msg in bad:
         with pytest.raises(InputError, match=msg):
@@ -169,8 +175,30 @@ def test_design_for_is_cached_by_argument_and_still_checks():
     b = design_sm90.design_for(5, H, I, E, K, num_sms=6, block_m=64)
     assert b.block_m == 64 and a.block_m != 64
     for _ in range(2):  # an error is not cached as a result
-        with pytest.raises(ValueError, match=r"^block_m: expected one of \(16, 32, 64, 128\), got 48$"):
+        with pytest.raises(InputError, match=r"^block_m: expected None \(the rule\) or one of \(16, 32, 64, 128\), got 48$"):
             design_sm90.design_for(5, H, I, E, K, num_sms=6, block_m=48)
+    # every count is an integer of its range: a zero is not read as "the rule", a float or a
+    # string is not taken as a number, an empty expert count is not a ZeroDivisionError
+    bad = [
+        (dict(block_m=0), r"^block_m: expected None \(the rule\) or one of \(16, 32, 64, 128\), got 0$"),
+        (dict(block_m=64.0), r"^block_m: expected None \(the rule\) or one of \(16, 32, 64, 128\), got 64\.0$"),
+        (dict(block_m="64"), r"^block_m: expected None \(the rule\) or one of \(16, 32, 64, 128\), got '64'$"),
+        (dict(experts_per_wave=0), r"^experts_per_wave: expected None \(the rule\) or an integer >= 1, got 0$"),
+        (dict(experts_per_wave=-3), r"^experts_per_wave: expected None \(the rule\) or an integer >= 1, got -3$"),
+        (dict(pool_tokens=-1), r"^pool_tokens: expected None \(the rule\) or an integer >= 0, got -1$"),
+        (dict(num_experts=0), r"^num_experts: expected an integer >= 1, got 0$"),
+        (dict(ranks=0), r"^ranks: expected an integer >= 1, got 0$"),
+        (dict(num_tokens=-5), r"^num_tokens: expected an integer >= 0, got -5$"),
+        (dict(topk=0), r"^topk: expected an integer >= 1, got 0$"),
+        (dict(num_sms=0), r"^num_sms: expected an integer >= 1, got 0$"),
+        (dict(num_sms=True), r"^num_sms: expected an integer >= 1, got True$"),
+    ]
+    args = dict(num_tokens=5, hidden=H, inter=I, num_experts=E, topk=K, num_sms=6)
+    for kw, msg in bad:
+        with pytest.raises(InputError, match=msg):
+            design_sm90.design_for(**{**args, **kw})
+    with pytest.raises(TypeError, match="unhashable"):
+        design_sm90.design_for(**{**args, "num_tokens": [5]})
 
 
 def test_capture_checks_its_token_count(sm90_env):

@@ -275,11 +275,18 @@ def check_call_shapes(x, x_sf, topk_idx, topk_w, hidden: int, topk: int, max_tok
 
     Raises:
         InputError: the first field whose shape is wrong (one line naming it)."""
-    T = x.shape[0]
-    if (x.dim() == 2 and x.shape[1] == hidden and T <= max_tokens and x_sf.shape == (T, hidden // 32)
-            and topk_idx.shape == (T, topk) and topk_w.shape == (T, topk)):
-        return T  # the common case without building the messages below (host time per call)
+    try:
+        T = x.shape[0]
+        if (x.dim() == 2 and x.shape[1] == hidden and T <= max_tokens and x_sf.shape == (T, hidden // 32)
+                and topk_idx.shape == (T, topk) and topk_w.shape == (T, topk)
+                and hasattr(x_sf, "dim") and hasattr(topk_idx, "dim") and hasattr(topk_w, "dim")):
+            return T  # the common case without building the messages below (host time per call)
+    except (AttributeError, IndexError, TypeError):
+        pass  # not tensors, or a 0-D x: named below
+    for name, t in (("x", x), ("x_sf", x_sf), ("topk_idx", topk_idx), ("topk_weights", topk_w)):
+        require(hasattr(t, "dim") and hasattr(t, "shape"), name, "a torch tensor", type(t).__name__)
     require(x.dim() == 2 and x.shape[1] == hidden, "x", f"[T, {hidden}] float8_e4m3fn", tuple(x.shape))
+    T = x.shape[0]
     require(T <= max_tokens, "x", f"at most max_tokens={max_tokens} rows", T)
     require(tuple(x_sf.shape) == (T, hidden // 32), "x_sf", f"[{T}, {hidden // 32}] UE8M0", tuple(x_sf.shape))
     require(tuple(topk_idx.shape) == (T, topk), "topk_idx", f"[{T}, {topk}]", tuple(topk_idx.shape))
@@ -291,14 +298,17 @@ def output_tensor(torch, out, T: int, hidden: int, device):
     """``out`` (a caller's buffer, checked) or a new BF16 ``[T, hidden]`` tensor for a call's output.
 
     Raises:
-        InputError: ``out`` not a contiguous bfloat16 ``[T, hidden]`` tensor on a CUDA device
-            (or on ``device``, as the call's inputs)."""
+        InputError: ``out`` not a contiguous bfloat16 ``[T, hidden]`` tensor on the call's
+            device (a CUDA device, or ``device`` as the call's inputs)."""
     if out is None:
         return torch.empty(T, hidden, dtype=torch.bfloat16, device=device)
     if not (isinstance(out, torch.Tensor) and out.shape == (T, hidden) and out.dtype == torch.bfloat16
             and out.is_contiguous() and (out.device == device or out.device.type == "cuda")):
-        got = (tuple(out.shape), str(out.dtype), str(out.device)) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise InputError("out", f"a contiguous bfloat16 [{T}, {hidden}] CUDA tensor", got)
+        got = type(out).__name__
+        if isinstance(out, torch.Tensor):
+            got = (f"{'a contiguous' if out.is_contiguous() else 'a non-contiguous'} {str(out.dtype)[6:]} "
+                   f"{list(out.shape)} tensor on {out.device}")
+        raise InputError("out", f"a contiguous bfloat16 [{T}, {hidden}] tensor on the call's CUDA device", got)
     return out
 
 
