@@ -69,14 +69,14 @@ def _inputs(torch, T, seed=0):
 def _expected(k, design, T, x, x_sf, idx, w, y):
     """Every Params field of an untraced call, listed from its sources (not from the cache)."""
     ws, wt = k._ws, k.weights
-    f = dict(num_tokens=T, hidden=k.H, inter=k.I, num_experts=k.E, topk=k.K, block_m=design.block_m,
-             num_stages=design.num_stages, experts_per_wave=design.experts_per_wave, num_sms=design.num_sms,
-             pool_rows=design.pool_rows, timeout_ns=k.timeout_ns, trace_cap=0, fault_inject=k.fault_inject,
-             x=x.data_ptr(), x_sf=x_sf.data_ptr(), topk_idx=idx.data_ptr(), topk_w=w.data_ptr(), y=y.data_ptr(),
-             trace=0, trace_count=0, progress=0, combine_rows=T, device=-1, num_ranks=1, rank=0,
-             w1=wt.w1.data_ptr(), w1_sf=wt.w1_sf.data_ptr(), w2=wt.w2.data_ptr(), w2_sf=wt.w2_sf.data_ptr(),
-             w1_row_scale=wt.w1_row_scale.data_ptr(), w2_row_scale=wt.w2_row_scale.data_ptr(),
-             fold_table=wt.fold_table.data_ptr())
+    f = {"num_tokens": T, "hidden": k.H, "inter": k.I, "num_experts": k.E, "topk": k.K, "block_m": design.block_m,
+             "num_stages": design.num_stages, "experts_per_wave": design.experts_per_wave, "num_sms": design.num_sms,
+             "pool_rows": design.pool_rows, "timeout_ns": k.timeout_ns, "trace_cap": 0, "fault_inject": k.fault_inject,
+             "x": x.data_ptr(), "x_sf": x_sf.data_ptr(), "topk_idx": idx.data_ptr(), "topk_w": w.data_ptr(), "y": y.data_ptr(),
+             "trace": 0, "trace_count": 0, "progress": 0, "combine_rows": T, "device": -1, "num_ranks": 1, "rank": 0,
+             "w1": wt.w1.data_ptr(), "w1_sf": wt.w1_sf.data_ptr(), "w2": wt.w2.data_ptr(), "w2_sf": wt.w2_sf.data_ptr(),
+             "w1_row_scale": wt.w1_row_scale.data_ptr(), "w2_row_scale": wt.w2_row_scale.data_ptr(),
+             "fold_table": wt.fold_table.data_ptr()}
     for name in runtime.POOL_FIELDS + ("expert_count", "grid_sync", "error", "item_pos", "item_order", "combine_buf"):
         f[name] = ws[name].data_ptr()
     return f
@@ -141,11 +141,11 @@ def test_sm90_call_inputs_are_checked_before_launch(sm90_env):
         ((x, x_sf.float(), idx, w), {}, r"^x_sf\.dtype: expected uint8 \(UE8M0\), got torch\.float32$"),
         ((x, x_sf, idx, w), {"trace": "yes"}, r"^trace: expected False, True or 'device', got yes$"),
         ((x, x_sf, idx, w), {"out": torch.empty(3, H, dtype=torch.float32)},
-         rf"^out: expected a contiguous bfloat16 \[3, {H}\] tensor on the call's CUDA device, "
-         rf"got a contiguous float32 \[3, {H}\] tensor on cpu$"),
+         (rf"^out: expected a contiguous bfloat16 \[3, {H}\] tensor on the call's CUDA device, "
+         rf"got a contiguous float32 \[3, {H}\] tensor on cpu$")),
         ((x, x_sf, idx, w), {"out": torch.empty(H, 3, dtype=torch.bfloat16).t()},
-         rf"^out: expected a contiguous bfloat16 \[3, {H}\] tensor on the call's CUDA device, "
-         rf"got a non-contiguous bfloat16 \[3, {H}\] tensor on cpu$"),
+         (rf"^out: expected a contiguous bfloat16 \[3, {H}\] tensor on the call's CUDA device, "
+         rf"got a non-contiguous bfloat16 \[3, {H}\] tensor on cpu$")),
         ((x, x_sf, idx, w), {"out": "y"},
          rf"^out: expected a contiguous bfloat16 \[3, {H}\] tensor on the call's CUDA device, got str$"),
         (([1, 2], x_sf, idx, w), {}, r"^x: expected a torch tensor, got list$"),
@@ -180,20 +180,20 @@ def test_design_for_is_cached_by_argument_and_still_checks():
     # every count is an integer of its range: a zero is not read as "the rule", a float or a
     # string is not taken as a number, an empty expert count is not a ZeroDivisionError
     bad = [
-        (dict(block_m=0), r"^block_m: expected None \(the rule\) or one of \(16, 32, 64, 128\), got 0$"),
-        (dict(block_m=64.0), r"^block_m: expected None \(the rule\) or one of \(16, 32, 64, 128\), got 64\.0$"),
-        (dict(block_m="64"), r"^block_m: expected None \(the rule\) or one of \(16, 32, 64, 128\), got '64'$"),
-        (dict(experts_per_wave=0), r"^experts_per_wave: expected None \(the rule\) or an integer >= 1, got 0$"),
-        (dict(experts_per_wave=-3), r"^experts_per_wave: expected None \(the rule\) or an integer >= 1, got -3$"),
-        (dict(pool_tokens=-1), r"^pool_tokens: expected None \(the rule\) or an integer >= 0, got -1$"),
-        (dict(num_experts=0), r"^num_experts: expected an integer >= 1, got 0$"),
-        (dict(ranks=0), r"^ranks: expected an integer >= 1, got 0$"),
-        (dict(num_tokens=-5), r"^num_tokens: expected an integer >= 0, got -5$"),
-        (dict(topk=0), r"^topk: expected an integer >= 1, got 0$"),
-        (dict(num_sms=0), r"^num_sms: expected an integer >= 1, got 0$"),
-        (dict(num_sms=True), r"^num_sms: expected an integer >= 1, got True$"),
+        ({"block_m": 0}, r"^block_m: expected None \(the rule\) or one of \(16, 32, 64, 128\), got 0$"),
+        ({"block_m": 64.0}, r"^block_m: expected None \(the rule\) or one of \(16, 32, 64, 128\), got 64\.0$"),
+        ({"block_m": "64"}, r"^block_m: expected None \(the rule\) or one of \(16, 32, 64, 128\), got '64'$"),
+        ({"experts_per_wave": 0}, r"^experts_per_wave: expected None \(the rule\) or an integer >= 1, got 0$"),
+        ({"experts_per_wave": -3}, r"^experts_per_wave: expected None \(the rule\) or an integer >= 1, got -3$"),
+        ({"pool_tokens": -1}, r"^pool_tokens: expected None \(the rule\) or an integer >= 0, got -1$"),
+        ({"num_experts": 0}, r"^num_experts: expected an integer >= 1, got 0$"),
+        ({"ranks": 0}, r"^ranks: expected an integer >= 1, got 0$"),
+        ({"num_tokens": -5}, r"^num_tokens: expected an integer >= 0, got -5$"),
+        ({"topk": 0}, r"^topk: expected an integer >= 1, got 0$"),
+        ({"num_sms": 0}, r"^num_sms: expected an integer >= 1, got 0$"),
+        ({"num_sms": True}, r"^num_sms: expected an integer >= 1, got True$"),
     ]
-    args = dict(num_tokens=5, hidden=H, inter=I, num_experts=E, topk=K, num_sms=6)
+    args = {"num_tokens": 5, "hidden": H, "inter": I, "num_experts": E, "topk": K, "num_sms": 6}
     for kw, msg in bad:
         with pytest.raises(InputError, match=msg):
             design_sm90.design_for(**{**args, **kw})
