@@ -272,7 +272,8 @@ def design_for(num_tokens: int, hidden: int, inter: int, num_experts: int, topk:
     expected = num_tokens * ranks * topk / num_experts
     bm = block_m if block_m is not None else block_m_for(expected)
     st = stages_for(bm, num_experts, num_stages)
-    epw = experts_per_wave if experts_per_wave is not None else experts_per_wave_for(num_experts // ranks, expected, bm, inter, num_sms)
+    epw = (experts_per_wave if experts_per_wave is not None
+           else experts_per_wave_for(num_experts // ranks, expected, bm, inter, num_sms))
     rows = pool_rows_for(num_tokens if pool_tokens is None else pool_tokens, topk, num_experts, bm, ranks)
     return SM90Design(block_m=bm, block_n=BLOCK_N, block_k=BLOCK_K, num_stages=st, experts_per_wave=epw,
                       num_sms=num_sms, pool_rows=rows, smem_bytes=smem_bytes(bm, st, num_experts))

@@ -15,7 +15,6 @@ Usage (GPU): python benchmarks/device/host_overhead.py OUT.json [LABEL] [--token
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,6 +44,11 @@ def main() -> int:
     from megamoe.kernel.check import make_inputs, make_weights
     from megamoe.kernel.timing import cuda_steady_us, cuda_times_us, kernel_durations_us
 
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from kernel_bench import (
+        host_us,  # perf_counter around calls, no synchronization inside
+    )
+
     k = MegaMoEKernel(E, K, H, I, max(8192, max(tokens)), prepare_weights(*make_weights(E, H, I, "cuda", seed=11)))
     res = {}
     for T in tokens:
@@ -55,15 +59,7 @@ def main() -> int:
 
         f()
         k.check()
-        hs = []
-        for _ in range(3):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(50):
-                f()
-            hs.append((time.perf_counter() - t0) / 50 * 1e6)
-        torch.cuda.synchronize()
-        r = {"host_us": statistics.median(hs), "steady_us": statistics.median(cuda_steady_us(f, 10, rounds=5)),
+        r = {"host_us": statistics.median(host_us(f, 50) for _ in range(3)), "steady_us": statistics.median(cuda_steady_us(f, 10, rounds=5)),
              "steady50_us": statistics.median(cuda_steady_us(f, 50, rounds=3)),
              "single_us": statistics.median(cuda_times_us(f, 20, 3)),
              "kernel_us": statistics.median(kernel_durations_us(f, 10, "megamoe_sm90_kernel"))}

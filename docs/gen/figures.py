@@ -863,12 +863,13 @@ class Gen:
             return []
         copy = d["copy_gbs_steady"]
         stream = {t: ours[t]["hbm_gbs_steady"] / copy for t in ours if t <= 64}
-        slower = [f"{impl} at {t}" for impl, rows in by.items() if impl != "megamoe_sm90"
-                  for t, r in rows.items() if t in ours and r["us_steady"] <= ours[t]["us_steady"]]
+
+        def not_slower(key):  # "impl at T" for every peer row whose time `key` is at most ours
+            return [f"{impl} at {t}" for impl, rows in by.items() if impl != "megamoe_sm90"
+                    for t, r in rows.items() if t in ours and key in r and key in ours[t] and r[key] <= ours[t][key]]
+
+        slower, slower_g = not_slower("us_steady"), not_slower("us_graph")
         graphs = any("us_graph" in r for r in ours.values())
-        slower_g = [f"{impl} at {t}" for impl, rows in by.items() if impl != "megamoe_sm90"
-                    for t, r in rows.items() if t in ours and "us_graph" in r and "us_graph" in ours[t]
-                    and r["us_graph"] <= ours[t]["us_graph"]]
         uncapturable = sorted({impl for impl, rows in by.items() if any("graph_error" in r for r in rows.values())})
         lines = [("Issue 5's targets against the committed runs (one H200, V4-Flash shape, EP1, "
                   f"{d.get('date', '')}, back to back; `benchmarks/results/kernel_h200_ep1_wgmma.json`):"), "",
