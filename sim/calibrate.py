@@ -305,9 +305,9 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
         e2 = t.where(kind="l2_epilogue")
         num_sms, T, H = int(meta["num_sms"]), int(meta["tokens_per_rank"][0]), int(meta["hidden"])
         pull, comb = t.where(kind="pull"), t.where(kind="combine")
-        # pull rounds of each CTA (EP1: its tokens' items, 4 dispatch warps)
-        t0 = (T * np.arange(num_sms + 1)) // num_sms
-        rounds = -(-np.diff(t0) * int(meta["top_k"]) // DISPATCH_WARPS_PER_SM)
+        # pull rounds of each CTA (EP1: an even split of the T K items, 4 dispatch warps)
+        i0 = (T * int(meta["top_k"]) * np.arange(num_sms + 1)) // num_sms
+        rounds = -(-np.diff(i0) // DISPATCH_WARPS_PER_SM)
         rows.append({"tokens": T, "bm": int(meta["plan"]["block_m"]), "k": sm90_k_block_ns(t),
                      "once": _l1_promoted_once(t),
                      "k1": med["l1_mma"] / kb1, "k2": med["l2_mma"] / kb2,
@@ -437,7 +437,7 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
     out["l2_epilogue_fixed_ns"] = (float(f0), how)
     out["l2_epilogue_thread_ns_per_elem"] = (float(f1), how)
 
-    # pulls: each CTA pulls its tokens' items in rounds of 4 (one per dispatch warp), each a
+    # pulls: each CTA pulls its range of items in rounds of 4 (one per dispatch warp), each a
     # latency plus one 4 KiB chunk
     big = max(rows, key=lambda r: r["tokens"])
     chunk = 4096 / (hw.sm_load_gbs / DISPATCH_WARPS_PER_SM)

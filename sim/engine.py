@@ -40,7 +40,7 @@ whichever is latest; the consumers cannot finish the K loop before the last stag
 arrives); the L2
 epilogue grows with the valid rows (and with several ranks pays ``l2_epilogue_ep_ns`` for
 storing through the symmetric-memory peer table); each CTA pulls a contiguous range of
-items (EP1: its tokens' items sorted by expert, so pool blocks complete in wave order; EP: pool
+items (EP1: an even split of the T K items, sorted by expert, so pool blocks complete in wave order; EP: pool
 positions, a remote one paying ``SM90_REMOTE_ROUND_TRIPS`` NVLink round trips, one round's
 latency growing with its share of remote items); the combine takes grid-stride rounds of
 ``combine_round_ns``.
@@ -527,10 +527,12 @@ class _Engine:
     def _sm90_pull_rounds(self, rp, src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The SM90 kernel's pull order (``csrc/megamoe/kernel_sm90.cu``): CTA ``c`` pulls a
         contiguous range of items with its 4 dispatch warps, item ``j`` of the range in round
-        ``j // 4``.  EP1: the range is the items (token, top-k slot) of tokens
-        ``[T c / S, T (c + 1) / S)``, sorted by expert (stably: kernel v7.9; until v7.8 in token
-        order, so that a pool block collected rows from almost every CTA and completed only
-        at the end of the pull); a pool row is the expert's items in ascending order.
+        ``j // 4``.  EP1: the range is the items (token, top-k slot) ``[T K c / S, T K (c + 1) / S)``
+        in item order ``t K + k`` (kernel v8.5; until v8.4 the items of tokens
+        ``[T c / S, T (c + 1) / S)``, so that at one token one CTA pulled all top-k items in two
+        rounds), sorted by expert (stably: kernel v7.9; until v7.8 in item order, so that a pool
+        block collected rows from almost every CTA and completed only at the end of the pull);
+        a pool row is the expert's items in ascending order.
         EP: the range is pool positions ``[N c / S, N (c + 1) / S)`` of the rank's ``N`` pool
         items (experts in order, each in pull order).
 
@@ -547,8 +549,8 @@ class _Engine:
             T = rp.num_tokens
             ids = self.topk_idx[rp.rank].reshape(-1)
             items = np.nonzero(ids >= 0)[0]
-            t0 = (T * np.arange(S)) // S                       # first token of each CTA
-            cta = np.searchsorted(t0, items // K, side="right") - 1
+            i0 = (T * K * np.arange(S)) // S                   # first item of each CTA
+            cta = np.searchsorted(i0, items, side="right") - 1
             # position of each item in its CTA's items sorted by expert (stable)
             srt = np.lexsort((items, ids[items], cta))
             first = np.searchsorted(cta[srt], np.arange(S))

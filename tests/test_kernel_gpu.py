@@ -256,19 +256,34 @@ def test_stale_pool_rows(block_m):
     assert int((l2[pad] != 0).sum()) == 0
 
 
+def test_call_leaves_its_counters_clean():
+    """The workspace's counters are zero after a call (the kernel's clean-up after the last
+    grid sync; the next call relies on it): the expert counts the schedulers read, the sums
+    the CTAs add up and, at [2E], the count barrier (kernel v8.5), the arrival counts and the
+    arrival masks. During the call the barrier reaches the grid size (132 CTAs here) and the
+    counts hold it in their high halves, so a missed reset would show."""
+    T = 300
+    k, inp, _ = _check(FLASH, T, routing="zipf", mask_frac=0.1)
+    ws = k._ws
+    assert ws["expert_count"].numel() == 2 * FLASH["E"] + 1
+    for name in ("expert_count", "arrival", "mask"):
+        assert int(ws[name].count_nonzero()) == 0, name
+
+
 def test_pull_sorts_each_cta_items_by_expert():
     """The EP1 dispatch pulls each CTA's items sorted by expert, stably (kernel v7.9): the
-    scratch ``item_order`` holds, at CTA c's item offset T c / S * K, its valid items (token
-    range [T c / S, T (c + 1) / S), masked slots left out) ordered by (expert, item). Built
-    here by a Python loop; the pool's content is the same as in token order (the rows of an
-    expert stay in item order: test_deterministic_and_pool)."""
+    scratch ``item_order`` holds, at CTA c's first item T K c / S, its valid items (the item
+    range [T K c / S, T K (c + 1) / S), kernel v8.5; masked slots left out) ordered by
+    (expert, item). Built here by a Python loop; the pool's content is the same as in token
+    order (the rows of an expert stay in item order: test_deterministic_and_pool). At 1000
+    tokens the item split cuts tokens in two (6000 items over 132 CTAs)."""
     T, K = 1000, FLASH["K"]
     k, inp, _ = _check(FLASH, T, routing="zipf", mask_frac=0.1)
     idx = inp[2].reshape(-1).tolist()
     S = k.last_design.num_sms
     order = k._ws["item_order"].tolist()
     for c in range(S):
-        i0, i1 = (T * c // S) * K, (T * (c + 1) // S) * K
+        i0, i1 = T * K * c // S, T * K * (c + 1) // S
         want = sorted((idx[i], i) for i in range(i0, i1) if idx[i] >= 0)
         assert order[i0:i0 + len(want)] == [i for _, i in want], c
 

@@ -338,8 +338,8 @@ def test_sm90_ep_l2_epilogue_pays_the_peer_table():
 
 
 def test_sm90_pull_rounds_follow_the_kernel_order():
-    """EP1: CTA c pulls the items of tokens [T c / S, T (c + 1) / S) sorted by expert (stably),
-    one per dispatch warp and round (kernel v7.9); EP: CTA c pulls pool positions
+    """EP1: CTA c pulls the items [T K c / S, T K (c + 1) / S) (kernel v8.5) sorted by expert
+    (stably), one per dispatch warp and round (kernel v7.9); EP: CTA c pulls pool positions
     [N c / S, N (c + 1) / S).  A pool block completes with the round of its latest row
     (checked by a direct loop)."""
     from sim.engine import _Engine
@@ -362,8 +362,8 @@ def test_sm90_pull_rounds_follow_the_kernel_order():
                 ids = eng.topk_idx[0]
                 rows = {e: [] for e in range(len(tpe))}
                 for c in range(S):
-                    t0, t1 = tokens * c // S, tokens * (c + 1) // S
-                    mine = [i for i in range(t0 * K, t1 * K) if ids[i // K, i % K] >= 0]
+                    i0, i1 = tokens * K * c // S, tokens * K * (c + 1) // S
+                    mine = [i for i in range(i0, i1) if ids[i // K, i % K] >= 0]
                     j = 0  # position in the CTA's sorted list: experts in turn, items ascending
                     for e in range(len(tpe)):
                         for i in mine:
@@ -384,7 +384,7 @@ def test_sm90_pull_rounds_follow_the_kernel_order():
                 pos += t
             assert rnd.tolist() == want_item
             assert pb_round.tolist() == [want_pb[i] for i in range(pb)]
-    # EP1 at 512 tokens on all 132 SMs (~23 items per CTA, 6 rounds): the first expert's pool
+    # EP1 at 512 tokens on all 132 SMs (23-24 items per CTA, 6 rounds): the first expert's pool
     # blocks complete in round 0 or 1, the pool blocks complete in expert order give or take a
     # CTA's spread, the last expert's in the last round
     sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=512, design="megamoe-sm90", hardware="h200")

@@ -8,8 +8,8 @@ object of the same build (session 20). Here both run in the same rounds: per tok
 ``rounds`` ABBA rounds over this kernel on two kernel objects (each with its own buffers) and
 FlagGems (:class:`FlagGemsFP8` of ``kernel_bench.py``: FP8 weights with 128 x 128 block
 scales, the same routing and top-k weights, the input as BF16). Each time is the steady-state
-time per call (five calls back to back between one event pair,
-:func:`megamoe.kernel.timing.cuda_steady_us`); a round's ratio is ``sqrt(ours@0 * ours@1) /
+time per call (``--calls``, default five, back to back between one event pair,
+:func:`megamoe.kernel.timing.cuda_steady_us`; ``kernel_bench.py`` times ten by default); a round's ratio is ``sqrt(ours@0 * ours@1) /
 flaggems``, below 1 when this kernel is faster. Reports per token count the median ratio
 over the rounds, its range and each implementation's median time; writes them as JSON.
 
@@ -19,7 +19,7 @@ the rounds time replays: no host work per call, as a serving loop replays small 
 graph's output is checked bit for bit against an eager call first.
 
 Usage: python benchmarks/device/peer_ab.py OUT.json [tokens, default 1,16,64,256,1024,4096,8192]
-[rounds, default 8] [--graph]. Needs a CUDA GPU of compute capability 9.0 and ``flag_gems`` importable.
+[rounds, default 8] [--graph] [--calls N, default 5]. Needs a CUDA GPU of compute capability 9.0 and ``flag_gems`` importable.
 """
 import json
 import statistics
@@ -47,10 +47,12 @@ def main() -> int:
     ap.add_argument("tokens", nargs="?", default="1,16,64,256,1024,4096,8192", help="comma-separated token counts")
     ap.add_argument("rounds", nargs="?", default="8", help="ABBA rounds per token count (default 8)")
     ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays of every implementation's call")
+    ap.add_argument("--calls", default="5", help="calls back to back per timing (default 5)")
     a = ap.parse_args()
     with ap.input_errors():
         tokens = token_counts(a.tokens)
         rounds = int_at_least(a.rounds, "rounds", 2)
+        calls = int_at_least(a.calls, "calls", 1)
     from kernel_bench import (  # the FP8 peer's shape is the run's
         E,
         H,
@@ -73,7 +75,7 @@ def main() -> int:
            "build": library_path("sm_90a").parent.name, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "shape": {"E": E, "K": K, "H": H, "I": I}, "rounds": rounds,
            "timing": ("CUDA-graph replays, " if a.graph else "")
-           + "steady state per call (five calls back to back between one event pair), ABBA rounds over "
+           + f"steady state per call ({calls} calls back to back between one event pair), ABBA rounds over "
              "ours@0, ours@1, flaggems; ratio = sqrt(ours@0 * ours@1) / flaggems per round",
            "graph": a.graph, "tokens": {}}
     for T in tokens:
@@ -95,7 +97,7 @@ def main() -> int:
             eager = [fns["ours@0"](), fns["ours@1"](), fns["flaggems"]()]
             same = [bool(torch.equal(o.view(torch.int16), e.view(torch.int16))) for o, e in zip(outs, eager)]
             fns = {"ours@0": graphs[0].replay, "ours@1": graphs[1].replay, "flaggems": fg_replay}
-        per_round = alternating_rounds(fns, rounds, lambda fn: cuda_steady_us(fn, 5, rounds=1)[0],
+        per_round = alternating_rounds(fns, rounds, lambda fn: cuda_steady_us(fn, calls, rounds=1)[0],
                                        after_round=lambda: [k.check() for k in objs])
         ours = [(r["ours@0"] * r["ours@1"]) ** 0.5 for r in per_round]
         ratios = [o / r["flaggems"] for o, r in zip(ours, per_round)]

@@ -52,6 +52,12 @@ __device__ __forceinline__ unsigned long long ld_relaxed_u64(const unsigned long
 __device__ __forceinline__ void red_release_add_u32(uint32_t* p, uint32_t v) {
     asm volatile("red.release.gpu.global.add.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
 }
+__device__ __forceinline__ void red_release_add_u64(unsigned long long* p, unsigned long long v) {
+    asm volatile("red.release.gpu.global.add.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ void st_relaxed_u64(unsigned long long* p, unsigned long long v) {
+    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
+}
 __device__ __forceinline__ void red_release_or_u64(unsigned long long* p, unsigned long long v) {
     asm volatile("red.release.gpu.global.or.b64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
 }
@@ -99,10 +105,11 @@ struct Deadline {
     }
 };
 
-// The count barrier on one 64-bit counter (high half: CTAs that published, low half: items):
-// wait until all gridDim.x CTAs published, polling with acquire loads for at most limit_ns.
-// v holds the last value read. False after the timeout (kErrTimeoutCounts raised for `role`,
-// naming counter e) or when another error aborted the call.
+// A barrier on one 64-bit counter (high half: CTAs that published, low half: items): wait
+// until all gridDim.x CTAs published, polling with acquire loads for at most limit_ns (the
+// schedulers' expert counts, the EP dispatch's send counts). v holds the last value read.
+// False after the timeout (kErrTimeoutCounts raised for `role`, naming counter e) or when
+// another error aborted the call.
 __device__ __forceinline__ bool wait_published(const Params& p, const unsigned long long* ctr, unsigned long long& v,
                                                int e, uint32_t role, int64_t limit_ns) {
     v = ld_acquire_u64(ctr);
@@ -111,6 +118,24 @@ __device__ __forceinline__ bool wait_published(const Params& p, const unsigned l
     while ((uint32_t)((v = ld_acquire_u64(ctr)) >> 32) != gridDim.x) {
         if (!d.tick(p)) {
             if (!aborted(p)) raise_error(p, kErrTimeoutCounts, role, e, -1, -1, -1, (uint32_t)(v >> 32));
+            return false;
+        }
+    }
+    return true;
+}
+
+// A barrier on one counter that each CTA bumps once (release): wait until it holds gridDim.x,
+// polling with acquire loads for at most limit_ns (the EP1 count barrier: dispatch_pull).
+// False after the timeout (kErrTimeoutCounts raised for `role`, observed = the CTAs in) or when
+// another error aborted the call.
+__device__ __forceinline__ bool wait_counts_ready(const Params& p, const unsigned long long* ready, uint32_t role,
+                                                  int64_t limit_ns) {
+    unsigned long long v = ld_acquire_u64(ready);
+    if (v == gridDim.x) return true;
+    Deadline d(limit_ns);
+    while ((v = ld_acquire_u64(ready)) != gridDim.x) {
+        if (!d.tick(p)) {
+            if (!aborted(p)) raise_error(p, kErrTimeoutCounts, role, -1, -1, -1, -1, (uint32_t)v);
             return false;
         }
     }

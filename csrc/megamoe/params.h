@@ -47,7 +47,9 @@ struct Params {
     int32_t* pool_token;       // [pool_rows]
     int32_t* pool_slot;        // [pool_rows]
     float* pool_weight;        // [pool_rows]
-    unsigned long long* expert_count;  // [E]: (CTAs that reported << 32) | tokens
+    unsigned long long* expert_count;  // [E]: (CTAs that reported << 32) | tokens, what the schedulers
+                                       // poll; EP1 [2E + 1]: then the counts the CTAs add up [E] and the
+                                       // CTAs whose counts are in [1] (roles_shared.cuh dispatch_pull)
     uint32_t* arrival;         // [pool_rows / block_m] rows pulled per pool block
     unsigned long long* mask;  // [pool_rows / block_m] L1 N blocks finished per pool block
     uint32_t* grid_sync;       // [1]

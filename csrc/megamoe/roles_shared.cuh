@@ -288,18 +288,25 @@ __device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* of
     constexpr int kThreads = kSharedDispatchThreads;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int T = (int)p.num_tokens, K = (int)p.topk, E = (int)p.num_experts, H = (int)p.hidden;
-    const int2 tr = cta_range(T);  // this CTA's tokens; its items (token, slot) in token order
-    const int i0 = tr.x * K, i1 = tr.y * K;
+    // This CTA's items (token, slot), an even split of the T K items in item order. (Until kernel
+    // v8.5 a CTA took the items of its tokens [T c / C, T (c + 1) / C): at one token one CTA
+    // pulled all top-k items with its four warps in two rounds, ~5 us each on the H200.)
+    const int2 ir = cta_range((int64_t)T * K);
+    const int i0 = ir.x, i1 = ir.y;
     const bool trace = p.trace_cap > 0 && tid == 0;
 
     // 1. count: in-order rank of each item among this CTA's items of the same expert.
     uint64_t ts = globaltimer();
     count_items(p, hist, i0, i1);
-    // 2. publish: one 64-bit add per (CTA, expert); the low half before ours is our base.
-    for (int e = tid; e < E; e += kThreads) {
-        const unsigned long long old = atomicAdd(p.expert_count + e, (1ull << 32) | (unsigned long long)(uint32_t)hist[e]);
-        cta_base[e] = (int)(uint32_t)old;
-    }
+    // 2. publish: one add per expert this CTA has items of, into the sums (expert_count[E ..
+    //    2E)); the sum before ours is our base. Then, after the scan's barrier below, one
+    //    release add to the count barrier (expert_count[2E]). Kernel v8.5: until v8.4 every
+    //    CTA added (1 << 32) | items to each of the E counters the schedulers poll, and the
+    //    barrier was their high halves; at one token the count and its barrier took ~6 us
+    //    on the H200 (benchmarks/NOTES_kernel.md, session 27).
+    unsigned long long* sums = p.expert_count + E;
+    for (int e = tid; e < E; e += kThreads)
+        cta_base[e] = hist[e] > 0 ? (int)atomicAdd(sums + e, (unsigned long long)(uint32_t)hist[e]) : 0;
     if (tid == 0) progress(p, 0, 2);
     // 2b. sort (while the other CTAs publish): item_order[i0 + s] = the item at position s of
     //     this CTA's items sorted by expert, s = (its items of lower experts) + item_pos; off_blk
@@ -308,6 +315,7 @@ __device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* of
     int n_items;
     scan_experts(E, scan, [&](int e) { return hist[e]; }, [&](int e, int run) { off_blk[e] = run; cta_base[e] -= run; },
                  &n_items);
+    if (tid == 0) red_release_add_u64(sums + E, 1ull);  // every thread's adds returned before the scan's barrier
     named_bar_sync(kSharedBarDispatch, kThreads);
     for (int i = i0 + tid; i < i1; i += kThreads) {
         const int e = p.topk_idx[i];
@@ -316,12 +324,16 @@ __device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* of
     named_bar_sync(kSharedBarDispatch, kThreads);
     if (trace) trace_record(p, kRoleDispatch, kKindCount, -1, -1, -1, -1, i1 - i0, ts, globaltimer());
 
-    // 3. count barrier (high half == grid size), then pool-block offsets (exclusive scan).
+    // 3. count barrier (thread 0 polls), the counts (CTA 0 hands them to every CTA's
+    //    schedulers: (grid size << 32) | count, what Scheduler::fetch_counts waits for), then
+    //    pool-block offsets (exclusive scan).
     ts = globaltimer();
+    if (tid == 0) wait_counts_ready(p, sums + E, kRoleDispatch, p.timeout_ns);
+    named_bar_sync(kSharedBarDispatch, kThreads);
     for (int e = tid; e < E; e += kThreads) {
-        unsigned long long v;
-        wait_published(p, p.expert_count + e, v, e, kRoleDispatch, p.timeout_ns);
-        hist[e] = (int)(uint32_t)v;
+        const unsigned long long n = ld_acquire_u64(sums + e);
+        hist[e] = (int)(uint32_t)n;
+        if (blockIdx.x == 0) st_relaxed_u64(p.expert_count + e, ((unsigned long long)gridDim.x << 32) | n);
     }
     named_bar_sync(kSharedBarDispatch, kThreads);
     {
@@ -346,6 +358,7 @@ __device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* of
         const int row = off_blk[e] * BM + cta_base[e] + j;
         if (row >= p.pool_rows) continue;  // overflow already raised
         const int t = i / K, k = i % K;
+        const float wt = __ldg(p.topk_w + i);  // in flight with the row (was loaded after its stores)
         const uint4* src = reinterpret_cast<const uint4*>(p.x + (size_t)t * H);
         uint4* dst = reinterpret_cast<uint4*>(p.l1_pool + (size_t)row * H);
         const uint32_t* sf_src = reinterpret_cast<const uint32_t*>(p.x_sf + (size_t)t * (H / 32));
@@ -377,7 +390,7 @@ __device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* of
         if (lane == 0) {
             p.pool_token[row] = t;
             p.pool_slot[row] = k;
-            p.pool_weight[row] = p.topk_w[i];
+            p.pool_weight[row] = wt;
         }
         fence_proxy_async_global();  // the row is read by TMA (the async proxy)
         __syncwarp();  // every lane's stores before lane 0's gpu-scope release
@@ -483,7 +496,8 @@ __device__ void combine_and_clean(const Params& p, int threads) {
         p.mask[i] = 0;
     }
     const size_t n_local = (size_t)(ep ? E / p.num_ranks : E);  // experts this rank owns
-    for (size_t i = (size_t)blockIdx.x * threads + threadIdx.x; i < n_local; i += (size_t)gridDim.x * threads)
+    const size_t n_count = ep ? n_local : 2 * n_local + 1;  // EP1: + the sums and the count barrier
+    for (size_t i = (size_t)blockIdx.x * threads + threadIdx.x; i < n_count; i += (size_t)gridDim.x * threads)
         p.expert_count[i] = 0;
     if (ep)
         for (size_t i = (size_t)blockIdx.x * threads + threadIdx.x; i < (size_t)E; i += (size_t)gridDim.x * threads)
