@@ -2,7 +2,7 @@
 
 The traces (benchmarks/traces) were measured on the lent H200s (the build is recorded in each
 trace's meta as ``kernel_build``): EP1 on one H200 on 2026-12-02 with the FP8 WGMMA kernel
-v8.4 (build 8e33ea17) at every token count of the kernel benchmark (1, 16, 64, 256, 1024,
+v8.5 (build 879ec25e) at every token count of the kernel benchmark (1, 16, 64, 256, 1024,
 4096, 8192) and 512; EP2 on 2 x H200 (NV18) on 2026-12-01 with v6.4 (build fbc2931d) at every count of the
 EP benchmark (1, 64, 512, 2048, 8192 per rank).
 The H200 model's SM90 figures are fitted to the EP1 traces at 64, 512 and 4096 tokens, its

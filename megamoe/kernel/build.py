@@ -426,7 +426,7 @@ def k_loop_sizes(arch: str, sass: str) -> dict[str, int]:
     matrix instruction (:data:`HOT_LOOP_OPS`), from its top (the stage wait) to its back edge,
     less each spin wait's retry code (what the first forward branch inside the loop after an
     unpredicated ``TRYWAIT`` jumps over). These are the K-loop sizes ``benchmarks/NOTES_kernel.md`` gives per
-    kernel version (v8.4: 154 / 177 / 224 / 313 at block_m 16 / 32 / 64 / 128). Functions
+    kernel version (v8.4 and v8.5: 154 / 177 / 224 / 313 at block_m 16 / 32 / 64 / 128). Functions
     without such a loop are left out."""
     mma = HOT_LOOP_OPS[arch]
     out: dict[str, int] = {}
