@@ -263,7 +263,7 @@ def test_call_leaves_its_counters_clean():
     arrival masks. During the call the barrier reaches the grid size (132 CTAs here) and the
     counts hold it in their high halves, so a missed reset would show."""
     T = 300
-    k, inp, _ = _check(FLASH, T, routing="zipf", mask_frac=0.1)
+    k, _, _ = _check(FLASH, T, routing="zipf", mask_frac=0.1)
     ws = k._ws
     assert ws["expert_count"].numel() == 2 * FLASH["E"] + 1
     for name in ("expert_count", "arrival", "mask"):
