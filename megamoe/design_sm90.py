@@ -166,6 +166,8 @@ def min_stages(block_m: int) -> int:
     still in use. On the H200 (fourteenth session, benchmarks/NOTES_kernel.md), 2 and 3 stages
     at block_m 16 ended in an unspecified launch failure; 4 and more, and 2 at block_m 128,
     ran with outputs bitwise equal to the default stage counts'."""
+    require(is_int(block_m) and block_m in PRODUCER_ISSUE_WARPS, "block_m", f"one of {BLOCK_MS}",
+            repr(block_m) if isinstance(block_m, str) else block_m)
     return PRODUCER_ISSUE_WARPS[block_m]
 
 
@@ -177,8 +179,8 @@ def stages_for(block_m: int, num_experts: int, num_stages: int | None = None,
         InputError: ``num_stages`` outside ``[min_stages(block_m), num_stages_for(...)]``, or
             not even ``min_stages`` fit (``shape.num_experts``: the dispatch tables grow with it).
     """
-    fit = num_stages_for(block_m, num_experts, smem_limit)
     fewest = min_stages(block_m)
+    fit = num_stages_for(block_m, num_experts, smem_limit)
     if fit < fewest:
         # the plan's message for both designs (it names the largest expert count that fits)
         from .plan import smem_error
@@ -186,10 +188,10 @@ def stages_for(block_m: int, num_experts: int, num_stages: int | None = None,
         raise smem_error(lambda e: smem_bytes(block_m, fewest, e), num_experts, block_m, smem_limit, fewest)
     if num_stages is None:
         return fit
-    require(isinstance(num_stages, int) and fewest <= num_stages <= fit, "num_stages",
-            f"in [{fewest}, {fit}] (at least one per issuing producer warp, at most what {smem_limit} B of shared "
-            f"memory holds at block_m {block_m})", num_stages)
-    return num_stages
+    require(is_int(num_stages) and fewest <= num_stages <= fit, "num_stages",
+            f"an integer in [{fewest}, {fit}] (at least one per issuing producer warp, at most what {smem_limit} B "
+            f"of shared memory holds at block_m {block_m})", repr(num_stages) if not is_int(num_stages) else num_stages)
+    return int(num_stages)
 
 
 def pool_rows_for(num_tokens: int, topk: int, num_experts: int, block_m: int, ranks: int = 1) -> int:
@@ -253,9 +255,11 @@ def design_for(num_tokens: int, hidden: int, inter: int, num_experts: int, topk:
 
     Raises:
         InputError: a count that is not an integer of its range (``num_tokens`` >= 0;
-            ``hidden``, ``inter``, ``num_experts``, ``topk``, ``num_sms``, ``ranks`` >= 1;
-            ``experts_per_wave`` None or >= 1; ``pool_tokens`` None or >= 0), ``block_m`` not
-            None or one of ``BLOCK_MS``, ``num_stages`` outside what :func:`stages_for` allows.
+            ``hidden``, ``inter`` multiples of 128; ``num_experts``, ``num_sms``, ``ranks`` >= 1,
+            ``ranks`` a divisor of ``num_experts``; ``topk`` in ``[1, num_experts]``;
+            ``experts_per_wave`` None or in ``[1, num_experts / ranks]``; ``pool_tokens`` None
+            or >= 0), ``block_m`` not None or one of ``BLOCK_MS``, ``num_stages`` outside what
+            :func:`stages_for` allows.
         TypeError: an unhashable argument (the results are cached by argument).
     """
     def shown(v):  # '64' is not 64
@@ -265,8 +269,14 @@ def design_for(num_tokens: int, hidden: int, inter: int, num_experts: int, topk:
                         ("num_experts", num_experts, 1), ("topk", topk, 1), ("num_sms", num_sms, 1),
                         ("ranks", ranks, 1)):
         require(is_int(v) and v >= lo, name, f"an integer >= {lo}", shown(v))
+    for name, v in (("hidden", hidden), ("inter", inter)):  # the kernel's tiles (128 x 128)
+        require(v % 128 == 0, name, "a multiple of 128", v)
+    require(num_experts % ranks == 0, "ranks", f"a divisor of num_experts ({num_experts})", ranks)
+    require(topk <= num_experts, "topk", f"at most num_experts ({num_experts})", topk)
     for name, v, lo in (("experts_per_wave", experts_per_wave, 1), ("pool_tokens", pool_tokens, 0)):
         require(v is None or (is_int(v) and v >= lo), name, f"None (the rule) or an integer >= {lo}", shown(v))
+    require(experts_per_wave is None or experts_per_wave <= num_experts // ranks, "experts_per_wave",
+            f"at most the rank's {num_experts // ranks} local experts", experts_per_wave)
     require(block_m is None or (is_int(block_m) and block_m in BLOCK_MS), "block_m",
             f"None (the rule) or one of {BLOCK_MS}", shown(block_m))
     expected = num_tokens * ranks * topk / num_experts

@@ -75,6 +75,8 @@ def get_shape(spec: str | MoEShape) -> MoEShape:
     """
     if isinstance(spec, MoEShape):
         return spec
+    if not isinstance(spec, str):
+        raise InputError("shape", f"one of {', '.join(sorted(PRESETS))} or an E,k,H,I string", repr(spec))
     if spec.lower() in PRESETS:
         return PRESETS[spec.lower()]
     parts = spec.split(",")

@@ -232,6 +232,7 @@ class Trace:
         for col, lo, key in (("rank", 0, "num_ranks"), ("sm", -1, "num_sms")):
             hi = (meta or {}).get(key)
             if isinstance(hi, int) and not isinstance(hi, bool):
+                require(hi >= 1, f"trace.meta.{key}", "an integer >= 1", hi)
                 bad, expected = (cols[col] < lo) | (cols[col] >= hi), f"values in [{lo}, {hi}) (meta {key} = {hi})"
             else:
                 bad, expected = cols[col] < lo, f"values >= {lo}"

@@ -372,6 +372,13 @@ def test_shape_error_lists_presets_plainly():
         rc, _, err = run("simulate", "--shape", bad)
         assert rc == 2 and "shape: expected one of deepseek-v4-flash, deepseek-v4-pro or four integers E,k,H,I" in err
         assert err.strip().endswith(f"got {bad}") and "Traceback" not in err
+    # from Python, a non-string is named too (not an AttributeError)
+    from megamoe.errors import InputError
+    from megamoe.shapes import get_shape
+
+    for bad in (5, None):
+        with pytest.raises(InputError, match=rf"^shape: expected one of .* an E,k,H,I string, got {bad!r}$"):
+            get_shape(bad)
 
 
 def test_legacy_speedup_says_when_its_latencies_are_estimates():
@@ -884,7 +891,7 @@ def test_sm90_stage_floor_is_a_one_line_error(capsys):
     base = ["simulate", "--shape", "deepseek-v4-flash", "--ranks", "1", "--tokens", "64"]
     assert main([*base, "--design", "megamoe-sm90", "--hardware", "h200", "--num-stages", "3"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [(
-        "megamoe: error: num_stages: expected in [4, 16] (at least one per issuing producer warp, at most what 232448 B of "
+        "megamoe: error: num_stages: expected an integer in [4, 16] (at least one per issuing producer warp, at most what 232448 B of "
         "shared memory holds at block_m 16), got 3")]
     assert main([*base, "--design", "megamoe-sm90", "--hardware", "h200", "--num-stages", "4"]) == 0
     capsys.readouterr()

@@ -143,6 +143,7 @@ def test_nonfinite_empty_and_out_of_range_traces_are_refused(tmp_path, capsys):
     meta = json.loads(str(z["meta_json"]))
     sm_meta = _variant(tmp_path, z, "smmeta", sm=s, meta_json=np.array(json.dumps({**meta, "num_sms": 132})))
     flat = _variant(tmp_path, z, "flat", t_start_ns=np.zeros_like(t), t_end_ns=np.zeros_like(t))
+    no_ranks = _variant(tmp_path, z, "noranks", meta_json=np.array(json.dumps({**meta, "num_ranks": 0})))
     cases = [
         (nan, "trace.t_start_ns: expected finite times (ns) in every record, got record 3: nan"),
         (inf, "trace.t_end_ns: expected finite times (ns) in every record, got record 5: inf"),
@@ -150,12 +151,13 @@ def test_nonfinite_empty_and_out_of_range_traces_are_refused(tmp_path, capsys):
         (rank, "trace.rank: expected values in [0, 2) (meta num_ranks = 2), got record 2: 7"),
         (sm_neg, "trace.sm: expected values >= -1, got record 4: -3"),
         (sm_meta, "trace.sm: expected values in [-1, 132) (meta num_sms = 132), got record 4: 500"),
+        (no_ranks, "trace.meta.num_ranks: expected an integer >= 1, got 0"),
         (sm_big, "trace.sm: expected SM indices < 148 (hardware B200 has 148 SMs), got record 4: 500"),
         (flat, "trace: expected records spanning some time (a makespan > 0 ns), got a makespan of 0 ns"),
     ]
     for path, line in cases:
         assert _compare_line(path, capsys) == (2, [f"megamoe: error: {line}"]), path
-    for path, line in cases[:6]:  # the file's own contents: refused on load already
+    for path, line in cases[:7]:  # the file's own contents: refused on load already
         with pytest.raises(InputError) as e:
             Trace.load(path)
         assert str(e.value) == line

@@ -431,13 +431,13 @@ def test_stages_floor_is_one_per_producer_warp():
     assert d.stages_for(16, 256, 4) == 4 and d.stages_for(128, 256, 2) == 2
     with pytest.raises(InputError) as e:
         d.stages_for(16, 256, 3)
-    assert str(e.value) == ("num_stages: expected in [4, 16] (at least one per issuing producer warp, at most what 232448 B "
+    assert str(e.value) == ("num_stages: expected an integer in [4, 16] (at least one per issuing producer warp, at most what 232448 B "
                             "of shared memory holds at block_m 16), got 3")
-    with pytest.raises(InputError, match=r"^num_stages: expected in \[2, 8\] .*got 9$"):
+    with pytest.raises(InputError, match=r"^num_stages: expected an integer in \[2, 8\] .*got 9$"):
         d.stages_for(128, 256, 9)
     # the EP design takes the same rule
     from megamoe.kernel.ep import design_ep
-    with pytest.raises(InputError, match=r"^num_stages: expected in \[4, "):
+    with pytest.raises(InputError, match=r"^num_stages: expected an integer in \[4, "):
         design_ep(64, 64, 4096, 2048, 256, 6, 2, 132, block_m=32, num_stages=2)
     # an expert count that leaves room for 3 stages but not 4 at block_m 16: by hand, the
     # largest E with fixed(16, E) + 4 x 11264 <= 232448 is the floor's limit

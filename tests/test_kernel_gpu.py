@@ -423,7 +423,7 @@ def test_fewest_stages():
         assert k_min.last_design.num_stages == fewest < k_def.last_design.num_stages
         assert torch.equal(y_min, y_def), bm
     k_low, _ = _kernel(TINY, 40, block_m=16, num_stages=3)
-    with pytest.raises(InputError, match=r"^num_stages: expected in \[4, 16\] .*got 3$"):
+    with pytest.raises(InputError, match=r"^num_stages: expected an integer in \[4, 16\] .*got 3$"):
         k_low(x, xs, idx, tw)
     bad = dataclasses.replace(k_def.design(40), num_stages=1)  # block_m 128's design, one stage
     with pytest.raises(KernelError, match=r"producer warps .* <= stages <= 16\) \(code -5\)"):

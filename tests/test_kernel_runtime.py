@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from megamoe.errors import InputError
@@ -192,6 +193,14 @@ def test_design_for_is_cached_by_argument_and_still_checks():
         ({"topk": 0}, r"^topk: expected an integer >= 1, got 0$"),
         ({"num_sms": 0}, r"^num_sms: expected an integer >= 1, got 0$"),
         ({"num_sms": True}, r"^num_sms: expected an integer >= 1, got True$"),
+        # and the counts agree with each other and with the kernel's 128 x 128 tiles
+        ({"hidden": H + 64}, rf"^hidden: expected a multiple of 128, got {H + 64}$"),
+        ({"inter": 100}, r"^inter: expected a multiple of 128, got 100$"),
+        ({"ranks": 3}, rf"^ranks: expected a divisor of num_experts \({E}\), got 3$"),
+        ({"ranks": 2 * E}, rf"^ranks: expected a divisor of num_experts \({E}\), got {2 * E}$"),
+        ({"topk": E + 1}, rf"^topk: expected at most num_experts \({E}\), got {E + 1}$"),
+        ({"experts_per_wave": E + 1}, rf"^experts_per_wave: expected at most the rank's {E} local experts, got {E + 1}$"),
+        ({"num_stages": 8.0}, r"^num_stages: expected an integer in \[4, 16\] .*, got 8\.0$"),
     ]
     args = {"num_tokens": 5, "hidden": H, "inter": I, "num_experts": E, "topk": K, "num_sms": 6}
     for kw, msg in bad:
@@ -199,6 +208,9 @@ def test_design_for_is_cached_by_argument_and_still_checks():
             design_sm90.design_for(**{**args, **kw})
     with pytest.raises(TypeError, match="unhashable"):
         design_sm90.design_for(**{**args, "num_tokens": [5]})
+    assert design_sm90.design_for(**{**args, "num_stages": np.int64(8)}).num_stages == 8  # a NumPy integer is one
+    with pytest.raises(InputError, match=r"^block_m: expected one of \(16, 32, 64, 128\), got 17$"):
+        design_sm90.stages_for(17, E)
 
 
 def test_capture_checks_its_token_count(sm90_env):
