@@ -71,7 +71,8 @@ def get_shape(spec: str | MoEShape) -> MoEShape:
     """Resolve a preset name or an ``E,k,H,I`` string into a :class:`MoEShape`.
 
     Raises:
-        InputError: unknown preset or malformed custom spec.
+        InputError: unknown preset, malformed custom spec, or a spec that is neither a string
+            nor a :class:`MoEShape`.
     """
     if isinstance(spec, MoEShape):
         return spec
