@@ -893,9 +893,8 @@ class Gen:
         if ab.exists():
             a = json.loads(ab.read_text())
             worst = max(v["ratio_median"] for pr in a["processes"] for v in pr["tokens"].values())
-            bench_build = json.loads((ROOT / "benchmarks/results/kernel_h200_ep1_wgmma.json").read_text()).get("build")
             other = (f", build `{a['build'][:8]}`, not the benchmark's build: not re-measured on it"
-                     if a.get("build") and a.get("build") != bench_build else "")
+                     if a.get("build") and a.get("build") != d.get("build") else "")
             lines.append(f"* the same when the two alternate with FlagGems (`kernel_peer_ab_h200.json`, "
                          f"{len(a['processes'])} processes{other}): our time over FlagGems' at most {worst:.3f} "
                          f"({'faster everywhere' if worst < 1 else 'not faster everywhere'}).")
