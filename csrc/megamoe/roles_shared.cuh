@@ -173,16 +173,16 @@ __device__ __forceinline__ uint4 fold_x_chunk(uint4 x, uint32_t sfw, int lane, u
 // folded per 128-K group (fold_x_chunk). Beside each
 // K block's scale word, its two 64-K groups' scales as FP32 (Params::l1_pool_fsx: fsx_dst is the
 // row's K block 0 group 0 entry, group 1 is fsx_half further, K blocks fsx_stride apart).
-template <bool LDCG, bool F128>
+template <bool LDCG, bool F128, int kWarps = 1>
 __device__ __forceinline__ void pull_row_fold(const uint4* src, uint4* dst, const uint32_t* sf_src, uint32_t* sf_dst,
                                               int64_t sf_stride, float* fsx_dst, int64_t fsx_stride, int fsx_half,
-                                              int hv, int lane) {
-    for (int v0 = 0; v0 < hv; v0 += 32 * 8) {
+                                              int hv, int lane, int wib = 0) {
+    for (int v0 = 32 * wib; v0 < hv; v0 += 32 * kWarps * 8) {
         uint4 buf[8];
         uint32_t sfw[8];
         #pragma unroll
         for (int u = 0; u < 8; ++u) {
-            const int v = v0 + u * 32 + lane;
+            const int v = v0 + u * 32 * kWarps + lane;
             buf[u] = make_uint4(0u, 0u, 0u, 0u);
             sfw[u] = 0u;
             if (v < hv) {
@@ -192,8 +192,8 @@ __device__ __forceinline__ void pull_row_fold(const uint4* src, uint4* dst, cons
         }
         #pragma unroll
         for (int u = 0; u < 8; ++u) {
-            const int v = v0 + u * 32 + lane;
-            if (v0 + u * 32 >= hv) break;  // warp-uniform
+            const int v = v0 + u * 32 * kWarps + lane;
+            if (v0 + u * 32 * kWarps >= hv) break;  // warp-uniform
             uint32_t word;
             const uint4 f = fold_x_chunk<F128>(buf[u], sfw[u], lane, word);
             if (v < hv) {
@@ -271,6 +271,37 @@ __device__ __forceinline__ int scan_experts(int E, int* scan, V v, Emit emit, in
     if (total) *total = scan[0] + scan[1] + scan[2] + scan[3];
     for (int e = e0; e < e1; ++e) { emit(e, run); run += v(e); }
     return run;
+}
+
+// The pull of a CTA's only item by all four dispatch warps, each a quarter of the row (kernel
+// v8.6; block_m 16 only, the sizes where a CTA can have one item: up to ~22 tokens at top-k 6 on
+// 132 CTAs). One warp folding a 4 KB row chunk after chunk took ~3 us at one token on the H200,
+// most of the pull (benchmarks/NOTES_kernel.md, session 28). Warp 0's lane 0 stores the row's
+// metadata and releases the arrival count once every warp's stores are fenced (the dispatch
+// barrier orders them before the release).
+template <int BM, class SfRow>
+__device__ __forceinline__ void whole_cta_pull(const Params& p, const int* off_blk, const int* cta_base, SfRow sf_row,
+                                               int i0, int hv, int warp, int lane) {
+    constexpr int kWarps = kSharedDispatchThreads / 32;
+    const int K = (int)p.topk, H = (int)p.hidden;
+    const int i = p.item_order[i0];
+    const int e = p.topk_idx[i];
+    const int row = off_blk[e] * BM + cta_base[e];
+    if (row >= p.pool_rows) return;  // overflow already raised (every warp returns)
+    const int t = i / K;
+    const int64_t srow = sf_row((int64_t)row, BM);
+    pull_row_fold<false, (BM >= kL1Fold128BlockM), kWarps>(
+        reinterpret_cast<const uint4*>(p.x + (size_t)t * H), reinterpret_cast<uint4*>(p.l1_pool + (size_t)row * H),
+        reinterpret_cast<const uint32_t*>(p.x_sf + (size_t)t * (H / 32)), reinterpret_cast<uint32_t*>(p.l1_pool_sf) + srow,
+        sf_row.stride(), l1_pool_fsx_row(p, row, BM), 2 * p.pool_rows, BM, hv, lane, warp);
+    if (warp == 0 && lane == 0) {
+        p.pool_token[row] = t;
+        p.pool_slot[row] = i % K;
+        p.pool_weight[row] = __ldg(p.topk_w + i);
+    }
+    fence_proxy_async_global();  // the row is read by TMA (the async proxy)
+    named_bar_sync(kSharedBarDispatch, kSharedDispatchThreads);
+    if (warp == 0 && lane == 0 && p.fault_inject != 1) red_release_add_u32(p.arrival + row / BM, 1u);
 }
 
 // Scratch in shared memory: hist[E], cta_base[E], off_blk[E], scan[4].
@@ -352,6 +383,14 @@ __device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* of
     ts = globaltimer();
     const int chunk_vec = max(16, pull_bytes) / 16;  // uint4 per chunk
     const int hv = H / 16, hk = H / 128;
+    if constexpr (FOLD_X && BM == 16) {
+        if (n_items == 1) {
+            whole_cta_pull<BM>(p, off_blk, cta_base, sf_row, i0, hv, warp, lane);
+            if (tid == 0) progress(p, 0, 5);
+            if (trace) trace_record(p, kRoleDispatch, kKindPull, -1, -1, -1, -1, 0, ts, globaltimer());
+            return;
+        }
+    }
     for (int j = warp; j < n_items; j += kThreads / 32) {  // position j of the sorted items
         const int i = p.item_order[i0 + j];
         const int e = p.topk_idx[i];
