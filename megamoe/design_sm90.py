@@ -99,6 +99,15 @@ COMBINE_SLOTS = {16: 1, 32: 4, 64: 4, 128: 4}
 #: tokens and the other instances' SASS is v8.0's (benchmarks/NOTES_kernel.md, session 21).
 RELAY_RELEASE = {16: True, 32: False, 64: False, 128: False}
 
+#: Dispatch warps that pull a CTA's row when the CTA has only one item (EP1), per block_m
+#: (kernel v8.6; ``whole_cta_pull`` in ``csrc/megamoe/roles_shared.cuh``): at block_m 16 all
+#: four, each folding and storing a quarter of the row (its 512-byte chunk rounds m with
+#: m % 4 = its warp), elsewhere one. One warp folding a 4 KiB row took ~5 us at one token on the
+#: H200, ~3 us of it the eight chunk rounds one after another; the four-warp pull ended 2.3 us
+#: sooner in the traces. Compiled at block_m 16 only: the code in the other instances re-laid
+#: out their K loops (benchmarks/NOTES_kernel.md, session 28).
+ONE_ITEM_PULL_WARPS = {16: 4, 32: 1, 64: 1, 128: 1}
+
 
 def l1_promoted_once(block_m: int) -> bool:
     """Whether the L1 GEMM promotes each K block once at this block_m (its x folded per 128-K

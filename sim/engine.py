@@ -62,7 +62,7 @@ from operator import sub
 import numpy as np
 import simpy
 
-from megamoe.design_sm90 import l1_promoted_once
+from megamoe.design_sm90 import ONE_ITEM_PULL_WARPS, l1_promoted_once
 from megamoe.errors import InputError
 from megamoe.plan import L1, Plan
 from megamoe.scenario import Scenario
@@ -472,8 +472,14 @@ class _Engine:
         lats = None
         if plan.design == "megamoe-sm90":
             # the pull round of every item, and the round completing each pool block
-            item_round, pb_round = self._sm90_pull_rounds(rp, src)
+            item_round, pb_round, most = self._sm90_pull_rounds(rp, src)
             n_rounds = int(item_round.max()) + 1
+            warps = ONE_ITEM_PULL_WARPS.get(bm, 1)
+            if R == 1 and most == 1 and warps > 1:
+                # every CTA pulls at most one row, with all its dispatch warps: each warp runs
+                # its share of the row's 512-byte chunk rounds (kernel v8.6)
+                rounds = math.ceil(H / 512)
+                lat -= (rounds - math.ceil(rounds / warps)) * hw.pull_fold_chunk_ns
             cnt = np.bincount(item_round * R + src, minlength=n_rounds * R).reshape(n_rounds, R)
             counts = cnt.tolist()
             if R > 1:
@@ -524,7 +530,7 @@ class _Engine:
                 if ev is not None:
                     ev.succeed(finish)
 
-    def _sm90_pull_rounds(self, rp, src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _sm90_pull_rounds(self, rp, src: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
         """The SM90 kernel's pull order (``csrc/megamoe/kernel_sm90.cu``): CTA ``c`` pulls a
         contiguous range of items with its 4 dispatch warps, item ``j`` of the range in round
         ``j // 4``.  EP1: the range is the items (token, top-k slot) ``[T K c / S, T K (c + 1) / S)``
@@ -537,8 +543,8 @@ class _Engine:
         items (experts in order, each in pull order).
 
         Returns:
-            the round of every pool item (pool order, as ``src``) and the round that completes
-            each pool block (its rows' latest).
+            the round of every pool item (pool order, as ``src``), the round that completes
+            each pool block (its rows' latest) and the most items any CTA pulls.
         """
         S, bm, K = self.plan.num_sms, rp.config.block_m, self.plan.top_k
         W = DISPATCH_WARPS_PER_SM
@@ -557,19 +563,22 @@ class _Engine:
             pos = np.empty(len(items), dtype=np.int64)
             pos[srt] = np.arange(len(items)) - first[cta[srt]]
             rnd = pos // W
+            most = int(pos.max()) + 1 if len(pos) else 0
             # pool order: experts in order, each expert's items ascending
             rnd = rnd[np.argsort(ids[items], kind="stable")]
         else:
             j0 = (n * np.arange(S)) // S                       # first pool position of each CTA
             j = np.arange(n)
-            rnd = (j - j0[np.searchsorted(j0, j, side="right") - 1]) // W
+            pos = j - j0[np.searchsorted(j0, j, side="right") - 1]
+            rnd = pos // W
+            most = int(pos.max()) + 1 if n else 0
         # pool block of every pool item: its expert's first block + position // block_m
         first = np.cumsum(tpe) - tpe
         e_of = np.repeat(np.arange(len(tpe)), tpe)
         pb = (np.cumsum(mbe) - mbe)[e_of] + (np.arange(n) - first[e_of]) // bm
         pb_round = np.zeros(int(mbe.sum()), dtype=np.int64)
         np.maximum.at(pb_round, pb, rnd)
-        return rnd, pb_round
+        return rnd, pb_round, most
 
     # -- GEMM clusters -----------------------------------------------------------
     def cluster(self, r: int, c: int):

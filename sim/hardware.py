@@ -38,6 +38,10 @@ Figures (units in the key names):
   shared memory; v5 decodes into the WGMMA registers inside the MMA phase, and this term is
   the token-scale table and the warpgroup barrier until v7.4, from v7.5 only the weight rows'
   fold-table offsets and the stage addresses; fitted from the per-role profile).
+* ``pull_fold_chunk_ns`` — SM90 design: one dispatch warp's fold and stores of one 512-byte
+  chunk round of a pulled row (32 lanes x 16 bytes); a warp pulling a whole row runs
+  ``hidden / 512`` of them one after another (part of ``pull_latency_ns``), and the rows a
+  CTA's four warps share (``megamoe.design_sm90.ONE_ITEM_PULL_WARPS``) a quarter each.
 * ``stage_handoff_ns`` — SM90 design: fixed cost of one pipeline stage (barrier waits and
   releases between producer and consumers, the fixed part of the WGMMA wait and promotion),
   paid per K block.
@@ -139,6 +143,7 @@ class Hardware:
     sm90_promotion_ns_per_row: float
     e2m1_decode_thread_ns_per_elem: float
     stage_handoff_ns: float
+    pull_fold_chunk_ns: float
     sm90_issue_kblock_ns: float
     sched_block_ns: float
     sched_step_ns: float
@@ -229,6 +234,7 @@ FIGURE_RANGES: dict[str, tuple[float, float, str]] = {
     "sm90_promotion_ns_per_row": (0.0, 100.0, "ns"),
     "e2m1_decode_thread_ns_per_elem": (0.01, 20.0, "ns"),
     "stage_handoff_ns": (0.01, 5_000.0, "ns"),
+    "pull_fold_chunk_ns": (0.01, 5_000.0, "ns"),
     "sm90_issue_kblock_ns": (0.01, 5_000.0, "ns"),
     "sched_block_ns": (0.01, 10_000.0, "ns"),
     "sched_step_ns": (0.01, 10_000.0, "ns"),

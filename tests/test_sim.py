@@ -354,7 +354,7 @@ def test_sm90_pull_rounds_follow_the_kernel_order():
         S, K = plan.num_sms, plan.top_k
         for rp in plan.ranks:
             src = np.concatenate([rp.pull_order(e)[:, 0] for e in range(len(rp.recv_counts))])
-            rnd, pb_round = eng._sm90_pull_rounds(rp, src)
+            rnd, pb_round, most = eng._sm90_pull_rounds(rp, src)
             bm, tpe = rp.config.block_m, rp.tokens_per_expert.tolist()
             want_item, want_pb = [], {}
             pos = 0
@@ -384,6 +384,10 @@ def test_sm90_pull_rounds_follow_the_kernel_order():
                 pos += t
             assert rnd.tolist() == want_item
             assert pb_round.tolist() == [want_pb[i] for i in range(pb)]
+            if ranks == 1:  # the most items any CTA pulls, counted directly
+                assert most == max(sum(ids[i // K, i % K] >= 0 for i in range(tokens * K * c // S,
+                                                                              tokens * K * (c + 1) // S))
+                                   for c in range(S))
     # EP1 at 512 tokens on all 132 SMs (23-24 items per CTA, 6 rounds): the first expert's pool
     # blocks complete in round 0 or 1, the pool blocks complete in expert order give or take a
     # CTA's spread, the last expert's in the last round
@@ -392,9 +396,29 @@ def test_sm90_pull_rounds_follow_the_kernel_order():
     eng = _Engine(plan, hw)
     eng.topk_idx = sc.routing_ids()
     rp = plan.ranks[0]
-    rnd, pb_round = eng._sm90_pull_rounds(rp, np.zeros(int(rp.tokens_per_expert.sum()), int))
-    assert rnd.max() == 5 and pb_round[0] <= 1 and pb_round[-1] == 5
+    rnd, pb_round, most = eng._sm90_pull_rounds(rp, np.zeros(int(rp.tokens_per_expert.sum()), int))
+    assert rnd.max() == 5 and pb_round[0] <= 1 and pb_round[-1] == 5 and most == 24
     assert np.all(np.diff(pb_round) >= -2)
+
+
+def test_sm90_one_item_pull_shares_the_row_over_the_warps():
+    """EP1 at block_m 16 with at most one item per CTA (kernel v8.6): the pull round lasts
+    pull_latency_ns + one 4 KiB chunk at a warp's load rate, less the chunk rounds the other
+    three warps take over: 4096 / 512 = 8 rounds one after another -> 2, so 6 x
+    pull_fold_chunk_ns fewer. At block_m 32 (forced), or with two items in a CTA, the whole row
+    stays one warp's."""
+    from megamoe.design_sm90 import ONE_ITEM_PULL_WARPS
+
+    assert ONE_ITEM_PULL_WARPS == {16: 4, 32: 1, 64: 1, 128: 1}
+    hw = load_hardware("h200")
+    one_warp = hw.pull_latency_ns + 4096 / (hw.sm_load_gbs / 4)  # GB/s = bytes per ns
+    for tokens, bm, want in ((1, None, one_warp - 6 * hw.pull_fold_chunk_ns), (16, None, one_warp - 6 * hw.pull_fold_chunk_ns),
+                             (1, 32, one_warp), (64, None, one_warp)):
+        sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=tokens, design="megamoe-sm90",
+                      hardware="h200", block_m=bm)
+        pull = simulate(sc).trace.where(kind="pull")
+        assert len(pull) == 1, (tokens, bm)
+        assert pull["t_end_ns"][0] - pull["t_start_ns"][0] == pytest.approx(want, rel=1e-9), (tokens, bm)
 
 
 def test_calendar_budget_refuses_runaway_simulated_time(monkeypatch):
