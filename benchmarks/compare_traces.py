@@ -4,10 +4,10 @@ and the ranking of plan choices measured on the kernel.
 Prints two tables and writes benchmarks/results/compare_h200.json.  Runs on any CPU: the
 traces (benchmarks/traces/*.npz) and the kernel's plan-choice times
 (results/kernel_plan_choices_h200.json) were measured on the lent H200s: the EP1 traces and
-plan choices on one H200 with the FP8 WGMMA kernel v8.5 (build 879ec25e, 2026-12-02; the plan choices
-with v8.4, build 8e33ea17, the same day: not re-measured on v8.5), the EP2
+plan choices on one H200 with the FP8 WGMMA kernel v8.6 (build 94b176d2, 2026-12-02; the plan choices
+with v8.4, build 8e33ea17, the same day: not re-measured on v8.5 or v8.6), the EP2
 traces on two (NV18) with v6.4 (build fbc2931d, 2026-12-01; the two-GPU machine was not lent
-when v6.5-v8.5 were recorded). EP traces are simulated with the ranks' launch skew read off the trace (host jitter; the column
+when v6.5-v8.6 were recorded). EP traces are simulated with the ranks' launch skew read off the trace (host jitter; the column
 without it is shown too).
 A plan-choice pair must be ordered like the kernel only where the kernel's times differ by
 more than 5% (``must_agree``); ``ranking_ok`` says whether all of those are.
@@ -79,7 +79,7 @@ def main() -> None:
     ok = all(p["same_order"] for p in pairs if p["must_agree"])
     print(f"plan choices apart by more than 5% ordered like the kernel: {ok}")
     with open(out, "w") as f:
-        json.dump({"kernel": "EP1: FP8 WGMMA v8.5 (2026-12-02, build 879ec25e); EP2: v6.4 (2026-12-01, build fbc2931d)",
+        json.dump({"kernel": "EP1: FP8 WGMMA v8.6 (2026-12-02, build 94b176d2); EP2: v6.4 (2026-12-01, build fbc2931d)",
                    "plan_choices_kernel": "FP8 WGMMA v8.4 (2026-12-02, build 8e33ea17)",
                    "traces": rows, "plan_choices": pairs, "ranking_ok": ok}, f, indent=1)
     print(f"wrote {out}")

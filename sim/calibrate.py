@@ -639,7 +639,7 @@ SM90_EP_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep2_t{t}.npz" for t 
 SM90_EP_FIT_DEVICE = "two lent H200s (EP2, NV18)"
 SM90_FIT_PROFILE = "benchmarks/results/kernel_profile_stages_h200.json"
 SM90_FIT_DATE = "2026-12-02"
-SM90_FIT_KERNEL = ("FP8 WGMMA v8.5 (TMA loads, E2M1 decoded into WGMMA registers through the weight fold's "
+SM90_FIT_KERNEL = ("FP8 WGMMA v8.6 (TMA loads, E2M1 decoded into WGMMA registers through the weight fold's "
                    "table, activation scales folded per 64-K group (two WGMMAs per promotion), full-sector L2 "
                    "epilogue stores, four producer warps, one-ballot scheduler, vectorized EP index prefix, profile "
                    "clocks in a separate instance, idle-wait records after the issue, consumer records from the "
@@ -649,8 +649,9 @@ SM90_FIT_KERNEL = ("FP8 WGMMA v8.5 (TMA loads, E2M1 decoded into WGMMA registers
                    "the combine's slot loads four at a time at block_m >= 32, the L1 epilogue's mask release relayed to a "
                    "dispatch lane at block_m 16, the invalid tokens zeroed before the L1 SwiGLU, one warp sync fewer per K block, "
                    "the block_m 64 / 128 token scales loaded ahead of their promotions, the EP1 items split evenly "
-                   "over the CTAs, a count barrier on one counter, build 879ec25e)")
-SM90_PROFILE_KERNEL = "FP8 WGMMA v8.5 kernel (its profile instance)"
+                   "over the CTAs, a count barrier on one counter, a CTA's only item pulled by its four dispatch "
+                   "warps at block_m 16, build 94b176d2)")
+SM90_PROFILE_KERNEL = "FP8 WGMMA v8.6 kernel (its profile instance)"
 #: The kernel and day of the EP2 traces: v6.4's (the two-GPU machine was not lent in the
 #: sessions that re-recorded the EP1 traces on v6.5-v6.7 and v7-v7.2; those changed the consumers'
 #: K loop and both epilogues (the weight fold, the activation fold, the L2 epilogue's stores), moved the profile clocks

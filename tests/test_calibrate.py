@@ -74,14 +74,15 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
         assert getattr(hw, key) == value and hw.sources[key] == src, key
         assert fit[key][1] in src and "2026-12-02" in src and SM90_FIT_KERNEL in src, key
         assert "kernel_flash_ep1_t{64,512,4096}.npz" in src, key
-    # the slope: K blocks with two promotions of 356 ns at block_m 16 (the mean of the median
-    # L1 K loop / 32 and L2 K loop / 16: T=64 (11264 / 32 + 5760 / 16) / 2 = (352 + 360) / 2 =
-    # 356, T=512 the same medians, 356) and 826 ns at block_m 128 (T=4096: the L2 K loop,
-    # 13216 / 16; the L1 K block there is promoted once, 21760 / 32 = 680 ns); least squares
-    # over x = 16, 16, 128 puts the line through the mean of the block_m 16 points:
-    # (826 - 356) / 112 = 4.196 ns per block_m row and K block; 128 weight rows x 128 K x 2 =
-    # 32768 FLOP per row and K block -> 7.81 TFLOP/s per SM, 1031 TFLOP/s on 132 SMs, 72.6% of
-    # 1419 TFLOP/s (kernel v8.5's traces; v8.4's: 358.25 / 834 ns, 71.8%; v8.3's: 355 / 356 / 912
+    # the slope: K blocks with two promotions of 357 ns at block_m 16 (the mean of the median
+    # L1 K loop / 32 and L2 K loop / 16: T=64 (11296 / 32 + 5760 / 16) / 2 = (353 + 360) / 2 =
+    # 356.5, T=512 (11296 / 32 + 5792 / 16) / 2 = (353 + 362) / 2 = 357.5) and 832 ns at
+    # block_m 128 (T=4096: the L2 K loop, 13312 / 16; the L1 K block there is promoted once,
+    # 21888 / 32 = 684 ns); least squares over x = 16, 16, 128 puts the line through the mean of
+    # the block_m 16 points: (832 - 357) / 112 = 4.241 ns per block_m row and K block; 128 weight
+    # rows x 128 K x 2 = 32768 FLOP per row and K block -> 7.73 TFLOP/s per SM, 1020 TFLOP/s on
+    # 132 SMs, 71.9% of 1419 TFLOP/s (kernel v8.6's traces; v8.5's: 356 / 826 ns, 72.6%; v8.4's:
+    # 358.25 / 834 ns, 71.8%; v8.3's: 355 / 356 / 912
     # ns, 61.4%; v8.2's: 369 / 368 / 928
     # ns, 61.0%; v8.1's: 368.5 / 368 / 922
     # ns, 61.7%; v8.0's: 360 / 361 / 916
@@ -92,23 +93,24 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
     # 379 / 960 ns, 58.9%; v7.3's: 378 / 378.5 / 888.5 ns, 66.9%; v7.2's, from warpgroup 0:
     # 406.25 / 886.5 ns, 71.1%; v6.7's: 39.4%; v6.5's: 36.0%; v6.4's: 33.7%)
     assert fit["sm90_mma_fraction"][0] == pytest.approx(
-        32768 / ((13216 / 16 - ((11264 / 32 + 5760 / 16) / 2 + (11264 / 32 + 5760 / 16) / 2) / 2) / 112 * 1e-9)
+        32768 / ((13312 / 16 - ((11296 / 32 + 5760 / 16) / 2 + (11296 / 32 + 5792 / 16) / 2) / 2) / 112 * 1e-9)
         * 132 / 1419e12, rel=1e-4)  # (the preset's FP8 GEMM rate is 1418.9 TFLOP/s, rounded here)
-    # one promotion per block_m row: (826 - 680) / 128 = 1.141 ns (v8.4's traces: (834 - 685) / 128
+    # one promotion per block_m row: (832 - 684) / 128 = 1.156 ns (v8.5's traces: (826 - 680) / 128
+    # = 1.141 ns; v8.4's: (834 - 685) / 128
     # = 1.164 ns; v8.3's: (912 - 741) / 128
     # = 1.336 ns; v8.2's: (928 - 754) / 128
     # = 1.359 ns; v8.1's: (922 - 739) / 128 = 1.430 ns; v8.0's: (916 - 732) /
     # 128 = 1.4375 ns; v7.9's: (922 - 740) / 128 = 1.422 ns; v7.8's: (920 - 743) / 128 = 1.383 ns;
     # v7.6's: (894 - 797) / 128 = 0.758 ns)
-    assert fit["sm90_promotion_ns_per_row"][0] == pytest.approx((13216 / 16 - 21760 / 32) / 128, rel=1e-9)
+    assert fit["sm90_promotion_ns_per_row"][0] == pytest.approx((13312 / 16 - 21888 / 32) / 128, rel=1e-9)
     # the scheduler: ~0.7-0.9 us per block plus ~0.3 us per chunk scan beyond a call's first
-    # (v8.5's traces: 852 + 282 ns; v8.4's: 861 + 286 ns; v8.3's: 831 + 280 ns; v8.2's: 837 + 281 ns; v8.1's: 719 + 277 ns; v8.0's: 711 + 277 ns; v7.9's: 719 + 280 ns; v7.8's: 688 + 274;
+    # (v8.6's traces: 860 + 283 ns; v8.5's: 852 + 282 ns; v8.4's: 861 + 286 ns; v8.3's: 831 + 280 ns; v8.2's: 837 + 281 ns; v8.1's: 719 + 277 ns; v8.0's: 711 + 277 ns; v7.9's: 719 + 280 ns; v7.8's: 688 + 274;
     # v7.6's: 668 + 277; v7.5's: 730 + 280; v7.4's: 792 + 284; v7.2's: 873 + 287)
     assert 650 <= fit["sched_block_ns"][0] <= 950
     assert 250 <= fit["sched_step_ns"][0] <= 350
     # the producer's copy issues in each CTA's first L1 block (ring empty): ~300 ns per K block
     # at T=64 and 512 (block_m 16, 16 stages), ~0.7-0.8 us at 4096 (block_m 128, 8 stages; kernel
-    # v8.5's traces: 296, 360 and 711 ns, the last issue 12.9, 11.2 and 8.8 K blocks before
+    # v8.6's traces: 293.5 ns at T=64; v8.5's: 296, 360 and 711 ns, the last issue 12.9, 11.2 and 8.8 K blocks before
     # the consumers' K loop ends; v8.4's: 300, 339 and 696 ns; v8.3's: 303, 342 and 770 ns; v8.2's: 301, 336 and 788 ns; v8.1's: 297, 339 and 806 ns; v8.0's: 296, 343 and 784 ns; v7.9's: 298, 350 and 804 ns; v7.8's:
     # 293, 319 and 710 ns), about a full ring everywhere
     # (four producer warps issue faster than the consumers free stages), so the figure is the
@@ -117,14 +119,15 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
     assert "upper bound" in fit["sm90_issue_kblock_ns"][1]
     assert re.search(r"T=4096 \(block_m 128\) [6-9]\d\d ns", fit["sm90_issue_kblock_ns"][1])
     # the combine round, fitted where the kernel loads a token's slots four at a time
-    # (design_sm90.COMBINE_SLOTS, block_m >= 32; kernel v8.0): T=4096's slowest CTA 80672 ns over
-    # ceil(4096 x 4096 / 8 / (132 x 512)) = ceil(31.03) = 32 rounds = 2521 ns (v8.4's trace: 79840
+    # (design_sm90.COMBINE_SLOTS, block_m >= 32; kernel v8.0): T=4096's slowest CTA 80320 ns over
+    # ceil(4096 x 4096 / 8 / (132 x 512)) = ceil(31.03) = 32 rounds = 2510 ns (v8.6's trace; v8.5's:
+    # 80672 ns, 2521; v8.4's: 79840
     # ns, 2495; v8.3's: 79872
     # ns, 2496; v8.2's: 79136
     # ns, 2473; v8.1's: 76992
     # ns, 2406; v8.0's: 77696 ns, 2428; v7.9, one slot at a time everywhere: 3660 ns, the median of T=512 and 4096); T=512
     # (block_m 16, one at a time) is named, not fitted
-    assert fit["combine_round_ns"][0] == 80672 / 32
+    assert fit["combine_round_ns"][0] == 80320 / 32
     assert "not fitted, one slot at a time: T=512 (block_m 16)" in fit["combine_round_ns"][1]
 
 
@@ -134,8 +137,8 @@ def test_one_trace_gives_the_same_mma_fraction():
     hw = load_hardware("h200")
     got = from_kernel_trace(_root(TRACES[-1]), hw.fp8_dense_tflops * hw.mma_efficiency)
     assert got["sm90_mma_fraction"] == pytest.approx(hw.sm90_mma_fraction, rel=0.01)
-    # the grid sync before the combine: last arrival (2863776 ns) to first release (2864544 ns)
-    assert got["grid_sync_ns"] == 2864544 - 2863776
+    # the grid sync before the combine: last arrival (2896224 ns) to first release (2896960 ns)
+    assert got["grid_sync_ns"] == 2896960 - 2896224
 
 
 def test_fit_needs_two_block_m():
