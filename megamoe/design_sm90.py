@@ -108,6 +108,11 @@ RELAY_RELEASE = {16: True, 32: False, 64: False, 128: False}
 #: out their K loops (benchmarks/NOTES_kernel.md, session 28).
 ONE_ITEM_PULL_WARPS = {16: 4, 32: 1, 64: 1, 128: 1}
 
+#: Bytes of a pulled row one dispatch warp folds and stores per chunk round: its 32 lanes x one
+#: 16-byte vector each (``pull_row_fold`` in ``csrc/megamoe/roles_shared.cuh``); a 4 KiB row is
+#: eight rounds.
+PULL_ROUND_BYTES = 32 * 16
+
 
 def l1_promoted_once(block_m: int) -> bool:
     """Whether the L1 GEMM promotes each K block once at this block_m (its x folded per 128-K

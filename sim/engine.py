@@ -62,7 +62,7 @@ from operator import sub
 import numpy as np
 import simpy
 
-from megamoe.design_sm90 import ONE_ITEM_PULL_WARPS, l1_promoted_once
+from megamoe.design_sm90 import ONE_ITEM_PULL_WARPS, PULL_ROUND_BYTES, l1_promoted_once
 from megamoe.errors import InputError
 from megamoe.plan import L1, Plan
 from megamoe.scenario import Scenario
@@ -477,8 +477,8 @@ class _Engine:
             warps = ONE_ITEM_PULL_WARPS.get(bm, 1)
             if R == 1 and most == 1 and warps > 1:
                 # every CTA pulls at most one row, with all its dispatch warps: each warp runs
-                # its share of the row's 512-byte chunk rounds (kernel v8.6)
-                rounds = math.ceil(H / 512)
+                # its share of the row's chunk rounds (kernel v8.6)
+                rounds = math.ceil(H / PULL_ROUND_BYTES)
                 lat -= (rounds - math.ceil(rounds / warps)) * hw.pull_fold_chunk_ns
             cnt = np.bincount(item_round * R + src, minlength=n_rounds * R).reshape(n_rounds, R)
             counts = cnt.tolist()

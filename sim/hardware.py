@@ -38,9 +38,9 @@ Figures (units in the key names):
   shared memory; v5 decodes into the WGMMA registers inside the MMA phase, and this term is
   the token-scale table and the warpgroup barrier until v7.4, from v7.5 only the weight rows'
   fold-table offsets and the stage addresses; fitted from the per-role profile).
-* ``pull_fold_chunk_ns`` — SM90 design: one dispatch warp's fold and stores of one 512-byte
-  chunk round of a pulled row (32 lanes x 16 bytes); a warp pulling a whole row runs
-  ``hidden / 512`` of them one after another (part of ``pull_latency_ns``), and the rows a
+* ``pull_fold_chunk_ns`` — SM90 design: one dispatch warp's fold and stores of one chunk round
+  of a pulled row (``megamoe.design_sm90.PULL_ROUND_BYTES``: 32 lanes x 16 bytes); a warp
+  pulling a whole row runs ``hidden / PULL_ROUND_BYTES`` of them one after another (part of ``pull_latency_ns``), and the rows a
   CTA's four warps share (``megamoe.design_sm90.ONE_ITEM_PULL_WARPS``) a quarter each.
 * ``stage_handoff_ns`` — SM90 design: fixed cost of one pipeline stage (barrier waits and
   releases between producer and consumers, the fixed part of the WGMMA wait and promotion),
