@@ -34,6 +34,12 @@ got memory freed by earlier ones. Without it the pools hold what their allocatio
 memory for the first block_m, then memory the caching allocator reuses when a token count
 changes the block_m (session 23: v8.2 took 0.971x v8.1's time at 4096 tokens so).
 
+``--kernel-time`` times each build by its kernel's own GPU durations (CUPTI through
+``torch.profiler``, the median of five calls: ``megamoe.kernel.timing.kernel_durations_us``)
+instead of five calls back to back between one event pair. The eager 1-token call is bound by
+the host's ~64 us per launch, above the kernel's ~54-56 us, so the default timing cannot see a
+1-token kernel change (sessions 28-29: benchmarks/NOTES_kernel.md).
+
 ``--new-fault BITS`` launches this tree's build with ``fault_inject`` timing bits set (those
 ``csrc/megamoe/params.h`` defines: 2 no MMA, 8 no weight loads, 64 no token-tile loads, 128 no
 token-scale loads, 32 the profile instance; a part switched off leaves wrong outputs, only the
@@ -42,7 +48,7 @@ probe build with bits of its own runs its own copy of this script.
 
 Usage: python benchmarks/device/ab_interleaved.py OLD_LIB OUT.json [tokens, default
 64,1024,4096,8192] [rounds, default 12] [--old-stages 16:16,32:15,64:11,128:7] [--new-fault BITS]
-[--stale-pools]
+[--stale-pools] [--kernel-time]
 """
 import json
 import statistics
@@ -61,6 +67,7 @@ from megamoe.kernel.timing import (
     alternating_rounds,
     crossover_ratios,
     cuda_steady_us,
+    kernel_durations_us,
     token_counts,
 )
 from megamoe.outputs import check_output_path
@@ -81,6 +88,8 @@ def main() -> int:
                     help="fault_inject bits for this tree's build (timing experiments; default 0)")
     ap.add_argument("--stale-pools", action="store_true",
                     help="random bytes in the pools' never-written rows (see the module docstring)")
+    ap.add_argument("--kernel-time", action="store_true",
+                    help="time the kernel's own GPU durations (CUPTI) instead of back-to-back calls")
     a = ap.parse_args()
     with ap.input_errors():
         tokens = token_counts(a.tokens)
@@ -125,7 +134,7 @@ def main() -> int:
 
     crossover = not old_stages
     res = {"old_lib": old_lib, "rounds": rounds, "old_stages": old_stages, "new_fault": a.new_fault,
-           "stale_pools": a.stale_pools,
+           "stale_pools": a.stale_pools, "timing": "kernel (CUPTI)" if a.kernel_time else "steady (5 calls)",
            "design": "crossover" if crossover else "paired", "tokens": {}}
     new_lib = new.lib
     other = MegaMoEKernel(E, K, H, I, max(tokens), w) if crossover else None  # object 1 (its own buffers)
@@ -134,6 +143,11 @@ def main() -> int:
         """Run one build on kernel object k (the fault bits go with this tree's build)."""
         k.lib, k.fault_inject = (new_lib, a.new_fault) if build == "new" else (lib, 0)
         return k(*args)
+
+    def measure(fn):
+        if a.kernel_time:
+            return statistics.median(kernel_durations_us(fn, 5, "megamoe_sm90_kernel"))
+        return cuda_steady_us(fn, 5, rounds=1)[0]
 
     for T in tokens:
         args = make_inputs(T, E, K, H, "cuda", seed=3)
@@ -147,7 +161,7 @@ def main() -> int:
             objs = {"0": new, "1": other}
             fns = {f"{b}@{o}": (lambda b=b, k=objs[o], a=args: on(b, k, a)) for b, o in
                    (("new", "0"), ("old", "1"), ("new", "1"), ("old", "0"))}
-            per_round = alternating_rounds(fns, rounds, lambda fn: cuda_steady_us(fn, 5, rounds=1)[0],
+            per_round = alternating_rounds(fns, rounds, measure,
                                            after_round=lambda: (new.check(), other.check()))
             if a.stale_pools:  # the valid rows' outputs must not see the stale ones
                 extra_eq = {"stale_outputs_equal": bool(torch.equal(on("new", new, args), ys[0]) and
@@ -168,7 +182,7 @@ def main() -> int:
                 new.scramble_pool_data(seed=5)
                 old.scramble_pool_data(seed=6)
             per_round = alternating_rounds({"new": lambda a=args: new(*a), "old": lambda a=args, k=old: k(*a)},
-                                           rounds, lambda fn: cuda_steady_us(fn, 5, rounds=1)[0],
+                                           rounds, measure,
                                            after_round=lambda k=old: (new.check(), k.check()))
             times = {name: [t[name] for t in per_round] for name in ("new", "old")}
             ratios = [a / b for a, b in zip(times["new"], times["old"])]
