@@ -31,7 +31,9 @@ Figures the kernel itself reveals come from its traces (no GPU needed once they 
   L1 epilogue as a line in ``block_m`` (``l1_epilogue_thread_ns_per_elem``,
   ``block_overhead_ns``), the L2 epilogue as a line in block_m + valid rows
   (``l2_epilogue_fixed_ns``, ``l2_epilogue_thread_ns_per_elem``), ``pull_latency_ns`` from
-  the pull time per round, ``combine_round_ns`` and ``grid_sync_ns``.
+  the pull time per round, ``combine_round_ns``, ``grid_sync_ns``, and the dispatch's start up to
+  its count barrier as a line in the largest CTA's share of the ``T k`` items: the first pull's
+  start (median over CTAs) less ``grid_sync_ns`` (``sm90_count_ns``, ``sm90_count_item_ns``).
 * :func:`fit_sm90_ep_traces` (EP traces of the same kernel, two or more ranks): the NVLink
   round trip of a remote pull (``nvlink_latency_ns``: per trace, a CTA's pull time, which is
   its dispatch warp 0's items one after another, by least squares over that warp's local
@@ -319,7 +321,8 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
                      "combine_rounds": -(-T * H // 8 // (num_sms * THREADS)),
                      "grid_sync": _grid_sync_ns(t), "num_sms": num_sms, "kb": kb1 + kb2, "kb1": kb1,
                      "stages": int(meta["plan"]["num_stages"]), "issue": _first_block_issue(t),
-                     "top_k": int(meta["top_k"]), "experts": int(meta["num_experts"])})
+                     "top_k": int(meta["top_k"]), "experts": int(meta["num_experts"]),
+                     "pull_start": _median(pull["t_start_ns"]), "share": int(np.diff(i0).max())})
     bms = sorted({r["bm"] for r in rows})
     require(len(bms) >= 2, "fit_sm90_traces", "traces of at least two block_m", bms)
     num_sms = rows[0]["num_sms"]
@@ -467,6 +470,15 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
         out["grid_sync_ns"] = (float(np.median(gss)),
                                "last arrival to first release of the grid sync before the combine: "
                                + ", ".join(f"{g / 1e3:.2f} us" for g in gss) + ", median")
+    # dispatch start (kernel v8.5+): count, publish, sort, count barrier, counts and pool-block
+    # offsets, until the pull starts; the model adds the barrier's release (grid_sync_ns) itself
+    gsn = out["grid_sync_ns"][0] if gss else hw.grid_sync_ns
+    c0, c1 = _line([r["share"] for r in rows], [r["pull_start"] - gsn for r in rows])
+    how = (f"first pull's start (median over CTAs) less grid_sync_ns ({gsn:.0f} ns) = {c0:.0f} ns + {c1:.1f} ns per "
+           f"item of the largest CTA's share of the T k items, least squares over the traces: "
+           + ", ".join(f"T={r['tokens']} {r['pull_start'] / 1e3:.2f} us at {r['share']} items" for r in rows))
+    out["sm90_count_ns"] = (c0, how)
+    out["sm90_count_item_ns"] = (max(c1, 0.0), how)
     return out
 
 

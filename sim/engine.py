@@ -5,7 +5,10 @@ Granularity (DESIGN.md: block granularity, never per cycle):
 * **Dispatch** (one process per rank, standing for the dispatch warps of all its SMs): count,
   per-expert send counts (global atomics, serialised per address across SMs), source-index
   exchange, grid sync, expert counts to the owners, NVLink barrier (a true cross-rank
-  barrier: every rank waits for the last), then pulls.  All ``4 * SMs`` dispatch warps walk
+  barrier: every rank waits for the last), then pulls.  The SM90 design at one rank (kernel
+  v8.5+) instead counts each CTA's share of the items (``sm90_count_ns`` +
+  ``sm90_count_item_ns`` per item of the largest share) and meets at its count barrier
+  (``grid_sync_ns``) before the pulls.  All ``4 * SMs`` dispatch warps walk
   the rank's pool tokens (experts in order, each in the plan's round-robin min-remaining
   order) with stride ``4 * SMs``; one event per *round* of ``4 * SMs`` concurrent pulls, each
   pull moving ``hidden`` FP8 bytes + scales in ``bytes_per_pull`` chunks over the source
@@ -429,15 +432,22 @@ class _Engine:
         t = hw.launch_ns + self.launch_offsets_ns[r]  # a late rank starts late (launch skew)
         items = self.valid_slots[r]
         multi = plan.num_ranks > 1
-        steps = (
-            ("count", 500.0 + T * k * 8 / hw.hbm_bytes_per_ns, 0),
-            ("index_exchange", S * hw.atomic_same_address_ns, 0),  # per-expert send counts
-            # source-index table into the owners' workspaces (remote stores when EP > 1)
-            ("index_exchange", (hw.nvlink_latency_ns + items * 4 / hw.nvlink_bytes_per_ns) if multi
-             else items * 4 / hw.hbm_bytes_per_ns, items * 4),
-            ("grid_sync", hw.grid_sync_ns, 0),
-            ("index_exchange", hw.nvlink_latency_ns if multi else 0.0, plan.num_experts * 8),  # counts
-        )
+        sm90_ep1 = plan.design == "megamoe-sm90" and not multi
+        if sm90_ep1:
+            # kernel v8.5+ (csrc/megamoe/roles_shared.cuh, dispatch_pull): every CTA counts, publishes
+            # and sorts its share of the T k items, the largest share arriving last at the count
+            # barrier; no send-count atomics, no index table
+            steps = (("count", hw.sm90_count_ns + -(-T * k // S) * hw.sm90_count_item_ns, 0),)
+        else:
+            steps = (
+                ("count", 500.0 + T * k * 8 / hw.hbm_bytes_per_ns, 0),
+                ("index_exchange", S * hw.atomic_same_address_ns, 0),  # per-expert send counts
+                # source-index table into the owners' workspaces (remote stores when EP > 1)
+                ("index_exchange", (hw.nvlink_latency_ns + items * 4 / hw.nvlink_bytes_per_ns) if multi
+                 else items * 4 / hw.hbm_bytes_per_ns, items * 4),
+                ("grid_sync", hw.grid_sync_ns, 0),
+                ("index_exchange", hw.nvlink_latency_ns if multi else 0.0, plan.num_experts * 8),  # counts
+            )
         for kind, dur, nbytes in steps:
             self.rows.append((r, -1, ROLE["dispatch"], KIND[kind], -1, -1, -1, -1, t, t + dur, nbytes, 0))
             t += dur
@@ -452,7 +462,8 @@ class _Engine:
             self.env.timeout(done - env.now).callbacks.append(lambda _e: ev.succeed(done))
         start_wait = env.now
         done = yield self.pre_pull_done
-        self.rows.append((r, -1, ROLE["dispatch"], KIND["nvl_barrier"], -1, -1, -1, -1, start_wait, done, 0, 0))
+        barrier = KIND["grid_sync" if sm90_ep1 else "nvl_barrier"]  # the SM90 EP1 count barrier is a grid sync
+        self.rows.append((r, -1, ROLE["dispatch"], barrier, -1, -1, -1, -1, start_wait, done, 0, 0))
         self.counts_ready[r] = done
         # pulls, one event per round of 4*S concurrent warps
         G = S * DISPATCH_WARPS_PER_SM

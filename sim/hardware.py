@@ -38,6 +38,12 @@ Figures (units in the key names):
   shared memory; v5 decodes into the WGMMA registers inside the MMA phase, and this term is
   the token-scale table and the warpgroup barrier until v7.4, from v7.5 only the weight rows'
   fold-table offsets and the stage addresses; fitted from the per-role profile).
+* ``sm90_count_ns``, ``sm90_count_item_ns`` — SM90 design, one rank (kernel v8.5+): from the
+  kernel's start to its count barrier, fixed + per item of the largest CTA's share of the
+  ``T k`` items (``ceil(T k / SMs)``): each CTA counts its items per expert, adds them to the
+  expert sums, sorts them by expert and waits at the count barrier, then reads the counts
+  and the pool-block offsets. The barrier's own release (``grid_sync_ns``) follows; the pull
+  then starts.
 * ``pull_fold_chunk_ns`` — SM90 design: one dispatch warp's fold and stores of one chunk round
   of a pulled row (``megamoe.design_sm90.PULL_ROUND_BYTES``: 32 lanes x 16 bytes); a warp
   pulling a whole row runs ``hidden / PULL_ROUND_BYTES`` of them one after another (part of ``pull_latency_ns``), and the rows a
@@ -143,6 +149,8 @@ class Hardware:
     sm90_promotion_ns_per_row: float
     e2m1_decode_thread_ns_per_elem: float
     stage_handoff_ns: float
+    sm90_count_ns: float
+    sm90_count_item_ns: float
     pull_fold_chunk_ns: float
     sm90_issue_kblock_ns: float
     sched_block_ns: float
@@ -234,6 +242,8 @@ FIGURE_RANGES: dict[str, tuple[float, float, str]] = {
     "sm90_promotion_ns_per_row": (0.0, 100.0, "ns"),
     "e2m1_decode_thread_ns_per_elem": (0.01, 20.0, "ns"),
     "stage_handoff_ns": (0.01, 5_000.0, "ns"),
+    "sm90_count_ns": (0.01, 1_000_000.0, "ns"),
+    "sm90_count_item_ns": (0.0, 10_000.0, "ns"),
     "pull_fold_chunk_ns": (0.01, 5_000.0, "ns"),
     "sm90_issue_kblock_ns": (0.01, 5_000.0, "ns"),
     "sched_block_ns": (0.01, 10_000.0, "ns"),

@@ -68,7 +68,7 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
                         "stage_handoff_ns",
                         "sm90_issue_kblock_ns", "sched_block_ns", "sched_step_ns", "l1_epilogue_thread_ns_per_elem", "block_overhead_ns",
                         "l2_epilogue_fixed_ns", "l2_epilogue_thread_ns_per_elem", "pull_latency_ns",
-                        "combine_round_ns", "grid_sync_ns"}
+                        "combine_round_ns", "grid_sync_ns", "sm90_count_ns", "sm90_count_item_ns"}
     for key, (value, src) in sm90_fit_sources(fit).items():
         assert getattr(hw, key) == pytest.approx(fit[key][0], rel=2e-3, abs=0.5), key
         assert getattr(hw, key) == value and hw.sources[key] == src, key
@@ -129,6 +129,24 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
     # (block_m 16, one at a time) is named, not fitted
     assert fit["combine_round_ns"][0] == 80320 / 32
     assert "not fitted, one slot at a time: T=512 (block_m 16)" in fit["combine_round_ns"][1]
+
+
+def test_dispatch_start_line_is_least_squares_over_the_pull_starts():
+    """sm90_count_ns / sm90_count_item_ns: the first pull's start (median over the 132 CTAs'
+    pull records, read from the v8.6 traces: T=64 6176 ns, T=512 6624 ns, T=4096 (12032 +
+    12064) / 2 = 12048 ns) less grid_sync_ns (704 ns), against the largest CTA's share of the
+    T k = 6 T items, ceil(6 T / 132): 3, 24, 187; the least-squares line by its closed form."""
+    from sim.calibrate import fit_sm90_traces
+
+    fit = fit_sm90_traces([_root(p) for p in TRACES])
+    x = [3.0, 24.0, 187.0]
+    y = [6176.0 - 704.0, 6624.0 - 704.0, 12048.0 - 704.0]
+    mx, my = sum(x) / 3, sum(y) / 3
+    slope = sum((a - mx) * (b - my) for a, b in zip(x, y)) / sum((a - mx) ** 2 for a in x)
+    assert fit["grid_sync_ns"][0] == 704.0
+    assert fit["sm90_count_item_ns"][0] == pytest.approx(slope, rel=1e-9)  # 32.43 ns
+    assert fit["sm90_count_ns"][0] == pytest.approx(my - slope * mx, rel=1e-9)  # 5265 ns
+    assert "T=4096 12.05 us at 187 items" in fit["sm90_count_ns"][1]
 
 
 def test_one_trace_gives_the_same_mma_fraction():

@@ -53,6 +53,31 @@ def test_dispatch_preamble_is_the_sum_of_its_steps():
     assert ends[0] == ends[1] == pytest.approx(max(starts) + hw.nvl_barrier_ns)
 
 
+def test_sm90_one_rank_dispatch_starts_with_the_count_and_its_barrier():
+    """Kernel v8.5+ at one rank: every CTA counts its share of the T k items, the largest
+    share (ceil(T k / SMs)) arriving last at the count barrier, which releases grid_sync_ns
+    later; no send-count atomics, no index table, no NVLink barrier; the pull starts then."""
+    sc = Scenario(shape="8,2,256,256", num_ranks=1, tokens_per_rank=300, max_tokens_per_rank=512,
+                  hardware="h200", design="megamoe-sm90")
+    res = simulate(sc)
+    hw = res.hardware
+    share = -(-300 * 2 // hw.num_sms)  # ceil(600 / 132) = 5
+    assert share == 5
+    rows = res.trace.where(role="dispatch")
+    pull_start = rows.where(kind="pull")["t_start_ns"].min()
+    before = rows["kind"][rows["t_start_ns"] < pull_start].tolist()
+    assert sorted(before) == [KIND["count"], KIND["grid_sync"]]  # (the call's end has barriers of its own)
+    count = rows.where(kind="count")
+    assert count["t_start_ns"][0] == hw.launch_ns
+    end = hw.launch_ns + hw.sm90_count_ns + 5 * hw.sm90_count_item_ns
+    assert count["t_end_ns"][0] == pytest.approx(end)
+    barrier = rows.where(kind="grid_sync")
+    first = int(barrier["t_start_ns"].argmin())
+    assert barrier["t_start_ns"][first] == pytest.approx(end)
+    assert barrier["t_end_ns"][first] == pytest.approx(end + hw.grid_sync_ns)
+    assert pull_start == pytest.approx(end + hw.grid_sync_ns)
+
+
 def test_k_loop_and_combine_durations():
     sc = _tiny()
     res = simulate(sc)
