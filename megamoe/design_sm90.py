@@ -25,6 +25,8 @@ import functools
 import math
 from dataclasses import dataclass, asdict
 
+import numpy as np
+
 from .errors import is_int, require
 
 #: Output columns per block (both GEMMs). L1 blocks cover 64 gate + 64 up rows.
@@ -112,6 +114,15 @@ ONE_ITEM_PULL_WARPS = {16: 4, 32: 1, 64: 1, 128: 1}
 #: 16-byte vector each (``pull_row_fold`` in ``csrc/megamoe/roles_shared.cuh``); a 4 KiB row is
 #: eight rounds.
 PULL_ROUND_BYTES = 32 * 16
+
+
+def cta_item_starts(num_items: int, num_ctas: int) -> np.ndarray:
+    """The dispatch's even split of ``num_items`` items over ``num_ctas`` CTAs (``cta_range`` in
+    ``csrc/megamoe/roles_shared.cuh``; kernel v8.5): CTA ``c`` takes items
+    ``[n c / C, n (c + 1) / C)``. Returns int64 ``[num_ctas + 1]``: each CTA's first item, then
+    ``num_items``; so the largest share is ``ceil(n / C)``. (EP1 splits the ``T k`` items, EP
+    the rank's pool positions.)"""
+    return (num_items * np.arange(num_ctas + 1, dtype=np.int64)) // num_ctas
 
 
 def l1_promoted_once(block_m: int) -> bool:

@@ -288,7 +288,7 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
     """
     import numpy as np
 
-    from megamoe.design_sm90 import BLOCK_K, BLOCK_N, COMBINE_SLOTS, CONSUMER_WARPS, THREADS, block_m_for
+    from megamoe.design_sm90 import BLOCK_K, BLOCK_N, COMBINE_SLOTS, CONSUMER_WARPS, THREADS, block_m_for, cta_item_starts
     from megamoe.trace import KIND, Trace
 
     from .engine import DISPATCH_WARPS_PER_SM
@@ -308,7 +308,7 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
         num_sms, T, H = int(meta["num_sms"]), int(meta["tokens_per_rank"][0]), int(meta["hidden"])
         pull, comb = t.where(kind="pull"), t.where(kind="combine")
         # pull rounds of each CTA (EP1: an even split of the T K items, 4 dispatch warps)
-        i0 = (T * int(meta["top_k"]) * np.arange(num_sms + 1)) // num_sms
+        i0 = cta_item_starts(T * int(meta["top_k"]), num_sms)
         rounds = -(-np.diff(i0) // DISPATCH_WARPS_PER_SM)
         rows.append({"tokens": T, "bm": int(meta["plan"]["block_m"]), "k": sm90_k_block_ns(t),
                      "once": _l1_promoted_once(t),
@@ -521,7 +521,7 @@ def fit_sm90_ep_traces(paths: list[str], l2_epilogue_fixed_ns: float, l2_epilogu
     """
     import numpy as np
 
-    from megamoe.design_sm90 import BLOCK_N, CONSUMER_WARPS
+    from megamoe.design_sm90 import BLOCK_N, CONSUMER_WARPS, cta_item_starts
     from megamoe.trace import KIND, Trace
 
     from .engine import DISPATCH_WARPS_PER_SM, SM90_REMOTE_ROUND_TRIPS
@@ -539,7 +539,7 @@ def fit_sm90_ep_traces(paths: list[str], l2_epilogue_fixed_ns: float, l2_epilogu
         for rp in plan.ranks:
             r, bm = rp.rank, rp.config.block_m
             src = _ep_pool_sources(rp)
-            j0 = (len(src) * np.arange(S + 1)) // S  # each CTA's first pool position
+            j0 = cta_item_starts(len(src), S)  # each CTA's first pool position
             pull = t.where(rank=r, kind=KIND["pull"])
             require(len(pull) > 0 and bool((pull["sm"] >= 0).all()), "fit_sm90_ep_traces", "one pull record per CTA",
                     f"{p}: rank {r}")

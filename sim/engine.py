@@ -65,7 +65,12 @@ from operator import sub
 import numpy as np
 import simpy
 
-from megamoe.design_sm90 import ONE_ITEM_PULL_WARPS, PULL_ROUND_BYTES, l1_promoted_once
+from megamoe.design_sm90 import (
+    ONE_ITEM_PULL_WARPS,
+    PULL_ROUND_BYTES,
+    cta_item_starts,
+    l1_promoted_once,
+)
 from megamoe.errors import InputError
 from megamoe.plan import L1, Plan
 from megamoe.scenario import Scenario
@@ -437,7 +442,8 @@ class _Engine:
             # kernel v8.5+ (csrc/megamoe/roles_shared.cuh, dispatch_pull): every CTA counts, publishes
             # and sorts its share of the T k items, the largest share arriving last at the count
             # barrier; no send-count atomics, no index table
-            steps = (("count", hw.sm90_count_ns + -(-T * k // S) * hw.sm90_count_item_ns, 0),)
+            share = int(np.diff(cta_item_starts(T * k, S)).max())
+            steps = (("count", hw.sm90_count_ns + share * hw.sm90_count_item_ns, 0),)
         else:
             steps = (
                 ("count", 500.0 + T * k * 8 / hw.hbm_bytes_per_ns, 0),
@@ -566,7 +572,7 @@ class _Engine:
             T = rp.num_tokens
             ids = self.topk_idx[rp.rank].reshape(-1)
             items = np.nonzero(ids >= 0)[0]
-            i0 = (T * K * np.arange(S)) // S                   # first item of each CTA
+            i0 = cta_item_starts(T * K, S)[:-1]                 # first item of each CTA
             cta = np.searchsorted(i0, items, side="right") - 1
             # position of each item in its CTA's items sorted by expert (stable)
             srt = np.lexsort((items, ids[items], cta))
@@ -578,7 +584,7 @@ class _Engine:
             # pool order: experts in order, each expert's items ascending
             rnd = rnd[np.argsort(ids[items], kind="stable")]
         else:
-            j0 = (n * np.arange(S)) // S                       # first pool position of each CTA
+            j0 = cta_item_starts(n, S)[:-1]                     # first pool position of each CTA
             j = np.arange(n)
             pos = j - j0[np.searchsorted(j0, j, side="right") - 1]
             rnd = pos // W

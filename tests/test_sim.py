@@ -53,6 +53,16 @@ def test_dispatch_preamble_is_the_sum_of_its_steps():
     assert ends[0] == ends[1] == pytest.approx(max(starts) + hw.nvl_barrier_ns)
 
 
+def test_cta_item_starts_is_the_kernels_even_split():
+    """cta_range in csrc/megamoe/roles_shared.cuh: CTA c takes [n c / C, n (c + 1) / C).
+    6 items over 4 CTAs: 0, 6/4 -> 1, 12/4 -> 3, 18/4 -> 4, 6; shares 1, 2, 1, 2."""
+    from megamoe.design_sm90 import cta_item_starts
+
+    assert cta_item_starts(6, 4).tolist() == [0, 1, 3, 4, 6]
+    assert cta_item_starts(1, 132).tolist() == [0] * 132 + [1]  # one item: only the last CTA
+    assert int(np.diff(cta_item_starts(600, 132)).max()) == 5  # ceil(600 / 132)
+
+
 def test_sm90_one_rank_dispatch_starts_with_the_count_and_its_barrier():
     """Kernel v8.5+ at one rank: every CTA counts its share of the T k items, the largest
     share (ceil(T k / SMs)) arriving last at the count barrier, which releases grid_sync_ns
