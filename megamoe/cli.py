@@ -142,6 +142,11 @@ def add_scenario_args(p: argparse.ArgumentParser) -> None:
                         "per issuing producer warp, 4 at block_m 16-64 and 2 at 128; its model gives the same "
                         "time at every allowed count, and the H200 kernel ran level down to 10 stages at "
                         "block_m 16-32, 8 at 64 and 6 at 128)")
+    g.add_argument("--k-split", type=_positive, default=None,
+                   help="megamoe-sm90 what-if: split every block's K blocks into N parts run by N CTAs "
+                        "(split-K; the last part's CTA adds the others' FP32 partial sums and runs the "
+                        "epilogue). N divides hidden/128 and intermediate/128. The H200 kernel is built "
+                        "without it (default: no split)")
     g.add_argument("--l2-wait", default="k_block",
                    help="k_block (PR #304) | pool_block (PR #316): what an L2 K block waits for. It "
                         "rarely changes the time, because the scheduler puts a wave's L2 blocks after "
@@ -159,7 +164,7 @@ def scenario_from_args(a: argparse.Namespace):
                     max_tokens_per_rank=a.max_tokens, routing=a.routing, seed=a.seed,
                     hardware=a.hardware, design=a.design, experts_per_wave=a.experts_per_wave,
                     block_m=a.block_m, pool_tokens=a.pool_tokens, num_stages=a.num_stages,
-                    l2_wait=a.l2_wait, reserved_sms=a.reserved_sms, policies=a.policy,
+                    k_split=a.k_split, l2_wait=a.l2_wait, reserved_sms=a.reserved_sms, policies=a.policy,
                     launch_skew_us=a.launch_skew_us)
 
 
@@ -211,6 +216,7 @@ def _print_summary(res) -> None:
               f"block_k={rp.config.block_k} experts/wave={rp.experts_per_wave} waves={rp.num_waves} "
               f"stages={rp.num_stages} SMs={plan.num_sms} pool={plan.pool_tokens} tokens "
               f"pull={plan.bytes_per_pull} B  blocks={len(rp.blocks())}"
+              + (f"  k_split={rp.k_split} (what-if)" if rp.k_split > 1 else "")
               + (f"  policies: {', '.join(f'{k}={v}' for k, v in plan.policies.items())}" if plan.policies else ""))
     t = Table()
     t.add_column("predicted (mean over ranks)")
@@ -366,7 +372,7 @@ def cmd_sweep(a: argparse.Namespace) -> int:
           "max_tokens_per_rank": a.max_tokens, "routing": base.routing, "seed": base.seed,
           "hardware": base.hardware, "design": base.design, "experts_per_wave": base.experts_per_wave,
           "block_m": base.block_m, "pool_tokens": base.pool_tokens, "num_stages": base.num_stages,
-          "l2_wait": base.l2_wait, "reserved_sms": base.reserved_sms, "policies": list(a.policy),
+          "k_split": base.k_split, "l2_wait": base.l2_wait, "reserved_sms": base.reserved_sms, "policies": list(a.policy),
           "launch_skew_us": base.launch_skew_us}
     rows = sweep(axes, kw, a.out, jobs=a.jobs, resume=not a.no_resume, address=a.address)
     bad = [r for r in rows if r["error"]]  # not all: sweep() refuses a sweep with no valid point
@@ -547,7 +553,7 @@ def build_parser() -> argparse.ArgumentParser:
     w = sub.add_parser("sweep", help="simulate a grid of scenario / plan / hardware choices")
     add_scenario_args(w)
     w.add_argument("--set", action="append", default=[], metavar="AXIS=VALUES",
-                   help="swept axis: tokens, ranks, experts_per_wave, block_m, reserved_sms, routing, "
+                   help="swept axis: tokens, ranks, experts_per_wave, block_m, k_split, reserved_sms, routing, "
                         "policy, launch_skew_us, nvlink_scale, hbm_scale, ... with a,b,c or start:stop[:step]; shapes are "
                         "separated by ';' when one is a custom E,k,H,I; repeatable")
     w.add_argument("--out", type=_out_dir, default="sweep-out",

@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .errors import InputError, require
+from .errors import InputError, is_int, require
 
 # Layout constants (DeepGEMM layout/mega_moe.cuh, 891d57b)
 CANDIDATE_BLOCK_M = (8, 16, 32, 64, 96, 128, 192)
@@ -309,6 +309,7 @@ class RankPlan:
     l2_n_blocks: int = 0
     pull_policy: object = field(default=None, repr=False)
     scheduler: object = field(default=None, repr=False)
+    k_split: int = 1
     _blocks: np.ndarray | None = field(default=None, repr=False)
     _orders: dict = field(default_factory=dict, repr=False)
 
@@ -335,9 +336,15 @@ class RankPlan:
         """The rank's global block list (``MegaMoEScheduler`` order unless a scheduler policy
         replaces it).
 
+        With ``k_split`` > 1 every block of that list becomes ``k_split`` consecutive rows,
+        one per equal part of its K blocks (``k_part`` 0, 1, ...); the last part's CTA adds the
+        others' FP32 partial sums and runs the epilogue (a what-if of the simulator: the SM90
+        kernel is built for ``k_split`` 1).
+
         Returns:
-            int32 ``[N, 5]`` rows ``(phase, local expert, m block, n block, wave)``, phase 1 = L1,
-            2 = L2.  SM ``s`` executes rows ``s, s + S, s + 2S, ...`` (see :meth:`sm_blocks`).
+            int32 ``[N, 6]`` rows ``(phase, local expert, m block, n block, wave, k_part)``,
+            phase 1 = L1, 2 = L2.  SM ``s`` executes rows ``s, s + S, s + 2S, ...`` (see
+            :meth:`sm_blocks`).
         """
         if self._blocks is None:
             from .policies import ScheduleContext, WaveScheduler, call_block_list
@@ -345,8 +352,11 @@ class RankPlan:
             ctx = ScheduleContext(self.m_blocks_per_expert, self.l1_n_blocks, self.l2_n_blocks,
                                   self.experts_per_wave, self.num_sms)
             ref = WaveScheduler().block_list(ctx)
-            self._blocks = ref if self.scheduler is None else call_block_list(
+            blk = ref if self.scheduler is None else call_block_list(
                 self.scheduler, ctx, ref, pairs=self.config.cluster_size == 2)
+            ks = self.k_split
+            self._blocks = np.column_stack([np.repeat(blk, ks, axis=0),
+                                            np.tile(np.arange(ks, dtype=blk.dtype), len(blk))]).astype(np.int32)
         return self._blocks
 
     def sm_blocks(self, sm: int) -> np.ndarray:
@@ -433,7 +443,7 @@ class Plan:
             "num_recv_tokens": int(r.recv_counts.sum()),
             "tokens_per_expert": r.tokens_per_expert.tolist(),
             "pool_block_offset": r.pool_block_offset.tolist(),
-            "num_blocks": int(len(r.blocks())),
+            "k_split": r.k_split, "num_blocks": int(len(r.blocks())),
         } for r in self.ranks]
         return out
 
@@ -491,7 +501,8 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
                num_sms: int, smem_capacity: int = SM100_SMEM_CAPACITY,
                design: str = "deepgemm-sm100", experts_per_wave: int | None = None,
                block_m: int | None = None, pool_tokens: int | None = None,
-               num_stages: int | None = None, l2_wait: str = "k_block", policies=None) -> Plan:
+               num_stages: int | None = None, l2_wait: str = "k_block", k_split: int | None = None,
+               policies=None) -> Plan:
     """Make every scheduling decision for one call.
 
     Args:
@@ -508,6 +519,10 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
             ``num_stages`` at least one per issuing producer warp there,
             ``design_sm90.min_stages``).
         l2_wait: ``k_block`` or ``pool_block`` (see :class:`Plan`).
+        k_split: ``megamoe-sm90`` only, a what-if: every block's K blocks split into this many
+            equal parts on consecutive block indices (split-K; see :meth:`RankPlan.blocks`);
+            None or 1: no split (the built kernel). It must divide both GEMMs' K block counts
+            (``hidden / 128`` and ``intermediate / 128``).
         policies: :class:`megamoe.policies.Policies` replacing reference heuristics (the
             explicit overrides above still win).
 
@@ -524,6 +539,13 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
     e_local = num_experts // num_ranks
     require(design in DESIGNS, "design", " or ".join(DESIGNS), design)
     sm90 = design == "megamoe-sm90"
+    require(k_split is None or (is_int(k_split) and k_split >= 1), "k_split", "None or an integer >= 1", k_split)
+    ks = 1 if k_split is None else int(k_split)
+    if ks > 1:
+        require(sm90, "k_split", "1 with design deepgemm-sm100 (split-K is modelled for megamoe-sm90 only)", ks)
+        kb1, kb2 = hidden // 128, intermediate // 128
+        require(kb1 % ks == 0 and kb2 % ks == 0, "k_split",
+                f"a divisor of both GEMMs' K blocks ({kb1} and {kb2})", ks)
     if sm90:  # no ring: the SM90 kernel's pool holds every routed row (each rank's cap, below)
         from . import design_sm90
 
@@ -591,7 +613,7 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
                       num_stages=stages, smem_bytes=smem, recv_counts=counts[r], src_items=items[r],
                       num_sms=num_sms, l1_n_blocks=2 * intermediate // cfg.block_n,
                       l2_n_blocks=hidden // cfg.block_n, pull_policy=pol.pull_order,
-                      scheduler=pol.scheduler)
+                      scheduler=pol.scheduler, k_split=ks)
         used = int(rp.pool_block_offset[-1]) * cfg.block_m
         if pool_tokens is None:
             assert used <= cap, (used, cap)  # guaranteed by the capacity formula

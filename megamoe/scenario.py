@@ -88,6 +88,10 @@ class Scenario:
         experts_per_wave, block_m, pool_tokens, num_stages: plan overrides, integers >= 1
             (None = heuristic).
         l2_wait: ``k_block`` (PR #304) or ``pool_block`` (PR #316).
+        k_split: ``megamoe-sm90`` what-if: split every block's K blocks into this many parts on
+            consecutive block indices (split-K, :meth:`megamoe.plan.RankPlan.blocks`); None or 1:
+            no split, as the kernel is built. An integer >= 1 dividing ``hidden / 128`` and
+            ``intermediate / 128`` (checked by :meth:`plan`).
         reserved_sms: SMs taken away from the kernel (e.g. for a shared expert), an integer
             >= 0 (its upper bound depends on the GPU: :meth:`plan` checks it).
         policies: a list (or tuple) of policy specs or objects (:mod:`megamoe.policies`)
@@ -104,7 +108,7 @@ class Scenario:
         InputError: bad field (one-line message naming it: ``shape``, ``ranks``, ``tokens``,
             ``max_tokens``, ``routing`` / ``routing.<param>``, ``seed``, ``hardware``,
             ``design``, ``l2_wait``, ``reserved_sms``, ``experts_per_wave``, ``block_m``,
-            ``pool_tokens``, ``num_stages``, ``policies`` / ``policy ...``, ``topk_idx[r]``,
+            ``pool_tokens``, ``num_stages``, ``k_split``, ``policies`` / ``policy ...``, ``topk_idx[r]``,
             ``launch_skew_us``); the CLI's names are used for ``num_ranks`` (``ranks``),
             ``tokens_per_rank`` (``tokens``) and ``max_tokens_per_rank`` (``max_tokens``).
     """
@@ -122,6 +126,7 @@ class Scenario:
     pool_tokens: int | None = None
     num_stages: int | None = None
     l2_wait: str = "k_block"
+    k_split: int | None = None
     reserved_sms: int = 0
     policies: list = field(default_factory=list)
     topk_idx: list[np.ndarray] | None = field(default=None, repr=False)
@@ -209,12 +214,12 @@ class Scenario:
         require(isinstance(self.policies, (list, tuple)), "policies",
                 "a list of policy specs or objects (e.g. ['rank-by-rank'])", self.policies)
         self._policies = policies_from_specs(self.policies)
-        for name in ("experts_per_wave", "block_m", "pool_tokens", "num_stages"):
+        for name in ("experts_per_wave", "block_m", "pool_tokens", "num_stages", "k_split"):
             v = getattr(self, name)
             require(v is None or (is_int(v) and v >= 1), name, "a positive integer", shown(v))
         # checked integers: a numpy integer is kept as the same Python int (JSON-able in to_dict)
         for name in ("num_ranks", "seed", "max_tokens_per_rank", "reserved_sms", "experts_per_wave", "block_m",
-                     "pool_tokens", "num_stages"):
+                     "pool_tokens", "num_stages", "k_split"):
             if isinstance(getattr(self, name), np.integer):
                 setattr(self, name, int(getattr(self, name)))
         # one source per decision: a fixed override and a policy for the same choice conflict
@@ -274,7 +279,7 @@ class Scenario:
                           topk_idx=self.routing_ids(), num_sms=usable, smem_capacity=smem_capacity,
                           design=self.design, experts_per_wave=self.experts_per_wave,
                           block_m=self.block_m, pool_tokens=self.pool_tokens,
-                          num_stages=self.num_stages, l2_wait=self.l2_wait,
+                          num_stages=self.num_stages, l2_wait=self.l2_wait, k_split=self.k_split,
                           policies=self._policies)
 
     def to_dict(self) -> dict:
@@ -287,6 +292,6 @@ class Scenario:
             "routing": self.routing.describe(), "seed": self.seed, "hardware": self.hardware,
             "design": self.design, "experts_per_wave": self.experts_per_wave,
             "block_m": self.block_m, "pool_tokens": self.pool_tokens, "num_stages": self.num_stages,
-            "l2_wait": self.l2_wait, "reserved_sms": self.reserved_sms,
+            "l2_wait": self.l2_wait, "k_split": self.k_split, "reserved_sms": self.reserved_sms,
             "policies": self._policies.names(), "launch_skew_us": self.launch_offsets_us(),
         }

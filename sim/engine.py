@@ -286,7 +286,8 @@ class _Engine:
         self.rows: list[tuple] = []      # rank-level intervals (COLUMNS order, codes)
         # per block, in simulation order, 9 numbers: block id, load start, MMA start, MMA end,
         # epilogue start, epilogue end, dependency, first-touch bytes, ring stage free; the
-        # block id indexes self.block_ids (rank, cluster, phase, expert, m, n, wave, valid rows)
+        # block id indexes self.block_ids (rank, cluster, phase, expert, m, n, wave, valid rows,
+        # K part)
         self.blocks: list[float] = []
         self.n_events = 0
         # per rank state
@@ -295,7 +296,8 @@ class _Engine:
         self.l1_done = []        # pool block -> array of L1 pair epilogue ends
         self.l1_left = []        # pool block -> pairs still to finish
         self.l1_ev = []
-        self.ready_cache = []    # pool block -> L2 K-block readiness times
+        self.ready_cache = []    # (pool block, K part) -> L2 K-block readiness times
+        self.xchg = []           # split-K: (phase, pool block, n block) -> [parts done, last end, Event]
         self.touched_w = []      # (phase, expert, n pair) seen
         self.touched_a = []      # (phase, pool block) seen
         self.counts_ready = [None] * R
@@ -311,11 +313,12 @@ class _Engine:
             self.l1_left.append([rp.l1_n_blocks] * nb)
             self.l1_ev.append({})
             self.ready_cache.append({})
+            self.xchg.append({})
             e_loc = len(rp.recv_counts)
-            self.touched_w.append([False] * (3 * e_loc * max(rp.l1_n_blocks, rp.l2_n_blocks)))
-            self.touched_a.append([False] * (3 * (nb + 1)))
+            self.touched_w.append([False] * (3 * e_loc * max(rp.l1_n_blocks, rp.l2_n_blocks) * rp.k_split))
+            self.touched_a.append([False] * (3 * (nb + 1) * rp.k_split))
             self.tables.append(self._rank_tables(rp, ids))
-        self.block_ids = (np.concatenate(ids) if ids else np.zeros((0, 8), np.int64)).astype(np.int32)
+        self.block_ids = (np.concatenate(ids) if ids else np.zeros((0, 9), np.int64)).astype(np.int32)
         # an NVLink barrier across ranks; with one rank it is a grid sync
         self.barrier_ns = hw.nvl_barrier_ns if plan.num_ranks > 1 else hw.grid_sync_ns
         self.pre_pull_arrivals = 0
@@ -325,7 +328,7 @@ class _Engine:
     def _rank_tables(self, rp, ids: list) -> tuple:
         """Constants of one rank's GEMM loop, built once: per cluster, the columns of its block
         rows; per pool block, its valid rows, byte counts and L2 write-back targets.  Appends
-        the rank's ``[n, 8]`` block-id table to ``ids``."""
+        the rank's ``[n, 9]`` block-id table to ``ids``."""
         plan, r, R = self.plan, rp.rank, self.plan.num_ranks
         cfg = rp.config
         bm, bn, bk, cs = cfg.block_m, cfg.block_n, cfg.block_k, cfg.cluster_size
@@ -339,7 +342,8 @@ class _Engine:
         pb_e = np.repeat(np.arange(len(tpe)), mbe)
         pb_m = np.arange(n_pb) - pbo[pb_e]
         valid = np.minimum(bm, tpe[pb_e] - pb_m * bm).tolist()
-        ktot1, ktot2 = (H // bk) * bk, (I // bk) * bk
+        ks = rp.k_split  # split-K: each row of the block list covers 1 / ks of the K blocks
+        ktot1, ktot2 = (H // bk) * bk // ks, (I // bk) * bk // ks
         # first-touch activation bytes (FP8 + UE8M0 scales; SM90: + FP32 scales read instead of
         # the bytes) and L1 output bytes per pool block
         sm90 = plan.design == "megamoe-sm90"
@@ -377,18 +381,18 @@ class _Engine:
                       tot.astype(np.float64).tolist(), [pairs[x:y] for x, y in zip(bounds, bounds[1:])]))
         # per cluster (SMs cs*c .. cs*c+cs-1 run rows cs*c, cs*c + S, ...): loop columns
         blk = rp.blocks().astype(np.int64)
-        ph, e, m, n = blk[:, 0], blk[:, 1], blk[:, 2], blk[:, 3]
+        ph, e, m, n, kp = blk[:, 0], blk[:, 1], blk[:, 2], blk[:, 3], blk[:, 5]
         pb = pbo[e] + m
         e_loc = len(tpe)
         nbw = max(rp.l1_n_blocks, rp.l2_n_blocks)
-        key_w = (ph * e_loc + e) * nbw + n    # (phase, expert, n pair) first touch
-        key_a = ph * (n_pb + 1) + pb          # (phase, pool block) first touch
+        key_w = ((ph * e_loc + e) * nbw + n) * ks + kp    # (phase, expert, n pair, K part) first touch
+        key_a = (ph * (n_pb + 1) + pb) * ks + kp          # (phase, pool block, K part) first touch
         rows = [np.arange(cs * c, len(blk), S) for c in range(S // cs)]
         lens = [len(x) for x in rows]
         rows = np.concatenate(rows)
-        ids.append(np.column_stack([np.full(len(rows), r), np.repeat(np.arange(len(lens)), lens), blk[rows],
-                                    np.asarray(valid, dtype=np.int64)[pb[rows]]]))
-        cols = [x[rows].tolist() for x in (ph, n, pb, key_w, key_a)]
+        ids.append(np.column_stack([np.full(len(rows), r), np.repeat(np.arange(len(lens)), lens), blk[rows, :5],
+                                    np.asarray(valid, dtype=np.int64)[pb[rows]], kp[rows]]))
+        cols = [x[rows].tolist() for x in (ph, n, pb, key_w, key_a, kp)]
         base = sum(len(x) for x in ids[:-1])
         clusters = []
         a = 0
@@ -643,7 +647,15 @@ class _Engine:
         # the L1 epilogue pays a fixed hand-off (cross-warp amax reduction, arrival-mask release);
         # the L2 epilogue's time per pool block is in epi2
         t_epi1 = hw.l1_epilogue_thread_ns_per_elem * bm * bn / epi_threads + hw.block_overhead_ns
-        kb1, kb2 = H // bk, I // bk
+        # split-K (a what-if, RankPlan.blocks): a row runs 1 / ks of its GEMM's K blocks; the
+        # last part's CTA waits for the others' partial sums (each stored by its CTA after its
+        # K loop and loaded after it: one memory round trip plus the bytes at one SM's load
+        # rate each way, an estimate from tma_latency_ns and sm_load_gbs, not measured)
+        ks = rp.k_split
+        kb1, kb2 = H // bk // ks, I // bk // ks
+        kb2_all = I // bk
+        t_xchg = lat + bn * bm * 4 / hw.sm_load_bytes_per_ns
+        xchg = self.xchg[r]
         # per-phase constants: K-loop length, the ring's prefetch, FP4 weight bytes of the unit
         loop1, loop2 = kb1 * t_k1, kb2 * t_k
         pre1, pre2 = min(stages, kb1) * t_k1, min(stages, kb2) * t_k
@@ -676,7 +688,7 @@ class _Engine:
         record = self.blocks.extend
         timeout = env.timeout
         last_write = float(self.last_write[r])
-        for phase, n, pb, key_w, key_a, bid, gap in zip(*cols, gaps):
+        for phase, n, pb, key_w, key_a, kp, bid, gap in zip(*cols, gaps):
             ready_adj = None
             if phase == L1:
                 dep = arrival[pb]
@@ -691,16 +703,16 @@ class _Engine:
                     if ev is None:
                         ev = l1_ev[pb] = env.event()
                     yield ev
-                cached = ready_cache.get(pb)
-                if cached is None:  # the K-block readiness of this pool block, once
+                cached = ready_cache.get(pb * ks + kp)
+                if cached is None:  # the K-block readiness of this pool block (and K part), once
                     vec = l1_done[pb]  # max over each L2 K block's per_kb L1 n blocks
-                    ready = (list(map(max, *(vec[k:kb2 * per_kb:per_kb] for k in range(per_kb))))
-                             if per_kb > 1 else vec[:kb2])
+                    ready = (list(map(max, *(vec[k:kb2_all * per_kb:per_kb] for k in range(per_kb))))
+                             if per_kb > 1 else vec[:kb2_all])[kp * kb2:(kp + 1) * kb2]
                     # K block i is consumed no earlier than ready_i + lat and the loop ends
                     # (kb - i) * t_k after that: the latest such end, less lat + kb * t_k;
                     # SM90: the producer issues K block i no earlier than ready_i, so its last
                     # issue comes no earlier than the latest ready_i + (kb - i) issues
-                    cached = ready_cache[pb] = (ready[0], max(ready), max(map(sub, ready, offs)),
+                    cached = ready_cache[pb * ks + kp] = (ready[0], max(ready), max(map(sub, ready, offs)),
                                                 max(x + (kb2 - i) * t_iss for i, x in enumerate(ready))
                                                 if sm90 else None)
                 if per_k_wait and kb2 > 1:
@@ -740,7 +752,29 @@ class _Engine:
                     issue_end = load_start + iss1
                     mma_end = max(mma_end, issue_end + lat + t_k1)
                     issue_end = max(issue_end, mma_end - pre1 + t_iss)
-                epi_start = mma_end if mma_end > prev_epi_end else prev_epi_end
+            else:
+                mma_end = mma_start + loop2
+                if first:
+                    f = hbm_reserve(load_start, first) + t_k
+                    if f > mma_end:
+                        mma_end = f
+                if ready_adj is not None:
+                    f = ready_adj + lat + loop2
+                    if f > mma_end:
+                        mma_end = f
+                if sm90:  # as in L1; each K block's issue also waits for its arrival-mask bits
+                    issue_end = load_start + iss2
+                    if ready_adj is not None:
+                        issue_end = max(issue_end, cached[3])
+                    mma_end = max(mma_end, issue_end + lat + t_k)
+                    issue_end = max(issue_end, mma_end - pre2 + t_iss)
+            epi_start = mma_end if mma_end > prev_epi_end else prev_epi_end
+            part_end = None
+            if ks > 1:
+                part_end, epi_start = yield from self._split_k(xchg, (phase, pb, n), kp, ks, epi_start, t_xchg)
+            if part_end is not None:  # a part that only stores its partial sums
+                epi_end = part_end
+            elif phase == L1:
                 epi_end = epi_start + t_epi1
                 # FP8 outputs + scales to HBM: hbm.reserve(epi_start, nb)
                 nb = l1_out[pb]
@@ -776,24 +810,7 @@ class _Engine:
                     ev = l1_ev.pop(pb, None)
                     if ev is not None:
                         ev.succeed()
-                prev_prefetch = pre1
             else:
-                mma_end = mma_start + loop2
-                if first:
-                    f = hbm_reserve(load_start, first) + t_k
-                    if f > mma_end:
-                        mma_end = f
-                if ready_adj is not None:
-                    f = ready_adj + lat + loop2
-                    if f > mma_end:
-                        mma_end = f
-                if sm90:  # as in L1; each K block's issue also waits for its arrival-mask bits
-                    issue_end = load_start + iss2
-                    if ready_adj is not None:
-                        issue_end = max(issue_end, cached[3])
-                    mma_end = max(mma_end, issue_end + lat + t_k)
-                    issue_end = max(issue_end, mma_end - pre2 + t_iss)
-                epi_start = mma_end if mma_end > prev_epi_end else prev_epi_end
                 epi_end = epi_start + epi2[pb]
                 # BF16 rows to each token's source rank: HBM for local rows, else the
                 # destination's NVLink ingress (and the pair's link) plus this GPU's egress
@@ -862,7 +879,7 @@ class _Engine:
                     epi_end = fin - wb_slack
                 if fin > last_write:
                     last_write = fin
-                prev_prefetch = pre2
+            prev_prefetch = pre1 if phase == L1 else pre2
             if sm90:  # the producer's last copy issue (paced, or a ring ahead of the K loop's end) and
                 # the consumers' block start (after their scheduler walk) instead
                 record((bid, issue_end, c_start, mma_end, epi_start, epi_end, dep, first, free))
@@ -874,6 +891,34 @@ class _Engine:
             epi_m2, epi_m1 = epi_m1, epi_end
         self.last_write[r] = max(self.last_write[r], last_write)
         self.cluster_end[r] = max(self.cluster_end[r], prev_epi_end + end_gap)
+
+    def _split_k(self, xchg: dict, key: tuple, kp: int, ks: int, epi_start: float, t_xchg: float):
+        """Split-K hand-over of one block's partial sums (a generator; ``yield from`` it).
+
+        A part below the last (``kp < ks - 1``) stores its FP32 partial sums and releases them:
+        ``t_xchg`` after ``epi_start``. The last part's CTA waits until every other part has
+        released, loads them (``t_xchg`` after the latest release) and then runs the block's
+        epilogue.
+
+        Returns:
+            ``(end of the store, epi_start)`` for a storing part, ``(None, epilogue start)`` for
+            the last part.
+        """
+        st = xchg.get(key)
+        if st is None:
+            st = xchg[key] = [0, 0.0, None]  # parts released, latest release, the last part's Event
+        if kp < ks - 1:
+            end = epi_start + t_xchg
+            st[0] += 1
+            st[1] = max(st[1], end)
+            if st[0] == ks - 1 and st[2] is not None:
+                st[2].succeed()
+            return end, epi_start
+        if st[0] < ks - 1:
+            st[2] = self.env.event()
+            yield st[2]
+        del xchg[key]
+        return None, max(epi_start, st[1] + t_xchg)
 
     # -- run -----------------------------------------------------------------------
     def run(self, topk_idx: list[np.ndarray]):

@@ -2,7 +2,7 @@
 
 Axes are scenario fields (``tokens``, ``ranks``, ``shape``, ``routing``, ``seed``,
 ``hardware``, ``design``, ``experts_per_wave``, ``block_m``, ``pool_tokens``, ``num_stages``,
-``l2_wait``, ``reserved_sms``, ``max_tokens``), ``policy`` (one policy spec per point; join
+``k_split``, ``l2_wait``, ``reserved_sms``, ``max_tokens``), ``policy`` (one policy spec per point; join
 several with ``+``), or hardware scale factors ``<figure>_scale`` (e.g. ``nvlink_gbs_per_direction_scale``,
 with the short forms ``nvlink_scale``, ``hbm_scale``, ``tc_scale``).  Values: ``a,b,c`` or an
 inclusive integer range ``start:stop[:step]``.  The grid is the Cartesian product.  A scaled
@@ -48,14 +48,15 @@ from megamoe.errors import InputError, is_int, require
 SCENARIO_AXES = {"tokens": "tokens_per_rank", "ranks": "num_ranks", "shape": "shape", "routing": "routing",
                  "seed": "seed", "hardware": "hardware", "design": "design",
                  "experts_per_wave": "experts_per_wave", "block_m": "block_m", "pool_tokens": "pool_tokens",
-                 "num_stages": "num_stages", "l2_wait": "l2_wait", "reserved_sms": "reserved_sms",
+                 "num_stages": "num_stages", "k_split": "k_split", "l2_wait": "l2_wait",
+                 "reserved_sms": "reserved_sms",
                  "max_tokens": "max_tokens_per_rank", "launch_skew_us": "launch_skew_us"}
 SCALE_ALIASES = {"nvlink_scale": "nvlink_gbs_per_direction", "hbm_scale": "hbm_gbs",
                  "tc_scale": "fp8_dense_tflops"}
 #: Most values per axis and most points per sweep (a point is one simulation: seconds each).
 MAX_POINTS = 100_000
 INT_AXES = {"tokens", "ranks", "seed", "experts_per_wave", "block_m", "pool_tokens", "num_stages",
-            "reserved_sms", "max_tokens"}
+            "k_split", "reserved_sms", "max_tokens"}
 RESULT_KEYS = ("time_us", "tflops", "hbm_gbs", "nvlink_gbs", "t_reduction_us", "overlap_efficiency",
                "speedup_vs_legacy")
 #: The fields a row has besides its axes (in this order), and so every line of points.jsonl.

@@ -218,3 +218,31 @@ def test_sm90_design_plan_numbers():
         P.build_plan(num_experts=256, top_k=6, hidden=4096, intermediate=2048, num_ranks=1,
                      tokens_per_rank=[512], max_tokens_per_rank=512, topk_idx=ids, num_sms=132,
                      design="megamoe-sm90", block_m=192)
+
+
+def test_sm90_k_split_repeats_each_block_per_k_part():
+    # the tiny routing of _tiny_plan on the SM90 design: 4 experts (3, 1, 3, 1 tokens), block_m 16,
+    # L1 4 n blocks (2I/128), L2 2 (H/128); hidden = intermediate = 256: 2 K blocks in each GEMM.
+    # k_split 2: every row of the unsplit list twice, K parts 0 then 1, on consecutive indices
+    # (so SM s runs rows s, s + 4, ... of the doubled list: part 0 on one SM, part 1 on the next)
+    ids = [np.array([[0], [0], [1], [2], [2], [2], [3], [0]])]
+    kw = {"num_experts": 4, "top_k": 1, "hidden": 256, "intermediate": 256, "num_ranks": 1, "tokens_per_rank": [8],
+          "max_tokens_per_rank": 8, "topk_idx": ids, "num_sms": 4, "design": "megamoe-sm90"}
+    one, two = P.build_plan(**kw).ranks[0], P.build_plan(**kw, k_split=2).ranks[0]
+    assert one.k_split == 1 and two.k_split == 2
+    b1, b2 = one.blocks(), two.blocks()
+    assert b1.shape == (6 * 4, 6) and (b1[:, 5] == 0).all()  # 4 experts x (4 + 2) blocks
+    assert b2.shape == (2 * len(b1), 6)
+    assert (b2[0::2, :5] == b1[:, :5]).all() and (b2[1::2, :5] == b1[:, :5]).all()
+    assert b2[:, 5].tolist() == [0, 1] * len(b1)
+    # first row of the list: expert 0's L1 n block 0, part 0 on SM 0 and part 1 on SM 1
+    assert two.sm_blocks(0)[0].tolist() == [1, 0, 0, 0, 0, 0]
+    assert two.sm_blocks(1)[0].tolist() == [1, 0, 0, 0, 0, 1]
+    assert P.build_plan(**kw, k_split=2).to_dict()["ranks"][0]["k_split"] == 2
+    for bad, msg in ((3, "k_split: expected a divisor of both GEMMs' K blocks \\(2 and 2\\), got 3"),
+                     (0, "k_split: expected None or an integer >= 1, got 0"),
+                     (True, "k_split: expected None or an integer >= 1, got True")):
+        with pytest.raises(InputError, match=msg):
+            P.build_plan(**kw, k_split=bad)
+    with pytest.raises(InputError, match="^k_split: expected 1 with design deepgemm-sm100"):
+        P.build_plan(**{**kw, "design": "deepgemm-sm100"}, k_split=2)

@@ -510,3 +510,40 @@ def test_sm90_pools_carry_fp32_token_scales(monkeypatch):
     H = I = 256
     assert with_fp32[0] - without[0] == pytest.approx(rows * (4 / 64) * (H + (H + I) + I))
     assert simulate(sc100).hbm_bytes_sim[0] == sm100[0]  # the SM100 design has no FP32 scales
+
+
+def test_sm90_k_split_hands_partial_sums_to_the_last_part():
+    """Split-K what-if (k_split 2): a block's part 0 runs half the K loop and stores its FP32
+    partial sums (tma_latency_ns + 128 x block_m x 4 bytes at one SM's load rate); part 1's
+    epilogue starts when its own K loop, its CTA's previous epilogue and part 0's store plus the
+    same hand-over (the load) all lie behind it; the median part's K loop is 16 K blocks (L1,
+    4096 / 128 / 2) of the unsplit K-block time."""
+    res = _sm90_flash(256, k_split=2)
+    hw, rp, tr = res.hardware, res.plan.ranks[0], res.trace
+    S, bm = rp.num_sms, rp.config.block_m
+    t_x = hw.tma_latency_ns + 128 * bm * 4 / hw.sm_load_bytes_per_ns
+    part = {(ph, e, m, n, i % S): kp for i, (ph, e, m, n, _w, kp) in enumerate(rp.blocks().tolist())}
+    for mk, ek in (("l1_mma", "l1_epilogue"), ("l2_mma", "l2_epilogue")):
+        ph = 1 if mk == "l1_mma" else 2
+        mma, epi = tr.where(kind=mk), tr.where(kind=ek)
+        assert len(mma) == len(epi) == 2 * int(rp.m_blocks_per_expert.sum()) * (
+            rp.l1_n_blocks if ph == 1 else rp.l2_n_blocks)
+        key = list(zip(epi["expert"].tolist(), epi["m_block"].tolist(), epi["n_block"].tolist(), epi["sm"].tolist()))
+        kp = np.array([part[(ph, *k)] for k in key])
+        stored = {k[:3]: t for k, p, t in zip(key, kp, epi["t_end_ns"].tolist()) if p == 0}
+        assert np.allclose((epi["t_end_ns"] - epi["t_start_ns"])[kp == 0], t_x)
+        own_end = {(k, sm): t for k, sm, t in zip(zip(mma["expert"].tolist(), mma["m_block"].tolist(),
+                                                      mma["n_block"].tolist()), mma["sm"].tolist(),
+                                                  mma["t_end_ns"].tolist())}
+        c = tr.where(role="consumer")
+        c = c.select((c["kind"] == KIND["l1_epilogue"]) | (c["kind"] == KIND["l2_epilogue"]))
+        for k, p, t0 in zip(key, kp, epi["t_start_ns"].tolist()):
+            if p != 1:
+                continue
+            prev = c["t_end_ns"][(c["sm"] == k[3]) & (c["t_end_ns"] <= t0 + 1e-6)]
+            want = max(own_end[k[:3], k[3]], float(prev.max()) if len(prev) else 0.0, stored[k[:3]] + t_x)
+            assert t0 == pytest.approx(want)
+    t_k = (2.0 * bm * 128 * 128 / (hw.tc_flops_per_ns_per_sm * hw.sm90_mma_fraction)
+           + hw.e2m1_decode_thread_ns_per_elem * 128 * 128 / 256 + hw.stage_handoff_ns)
+    mma = tr.where(kind="l1_mma")
+    assert float(np.median(mma["t_end_ns"] - mma["t_start_ns"])) / (4096 // 128 // 2) == pytest.approx(t_k)

@@ -268,7 +268,7 @@ class Gen:
         for s in range(show):
             rows = rp.sm_blocks(s)
             maxlen = max(maxlen, len(rows))
-            for j, (phase, e, m, n, w) in enumerate(rows):
+            for j, (phase, e, m, n, w, _kp) in enumerate(rows):
                 ax.add_patch(Rectangle((j, s), 0.95, 0.9, facecolor=cmap(int(e) % 20),
                                        hatch=None if phase == P.L1 else "////", edgecolor="#333",
                                        linewidth=1.2 if w % 2 else 0.3))
@@ -651,6 +651,22 @@ class Gen:
         self.snippets["whatif_reserved"] = _md_table(
             ["--reserved-sms", "SMs used", "time (us)", "TFLOPS"],
             [[r, x.plan.num_sms, f"{x.summary['time_us']:.1f}", f"{x.summary['tflops']:.0f}"] for r, x in zip(rs, rr)])
+        # 8. split-K on the SM90 design (H200, EP1)
+        rows, worse = [], []
+        for T in (1, 2, 4, 16):
+            kw = {"shape": "deepseek-v4-flash", "num_ranks": 1, "tokens_per_rank": T, "max_tokens_per_rank": 8192,
+                  "hardware": "h200", "design": "megamoe-sm90"}
+            one, two = self.sim(**kw), self.sim(**kw, k_split=2)
+            d = two.summary["time_us"] / one.summary["time_us"] - 1
+            worse.append(d > 0)
+            rows.append([T, len(one.plan.ranks[0].blocks()), f"{one.summary['time_us']:.1f}",
+                         len(two.plan.ranks[0].blocks()), f"{two.summary['time_us']:.1f}", f"{100 * d:+.1f}%"])
+        self.snippets["whatif_ksplit"] = _md_table(
+            ["tokens", "blocks", "time (us)", "blocks, `--k-split 2`", "time (us), `--k-split 2`", "split vs not"], rows)
+        self.snippets["whatif_ksplit_verdict"] = (
+            "The model predicts split-K slower at every one of these sizes." if all(worse) else
+            "The model predicts split-K faster at " + ", ".join(
+                f"{r[0]} token{'s' * (r[0] != 1)}" for r, w in zip(rows, worse) if not w) + ".")
 
     def policies_whatif(self) -> None:
         """Plug-in scheduler policies (``megamoe.policies``) against the reference choices."""
