@@ -298,8 +298,8 @@ class _Engine:
         self.l1_ev = []
         self.ready_cache = []    # (pool block, K part) -> L2 K-block readiness times
         self.xchg = []           # split-K: (phase, pool block, n block) -> [parts done, last end, Event]
-        self.touched_w = []      # (phase, expert, n pair) seen
-        self.touched_a = []      # (phase, pool block) seen
+        self.touched_w = []      # (phase, expert, n pair, K part) seen
+        self.touched_a = []      # (phase, pool block, K part) seen
         self.counts_ready = [None] * R
         self.last_write = np.zeros(R)
         self.cluster_end = np.zeros(R)
@@ -713,8 +713,8 @@ class _Engine:
                     # SM90: the producer issues K block i no earlier than ready_i, so its last
                     # issue comes no earlier than the latest ready_i + (kb - i) issues
                     cached = ready_cache[pb * ks + kp] = (ready[0], max(ready), max(map(sub, ready, offs)),
-                                                max(x + (kb2 - i) * t_iss for i, x in enumerate(ready))
-                                                if sm90 else None)
+                                                          max(x + (kb2 - i) * t_iss for i, x in enumerate(ready))
+                                                          if sm90 else None)
                 if per_k_wait and kb2 > 1:
                     dep, ready_adj = cached[0], cached[2]
                 else:
