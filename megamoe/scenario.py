@@ -182,8 +182,8 @@ class Scenario:
         elif given is None:
             self.tokens_per_rank = 8192
         toks = self.tokens_list()
-        require(len(toks) == self.num_ranks, "tokens", f"{self.num_ranks} values (one per rank)",
-                len(toks))
+        require(len(toks) == self.num_ranks, "tokens",
+                f"{self.num_ranks} value{'s' if self.num_ranks != 1 else ''} (one per rank)", len(toks))
         k, slots = self.shape.top_k, sum(toks) * self.shape.top_k
         require(slots <= MAX_ROUTED_SLOTS, "tokens",
                 f"ranks x tokens per rank x top_k <= {MAX_ROUTED_SLOTS} routed slots (the simulator's memory grows "

@@ -65,6 +65,7 @@ def test_default_simulate_reports_the_table():
     (["--design", "megamoe-sm90", "--hardware", "h200", "--shape", "deepseek-v4-flash", "--ranks", "1",
       "--k-split", "3"], "k_split: expected a divisor of both GEMMs' K blocks (32 and 16), got 3"),
     (["--tokens", "abc"], "tokens"),
+    (["--ranks", "1", "--shape", "deepseek-v4-flash", "--tokens", "1,2"], "tokens: expected 1 value (one per rank), got 2"),
     (["--tokens", "131073", "--max-tokens", "131073"], "tokens"),
     (["--tokens", "1", "--max-tokens", "200000"], "max_tokens"),
 ])
