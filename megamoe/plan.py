@@ -541,14 +541,13 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
     sm90 = design == "megamoe-sm90"
     require(k_split is None or (is_int(k_split) and k_split >= 1), "k_split", "None or an integer >= 1", k_split)
     ks = 1 if k_split is None else int(k_split)
-    if ks > 1:
-        require(sm90, "k_split", "1 with design deepgemm-sm100 (split-K is modelled for megamoe-sm90 only)", ks)
-        kb1, kb2 = hidden // 128, intermediate // 128
-        require(kb1 % ks == 0 and kb2 % ks == 0, "k_split",
-                f"a divisor of both GEMMs' K blocks ({kb1} and {kb2})", ks)
+    require(sm90 or ks == 1, "k_split", "1 with design deepgemm-sm100 (split-K is modelled for megamoe-sm90 only)", ks)
     if sm90:  # no ring: the SM90 kernel's pool holds every routed row (each rank's cap, below)
         from . import design_sm90
 
+        kb1, kb2 = hidden // design_sm90.BLOCK_K, intermediate // design_sm90.BLOCK_K
+        require(kb1 % ks == 0 and kb2 % ks == 0, "k_split",
+                f"a divisor of both GEMMs' K blocks ({kb1} and {kb2})", ks)
         require(pool_tokens is None, "pool_tokens",
                 "no override with design megamoe-sm90 (its pool holds every routed row, sized by the kernel)",
                 pool_tokens)
