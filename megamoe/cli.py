@@ -147,6 +147,10 @@ def add_scenario_args(p: argparse.ArgumentParser) -> None:
                         "(split-K; the last part's CTA adds the others' FP32 partial sums and runs the "
                         "epilogue). N divides hidden/128 and intermediate/128. The H200 kernel is built "
                         "without it (default: no split)")
+    g.add_argument("--combine-relay", choices=("on", "off"), default=None,
+                   help="megamoe-sm90 what-if, one rank: on = each token's 128-column slice is summed by the "
+                        "dispatch warps while the GEMMs run and the call ends without a grid sync; off = the "
+                        "combine after the final barrier, as the H200 kernel is built (default: off)")
     g.add_argument("--l2-wait", default="k_block",
                    help="k_block (PR #304) | pool_block (PR #316): what an L2 K block waits for. It "
                         "rarely changes the time, because the scheduler puts a wave's L2 blocks after "
@@ -164,7 +168,8 @@ def scenario_from_args(a: argparse.Namespace):
                     max_tokens_per_rank=a.max_tokens, routing=a.routing, seed=a.seed,
                     hardware=a.hardware, design=a.design, experts_per_wave=a.experts_per_wave,
                     block_m=a.block_m, pool_tokens=a.pool_tokens, num_stages=a.num_stages,
-                    k_split=a.k_split, l2_wait=a.l2_wait, reserved_sms=a.reserved_sms, policies=a.policy,
+                    k_split=a.k_split, combine_relay=None if a.combine_relay is None else a.combine_relay == "on",
+                    l2_wait=a.l2_wait, reserved_sms=a.reserved_sms, policies=a.policy,
                     launch_skew_us=a.launch_skew_us)
 
 
@@ -217,6 +222,7 @@ def _print_summary(res) -> None:
               f"stages={rp.num_stages} SMs={plan.num_sms} pool={plan.pool_tokens} tokens "
               f"pull={plan.bytes_per_pull} B  blocks={len(rp.blocks())}"
               + (f"  k_split={rp.k_split} (what-if)" if rp.k_split > 1 else "")
+              + ("  combine relay (what-if)" if rp.combine_relay else "")
               + (f"  policies: {', '.join(f'{k}={v}' for k, v in plan.policies.items())}" if plan.policies else ""))
     t = Table()
     t.add_column("predicted (mean over ranks)")
@@ -372,7 +378,8 @@ def cmd_sweep(a: argparse.Namespace) -> int:
           "max_tokens_per_rank": a.max_tokens, "routing": base.routing, "seed": base.seed,
           "hardware": base.hardware, "design": base.design, "experts_per_wave": base.experts_per_wave,
           "block_m": base.block_m, "pool_tokens": base.pool_tokens, "num_stages": base.num_stages,
-          "k_split": base.k_split, "l2_wait": base.l2_wait, "reserved_sms": base.reserved_sms, "policies": list(a.policy),
+          "k_split": base.k_split, "combine_relay": base.combine_relay, "l2_wait": base.l2_wait,
+          "reserved_sms": base.reserved_sms, "policies": list(a.policy),
           "launch_skew_us": base.launch_skew_us}
     rows = sweep(axes, kw, a.out, jobs=a.jobs, resume=not a.no_resume, address=a.address)
     bad = [r for r in rows if r["error"]]  # not all: sweep() refuses a sweep with no valid point
@@ -553,7 +560,8 @@ def build_parser() -> argparse.ArgumentParser:
     w = sub.add_parser("sweep", help="simulate a grid of scenario / plan / hardware choices")
     add_scenario_args(w)
     w.add_argument("--set", action="append", default=[], metavar="AXIS=VALUES",
-                   help="swept axis: tokens, ranks, experts_per_wave, block_m, k_split, reserved_sms, routing, "
+                   help="swept axis: tokens, ranks, experts_per_wave, block_m, k_split, combine_relay (on,off), "
+                        "reserved_sms, routing, "
                         "policy, launch_skew_us, nvlink_scale, hbm_scale, ... with a,b,c or start:stop[:step]; shapes are "
                         "separated by ';' when one is a custom E,k,H,I; repeatable")
     w.add_argument("--out", type=_out_dir, default="sweep-out",

@@ -287,6 +287,10 @@ class RankPlan:
     Attributes:
         rank: EP rank index.
         num_tokens: tokens of this rank ``T_r``.
+        combine_relay: ``megamoe-sm90`` what-if, one rank only: the combine is summed slice by
+            slice while the GEMMs run (each token's 128-column slice by the dispatch warps of the
+            SM that stores its last L2 row) and the call ends without a grid sync; False (the
+            built kernels, EP and the reference design): the combine after the final barrier.
         config: block tiling (chosen from this rank's ``T_r`` as the reference does).
         experts_per_wave: local experts per wave.
         num_stages: SMEM pipeline stages; ``smem_bytes`` the SMEM they use.
@@ -310,6 +314,7 @@ class RankPlan:
     pull_policy: object = field(default=None, repr=False)
     scheduler: object = field(default=None, repr=False)
     k_split: int = 1
+    combine_relay: bool = False
     _blocks: np.ndarray | None = field(default=None, repr=False)
     _orders: dict = field(default_factory=dict, repr=False)
 
@@ -443,7 +448,7 @@ class Plan:
             "num_recv_tokens": int(r.recv_counts.sum()),
             "tokens_per_expert": r.tokens_per_expert.tolist(),
             "pool_block_offset": r.pool_block_offset.tolist(),
-            "k_split": r.k_split, "num_blocks": int(len(r.blocks())),
+            "k_split": r.k_split, "combine_relay": r.combine_relay, "num_blocks": int(len(r.blocks())),
         } for r in self.ranks]
         return out
 
@@ -502,7 +507,7 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
                design: str = "deepgemm-sm100", experts_per_wave: int | None = None,
                block_m: int | None = None, pool_tokens: int | None = None,
                num_stages: int | None = None, l2_wait: str = "k_block", k_split: int | None = None,
-               policies=None) -> Plan:
+               combine_relay: bool | None = None, policies=None) -> Plan:
     """Make every scheduling decision for one call.
 
     Args:
@@ -523,6 +528,9 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
             equal parts on consecutive block indices (split-K; see :meth:`RankPlan.blocks`);
             None or 1: no split (the built kernel). It must divide both GEMMs' K block counts
             (``hidden / 128`` and ``intermediate / 128``).
+        combine_relay: ``megamoe-sm90`` with one rank only, a what-if (see :class:`RankPlan`):
+            True models it; None or False: the combine after the final barrier, as the kernel is
+            built.
         policies: :class:`megamoe.policies.Policies` replacing reference heuristics (the
             explicit overrides above still win).
 
@@ -542,6 +550,11 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
     require(k_split is None or (is_int(k_split) and k_split >= 1), "k_split", "None or an integer >= 1", k_split)
     ks = 1 if k_split is None else int(k_split)
     require(sm90 or ks == 1, "k_split", "1 with design deepgemm-sm100 (split-K is modelled for megamoe-sm90 only)", ks)
+    require(combine_relay in (None, False, True), "combine_relay", "None, False or True", combine_relay)
+    require(sm90 or not combine_relay, "combine_relay",
+            "False or None with design deepgemm-sm100 (the relay is modelled for megamoe-sm90)", combine_relay)
+    require(num_ranks == 1 or not combine_relay, "combine_relay",
+            "False or None with several ranks (the relay is modelled for one rank)", combine_relay)
     if sm90:  # no ring: the SM90 kernel's pool holds every routed row (each rank's cap, below)
         from . import design_sm90
 
@@ -598,9 +611,11 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
             require(1 <= experts_per_wave <= e_local, "experts_per_wave",
                     f"in [1, {e_local}] (local experts)", experts_per_wave)
             epw = experts_per_wave
+        relay = False
         if sm90:
             stages = design_sm90.stages_for(cfg.block_m, num_experts, num_stages, smem_capacity)
             smem = design_sm90.smem_bytes(cfg.block_m, stages, num_experts)
+            relay = bool(combine_relay)
         else:
             stages, smem = sm100_pipeline(smem_capacity, num_experts, hidden, cfg, pull)
             if num_stages is not None:
@@ -612,7 +627,7 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
                       num_stages=stages, smem_bytes=smem, recv_counts=counts[r], src_items=items[r],
                       num_sms=num_sms, l1_n_blocks=2 * intermediate // cfg.block_n,
                       l2_n_blocks=hidden // cfg.block_n, pull_policy=pol.pull_order,
-                      scheduler=pol.scheduler, k_split=ks)
+                      scheduler=pol.scheduler, k_split=ks, combine_relay=relay)
         used = int(rp.pool_block_offset[-1]) * cfg.block_m
         if pool_tokens is None:
             assert used <= cap, (used, cap)  # guaranteed by the capacity formula

@@ -92,6 +92,10 @@ class Scenario:
             consecutive block indices (split-K, :meth:`megamoe.plan.RankPlan.blocks`); None or 1:
             no split, as the kernel is built. An integer >= 1 dividing ``hidden / 128`` and
             ``intermediate / 128`` (checked by :meth:`plan`).
+        combine_relay: ``megamoe-sm90`` what-if with one rank: True sums each token's 128-column
+            slice while the GEMMs run and ends the call without a grid sync
+            (:class:`megamoe.plan.RankPlan`); None or False: the combine after the final barrier,
+            as the kernel is built.
         reserved_sms: SMs taken away from the kernel (e.g. for a shared expert), an integer
             >= 0 (its upper bound depends on the GPU: :meth:`plan` checks it).
         policies: a list (or tuple) of policy specs or objects (:mod:`megamoe.policies`)
@@ -108,7 +112,8 @@ class Scenario:
         InputError: bad field (one-line message naming it: ``shape``, ``ranks``, ``tokens``,
             ``max_tokens``, ``routing`` / ``routing.<param>``, ``seed``, ``hardware``,
             ``design``, ``l2_wait``, ``reserved_sms``, ``experts_per_wave``, ``block_m``,
-            ``pool_tokens``, ``num_stages``, ``k_split``, ``policies`` / ``policy ...``, ``topk_idx[r]``,
+            ``pool_tokens``, ``num_stages``, ``k_split``, ``combine_relay``, ``policies`` / ``policy ...``,
+            ``topk_idx[r]``,
             ``launch_skew_us``); the CLI's names are used for ``num_ranks`` (``ranks``),
             ``tokens_per_rank`` (``tokens``) and ``max_tokens_per_rank`` (``max_tokens``).
     """
@@ -127,6 +132,7 @@ class Scenario:
     num_stages: int | None = None
     l2_wait: str = "k_block"
     k_split: int | None = None
+    combine_relay: bool | None = None
     reserved_sms: int = 0
     policies: list = field(default_factory=list)
     topk_idx: list[np.ndarray] | None = field(default=None, repr=False)
@@ -217,6 +223,8 @@ class Scenario:
         for name in ("experts_per_wave", "block_m", "pool_tokens", "num_stages", "k_split"):
             v = getattr(self, name)
             require(v is None or (is_int(v) and v >= 1), name, "a positive integer", shown(v))
+        require(self.combine_relay in (None, False, True), "combine_relay", "None, False or True",
+                shown(self.combine_relay))
         # checked integers: a numpy integer is kept as the same Python int (JSON-able in to_dict)
         for name in ("num_ranks", "seed", "max_tokens_per_rank", "reserved_sms", "experts_per_wave", "block_m",
                      "pool_tokens", "num_stages", "k_split"):
@@ -280,7 +288,7 @@ class Scenario:
                           design=self.design, experts_per_wave=self.experts_per_wave,
                           block_m=self.block_m, pool_tokens=self.pool_tokens,
                           num_stages=self.num_stages, l2_wait=self.l2_wait, k_split=self.k_split,
-                          policies=self._policies)
+                          combine_relay=self.combine_relay, policies=self._policies)
 
     def to_dict(self) -> dict:
         """Every input as plain JSON types."""
@@ -292,6 +300,7 @@ class Scenario:
             "routing": self.routing.describe(), "seed": self.seed, "hardware": self.hardware,
             "design": self.design, "experts_per_wave": self.experts_per_wave,
             "block_m": self.block_m, "pool_tokens": self.pool_tokens, "num_stages": self.num_stages,
-            "l2_wait": self.l2_wait, "k_split": self.k_split, "reserved_sms": self.reserved_sms,
+            "l2_wait": self.l2_wait, "k_split": self.k_split, "combine_relay": self.combine_relay,
+            "reserved_sms": self.reserved_sms,
             "policies": self._policies.names(), "launch_skew_us": self.launch_offsets_us(),
         }

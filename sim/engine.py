@@ -933,6 +933,8 @@ class _Engine:
         eid = getattr(self.env, "_eid", None)  # SimPy's scheduled-event counter
         self.n_events = next(eid) if eid is not None else 0
         R = plan.num_ranks
+        if any(rp.combine_relay for rp in plan.ranks):  # SM90 EP1: no barrier, no combine after it
+            return self._relay_end()
         # final NVLink barrier (chain 5): every rank's last write has landed
         arrive = np.maximum(self.cluster_end, self.last_write) + hw.grid_sync_ns
         for r in range(R):
@@ -964,6 +966,77 @@ class _Engine:
                               cleaned, last, 0, 0))
             end[r] = max(barrier + t_red[r], last)
         return end, t_red
+
+    def _relay_end(self):
+        """The combine relay (``RankPlan.combine_relay``, a what-if of the SM90 design; one rank): each L2
+        block, once its epilogue ends, is one request to its SM's dispatch warps, served in
+        order. A request takes ``2 x tma_latency_ns`` (its rows' tokens, then the per-slice
+        count adds beside the tokens' top-k ids: two dependent memory round trips) to find the
+        slices it completes, then one round trip (``tma_latency_ns``) per pass of its busiest
+        serving warp (a warp sums two slices per pass; rows 32 j .. 32 j + 31 go to warp j mod
+        3, each 32-row chunk after the first of a warp adds two more round trips), and no less
+        than the HBM calendar takes for the slices' valid rows and outputs. The call ends one
+        round trip after the later of the last request and the last CTA (its add to the done
+        count). These prices are the model's, from ``tma_latency_ns`` (an estimate, not a fit).
+
+        Returns ``(end, t_red)`` as :meth:`run` does; ``t_red`` is how far the relay runs past
+        the last CTA's GEMM work."""
+        import heapq
+
+        plan, hw = self.plan, self.hw
+        lat = hw.tma_latency_ns
+        rp = plan.ranks[0]
+        bm, ks = rp.config.block_m, rp.k_split
+        T = rp.num_tokens
+        b = np.asarray(self.blocks, dtype=np.float64).reshape(-1, 9)
+        ids = self.block_ids[b[:, 0].astype(np.int64)] if len(b) else np.zeros((0, 9), np.int64)
+        sel = (ids[:, 2] != L1) & (ids[:, 8] == ks - 1)  # L2 blocks that store rows (a split's last part)
+        ee, sm, ex, mb, nb, vm = b[sel, 5], ids[sel, 1], ids[sel, 3], ids[sel, 4], ids[sel, 5], ids[sel, 7]
+        tok = {e: rp.pool_sources(e)[:, 1] for e in np.unique(ex).tolist()}
+        nval = (self.topk_idx[0] >= 0).sum(axis=1) if T else np.zeros(0, np.int64)
+        count = np.zeros((max(T, 1), rp.l2_n_blocks), dtype=np.int64)
+        queues = {}
+        for i in np.lexsort((ee, sm)).tolist():
+            queues.setdefault(int(sm[i]), []).append(i)
+        heap = [(ee[q[0]] + 2 * lat, s, 0) for s, q in queues.items()]
+        heapq.heapify(heap)
+        hbm = self.hbm[0]
+        last = 0.0
+        while heap:
+            t_add, s, j = heapq.heappop(heap)
+            i = queues[s][j]
+            rows = tok[int(ex[i])][int(mb[i]) * bm:int(mb[i]) * bm + int(vm[i])]
+            n = int(nb[i])
+            np.add.at(count[:, n], rows, 1)
+            won = count[rows, n] == nval[rows]
+            if won.any():  # a token twice in one block (a repeated expert): its first row wins
+                at = np.nonzero(won)[0]
+                won = np.zeros(len(rows), dtype=bool)
+                won[at[np.unique(rows[at], return_index=True)[1]]] = True
+            count[rows[won], n] = 0
+            r_idx = np.arange(len(rows))
+            warp, chunk = (r_idx // 32) % 3, r_idx // 96
+            post = 0.0
+            for w in range(3):
+                mine = warp == w
+                if mine.any():
+                    per_chunk = np.bincount(chunk[mine], weights=won[mine].astype(np.float64))
+                    passes = float(np.ceil(per_chunk / 2).sum())
+                    post = max(post, passes * lat + (len(per_chunk) - 1) * 2 * lat)
+            nbytes = float((nval[rows[won]].sum() + won.sum()) * 128 * 2)
+            end = t_add + post
+            if nbytes:
+                end = max(end, hbm.reserve(t_add, nbytes))
+            self.rows.append((0, s, ROLE["dispatch"], KIND["combine"], -1, -1, n, -1,
+                              float(t_add - 2 * lat), float(end), nbytes, int(won.sum())))
+            last = max(last, end)
+            if j + 1 < len(queues[s]):
+                nxt = queues[s][j + 1]
+                heapq.heappush(heap, (max(ee[nxt], end) + 2 * lat, s, j + 1))
+        done = max(float(self.cluster_end[0]), last)
+        end = done + lat
+        self.rows.append((0, -1, ROLE["dispatch"], KIND["grid_sync"], -1, -1, -1, -1, done, end, 0, 0))
+        return np.array([end]), np.array([max(0.0, last - float(self.cluster_end[0]))])
 
     def trace(self) -> Trace:
         rows = Trace.from_rows(np.asarray(self.rows, dtype=np.float64)) if self.rows else None

@@ -2,7 +2,7 @@
 
 Axes are scenario fields (``tokens``, ``ranks``, ``shape``, ``routing``, ``seed``,
 ``hardware``, ``design``, ``experts_per_wave``, ``block_m``, ``pool_tokens``, ``num_stages``,
-``k_split``, ``l2_wait``, ``reserved_sms``, ``max_tokens``), ``policy`` (one policy spec per point; join
+``k_split``, ``combine_relay`` (on / off), ``l2_wait``, ``reserved_sms``, ``max_tokens``), ``policy`` (one policy spec per point; join
 several with ``+``), or hardware scale factors ``<figure>_scale`` (e.g. ``nvlink_gbs_per_direction_scale``,
 with the short forms ``nvlink_scale``, ``hbm_scale``, ``tc_scale``).  Values: ``a,b,c`` or an
 inclusive integer range ``start:stop[:step]``.  The grid is the Cartesian product.  A scaled
@@ -48,7 +48,8 @@ from megamoe.errors import InputError, is_int, require
 SCENARIO_AXES = {"tokens": "tokens_per_rank", "ranks": "num_ranks", "shape": "shape", "routing": "routing",
                  "seed": "seed", "hardware": "hardware", "design": "design",
                  "experts_per_wave": "experts_per_wave", "block_m": "block_m", "pool_tokens": "pool_tokens",
-                 "num_stages": "num_stages", "k_split": "k_split", "l2_wait": "l2_wait",
+                 "num_stages": "num_stages", "k_split": "k_split", "combine_relay": "combine_relay",
+                 "l2_wait": "l2_wait",
                  "reserved_sms": "reserved_sms",
                  "max_tokens": "max_tokens_per_rank", "launch_skew_us": "launch_skew_us"}
 SCALE_ALIASES = {"nvlink_scale": "nvlink_gbs_per_direction", "hbm_scale": "hbm_gbs",
@@ -107,6 +108,9 @@ def parse_values(axis: str, text: str) -> list:
             return [int(v) for v in vals]
         except ValueError:
             raise InputError(f"sweep.{axis}", "integers", text) from None
+    if axis == "combine_relay":  # on / off, as the CLI's --combine-relay
+        require(all(v in ("on", "off") for v in vals), f"sweep.{axis}", "on and/or off", text)
+        return [v == "on" for v in vals]
     if axis == "launch_skew_us":  # the last rank's lateness, microseconds
         try:
             out = [float(v) for v in vals]

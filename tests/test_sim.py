@@ -547,3 +547,48 @@ def test_sm90_k_split_hands_partial_sums_to_the_last_part():
            + hw.e2m1_decode_thread_ns_per_elem * 128 * 128 / 256 + hw.stage_handoff_ns)
     mma = tr.where(kind="l1_mma")
     assert float(np.median(mma["t_end_ns"] - mma["t_start_ns"])) / (4096 // 128 // 2) == pytest.approx(t_k)
+
+
+def test_sm90_combine_relay_what_if_by_hand():
+    """Combine-relay what-if (one rank): one token, top-k 2, hidden 128 (one 128-column slice),
+    so two L2 blocks (one per expert), each a request to its SM's dispatch warps. Each request
+    takes 2 x tma_latency_ns to find the slices it completes; the later one completes the
+    token's only slice and adds one pass (one round trip) for it; the call ends one round trip
+    after the later of the last request and the last CTA. No combine after a barrier."""
+    sc = Scenario(shape="8,2,128,128", num_ranks=1, tokens_per_rank=1, topk_idx=[np.array([[1, 5]])],
+                  design="megamoe-sm90", hardware="h200", combine_relay=True)
+    res = simulate(sc)
+    lat = res.hardware.tma_latency_ns
+    tr = res.trace
+    epi = tr.where(kind="l2_epilogue")
+    comb = tr.where(kind="combine")
+    assert len(epi) == 2 and len(comb) == 2 and set(comb["role"].tolist()) == {ROLE["dispatch"]}
+    order = np.argsort(epi["t_end_ns"])
+    first, second = (float(epi["t_end_ns"][i]) for i in order)
+    got = sorted(zip(comb["t_start_ns"].tolist(), comb["t_end_ns"].tolist(), comb["tokens"].tolist()))
+    assert got[0] == pytest.approx((first, first + 2 * lat, 0))
+    assert got[1] == pytest.approx((second, second + 3 * lat, 1))  # HBM: 3 x 256 B, far below a round trip
+    assert comb["sm"].tolist() != [-1, -1]  # per-SM requests, not a rank-level combine
+    assert not len(tr.where(kind="nvl_barrier"))
+    end = max(second + 3 * lat, float(tr.where(role="consumer")["t_end_ns"].max())) + lat
+    assert float(res.rank_end_ns[0]) == pytest.approx(end)
+    off = simulate(Scenario(shape="8,2,128,128", num_ranks=1, tokens_per_rank=1, topk_idx=[np.array([[1, 5]])],
+                            design="megamoe-sm90", hardware="h200"))
+    assert len(off.trace.where(kind="combine")) == 1 and not off.plan.ranks[0].combine_relay
+
+
+def test_combine_relay_refusals():
+    """The relay what-if is the SM90 design's with one rank; anything else is a one-line error
+    naming combine_relay; the sweep axis takes on / off."""
+    from sim.sweep import parse_values
+
+    for kw, msg in [({"num_ranks": 2, "design": "megamoe-sm90"}, "with several ranks"),
+                    ({"num_ranks": 1, "design": "deepgemm-sm100"}, "with design deepgemm-sm100")]:
+        sc = Scenario(shape="8,2,256,256", tokens_per_rank=4, combine_relay=True, **kw)
+        with pytest.raises(InputError, match=f"^combine_relay: expected False or None {msg}"):
+            sc.plan(132, 232448)
+    with pytest.raises(InputError, match="^combine_relay: expected None, False or True, got 'on'$"):
+        Scenario(shape="8,2,256,256", tokens_per_rank=4, combine_relay="on")
+    assert parse_values("combine_relay", "on,off") == [True, False]
+    with pytest.raises(InputError, match="^sweep.combine_relay: expected on and/or off"):
+        parse_values("combine_relay", "yes")
