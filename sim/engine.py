@@ -977,7 +977,10 @@ class _Engine:
         3, each 32-row chunk after the first of a warp adds two more round trips), and no less
         than the HBM calendar takes for the slices' valid rows and outputs. The call ends one
         round trip after the later of the last request and the last CTA (its add to the done
-        count). These prices are the model's, from ``tma_latency_ns`` (an estimate, not a fit).
+        count). These prices are the model's, from ``tma_latency_ns`` (an estimate, not a fit),
+        and optimistic: a kernel form of the relay on the H200 took 2.2-9.3 us per request, slowed
+        the K loops and ran 1.04-1.11x the time of the kernel without it (benchmarks/NOTES.md,
+        thirty-first session), which the model does not reproduce.
 
         Returns ``(end, t_red)`` as :meth:`run` does; ``t_red`` is how far the relay runs past
         the last CTA's GEMM work."""
