@@ -611,11 +611,9 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
             require(1 <= experts_per_wave <= e_local, "experts_per_wave",
                     f"in [1, {e_local}] (local experts)", experts_per_wave)
             epw = experts_per_wave
-        relay = False
         if sm90:
             stages = design_sm90.stages_for(cfg.block_m, num_experts, num_stages, smem_capacity)
             smem = design_sm90.smem_bytes(cfg.block_m, stages, num_experts)
-            relay = bool(combine_relay)
         else:
             stages, smem = sm100_pipeline(smem_capacity, num_experts, hidden, cfg, pull)
             if num_stages is not None:
@@ -627,7 +625,7 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
                       num_stages=stages, smem_bytes=smem, recv_counts=counts[r], src_items=items[r],
                       num_sms=num_sms, l1_n_blocks=2 * intermediate // cfg.block_n,
                       l2_n_blocks=hidden // cfg.block_n, pull_policy=pol.pull_order,
-                      scheduler=pol.scheduler, k_split=ks, combine_relay=relay)
+                      scheduler=pol.scheduler, k_split=ks, combine_relay=bool(combine_relay))
         used = int(rp.pool_block_offset[-1]) * cfg.block_m
         if pool_tokens is None:
             assert used <= cap, (used, cap)  # guaranteed by the capacity formula

@@ -57,6 +57,7 @@ tensor-core rate and TMA load rate are per SM.
 from __future__ import annotations
 
 import gc
+import heapq
 import math
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -984,8 +985,6 @@ class _Engine:
 
         Returns ``(end, t_red)`` as :meth:`run` does; ``t_red`` is how far the relay runs past
         the last CTA's GEMM work."""
-        import heapq
-
         plan, hw = self.plan, self.hw
         lat = hw.tma_latency_ns
         rp = plan.ranks[0]
