@@ -551,10 +551,11 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
     ks = 1 if k_split is None else int(k_split)
     require(sm90 or ks == 1, "k_split", "1 with design deepgemm-sm100 (split-K is modelled for megamoe-sm90 only)", ks)
     require(combine_relay in (None, False, True), "combine_relay", "None, False or True", combine_relay)
+    # the CLI's on / off beside the API's True / False (combine_relay is True when these fail)
     require(sm90 or not combine_relay, "combine_relay",
-            "False or None with design deepgemm-sm100 (the relay is modelled for megamoe-sm90)", combine_relay)
+            "off (False or None) with design deepgemm-sm100 (the relay is modelled for megamoe-sm90)", "on (True)")
     require(num_ranks == 1 or not combine_relay, "combine_relay",
-            "False or None with several ranks (the relay is modelled for one rank)", combine_relay)
+            "off (False or None) with several ranks (the relay is modelled for one rank)", "on (True)")
     if sm90:  # no ring: the SM90 kernel's pool holds every routed row (each rank's cap, below)
         from . import design_sm90
 

@@ -110,7 +110,7 @@ def parse_values(axis: str, text: str) -> list:
             raise InputError(f"sweep.{axis}", "integers", text) from None
     if axis == "combine_relay":  # on / off, as the CLI's --combine-relay
         require(all(v in ("on", "off") for v in vals), f"sweep.{axis}", "on and/or off", text)
-        return [v == "on" for v in vals]
+        return vals  # kept as spelled in the rows and outputs; the Scenario gets a bool
     if axis == "launch_skew_us":  # the last rank's lateness, microseconds
         try:
             out = [float(v) for v in vals]
@@ -147,7 +147,9 @@ def _split_point(point: dict, base: dict) -> tuple[dict, dict, dict]:
     kw = dict(base)
     scales, labels = {}, {}
     for axis, v in point.items():
-        if axis in SCENARIO_AXES:
+        if axis == "combine_relay":
+            kw["combine_relay"] = v == "on"
+        elif axis in SCENARIO_AXES:
             kw[SCENARIO_AXES[axis]] = v
         elif axis == "policy":
             kw["policies"] = list(kw.get("policies", [])) + [p for p in str(v).split("+") if p]

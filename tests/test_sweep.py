@@ -52,6 +52,25 @@ def test_invalid_points_are_recorded_not_fatal(tmp_path):
     assert rows[0]["error"] == "" and "experts_per_wave" in rows[1]["error"]
 
 
+def test_combine_relay_axis_is_on_off_in_the_outputs(tmp_path):
+    """The axis is spelled on / off as on the command line, in every output; each point is the
+    same simulation as the Scenario with combine_relay True / False."""
+    from megamoe.scenario import Scenario
+    from sim.engine import simulate
+    from sim.hardware import load_hardware
+
+    base = {"shape": "deepseek-v4-flash", "num_ranks": 1, "tokens_per_rank": 4, "design": "megamoe-sm90",
+            "hardware": "h200"}
+    rows = sweep({"combine_relay": ["on", "off"]}, base, str(tmp_path), jobs=1, progress=False)
+    assert [r["combine_relay"] for r in rows] == ["on", "off"] and all(r["error"] == "" for r in rows)
+    hw = load_hardware("h200")
+    for r, flag in zip(rows, (True, False)):
+        assert r["time_us"] == simulate(Scenario(**base, combine_relay=flag), hw).summary["time_us"]
+    assert rows[0]["time_us"] != rows[1]["time_us"]
+    assert (tmp_path / "results.csv").read_text().splitlines()[1].startswith("on,")
+    assert list(pd.read_parquet(tmp_path / "results.parquet")["combine_relay"]) == ["on", "off"]
+
+
 def test_cli_sweep_and_bad_set(tmp_path, capsys):
     assert main(["sweep", "--shape", "deepseek-v4-flash", "--ranks", "2", "--tokens", "4",
                  "--set", "reserved_sms=0,20", "--set", "policy=rank-by-rank,round-robin",
