@@ -116,6 +116,23 @@ ONE_ITEM_PULL_WARPS = {16: 4, 32: 1, 64: 1, 128: 1}
 PULL_ROUND_BYTES = 32 * 16
 
 
+#: Experts in one scan of the block scheduler: a warp's 32 lanes, one expert each
+#: (``Scheduler::next`` in ``csrc/megamoe/scheduler.cuh``).
+SCHED_CHUNK = 32
+
+
+def wide_walk(block_m: int, experts_per_wave: int) -> bool:
+    """Whether the kernel runs its wide-walk instance (kernel v8.7; ``Scheduler<16, WIDE>``,
+    chosen in ``megamoe_sm90_launch``): at ``block_m`` 16 with waves of more than
+    :data:`SCHED_CHUNK` experts, a chunk the block index is past costs the walk one warp
+    reduction instead of the scan (in each wave that spans more than one chunk).  The other
+    instances' SASS is v8.6's (equal digests).  Measured on the H200 against v8.6 (CUPTI kernel
+    time, 8 crossover rounds): 0.981 at 1 token, 0.997 at 4, 1.000 / 0.999 / 0.999 at 16 / 64 /
+    256 (benchmarks/NOTES_kernel.md, session 32); the same code in every instance cost ~0.5% at
+    16-256 tokens (a re-laid-out ``block_m`` 16 K loop, session 29's W2)."""
+    return block_m == 16 and experts_per_wave > SCHED_CHUNK
+
+
 def cta_item_starts(num_items: int, num_ctas: int) -> np.ndarray:
     """The dispatch's even split of ``num_items`` items over ``num_ctas`` CTAs (``cta_range`` in
     ``csrc/megamoe/roles_shared.cuh``; kernel v8.5): CTA ``c`` takes items

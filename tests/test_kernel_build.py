@@ -158,8 +158,10 @@ def test_build_sm90a_and_resources():
         pytest.skip("nvcc not installed")
     r = kbuild.build("sm_90a")
     assert r.path.exists()
-    # each block_m twice: the timed instance and the profile one (fault_inject bit 32)
-    assert set(r.resources) == {f"block_m={b}{p}" for b in d.BLOCK_MS for p in ("", ",profile")}
+    # each block_m twice: the timed instance and the profile one (fault_inject bit 32); block_m 16
+    # twice more, with the wide walk (Scheduler's WIDE)
+    assert set(r.resources) == ({f"block_m={b}{p}" for b in d.BLOCK_MS for p in ("", ",profile")}
+                                | {"block_m=16,wide", "block_m=16,wide,profile"})
     # whole-kernel spills stay under the cap (the hot loop itself is checked on the SASS)
     assert r.max_spill() <= kbuild.SPILL_LIMIT_BYTES, r.resources
     lib = ctypes.CDLL(str(r.path))
@@ -176,6 +178,10 @@ def test_build_sm90a_and_resources():
     assert lib.megamoe_sm90_combine_slots(48) == -1
     assert {bm: bool(lib.megamoe_sm90_relay_release(bm)) for bm in d.BLOCK_MS} == d.RELAY_RELEASE
     assert lib.megamoe_sm90_relay_release(48) == -1
+    assert {(bm, w): lib.megamoe_sm90_wide_walk(bm, w) for bm in d.BLOCK_MS for w in (1, 32, 33, 256)} == \
+        {(bm, w): int(d.wide_walk(bm, w)) for bm in d.BLOCK_MS for w in (1, 32, 33, 256)}
+    assert lib.megamoe_sm90_wide_walk(16, 33) == 1 and lib.megamoe_sm90_wide_walk(16, 32) == 0
+    assert lib.megamoe_sm90_wide_walk(48, 64) == -1
     assert {bm: lib.megamoe_sm90_producer_warps(bm) for bm in d.BLOCK_MS} == d.PRODUCER_ISSUE_WARPS
     assert lib.megamoe_sm90_producer_warps(48) == -1
     regs = [lib.megamoe_sm90_role_registers(i) for i in range(4)]

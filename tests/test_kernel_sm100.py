@@ -87,7 +87,7 @@ def test_sm100_resources(sm100_build):
 def test_sass_contains_the_matrix_instructions(arch):
     """Disassemble each build: sm_100a has UTCQMMA.2CTA (block-scaled 2-CTA UMMA), UTCCP (scales
     -> TMEM), LDTM (TMEM loads), the multicast commit and the TMEM allocator in every instance;
-    sm_90a (each block_m with and without the profile clocks) has FP8 WGMMA (QGMMA.64xNx32 with N = the instance's block_m), its wait and the
+    sm_90a (each block_m with and without the profile clocks, block_m 16 also with the wide walk) has FP8 WGMMA (QGMMA.64xNx32 with N = the instance's block_m), its wait and the
     setmaxnreg register split in every instance, and no warp-level MMA (HMMA/QMMA)."""
     _need_nvcc()
     _need_cutlass()
@@ -96,8 +96,9 @@ def test_sass_contains_the_matrix_instructions(arch):
     sass = kbuild.disassemble(r.path)
     found = kbuild.check_sass(arch, sass)
     kernels = [f for f in found if "_kernel" in f]
-    # sm_90a: each block_m twice, the timed instance and the profile one (fault_inject bit 32)
-    assert len(kernels) == (len(d100.INSTANCES) if arch == "sm_100a" else 2 * len(d90.BLOCK_MS))
+    # sm_90a: each block_m twice, the timed instance and the profile one (fault_inject bit 32),
+    # and block_m 16 twice more with the wide walk (design_sm90.wide_walk)
+    assert len(kernels) == (len(d100.INSTANCES) if arch == "sm_100a" else 2 * len(d90.BLOCK_MS) + 2)
     for fn in kernels:
         print(arch, fn, found[fn])
     ops = kbuild.sass_opcodes(sass)
@@ -193,6 +194,10 @@ def test_k_loop_sizes_and_sass_digests_by_hand():
         /*0010*/                @P1 BRA 0x0 ;
 """
     assert kbuild.k_loop_sizes("sm_90a", fake) == {"block_m=16": 7}
+    # the SM90 instance names: <block_m, profile, wide>
+    names = {f"_ZN7megamoe19megamoe_sm90_kernelILi16ELb{p}ELb{w}EEEvNS_8Sm90ArgsE": (p, w) for p in (0, 1) for w in (0, 1)}
+    assert {kbuild._instance_name(k): v for k, v in names.items()} == {
+        "block_m=16": (0, 0), "block_m=16,profile": (1, 0), "block_m=16,wide": (0, 1), "block_m=16,wide,profile": (1, 1)}
     dig = kbuild.sass_digests(fake)
     moved = fake.replace("/*0090*/", "/*0094*/").replace("EXIT ;", "EXIT ;  /* 0x000000000000794d */")
     assert kbuild.sass_digests(moved) == dig

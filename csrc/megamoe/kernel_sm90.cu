@@ -379,7 +379,7 @@ __device__ __forceinline__ void dispatch_role_ep(const Params& p, const int BM, 
 // issues its K blocks' TMA loads against the stage's full barrier. A block's operand
 // addresses are computed once per block (Loads) and the stage index and the free-stage
 // wait's parity are kept incrementally.
-template <int BM>
+template <int BM, bool WIDE = false>
 struct Producer {
     static constexpr int NW = BM == 128 ? 2 : 4;
     const Params& p;
@@ -462,7 +462,7 @@ struct Producer {
     }
 
     __device__ void run_blocks() {
-        Scheduler<BM> sched(p);
+        Scheduler<BM, WIDE> sched(p);
         if (!sched.fetch_counts(p, kRoleProducer)) return;
         const bool trace = p.trace_cap > 0 && ptid == 0;
         const uint32_t c_start = clock32();
@@ -560,7 +560,7 @@ struct Producer {
 // thread holds the gate (r = 0, 1) and the up (r = 2, 3) of the same intermediate column
 // n_block * 64 + 32 g + 8 wi + lane/4, and warpgroup g owns exactly one 32-wide UE8M0
 // group of the L1 output (n_block * 2 + g).
-template <int BM, bool PROF>
+template <int BM, bool PROF, bool WIDE>
 __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, uint64_t* empty, float* red,
                               const uint8_t* fold_tab) {
     using Tile = Sm90Tile<BM>;
@@ -569,7 +569,7 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
     const int cw = ctid >> 5, lane = ctid & 31;
     const int S = (int)p.num_stages;
     const int H = (int)p.hidden, I = (int)p.inter;
-    Scheduler<BM> sched(p);
+    Scheduler<BM, WIDE> sched(p);
     const int wslot = 16 + 8 + cw;  // debug progress slot of this consumer warp
     if (lane == 0) progress(p, wslot, 0x01000000);
     // All consumer warps leave together or not at all: a warp that saw the counts complete
@@ -888,7 +888,7 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
 }
 
 // ------------------------------------------------------------------ the kernel
-template <int BM, bool PROF>
+template <int BM, bool PROF, bool WIDE>
 __global__ void __launch_bounds__(kThreads, 1) megamoe_sm90_kernel(const __grid_constant__ Sm90Args args) {
     const Params& p = args.p;
     extern __shared__ __align__(1024) uint8_t smem[];
@@ -936,14 +936,14 @@ __global__ void __launch_bounds__(kThreads, 1) megamoe_sm90_kernel(const __grid_
     } else if (warp < 8) {
         setmaxnreg_dec<kRegsProducer>();
         if (warp < 4 + Producer<BM>::NW) {
-            Producer<BM> prod(p, args.pool_map, stages, full, empty);
+            Producer<BM, WIDE> prod(p, args.pool_map, stages, full, empty);
             prod.run();
         }
         __syncwarp();
         if (threadIdx.x == kDispatchThreads) progress(p, 3, 0xD0);
     } else {
         setmaxnreg_inc<kRegsConsumer>();
-        consumer_role<BM, PROF>(p, stages, full, empty, red, fold_tab);
+        consumer_role<BM, PROF, WIDE>(p, stages, full, empty, red, fold_tab);
         // the relay's end, on every path out of the consumer role (if its slot never frees,
         // the dispatch lane's own wait has failed and returned)
         if constexpr (relay_release<BM>())
@@ -1009,9 +1009,9 @@ static int pool_map(int dev, int which, const void* base, int64_t rows, int64_t 
     return 0;
 }
 
-template <int BM, bool PROF>
+template <int BM, bool PROF, bool WIDE = false>
 static int launch_bm(const Params* p, cudaStream_t stream, size_t smem, int dev) {
-    auto kern = megamoe::megamoe_sm90_kernel<BM, PROF>;
+    auto kern = megamoe::megamoe_sm90_kernel<BM, PROF, WIDE>;
     static size_t configured[kMaxDevices] = {};  // dynamic smem already set and checked, per device
     if (configured[dev] < smem) {
         cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -1070,6 +1070,15 @@ int megamoe_sm90_relay_release(int block_m) {
         case 128: return megamoe::relay_release<128>() ? 1 : 0;
         default: return -1;
     }
+}
+
+// Whether a launch runs the wide-walk instance (Scheduler's WIDE, kernel v8.7; mirrored by
+// megamoe.design_sm90.wide_walk): block_m 16 with waves of more than 32 experts, 1 or 0; -1 for
+// an unsupported block_m. Measured on the H200: 0.981x v8.6's kernel time at 1 token, 0.997 at 4;
+// the same code in every instance cost ~0.5% at 16-256 tokens (benchmarks/NOTES_kernel.md).
+int megamoe_sm90_wide_walk(int block_m, int experts_per_wave) {
+    if (block_m != 16 && block_m != 32 && block_m != 64 && block_m != 128) return -1;
+    return block_m == 16 && experts_per_wave > 32 ? 1 : 0;
 }
 
 // k32 WGMMAs a consumer warpgroup keeps in flight per K block at this block_m
@@ -1151,7 +1160,10 @@ int megamoe_sm90_launch(const Params* p_in, void* stream) {
     cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
     const bool prof = p->fault_inject & 32;  // the profile instance (consumer_role's PROF)
     switch (p->block_m) {
-        case 16: return prof ? launch_bm<16, true>(p, s, smem, dev) : launch_bm<16, false>(p, s, smem, dev);
+        case 16:
+            if (megamoe_sm90_wide_walk(16, (int)p->experts_per_wave) == 1)  // waves over several 32-expert chunks
+                return prof ? launch_bm<16, true, true>(p, s, smem, dev) : launch_bm<16, false, true>(p, s, smem, dev);
+            return prof ? launch_bm<16, true>(p, s, smem, dev) : launch_bm<16, false>(p, s, smem, dev);
         case 32: return prof ? launch_bm<32, true>(p, s, smem, dev) : launch_bm<32, false>(p, s, smem, dev);
         case 64: return prof ? launch_bm<64, true>(p, s, smem, dev) : launch_bm<64, false>(p, s, smem, dev);
         case 128: return prof ? launch_bm<128, true>(p, s, smem, dev) : launch_bm<128, false>(p, s, smem, dev);
@@ -1180,10 +1192,11 @@ const char* megamoe_sm90_error_string(int code) {
 // first rank's kernel waits for the second's). Returns 0 or a cudaError_t.
 int megamoe_sm90_preload(void) {
     cudaFuncAttributes a;
-    const void* kerns[] = {(const void*)megamoe::megamoe_sm90_kernel<16, false>, (const void*)megamoe::megamoe_sm90_kernel<32, false>,
-                           (const void*)megamoe::megamoe_sm90_kernel<64, false>, (const void*)megamoe::megamoe_sm90_kernel<128, false>,
-                           (const void*)megamoe::megamoe_sm90_kernel<16, true>, (const void*)megamoe::megamoe_sm90_kernel<32, true>,
-                           (const void*)megamoe::megamoe_sm90_kernel<64, true>, (const void*)megamoe::megamoe_sm90_kernel<128, true>};
+    const void* kerns[] = {(const void*)megamoe::megamoe_sm90_kernel<16, false, false>, (const void*)megamoe::megamoe_sm90_kernel<32, false, false>,
+                           (const void*)megamoe::megamoe_sm90_kernel<64, false, false>, (const void*)megamoe::megamoe_sm90_kernel<128, false, false>,
+                           (const void*)megamoe::megamoe_sm90_kernel<16, true, false>, (const void*)megamoe::megamoe_sm90_kernel<32, true, false>,
+                           (const void*)megamoe::megamoe_sm90_kernel<64, true, false>, (const void*)megamoe::megamoe_sm90_kernel<128, true, false>,
+                           (const void*)megamoe::megamoe_sm90_kernel<16, false, true>, (const void*)megamoe::megamoe_sm90_kernel<16, true, true>};
     cudaError_t e = cudaSuccess;
     for (const void* k : kerns)
         if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, k);

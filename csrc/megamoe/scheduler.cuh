@@ -17,7 +17,7 @@ struct Block {
     int phase, expert, m_block, n_block, num_k_blocks, pool_block, valid_m;
 };
 
-template <int BLOCK_M>
+template <int BLOCK_M, bool WIDE = false>
 struct Scheduler {
     // The plan numbers are read from the kernel parameters where they are used (constant
     // memory, no registers: the producer warps run this walk on 64 registers).
@@ -83,6 +83,17 @@ struct Scheduler {
                 const int c0 = chunk, e = c0 + lane;
                 const int cnt = (e >= wave && e < we) ? (int)lane_count(c0 >> 5) : 0;
                 const int mb = (cnt + BLOCK_M - 1) / BLOCK_M;
+                // WIDE (the instance launched where a wave spans several chunks): a chunk
+                // the index is past costs one reduction, not the scan
+                if constexpr (WIDE) {
+                    if (we - wave > 32) {
+                        const int total = (int)__reduce_add_sync(0xffffffffu, (unsigned)mb);
+                        if ((mb_before + total) * num_n <= block_idx) {
+                            mb_before += total;
+                            continue;
+                        }
+                    }
+                }
                 int inc = mb;  // inclusive scan of m blocks over the lanes
                 #pragma unroll
                 for (int d = 1; d < 32; d <<= 1) {

@@ -194,14 +194,16 @@ def _split_entries(log: str, res: dict) -> tuple[dict, dict]:
 
 
 def _instance_name(sym: str) -> str:
-    """``block_m=16`` (SM90; ``block_m=16,profile`` for the profile instance, template flag
-    ``Lb1E``), ``block_m=128,block_k=128`` (SM100), or the symbol itself."""
+    """``block_m=16`` (SM90; ``block_m=16,profile`` for the profile instance, first template flag
+    ``Lb1E``; ``block_m=16,wide`` / ``block_m=16,wide,profile`` for the wide-walk instances,
+    second flag ``Lb1E``), ``block_m=128,block_k=128`` (SM100), or the symbol itself."""
     bmk = re.search(r"ILi(\d+)ELi(\d+)E", sym)
     bm = re.search(r"ILi(\d+)E", sym)
     if bmk:
         return f"block_m={bmk.group(1)},block_k={bmk.group(2)}"
     if bm:
-        return f"block_m={bm.group(1)}" + (",profile" if re.search(r"ILi\d+ELb1E", sym) else "")
+        return (f"block_m={bm.group(1)}" + (",wide" if re.search(r"ILi\d+ELb[01]ELb1E", sym) else "")
+                + (",profile" if re.search(r"ILi\d+ELb1E", sym) else ""))
     return sym
 
 
