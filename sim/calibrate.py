@@ -139,8 +139,8 @@ def _sm90_plan(t):
 def _block_gaps(t) -> list:
     """Consumer idle time between a block's epilogue end and the next block's MMA start (the
     kernel's scheduler call and trace records), with the scheduler steps between the two
-    blocks (:func:`sim.engine.sm90_walk_steps`): ``[(gap ns, steps)]`` over every rank and
-    CTA of the trace."""
+    blocks (:func:`sim.engine.sm90_walk_steps`): ``[(gap ns, chunk scans, chunk skips)]`` over
+    every rank and CTA of the trace."""
     import numpy as np
 
     from megamoe.trace import KIND
@@ -156,7 +156,7 @@ def _block_gaps(t) -> list:
         blk = rp.blocks()
         c = t.where(role="consumer", rank=rp.rank)
         for sm in np.unique(c["sm"]).tolist():
-            steps = {tuple(b[:4]): int(k) for b, k in zip(blk[sm::plan.num_sms].tolist(), key[sm::plan.num_sms].tolist())}
+            steps = {tuple(b[:4]): k for b, k in zip(blk[sm::plan.num_sms].tolist(), key[sm::plan.num_sms].tolist())}
             s = c.where(sm=sm)
             o = np.argsort(s["t_start_ns"], kind="stable")
             kd, st, en = s["kind"][o].tolist(), s["t_start_ns"][o], s["t_end_ns"][o]
@@ -166,9 +166,41 @@ def _block_gaps(t) -> list:
                 if kd[i] in mma:
                     k = steps.get((mma[kd[i]], ex[i], mb[i], nb[i]))
                     if prev is not None and k is not None and kd[i - 1] in epi:
-                        out.append((float(st[i] - en[i - 1]), k - prev))
+                        out.append((float(st[i] - en[i - 1]), k[0] - prev[0], k[1] - prev[1]))
                     prev = k
     return out
+
+
+def fit_sm90_walk_skip(path: str, sched_block_ns: float, sched_step_ns: float) -> dict:
+    """``sched_skip_ns``, the scheduler's cost per chunk skipped with one warp reduction (kernel
+    v8.7's wide-walk instance, :func:`megamoe.design_sm90.wide_walk`), fitted to one trace whose
+    plan has such waves (:data:`SM90_SKIP_FIT_TRACE`, 1 token): least squares through the
+    origin of each consumer gap less ``sched_block_ns`` and ``sched_step_ns`` per chunk scan,
+    against its chunk skips (:func:`_block_gaps`; the gaps without skips are left out).
+
+    Returns:
+        ``{"sched_skip_ns": (value, how)}``.
+
+    Raises:
+        InputError: the trace has no gap with a chunk skip (its plan runs no wide walk).
+    """
+    import numpy as np
+
+    from megamoe.trace import Trace
+
+    t = Trace.load(path)
+    g = np.asarray(_block_gaps(t), float).reshape(-1, 3)
+    g = g[g[:, 2] > 0]
+    require(len(g) > 0, "fit_sm90_walk_skip", "a trace with chunk skips (block_m 16, waves of more than 32 experts)",
+            f"{path} (none)")
+    y = g[:, 0] - sched_block_ns - sched_step_ns * g[:, 1]
+    skip = float(np.dot(g[:, 2], y) / np.dot(g[:, 2], g[:, 2]))
+    pts = ", ".join(f"{int(k)} skips: {_median(g[g[:, 2] == k, 0]):.0f} ns ({int((g[:, 2] == k).sum())} gaps)"
+                    for k in np.unique(g[:, 2]))
+    how = (f"consumer gap = sched_block_ns ({sched_block_ns:.0f} ns) + sched_step_ns per chunk scan + this per chunk "
+           f"skipped with one reduction (sim.engine.sm90_walk_steps), least squares through the origin over the "
+           f"{len(g)} gaps with skips of the T={int(t.meta['tokens_per_rank'][0])} trace (median gap at {pts})")
+    return {"sched_skip_ns": (skip, how)}
 
 
 def _first_block_issue(t) -> tuple[float, float, int]:
@@ -400,14 +432,16 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
 
     # scheduler between blocks: consumer gap = fixed + per step, least squares over the gaps
     # (each trace weighted equally)
+    # (the gaps with chunk skips are left out: sched_skip_ns, fit_sm90_walk_skip)
     xs, ys, ws = [], [], []
     for r in rows:
-        g = np.asarray(r["gaps"], float).reshape(-1, 2)
+        g = np.asarray(r["gaps"], float).reshape(-1, 3)
+        g = g[g[:, 2] == 0]
         xs.append(g[:, 1]), ys.append(g[:, 0]), ws.append(np.full(len(g), 1.0 / max(1, len(g))))
     x, y, w = np.concatenate(xs), np.concatenate(ys), np.sqrt(np.concatenate(ws))
     c0, c1 = np.linalg.lstsq(np.column_stack([np.ones_like(x), x]) * w[:, None], y * w, rcond=None)[0]
-    gap_pts = ", ".join(f"T={r['tokens']} {_median([g for g, _ in r['gaps']]):.0f} ns at a median "
-                        f"{_median([k for _, k in r['gaps']]):.0f} steps" for r in rows)
+    gap_pts = ", ".join(f"T={r['tokens']} {_median([g[0] for g in r['gaps']]):.0f} ns at a median "
+                        f"{_median([g[1] for g in r['gaps']]):.0f} steps" for r in rows)
     how = (f"consumer gap between a block's epilogue end and the next block's MMA start = {c0:.0f} ns + {c1:.0f} ns "
            f"per scheduler step (a 32-expert chunk scan beyond the call's first; sim.engine.sm90_walk_steps), least squares "
            f"over {len(x)} gaps, each trace weighted equally (median gap {gap_pts})")
@@ -664,6 +698,13 @@ SM90_FIT_KERNEL = ("FP8 WGMMA v8.6 (TMA loads, E2M1 decoded into WGMMA registers
                    "over the CTAs, a count barrier on one counter, a CTA's only item pulled by its four dispatch "
                    "warps at block_m 16, build 94b176d2)")
 SM90_PROFILE_KERNEL = "FP8 WGMMA v8.6 kernel (its profile instance)"
+#: The committed trace ``sched_skip_ns`` is fitted to (:func:`fit_sm90_walk_skip`): 1 token, the
+#: only traced size whose plan runs the wide walk (block_m 16, one wave of 256 experts). Kernel
+#: v8.7 is v8.6 plus that instance; its other instances are v8.6's SASS (equal digests), so
+#: v8.6's traces at 16-8192 tokens stand for it (benchmarks/NOTES_kernel.md, session 32).
+SM90_SKIP_FIT_TRACE = "benchmarks/traces/kernel_flash_ep1_t1.npz"
+SM90_SKIP_FIT_KERNEL = "FP8 WGMMA v8.7 (v8.6 plus the wide-walk instance at block_m 16, build c3569a4e)"
+SM90_SKIP_FIT_DATE = "2026-12-03"
 #: The kernel and day of the EP2 traces: v6.4's (the two-GPU machine was not lent in the
 #: sessions that re-recorded the EP1 traces on v6.5-v6.7 and v7-v7.2; those changed the consumers'
 #: K loop and both epilogues (the weight fold, the activation fold, the L2 epilogue's stores), moved the profile clocks
@@ -716,7 +757,8 @@ def sm90_ep_fit_sources(fit: dict) -> dict:
 def refit_h200(root: str | None = None, toml_path: str | None = None) -> dict:
     """Fit the SM90 figures to the committed traces and profile (:data:`SM90_FIT_TRACES`,
     :data:`SM90_FIT_PROFILE`), then the expert-parallel figures to the EP2 traces
-    (:data:`SM90_EP_FIT_TRACES`, on the L2 epilogue line just fitted, rounded as written), and
+    (:data:`SM90_EP_FIT_TRACES`, on the L2 epilogue line just fitted, rounded as written) and
+    ``sched_skip_ns`` to :data:`SM90_SKIP_FIT_TRACE` (on the scheduler line just fitted), and
     write them with their sources into the H200 preset (or ``toml_path``), leaving every other
     line as it is.  Returns :func:`sm90_fit_sources` and :func:`sm90_ep_fit_sources` in one
     dict."""
@@ -729,6 +771,9 @@ def refit_h200(root: str | None = None, toml_path: str | None = None) -> dict:
     ep = fit_sm90_ep_traces([str(base / p) for p in SM90_EP_FIT_TRACES], fit["l2_epilogue_fixed_ns"][0],
                             fit["l2_epilogue_thread_ns_per_elem"][0])
     fit.update(sm90_ep_fit_sources(ep))
+    skip = fit_sm90_walk_skip(str(base / SM90_SKIP_FIT_TRACE), fit["sched_block_ns"][0], fit["sched_step_ns"][0])
+    fit.update(sm90_fit_sources(skip, traces=(SM90_SKIP_FIT_TRACE,), profile_path=None, date=SM90_SKIP_FIT_DATE,
+                                kernel=SM90_SKIP_FIT_KERNEL, fitter="fit_sm90_walk_skip"))
     path = Path(toml_path) if toml_path else PRESET_DIR / "h200.toml"
     text = path.read_text()
     head, _, srcs = text.partition("[sources]")

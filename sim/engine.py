@@ -33,7 +33,7 @@ The SM90 design (``megamoe-sm90``, this project's kernel, ``csrc/megamoe/kernel_
 differs where the kernel does: one CTA per SM (units of one SM); the consumer warps decode,
 run the MMA and both epilogues, so a block's K loop waits for the previous block's epilogue
 and then for the block scheduler's walk (``sched_block_ns`` plus ``sched_step_ns`` per
-scheduler step, :func:`sm90_walk_steps`; the producer pays the same walk after its last copy
+chunk scan and ``sched_skip_ns`` per chunk skip, :func:`sm90_walk_steps`; the producer pays the same walk after its last copy
 issue, which comes ``K blocks x sm90_issue_kblock_ns`` after its first (the producer warps
 issue one stage's loads in that time; since kernel v6.3 faster than the consumers use them,
 so the ring paces them), one issue after
@@ -243,29 +243,46 @@ class SimResult:
     summary: dict = field(default_factory=dict)
 
 
-def sm90_walk_steps(rp) -> tuple[np.ndarray, int]:
+def sm90_walk_steps(rp) -> tuple[np.ndarray, np.ndarray]:
     """Scheduler steps of the SM90 kernel (``csrc/megamoe/scheduler.cuh``) from the start of
-    the block list to each block of ``rp.blocks()``, and to the end of the list.
+    the block list to each block of ``rp.blocks()``, and to the end of the list, as chunk
+    scans and chunk skips.
 
     The scheduler walks passes, L1 then L2 of each wave, each over the wave's experts in
-    chunks of 32 (one per warp lane); a call scans chunks (a warp scan and a ballot each) from
-    the chunk of the CTA's previous block until one holds its next block.  A step is a chunk
-    scan beyond the first of a call (the first is in ``sched_block_ns``): a CTA's walk from
-    one of its blocks to the next is the difference of their counts, and the end of the list
-    is one scan short of every chunk of every pass.
+    chunks of 32 (one per warp lane); a call walks chunks from the chunk of the CTA's previous
+    block until one holds its next block.  A step is a chunk walked beyond the first of a call
+    (the first is in ``sched_block_ns``): a CTA's walk from one of its blocks to the next is
+    the difference of their counts, and the end of the list is one step short of every chunk
+    of every pass.  A step is a scan (``sched_step_ns``: a warp scan and a ballot), or a skip
+    (``sched_skip_ns``: one warp reduction) in a wave of more than one chunk where the kernel
+    runs its wide-walk instance (:func:`megamoe.design_sm90.wide_walk`, kernel v8.7).
 
     Returns:
-        int64 ``[N]`` steps from the start to each block, and the steps to the end.
+        int64 ``[N, 2]`` (scans, skips) from the start to each block, and int64 ``[2]`` the same
+        to the end.
     """
+    from megamoe.design_sm90 import SCHED_CHUNK, wide_walk
+
     E, epw = len(rp.tokens_per_expert), rp.experts_per_wave
     w0 = np.arange(0, E, epw)
     w1 = np.minimum(w0 + epw, E)
-    chunks = (w1 - 1) // 32 - w0 // 32 + 1  # 32-expert chunks a wave's experts span
-    cum = np.concatenate([[0], np.cumsum(np.repeat(chunks, 2))])  # pass 2w: L1 of wave w, 2w + 1: L2
+    chunks = (w1 - 1) // SCHED_CHUNK - w0 // SCHED_CHUNK + 1  # chunks a wave's experts span
+    wide = wide_walk(rp.config.block_m, epw) & (w1 - w0 > SCHED_CHUNK)
+    per_pass = np.repeat(chunks, 2)  # pass 2w: L1 of wave w, 2w + 1: L2
+    wide_pass = np.repeat(wide, 2)
+    cum = np.zeros((len(per_pass) + 1, 2), np.int64)
+    cum[1:, 0] = np.cumsum(np.where(wide_pass, 0, per_pass))
+    cum[1:, 1] = np.cumsum(np.where(wide_pass, per_pass, 0))
     blk = rp.blocks().astype(np.int64)
     w_b = blk[:, 1] // epw
     p_b = 2 * w_b + blk[:, 0] - 1
-    return cum[p_b] + blk[:, 1] // 32 - w0[w_b] // 32, int(cum[-1]) - 1
+    # chunks up to and including each block's own (a walk costs the chunks after the previous
+    # block's, up to the next block's, each by its own pass), less the list's first chunk
+    steps = cum[p_b].copy()
+    steps[np.arange(len(blk)), wide_pass[p_b].astype(np.int64)] += blk[:, 1] // SCHED_CHUNK - w0[w_b] // SCHED_CHUNK + 1
+    first = np.zeros(2, np.int64)
+    first[int(wide_pass[0])] = 1
+    return steps - first, cum[-1] - first
 
 
 class _Engine:
@@ -418,18 +435,18 @@ class _Engine:
     def _sm90_walks(self, rp, rows, lens) -> list:
         """Per CTA of the SM90 kernel: the scheduler's cost before each of its blocks and after
         its last one, ``[(gaps, end_gap)]`` (see :func:`sm90_walk_steps`): ``sched_block_ns``
-        plus ``sched_step_ns`` per step."""
+        plus ``sched_step_ns`` per chunk scan and ``sched_skip_ns`` per chunk skip."""
         hw = self.hw
         key, end_key = sm90_walk_steps(rp)
         key = key[rows]
+        cost = np.array([hw.sched_step_ns, hw.sched_skip_ns])
         out = []
         a = 0
         for k in lens:
             ks = key[a:a + k]
-            steps = np.maximum(np.diff(ks, prepend=0), 0)  # a policy's order may walk back: no cost
-            end = end_key - (int(ks[-1]) if k else 0)
-            out.append(((hw.sched_block_ns + hw.sched_step_ns * steps).tolist(),
-                        hw.sched_block_ns + hw.sched_step_ns * max(end, 0)))
+            steps = np.maximum(np.diff(ks, axis=0, prepend=np.zeros((1, 2), np.int64)), 0)  # a policy's order may walk back: no cost
+            end = np.maximum(end_key - (ks[-1] if k else 0), 0)
+            out.append(((hw.sched_block_ns + steps @ cost).tolist(), hw.sched_block_ns + float(end @ cost)))
             a += k
         return out
 

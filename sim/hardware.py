@@ -60,8 +60,12 @@ Figures (units in the key names):
 * ``sched_block_ns``, ``sched_step_ns`` — SM90 design: the block scheduler between two blocks
   of one CTA (paid by the producer and by the consumers, each running its own copy): a
   fixed part per block (the scheduler call, the trace records, the accumulator reset) plus
-  one step for every non-empty expert the scheduler walks past and every phase switch of a
-  wave (``csrc/megamoe/scheduler.cuh``); also after the last block, to the end of the list.
+  one step for every 32-expert chunk it scans beyond the call's first, across the passes (L1,
+  L2) of the waves (``csrc/megamoe/scheduler.cuh``, :func:`sim.engine.sm90_walk_steps`); also
+  after the last block, to the end of the list.
+* ``sched_skip_ns`` — SM90 design: a scheduler step that skips a 32-expert chunk with one
+  warp reduction instead of scanning it (kernel v8.7's wide-walk instance: ``block_m`` 16 and
+  waves of more than 32 experts, :func:`megamoe.design_sm90.wide_walk`).
 * ``l2_epilogue_fixed_ns`` — SM90 design: fixed part of the L2 epilogue (the row-metadata
   round trips); the SM90 L2 epilogue is this plus ``l2_epilogue_thread_ns_per_elem`` per
   element of the block's rows and again per element of its valid (stored) rows.
@@ -155,6 +159,7 @@ class Hardware:
     sm90_issue_kblock_ns: float
     sched_block_ns: float
     sched_step_ns: float
+    sched_skip_ns: float
     l2_epilogue_fixed_ns: float
     l2_epilogue_ep_ns: float
     combine_round_ns: float
@@ -248,6 +253,7 @@ FIGURE_RANGES: dict[str, tuple[float, float, str]] = {
     "sm90_issue_kblock_ns": (0.01, 5_000.0, "ns"),
     "sched_block_ns": (0.01, 10_000.0, "ns"),
     "sched_step_ns": (0.01, 10_000.0, "ns"),
+    "sched_skip_ns": (0.01, 10_000.0, "ns"),
     "l2_epilogue_fixed_ns": (0.01, 10_000.0, "ns"),
     "l2_epilogue_ep_ns": (0.01, 10_000.0, "ns"),
     "combine_round_ns": (0.01, 100_000.0, "ns"),

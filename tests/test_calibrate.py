@@ -159,6 +159,59 @@ def test_one_trace_gives_the_same_mma_fraction():
     assert got["grid_sync_ns"] == 2896960 - 2896224
 
 
+def test_sched_skip_is_the_fit_to_the_one_token_trace():
+    """sched_skip_ns (kernel v8.7's wide walk): the preset holds what fit_sm90_walk_skip gives on
+    the committed 1-token trace, on the preset's scheduler line; checked against the gaps read
+    from the trace directly (each consumer MMA record after an epilogue record of the same SM)
+    and the closed form of least squares through the origin, sum(s (g - b)) / sum(s^2). Every
+    pass of that plan (one wave of 256 experts, block_m 16) is wide, so each gap has 4-8 skips
+    and no scan; ~119 ns a skip against 283 ns a scan (v8.6's 1-token trace read 670 + 225 ns per
+    scan on its own)."""
+    import numpy as np
+
+    from megamoe.errors import InputError
+    from megamoe.trace import KIND, Trace
+    from sim.calibrate import SM90_SKIP_FIT_KERNEL, SM90_SKIP_FIT_TRACE, fit_sm90_walk_skip
+    from sim.engine import sm90_walk_steps
+
+    hw = load_hardware("h200")
+    got, how = fit_sm90_walk_skip(_root(SM90_SKIP_FIT_TRACE), hw.sched_block_ns, hw.sched_step_ns)["sched_skip_ns"]
+    assert hw.sched_skip_ns == float(f"{got:.4g}")
+    assert SM90_SKIP_FIT_TRACE in hw.sources["sched_skip_ns"] and SM90_SKIP_FIT_KERNEL in hw.sources["sched_skip_ns"]
+    assert "2026-12-03" in hw.sources["sched_skip_ns"] and how in hw.sources["sched_skip_ns"]
+    t = Trace.load(_root(SM90_SKIP_FIT_TRACE))
+    rp = _plan_of(t)
+    key, _ = sm90_walk_steps(rp)
+    S = rp.num_sms
+    mma, epi = (KIND["l1_mma"], KIND["l2_mma"]), (KIND["l1_epilogue"], KIND["l2_epilogue"])
+    gs, ss = [], []
+    for sm in range(S):
+        at = {tuple(b[:4]): k for b, k in zip(rp.sm_blocks(sm).tolist(), key[sm::S].tolist())}
+        c = t.where(sm=sm, role="consumer")
+        o = np.argsort(c["t_start_ns"], kind="stable")
+        recs = list(zip(c["kind"][o].tolist(), c["expert"][o].tolist(), c["m_block"][o].tolist(),
+                        c["n_block"][o].tolist(), c["t_start_ns"][o].tolist(), c["t_end_ns"][o].tolist()))
+        for prev, cur in zip(recs, recs[1:]):
+            if cur[0] in mma and prev[0] in epi:
+                k0 = at[(1 if prev[0] == KIND["l1_epilogue"] else 2, prev[1], prev[2], prev[3])]
+                k1 = at[(1 if cur[0] == KIND["l1_mma"] else 2, cur[1], cur[2], cur[3])]
+                assert k1[0] == k0[0]  # no scans
+                gs.append(cur[4] - prev[5])
+                ss.append(k1[1] - k0[1])
+    g, s_ = np.array(gs, float), np.array(ss, float)
+    assert len(g) == 252 and s_.min() == 4 and s_.max() == 8
+    assert got == pytest.approx(np.sum(s_ * (g - hw.sched_block_ns)) / np.sum(s_ * s_), rel=1e-12)
+    assert 100 <= got <= 140
+    with pytest.raises(InputError, match="^fit_sm90_walk_skip: expected a trace with chunk skips"):
+        fit_sm90_walk_skip(_root(TRACES[0]), hw.sched_block_ns, hw.sched_step_ns)
+
+
+def _plan_of(t):
+    from sim.calibrate import _sm90_plan
+
+    return _sm90_plan(t).ranks[0]
+
+
 def test_fit_needs_two_block_m():
     from megamoe.errors import InputError
     from sim.calibrate import fit_sm90_traces

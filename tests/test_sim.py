@@ -230,19 +230,37 @@ def test_point_to_point_links_make_pull_order_matter():
 
 def _kernel_scheduler(tpe, epw, num_sms, sm, n1, n2, bm):
     """A line-by-line port of csrc/megamoe/scheduler.cuh (Scheduler::next: per 32-expert chunk
-    a scan of the lanes' m blocks and a ballot), counting its steps: every chunk scan but the
-    first of each call. Returns [(block, steps since the previous block)] and the steps
+    a scan of the lanes' m blocks and a ballot; in the wide-walk instance, block_m 16 and waves
+    of more than 32 experts, a chunk the index is past is skipped after one reduction in a wave
+    of more than 32 experts), counting its steps: every chunk walked but the first of each
+    call, as [scans, skips]. Returns [(block, steps since the previous block)] and the steps
     after the last one."""
     E = len(tpe)
+    wide_instance = bm == 16 and epw > 32
     wave = wave_pool = chunk = mb_before = 0
-    phase, idx, scans, out = 1, sm, 0, []
+    phase, idx, out = 1, sm, []
+    walked = []  # this call's chunks: 0 scanned, 1 skipped
+
+    def steps():
+        c = [walked.count(0), walked.count(1)]
+        if walked:
+            c[walked[0]] -= 1  # the call's first chunk is in sched_block_ns
+        return c
+
     while wave < E:
         n = n1 if phase == 1 else n2
         we = min(wave + epw, E)
         hit = None
         while chunk < we:
-            scans += 1
             mb = [-(-int(tpe[e]) // bm) if wave <= e < we else 0 for e in range(chunk, chunk + 32)]
+            if wide_instance and we - wave > 32:
+                walked.append(1)
+                if (mb_before + sum(mb)) * n <= idx:
+                    mb_before += sum(mb)
+                    chunk += 32
+                    continue
+            else:
+                walked.append(0)
             inc = np.cumsum(mb)
             lanes = [lane for lane in range(32) if (mb_before + inc[lane]) * n > idx]
             if lanes:
@@ -254,8 +272,8 @@ def _kernel_scheduler(tpe, epw, num_sms, sm, n1, n2, bm):
             mb_before += int(inc[31])
             chunk += 32
         if hit:
-            out.append((hit, scans - 1))
-            scans = 0
+            out.append((hit, steps()))
+            walked = []
             idx += num_sms
             continue
         idx -= mb_before * n
@@ -264,13 +282,16 @@ def _kernel_scheduler(tpe, epw, num_sms, sm, n1, n2, bm):
         else:
             phase, wave_pool, wave = 1, wave_pool + mb_before, we
         chunk, mb_before = wave // 32 * 32, 0
-    return out, scans - 1
+    return out, steps()
 
 
-@pytest.mark.parametrize("tokens,epw", [(1, 16), (3, 4), (40, 7), (512, 16), (300, 48), (2000, 40)])
+@pytest.mark.parametrize("tokens,epw", [(1, 16), (3, 4), (40, 7), (512, 16), (300, 48), (2000, 40),
+                                        (1, 256), (5, 100), (8, 40)])
 def test_sm90_walk_steps_follow_the_kernel_scheduler(tokens, epw):
     """sim.engine.sm90_walk_steps counts the kernel scheduler's steps between a CTA's blocks
-    (and after its last) exactly, with empty experts, empty waves and a short last wave."""
+    (and after its last) exactly, as chunk scans and chunk skips, with empty experts, empty
+    waves, a short last wave (of more than 32 experts: skips; of 32 or fewer: scans) and the
+    wide-walk instance (block_m 16, waves of more than 32 experts: 1-8 tokens here)."""
     from sim.engine import sm90_walk_steps
 
     sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=tokens, routing="zipf:1.2",
@@ -284,8 +305,10 @@ def test_sm90_walk_steps_follow_the_kernel_scheduler(tokens, epw):
         blocks = [tuple(b[:4]) for b in rp.sm_blocks(sm).tolist()]
         assert [b for b, _ in got] == blocks
         k = key[sm::S].tolist()
-        assert [s for _, s in got] == [b - a for a, b in zip([0] + k, k)]
-        assert tail == end - (k[-1] if k else 0)
+        assert [s for _, s in got] == [[b[0] - a[0], b[1] - a[1]] for a, b in zip([[0, 0]] + k, k)]
+        assert tail == (end - (k[-1] if k else 0)).tolist()
+    wide = rp.config.block_m == 16 and epw > 32
+    assert (key[:, 1].any() or end[1] > 0) == wide, (rp.config.block_m, epw)
 
 
 def _sm90_flash(tokens, **kw):
@@ -317,7 +340,7 @@ def test_sm90_block_lanes():
         mma = c.select((c["kind"] == KIND["l1_mma"]) | (c["kind"] == KIND["l2_mma"]))
         epi = c.select((c["kind"] == KIND["l1_epilogue"]) | (c["kind"] == KIND["l2_epilogue"]))
         load = p.select((p["kind"] == KIND["l1_load"]) | (p["kind"] == KIND["l2_load"]))
-        gap = hw.sched_block_ns + hw.sched_step_ns * np.diff(key[sm::S])
+        gap = hw.sched_block_ns + np.diff(key[sm::S], axis=0) @ [hw.sched_step_ns, hw.sched_skip_ns]
         assert np.allclose(mma["t_start_ns"][1:], epi["t_end_ns"][:-1] + gap)
         kb = np.where(mma["kind"] == KIND["l1_mma"], 4096 // 128, 2048 // 128)
         ring = mma["t_end_ns"] - np.minimum(st, kb) * t_k + hw.sm90_issue_kblock_ns
