@@ -58,7 +58,13 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
     import json
     from pathlib import Path
 
-    from sim.calibrate import SM90_FIT_KERNEL, SM90_FIT_PROFILE, SM90_FIT_TRACES, fit_sm90_traces, sm90_fit_sources
+    from sim.calibrate import (
+        SM90_FIT_KERNEL,
+        SM90_FIT_PROFILE,
+        SM90_FIT_TRACES,
+        fit_sm90_traces,
+        sm90_fit_sources,
+    )
 
     assert list(SM90_FIT_TRACES) == TRACES
     prof = json.loads(Path(_root(SM90_FIT_PROFILE)).read_text())
@@ -167,11 +173,17 @@ def test_sched_skip_is_the_fit_to_the_one_token_trace():
     pass of that plan (one wave of 256 experts, block_m 16) is wide, so each gap has 4-8 skips
     and no scan; ~119 ns a skip against 283 ns a scan (v8.6's 1-token trace read 670 + 225 ns per
     scan on its own)."""
+    import itertools
+
     import numpy as np
 
     from megamoe.errors import InputError
     from megamoe.trace import KIND, Trace
-    from sim.calibrate import SM90_SKIP_FIT_KERNEL, SM90_SKIP_FIT_TRACE, fit_sm90_walk_skip
+    from sim.calibrate import (
+        SM90_SKIP_FIT_KERNEL,
+        SM90_SKIP_FIT_TRACE,
+        fit_sm90_walk_skip,
+    )
     from sim.engine import sm90_walk_steps
 
     hw = load_hardware("h200")
@@ -191,7 +203,7 @@ def test_sched_skip_is_the_fit_to_the_one_token_trace():
         o = np.argsort(c["t_start_ns"], kind="stable")
         recs = list(zip(c["kind"][o].tolist(), c["expert"][o].tolist(), c["m_block"][o].tolist(),
                         c["n_block"][o].tolist(), c["t_start_ns"][o].tolist(), c["t_end_ns"][o].tolist()))
-        for prev, cur in zip(recs, recs[1:]):
+        for prev, cur in itertools.pairwise(recs):
             if cur[0] in mma and prev[0] in epi:
                 k0 = at[(1 if prev[0] == KIND["l1_epilogue"] else 2, prev[1], prev[2], prev[3])]
                 k1 = at[(1 if cur[0] == KIND["l1_mma"] else 2, cur[1], cur[2], cur[3])]
