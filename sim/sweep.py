@@ -559,7 +559,8 @@ def plot_axes(rows: list[dict], axis_names: list[str], paths: dict[str, str]) ->
         fig, ax = plt.subplots(figsize=(6, 3.6))
         numeric = all(isinstance(v, (int, float)) for v in vals)
         xs = vals if numeric else list(range(len(vals)))
-        ax.plot(xs, means, marker="o")
+        # categories (routings, policies, on / off) get markers only: no line between them
+        ax.plot(xs, means, marker="o", linestyle="-" if numeric else "none")
         if not numeric:
             ax.set_xticks(xs)
             ax.set_xticklabels([str(v) for v in vals], rotation=20, fontsize=8)

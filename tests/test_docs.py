@@ -434,3 +434,19 @@ def test_kernel_page_states_the_issue_targets_from_the_committed_runs(site: Path
     gshare = ours[64]["hbm_gbs_graph"] / d["copy_gbs_steady"]
     assert f"{100 * gshare:.1f}% at 64" in page
     assert ("faster than every peer: " + ("yes" if not slower else "no (" + ", ".join(slower) + ")")) in page
+
+
+def test_readme_kernel_table_is_the_committed_benchmark():
+    """README's measured-kernel table: each row recomputed from the committed benchmark JSON
+    (back-to-back time, TFLOP/s, weight streaming and its share of the copy measured in the same
+    run, both CUDA-graph times)."""
+    d = json.loads((ROOT / "benchmarks/results/kernel_h200_ep1_wgmma.json").read_text())
+    rows = {(r["impl"], r["tokens"]): r for r in d["rows"]}
+    readme = (ROOT / "README.md").read_text()
+    copy = d["copy_gbs_steady"]
+    assert f"copy ran at\n{copy:.0f} GB/s" in readme or f"copy ran at {copy:.0f} GB/s" in readme
+    for t in (1, 16, 64, 256, 1024, 4096, 8192):
+        o, f = rows[("megamoe_sm90", t)], rows[("flaggems_fused_experts_fp8_w8a8_block128", t)]
+        line = (f"| {t} | {o['us_steady']:.1f} | {o['tflops_steady']:.1f} | {o['hbm_gbs_steady']:.0f} "
+                f"({100 * o['hbm_gbs_steady'] / copy:.1f}%) | {o['us_graph']:.1f} | {f['us_graph']:.1f} |")
+        assert line in readme, line

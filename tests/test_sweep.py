@@ -71,6 +71,24 @@ def test_combine_relay_axis_is_on_off_in_the_outputs(tmp_path):
     assert list(pd.read_parquet(tmp_path / "results.parquet")["combine_relay"]) == ["on", "off"]
 
 
+def test_plot_joins_numeric_points_only(tmp_path, monkeypatch):
+    """A numeric axis is drawn as a line through its points; a categorical one (on / off,
+    routings, policies) as markers only, in the order the axis lists them."""
+    import matplotlib.axes
+
+    from sim.sweep import plot_axes
+
+    seen = []
+    real = matplotlib.axes.Axes.plot
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot",
+                        lambda self, *a, **k: (seen.append((list(a[0]), list(a[1]), k.get("linestyle"))), real(self, *a, **k))[1])
+    rows = [{"tokens": t, "combine_relay": c, "time_us": float(t + (1 if c == "on" else 3))}
+            for t in (1, 8) for c in ("on", "off")]
+    plot_axes(rows, ["tokens", "combine_relay"], {"tokens": str(tmp_path / "t.png"), "combine_relay": str(tmp_path / "c.png")})
+    assert seen == [([1, 8], [3.0, 10.0], "-"), ([0, 1], [5.5, 7.5], "none")]
+    assert (tmp_path / "t.png").exists() and (tmp_path / "c.png").exists()
+
+
 def test_cli_sweep_and_bad_set(tmp_path, capsys):
     assert main(["sweep", "--shape", "deepseek-v4-flash", "--ranks", "2", "--tokens", "4",
                  "--set", "reserved_sms=0,20", "--set", "policy=rank-by-rank,round-robin",
