@@ -171,6 +171,28 @@ def _block_gaps(t) -> list:
     return out
 
 
+def _mask_seen(t) -> list:
+    """For every L2 producer wait on arrival-mask bits in the trace (an idle-wait record of an L2
+    block; its ``tokens`` field is the K block waited for), how long after the later of the two
+    L1 epilogues that set those bits (L1 n blocks 2 kb and 2 kb + 1 of the same pool block) the
+    wait ended, ns.  Waits whose epilogues are not in the trace are left out."""
+    out = []
+    for r in sorted(set(t["rank"].tolist())):
+        s = t.where(rank=r)
+        e1 = s.where(kind="l1_epilogue")
+        end = {k: e for k, e in zip(zip(e1["expert"].tolist(), e1["m_block"].tolist(), e1["n_block"].tolist()),
+                                    e1["t_end_ns"].tolist())}
+        l2 = s.where(kind="l2_load")
+        l2_keys = set(zip(l2["sm"].tolist(), l2["expert"].tolist(), l2["m_block"].tolist(), l2["n_block"].tolist()))
+        w = s.where(kind="idle_wait", role="producer")
+        for sm, ex, mb, nb, kb, t_end in zip(w["sm"].tolist(), w["expert"].tolist(), w["m_block"].tolist(),
+                                              w["n_block"].tolist(), w["tokens"].tolist(), w["t_end_ns"].tolist()):
+            a, b = end.get((ex, mb, 2 * kb)), end.get((ex, mb, 2 * kb + 1))
+            if (sm, ex, mb, nb) in l2_keys and a is not None and b is not None:
+                out.append(float(t_end - max(a, b)))
+    return out
+
+
 def fit_sm90_walk_skip(path: str, sched_block_ns: float, sched_step_ns: float) -> dict:
     """``sched_skip_ns``, the scheduler's cost per chunk skipped with one warp reduction (kernel
     v8.7's wide-walk instance, :func:`megamoe.design_sm90.wide_walk`), fitted to one trace whose
@@ -345,7 +367,7 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
         rows.append({"tokens": T, "bm": int(meta["plan"]["block_m"]), "k": sm90_k_block_ns(t),
                      "once": _l1_promoted_once(t),
                      "k1": med["l1_mma"] / kb1, "k2": med["l2_mma"] / kb2,
-                     "gaps": _block_gaps(t), "epi1": med["l1_epilogue"],
+                     "gaps": _block_gaps(t), "mask_seen": _mask_seen(t), "epi1": med["l1_epilogue"],
                      "epi2": (d[t["kind"] == KIND["l2_epilogue"]], e2["tokens"].astype(float)),
                      "pull_round": _median((pull["t_end_ns"] - pull["t_start_ns"]) / np.maximum(rounds[pull["sm"]], 1)),
                      "pull_rounds": int(rounds.max()),
@@ -447,6 +469,23 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
            f"over {len(x)} gaps, each trace weighted equally (median gap {gap_pts})")
     out["sched_block_ns"] = (float(c0), how)
     out["sched_step_ns"] = (float(c1), how)
+
+    # the arrival-mask bits seen by the L2 producers after the L1 epilogues' ends: the median over
+    # the traces' waits, one figure where the release is relayed to a dispatch lane (kernel v8.1,
+    # RELAY_RELEASE) and one where the epilogue releases itself; a class without a trace keeps
+    # the base preset's figure
+    from megamoe.design_sm90 import RELAY_RELEASE
+
+    for key, relayed in (("sm90_mask_seen_ns", False), ("sm90_mask_seen_relay_ns", True)):
+        rs = [r for r in rows if RELAY_RELEASE.get(r["bm"], False) == relayed and r["mask_seen"]]
+        if rs:
+            lat = [x for r in rs for x in r["mask_seen"]]
+            per = ", ".join(f"T={r['tokens']} (block_m {r['bm']}) {_median(r['mask_seen']):.0f} ns over "
+                            f"{len(r['mask_seen'])}" for r in rs)
+            how = (f"median over {len(lat)} L2 producer waits of the time from the later of the two L1 epilogue "
+                   f"ends that set a K block's arrival-mask bits to the wait's end "
+                   f"({'relayed to a dispatch lane' if relayed else 'released by the epilogue itself'}; {per})")
+            out[key] = (_median(lat), how)
 
     # L1 epilogue: a line in block_m; the intercept is the fixed hand-off (amax reduction,
     # fence, 256-thread barrier, arrival-mask release)

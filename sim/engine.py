@@ -69,8 +69,11 @@ import simpy
 from megamoe.design_sm90 import (
     ONE_ITEM_PULL_WARPS,
     PULL_ROUND_BYTES,
+    RELAY_RELEASE,
+    SCHED_CHUNK,
     cta_item_starts,
     l1_promoted_once,
+    wide_walk,
 )
 from megamoe.errors import InputError
 from megamoe.plan import L1, Plan
@@ -261,8 +264,6 @@ def sm90_walk_steps(rp) -> tuple[np.ndarray, np.ndarray]:
         int64 ``[N, 2]`` (scans, skips) from the start to each block, and int64 ``[2]`` the same
         to the end.
     """
-    from megamoe.design_sm90 import SCHED_CHUNK, wide_walk
-
     E, epw = len(rp.tokens_per_expert), rp.experts_per_wave
     w0 = np.arange(0, E, epw)
     w1 = np.minimum(w0 + epw, E)
@@ -702,6 +703,8 @@ class _Engine:
         ready_cache = self.ready_cache[r]
         arrival, arrival_ev = self.arrival[r], self.arrival_ev[r]
         per_k_wait = plan.l2_wait == "k_block"
+        mask_seen = ((hw.sm90_mask_seen_relay_ns if RELAY_RELEASE.get(bm) else hw.sm90_mask_seen_ns)
+                     if sm90 else 0.0)
         wb_slack = hw.nvlink_latency_ns
         record = self.blocks.extend
         timeout = env.timeout
@@ -818,7 +821,8 @@ class _Engine:
                 if f > epi_end:
                     epi_end = f
                 done = l1_done[pb]
-                done[n] = epi_end
+                # SM90: the L2 producers see the arrival-mask bits this long after the epilogue
+                done[n] = epi_end + mask_seen
                 if cs == 2:
                     done[n + 1] = epi_end
                 elif cs > 2:

@@ -63,6 +63,11 @@ Figures (units in the key names):
   one step for every 32-expert chunk it scans beyond the call's first, across the passes (L1,
   L2) of the waves (``csrc/megamoe/scheduler.cuh``, :func:`sim.engine.sm90_walk_steps`); also
   after the last block, to the end of the list.
+* ``sm90_mask_seen_ns``, ``sm90_mask_seen_relay_ns`` — SM90 design: from an L1 epilogue's end
+  (its trace record) until a producer on another SM sees the block's arrival-mask bits and may
+  issue the L2 K blocks that need them: the epilogue's own fence and release add, or (kernel
+  v8.1's relay, :data:`megamoe.design_sm90.RELAY_RELEASE`, block_m 16) the hand-over to a
+  dispatch lane that fences and releases; then the producer's poll.
 * ``sched_skip_ns`` — SM90 design: a scheduler step that skips a 32-expert chunk with one
   warp reduction instead of scanning it (kernel v8.7's wide-walk instance: ``block_m`` 16 and
   waves of more than 32 experts, :func:`megamoe.design_sm90.wide_walk`).
@@ -160,6 +165,8 @@ class Hardware:
     sched_block_ns: float
     sched_step_ns: float
     sched_skip_ns: float
+    sm90_mask_seen_ns: float
+    sm90_mask_seen_relay_ns: float
     l2_epilogue_fixed_ns: float
     l2_epilogue_ep_ns: float
     combine_round_ns: float
@@ -254,6 +261,8 @@ FIGURE_RANGES: dict[str, tuple[float, float, str]] = {
     "sched_block_ns": (0.01, 10_000.0, "ns"),
     "sched_step_ns": (0.01, 10_000.0, "ns"),
     "sched_skip_ns": (0.01, 10_000.0, "ns"),
+    "sm90_mask_seen_ns": (0.0, 100_000.0, "ns"),
+    "sm90_mask_seen_relay_ns": (0.0, 100_000.0, "ns"),
     "l2_epilogue_fixed_ns": (0.01, 10_000.0, "ns"),
     "l2_epilogue_ep_ns": (0.01, 10_000.0, "ns"),
     "combine_round_ns": (0.01, 100_000.0, "ns"),

@@ -74,7 +74,8 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
                         "stage_handoff_ns",
                         "sm90_issue_kblock_ns", "sched_block_ns", "sched_step_ns", "l1_epilogue_thread_ns_per_elem", "block_overhead_ns",
                         "l2_epilogue_fixed_ns", "l2_epilogue_thread_ns_per_elem", "pull_latency_ns",
-                        "combine_round_ns", "grid_sync_ns", "sm90_count_ns", "sm90_count_item_ns"}
+                        "combine_round_ns", "grid_sync_ns", "sm90_count_ns", "sm90_count_item_ns",
+                        "sm90_mask_seen_ns", "sm90_mask_seen_relay_ns"}
     for key, (value, src) in sm90_fit_sources(fit).items():
         assert getattr(hw, key) == pytest.approx(fit[key][0], rel=2e-3, abs=0.5), key
         assert getattr(hw, key) == value and hw.sources[key] == src, key
@@ -163,6 +164,43 @@ def test_one_trace_gives_the_same_mma_fraction():
     assert got["sm90_mma_fraction"] == pytest.approx(hw.sm90_mma_fraction, rel=0.01)
     # the grid sync before the combine: last arrival (2896224 ns) to first release (2896960 ns)
     assert got["grid_sync_ns"] == 2896960 - 2896224
+
+
+def test_mask_seen_figures_are_the_medians_of_the_producers_waits():
+    """sm90_mask_seen_relay_ns / sm90_mask_seen_ns: the median, over every L2 producer wait in the
+    fit traces, of the wait's end less the later end of the two L1 epilogues whose mask bits it
+    waited for (L2 K block kb: L1 n blocks 2 kb, 2 kb + 1), pooled over the traces whose block_m
+    relays the release (64 and 512 tokens, block_m 16) and over the others (4096, block_m 128).
+    Recomputed here record by record; the medians read 1536 / 1568 ns at 64 / 512 tokens and
+    928 ns at 4096 (v8.6's traces)."""
+    import numpy as np
+
+    from megamoe.trace import KIND, ROLE, Trace
+    from sim.calibrate import fit_sm90_traces
+
+    fit = fit_sm90_traces([_root(p) for p in TRACES])
+    pooled = {True: [], False: []}
+    medians = {}
+    for p in TRACES:
+        t = Trace.load(_root(p))
+        k = t["kind"]
+        epi = {}
+        for i in np.nonzero(k == KIND["l1_epilogue"])[0]:
+            epi[(int(t["expert"][i]), int(t["m_block"][i]), int(t["n_block"][i]))] = float(t["t_end_ns"][i])
+        l2 = {(int(t["sm"][i]), int(t["expert"][i]), int(t["m_block"][i]), int(t["n_block"][i]))
+              for i in np.nonzero(k == KIND["l2_load"])[0]}
+        lat = []
+        for i in np.nonzero((k == KIND["idle_wait"]) & (t["role"] == ROLE["producer"]))[0]:
+            ex, mb, kb = int(t["expert"][i]), int(t["m_block"][i]), int(t["tokens"][i])
+            if (int(t["sm"][i]), ex, mb, int(t["n_block"][i])) in l2:
+                lat.append(float(t["t_end_ns"][i]) - max(epi[(ex, mb, 2 * kb)], epi[(ex, mb, 2 * kb + 1)]))
+        medians[int(t.meta["tokens_per_rank"][0])] = float(np.median(lat))
+        pooled[int(t.meta["plan"]["block_m"]) == 16] += lat
+    assert medians == {64: 1536.0, 512: 1568.0, 4096: 928.0}
+    assert fit["sm90_mask_seen_relay_ns"][0] == float(np.median(pooled[True])) == 1536.0
+    assert fit["sm90_mask_seen_ns"][0] == float(np.median(pooled[False])) == 928.0
+    hw = load_hardware("h200")
+    assert (hw.sm90_mask_seen_relay_ns, hw.sm90_mask_seen_ns) == (1536.0, 928.0)
 
 
 def test_sched_skip_is_the_fit_to_the_one_token_trace():

@@ -321,7 +321,8 @@ def test_sm90_block_lanes():
     epilogue; the producer starts a walk after its previous last copy issue, which comes K
     blocks x sm90_issue_kblock_ns after its first (once the block's dependency holds) or one
     issue after the consumers free the stage a ring back, min(stages, K blocks) K blocks
-    before the K loop's end, or (L2) K blocks - i issues after K block i's arrival-mask bits,
+    before the K loop's end, or (L2) K blocks - i issues after K block i's arrival-mask bits
+    (seen sm90_mask_seen_relay_ns after their L1 epilogues end: block_m 16 relays the release),
     whichever is latest; the L2 epilogue grows with block_m and with the valid rows; the
     combine takes its grid-stride rounds."""
     from sim.engine import sm90_walk_steps
@@ -333,8 +334,10 @@ def test_sm90_block_lanes():
            + hw.e2m1_decode_thread_ns_per_elem * 128 * 128 / 256 + hw.stage_handoff_ns)
     key, _ = sm90_walk_steps(rp)
     e1 = tr.where(kind="l1_epilogue")  # arrival-mask bits: L2 K block i needs L1 n blocks 2i, 2i + 1
-    mask = {(e, m, n): t for e, m, n, t in zip(e1["expert"].tolist(), e1["m_block"].tolist(), e1["n_block"].tolist(),
-                                               e1["t_end_ns"].tolist())}
+    assert bm == 16 and hw.sm90_mask_seen_relay_ns != hw.sm90_mask_seen_ns
+    mask = {(e, m, n): t + hw.sm90_mask_seen_relay_ns
+            for e, m, n, t in zip(e1["expert"].tolist(), e1["m_block"].tolist(), e1["n_block"].tolist(),
+                                  e1["t_end_ns"].tolist())}
     for sm in (0, 7, 131):
         c, p = tr.where(sm=sm, role="consumer"), tr.where(sm=sm, role="producer")
         mma = c.select((c["kind"] == KIND["l1_mma"]) | (c["kind"] == KIND["l2_mma"]))
