@@ -1011,8 +1011,7 @@ class _Engine:
         rp = plan.ranks[0]
         bm, ks = rp.config.block_m, rp.k_split
         T = rp.num_tokens
-        b = np.asarray(self.blocks, dtype=np.float64).reshape(-1, 9)
-        ids = self.block_ids[b[:, 0].astype(np.int64)] if len(b) else np.zeros((0, 9), np.int64)
+        b, ids = self._block_table()
         sel = (ids[:, 2] != L1) & (ids[:, 8] == ks - 1)  # L2 blocks that store rows (a split's last part)
         ee, sm, ex, mb, nb, vm = b[sel, 5], ids[sel, 1], ids[sel, 3], ids[sel, 4], ids[sel, 5], ids[sel, 7]
         tok = {e: rp.pool_sources(e)[:, 1] for e in np.unique(ex).tolist()}
@@ -1061,13 +1060,18 @@ class _Engine:
         self.rows.append((0, -1, ROLE["dispatch"], KIND["grid_sync"], -1, -1, -1, -1, done, end, 0, 0))
         return np.array([end]), np.array([max(0.0, last - float(self.cluster_end[0]))])
 
+    def _block_table(self) -> tuple[np.ndarray, np.ndarray]:
+        """The simulated blocks (``self.blocks``, 9 numbers each: float64 ``[N, 9]``) and their
+        ids (``self.block_ids`` rows: int32 ``[N, 9]``), as :meth:`trace` and the relay read them."""
+        b = np.asarray(self.blocks, dtype=np.float64).reshape(-1, 9)
+        return b, self.block_ids[b[:, 0].astype(np.int64)]
+
     def trace(self) -> Trace:
         rows = Trace.from_rows(np.asarray(self.rows, dtype=np.float64)) if self.rows else None
         if not self.blocks:
             return rows if rows is not None else Trace.from_rows([])
-        b = np.array(self.blocks, dtype=np.float64).reshape(-1, 9)
+        b, ids = self._block_table()
         nblk = len(b)
-        ids = self.block_ids[b[:, 0].astype(np.int64)]
         r, c, ph, e, m, n, w, vm = (ids[:, i] for i in range(8))
         ls, ms, me, es, ee, dep, first, free = (b[:, i] for i in range(1, 9))
         l1 = ph == L1

@@ -220,6 +220,7 @@ def test_sched_skip_is_the_fit_to_the_one_token_trace():
     from sim.calibrate import (
         SM90_SKIP_FIT_KERNEL,
         SM90_SKIP_FIT_TRACE,
+        _sm90_plan,
         fit_sm90_walk_skip,
     )
     from sim.engine import sm90_walk_steps
@@ -230,7 +231,7 @@ def test_sched_skip_is_the_fit_to_the_one_token_trace():
     assert SM90_SKIP_FIT_TRACE in hw.sources["sched_skip_ns"] and SM90_SKIP_FIT_KERNEL in hw.sources["sched_skip_ns"]
     assert "2026-12-03" in hw.sources["sched_skip_ns"] and how in hw.sources["sched_skip_ns"]
     t = Trace.load(_root(SM90_SKIP_FIT_TRACE))
-    rp = _plan_of(t)
+    rp = _sm90_plan(t).ranks[0]
     key, _ = sm90_walk_steps(rp)
     S = rp.num_sms
     mma, epi = (KIND["l1_mma"], KIND["l2_mma"]), (KIND["l1_epilogue"], KIND["l2_epilogue"])
@@ -254,12 +255,6 @@ def test_sched_skip_is_the_fit_to_the_one_token_trace():
     assert 100 <= got <= 140
     with pytest.raises(InputError, match="^fit_sm90_walk_skip: expected a trace with chunk skips"):
         fit_sm90_walk_skip(_root(TRACES[0]), hw.sched_block_ns, hw.sched_step_ns)
-
-
-def _plan_of(t):
-    from sim.calibrate import _sm90_plan
-
-    return _sm90_plan(t).ranks[0]
 
 
 def test_fit_needs_two_block_m():
