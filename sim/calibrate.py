@@ -342,7 +342,16 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
     """
     import numpy as np
 
-    from megamoe.design_sm90 import BLOCK_K, BLOCK_N, COMBINE_SLOTS, CONSUMER_WARPS, THREADS, block_m_for, cta_item_starts
+    from megamoe.design_sm90 import (
+        BLOCK_K,
+        BLOCK_N,
+        COMBINE_SLOTS,
+        CONSUMER_WARPS,
+        RELAY_RELEASE,
+        THREADS,
+        block_m_for,
+        cta_item_starts,
+    )
     from megamoe.trace import KIND, Trace
 
     from .engine import DISPATCH_WARPS_PER_SM
@@ -474,8 +483,6 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
     # the traces' waits, one figure where the release is relayed to a dispatch lane (kernel v8.1,
     # RELAY_RELEASE) and one where the epilogue releases itself; a class without a trace keeps
     # the base preset's figure
-    from megamoe.design_sm90 import RELAY_RELEASE
-
     for key, relayed in (("sm90_mask_seen_ns", False), ("sm90_mask_seen_relay_ns", True)):
         rs = [r for r in rows if RELAY_RELEASE.get(r["bm"], False) == relayed and r["mask_seen"]]
         if rs:
