@@ -41,7 +41,10 @@ Figures the kernel itself reveals come from its traces (no GPU needed once they 
   the remote pull's ``sim.engine.SM90_REMOTE_ROUND_TRIPS`` dependent round trips) and what an
   L2 epilogue takes with several ranks beyond the one-rank line (``l2_epilogue_ep_ns``,
   least squares in relative error; the rows' destination rank does not change it).
-* :func:`refit_h200` runs those fits on the committed EP1 traces and per-role profile, then
+* :func:`fit_tma_probe` (the copy-engine probe, ``benchmarks/device/tma_probe.cu``): a weight
+  tile's copy latency with every SM loading (``tma_latency_ns``) and the most one SM's engine
+  streamed alone (``sm_load_gbs``).
+* :func:`refit_h200` runs the probe's fit, then those fits on the committed EP1 traces and per-role profile, then
   on the committed EP2 traces, and writes the figures and their sources into
   ``sim/hardware/h200.toml`` (``python -m sim.calibrate``); ``tests/test_calibrate.py``
   checks that the file is its output.
@@ -52,6 +55,7 @@ names the device, the date and the method.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import statistics
@@ -323,7 +327,7 @@ def _line(xs, ys) -> tuple[float, float]:
 
 
 def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflops: float | None = None,
-                    base: str = "h200") -> dict:
+                    base: str = "h200", hw_overrides: dict | None = None) -> dict:
     """Fit the SM90 figures of the hardware model to kernel traces (see module docstring).
 
     Args:
@@ -333,6 +337,9 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
             the decode share of the K block.  Without it the base decode figure is kept.
         fp8_gemm_tflops: the measured FP8 GEMM rate (default: the base preset's
             ``fp8_dense_tflops x mma_efficiency``).
+        base: the preset whose other figures the fit uses (``sm_load_gbs`` for a pull chunk).
+        hw_overrides: figures of ``base`` replaced first (``refit_h200`` passes the copy-engine
+            probe's, :func:`fit_tma_probe`, so the fit uses the figures it writes beside them).
 
     Returns:
         figure name -> (value, how it was fitted: the numbers behind it).
@@ -357,7 +364,7 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
     from .engine import DISPATCH_WARPS_PER_SM
     from .hardware import load_hardware
 
-    hw = load_hardware(base)
+    hw = dataclasses.replace(load_hardware(base), **(hw_overrides or {}))
     rate = fp8_gemm_tflops or hw.fp8_dense_tflops * hw.mma_efficiency
     threads = 32 * CONSUMER_WARPS
     rows = []
@@ -793,6 +800,58 @@ def sm90_fit_sources(fit: dict, traces=SM90_FIT_TRACES, profile_path: str | None
     return out
 
 
+#: The copy-engine probe (``benchmarks/device/tma_probe.cu``, run by ``tma_probe.py`` on the lent
+#: H200) that ``tma_latency_ns`` and ``sm_load_gbs`` come from (:func:`fit_tma_probe`).
+TMA_PROBE = "benchmarks/results/tma_probe_h200.json"
+#: The stage size whose latency prices a block's first load: the weight tile of one K block
+#: (128 rows x 128 K in E2M1, 8 KiB), the largest copy of a stage.
+TMA_PROBE_LATENCY_BYTES = 8192
+
+
+def fit_tma_probe(path: str) -> dict:
+    """``tma_latency_ns`` and ``sm_load_gbs`` from the copy-engine probe's JSON.
+
+    * ``tma_latency_ns``: the median time from issue to completion of one
+      :data:`TMA_PROBE_LATENCY_BYTES` ``cp.async.bulk`` copy of fresh lines (HBM) while every SM
+      has one such copy in flight: a block's first stage, when all SMs start blocks together.
+    * ``sm_load_gbs``: the most one CTA moved alone, over the probe's one-CTA streaming rows
+      (median of five runs each; L2 or HBM, one to eight issuing warps): one SM's engine limit.
+
+    Args:
+        path: the probe's JSON (``benchmarks/device/tma_probe.py OUT.json``).
+
+    Returns:
+        figure name -> (value, source string naming the file, device, date and row).
+
+    Raises:
+        InputError: the file lacks the latency row or a one-CTA streaming row.
+    """
+    d = json.loads(open(path, encoding="utf-8").read())
+    sms = d["sms"]
+    lat = [r for r in d["latency"] if r["bytes"] == TMA_PROBE_LATENCY_BYTES and r["source"] == "hbm"
+           and r["ctas"] == sms]
+    require(len(lat) == 1, "fit_tma_probe", f"one latency row of {TMA_PROBE_LATENCY_BYTES} B from hbm on {sms} CTAs",
+            len(lat))
+    one = [r for r in d["stream"] if r["ctas"] == 1]
+    require(len(one) >= 1, "fit_tma_probe", "one-CTA streaming rows", 0)
+    best = max(one, key=lambda r: r["gbs_p50"])
+    r = lat[0]
+    where = f"measured by {d['source']} ({path}) on the lent {d['device']} {d['date']}"
+    alone = [x for x in d["latency"] if x["bytes"] == r["bytes"] and x["ctas"] == 1]
+    return {
+        "tma_latency_ns": (float(f"{r['ns_p50']:.4g}"), (
+            f"{where}: median issue-to-completion time of one {r['bytes']} B cp.async.bulk copy of fresh lines with "
+            f"each of the {sms} SMs keeping one in flight ({r['samples']} copies; p10 {r['ns_p10']:.0f} ns, p90 "
+            f"{r['ns_p90']:.0f} ns); "
+            + ", ".join(f"one CTA alone from {x['source']}: {x['ns_p50']:.0f} ns" for x in alone))),
+        "sm_load_gbs": (float(f"{best['gbs_p50']:.4g}"), (
+            f"{where}: the most one CTA streamed alone, {best['warps']} issuing warp(s) x {best['stages_per_warp']} "
+            f"copies of {best['bytes']} B in flight from {best['source']} (median of {best['runs']} runs); "
+            "one issuing warp moved " + ", ".join(f"{x['gbs_p50']:.0f}" for x in one if x["warps"] == 1)
+            + " GB/s (its issue loop, not the engine, the limit)")),
+    }
+
+
 def sm90_ep_fit_sources(fit: dict) -> dict:
     """:func:`sm90_fit_sources` for the output of :func:`fit_sm90_ep_traces` on
     :data:`SM90_EP_FIT_TRACES`."""
@@ -801,19 +860,23 @@ def sm90_ep_fit_sources(fit: dict) -> dict:
 
 
 def refit_h200(root: str | None = None, toml_path: str | None = None) -> dict:
-    """Fit the SM90 figures to the committed traces and profile (:data:`SM90_FIT_TRACES`,
-    :data:`SM90_FIT_PROFILE`), then the expert-parallel figures to the EP2 traces
+    """Read ``tma_latency_ns`` and ``sm_load_gbs`` off the copy-engine probe (:data:`TMA_PROBE`,
+    :func:`fit_tma_probe`), fit the SM90 figures to the committed traces and profile with them
+    (:data:`SM90_FIT_TRACES`, :data:`SM90_FIT_PROFILE`), then the expert-parallel figures to the EP2 traces
     (:data:`SM90_EP_FIT_TRACES`, on the L2 epilogue line just fitted, rounded as written) and
     ``sched_skip_ns`` to :data:`SM90_SKIP_FIT_TRACE` (on the scheduler line just fitted), and
     write them with their sources into the H200 preset (or ``toml_path``), leaving every other
-    line as it is.  Returns :func:`sm90_fit_sources` and :func:`sm90_ep_fit_sources` in one
-    dict."""
+    line as it is.  Returns :func:`fit_tma_probe`, :func:`sm90_fit_sources` and
+    :func:`sm90_ep_fit_sources` in one dict."""
     import re
     from pathlib import Path
 
     base = Path(root) if root else Path(__file__).resolve().parent.parent
     prof = json.loads((base / SM90_FIT_PROFILE).read_text())
-    fit = sm90_fit_sources(fit_sm90_traces([str(base / p) for p in SM90_FIT_TRACES], prof))
+    probe = fit_tma_probe(str(base / TMA_PROBE))
+    fit = dict(probe)
+    fit.update(sm90_fit_sources(fit_sm90_traces([str(base / p) for p in SM90_FIT_TRACES], prof,
+                                                hw_overrides={k: v for k, (v, _) in probe.items()})))
     ep = fit_sm90_ep_traces([str(base / p) for p in SM90_EP_FIT_TRACES], fit["l2_epilogue_fixed_ns"][0],
                             fit["l2_epilogue_thread_ns_per_elem"][0])
     fit.update(sm90_ep_fit_sources(ep))

@@ -669,7 +669,8 @@ class _Engine:
         # split-K (a what-if, RankPlan.blocks): a row runs 1 / ks of its GEMM's K blocks; the
         # last part's CTA waits for the others' partial sums (each stored by its CTA after its
         # K loop and loaded after it: one memory round trip plus the bytes at one SM's load
-        # rate each way, an estimate from tma_latency_ns and sm_load_gbs, not measured)
+        # rate each way, priced from tma_latency_ns and sm_load_gbs (on the H200 both measured by
+        # the copy-engine probe); the exchange itself is not measured)
         ks = rp.k_split
         kb1, kb2 = H // bk // ks, I // bk // ks
         kb2_all = I // bk
@@ -999,8 +1000,8 @@ class _Engine:
         3, each 32-row chunk after the first of a warp adds two more round trips), and no less
         than the HBM calendar takes for the slices' valid rows and outputs. The call ends one
         round trip after the later of the last request and the last CTA (its add to the done
-        count). These prices are the model's, from ``tma_latency_ns`` (an estimate, not a fit),
-        and optimistic: a kernel form of the relay on the H200 took 2.2-9.3 us per request, slowed
+        count). These prices are the model's, from ``tma_latency_ns`` (on the H200 the copy engine's
+        latency measured by ``benchmarks/device/tma_probe.cu``, not a fit to the relay), and optimistic: a kernel form of the relay on the H200 took 2.2-9.3 us per request, slowed
         the K loops and ran 1.04-1.11x the time of the kernel without it (benchmarks/NOTES.md,
         thirty-first session), which the model does not reproduce.
 

@@ -12,6 +12,8 @@ Figures (units in the key names):
   fraction of it a block-scaled FP8xFP4 K loop sustains.
 * ``hbm_gbs`` — HBM bandwidth (GB/s, bytes read + written); ``hbm_efficiency``.
 * ``sm_load_gbs`` — most one SM's TMA engine moves per second.
+* ``tma_latency_ns`` — issue to completion of one stage's bulk copy from HBM (a block's first
+  stage; the ring's Little's-law bound on the load rate).
 * ``nvlink_gbs_per_direction`` — NVLink bandwidth of one GPU in one direction (all links);
   ``nvlink_efficiency``; ``nvlink_latency_ns`` — one remote access round trip (the SM90 EP
   pull pays it per dependent remote load on top of the local pull, so where it is fitted to
@@ -19,7 +21,7 @@ Figures (units in the key names):
 * ``nvlink_peer_gbs`` — most one directed GPU pair can carry (equal to the port through a
   switch; a fraction of it with point-to-point links).
 * ``launch_ns``, ``grid_sync_ns``, ``nvl_barrier_ns``, ``atomic_same_address_ns``,
-  ``tma_latency_ns``, ``pull_latency_ns``
+  ``pull_latency_ns``
 * ``l1_epilogue_thread_ns_per_elem``, ``l2_epilogue_thread_ns_per_elem`` — epilogue cost per
   accumulator element per epilogue thread.
 * ``block_overhead_ns`` — fixed cost of one block hand-off (scheduler step, barrier phase

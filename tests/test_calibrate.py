@@ -257,6 +257,50 @@ def test_sched_skip_is_the_fit_to_the_one_token_trace():
         fit_sm90_walk_skip(_root(TRACES[0]), hw.sched_block_ns, hw.sched_step_ns)
 
 
+def test_tma_figures_are_the_copy_engine_probe():
+    """tma_latency_ns and sm_load_gbs are read off the committed probe run
+    (benchmarks/results/tma_probe_h200.json, benchmarks/device/tma_probe.cu on the lent H200):
+    the 8 KiB copy from HBM with all 132 SMs loading, and the best one-CTA stream."""
+    import json
+    from pathlib import Path
+
+    from sim.calibrate import TMA_PROBE, fit_tma_probe
+
+    d = json.loads(Path(_root(TMA_PROBE)).read_text())
+    hw = load_hardware("h200")
+    (row,) = [r for r in d["latency"] if (r["bytes"], r["source"], r["ctas"]) == (8192, "hbm", 132)]
+    # the same median in SM cycles over the cycles per ns the kernel read: 1416 / 1.9776 = 716.0 ns
+    assert row["ns_p50"] == pytest.approx(row["cycles_p50"] / row["cycles_per_ns"], abs=0.1)
+    assert hw.tma_latency_ns == pytest.approx(row["cycles_p50"] / row["cycles_per_ns"], rel=2e-3)
+    # an L2 hit is shorter than a fresh line, and one CTA alone waits less than 132 together
+    alone = {(r["source"], r["ctas"]): r["ns_p50"] for r in d["latency"] if r["bytes"] == 8192}
+    assert alone[("l2", 132)] < alone[("hbm", 1)] < alone[("hbm", 132)]
+    # one CTA: four issuing warps with 2 x 16 KiB each from L2 moved 189.3 GB/s, the most of the
+    # one-CTA rows; one issuing warp is bound by its loop (58.8 GB/s in 8 KiB copies, 117 in 16 KiB)
+    one = [r for r in d["stream"] if r["ctas"] == 1]
+    assert hw.sm_load_gbs == max(r["gbs_p50"] for r in one) == 189.3
+    assert all(r["gbs_p50"] < hw.sm_load_gbs / 1.5 for r in one if r["warps"] == 1)
+    fit = fit_tma_probe(_root(TMA_PROBE))
+    for key in ("tma_latency_ns", "sm_load_gbs"):
+        assert (getattr(hw, key), hw.sources[key]) == fit[key]
+        assert "tma_probe.cu" in hw.sources[key] and d["date"] in hw.sources[key]
+
+
+def test_tma_probe_without_the_latency_row_is_a_clean_error(tmp_path):
+    import json
+    from pathlib import Path
+
+    from megamoe.errors import InputError
+    from sim.calibrate import TMA_PROBE, fit_tma_probe
+
+    d = json.loads(Path(_root(TMA_PROBE)).read_text())
+    d["latency"] = [r for r in d["latency"] if r["ctas"] == 1]
+    p = tmp_path / "probe.json"
+    p.write_text(json.dumps(d))
+    with pytest.raises(InputError, match="^fit_tma_probe: expected one latency row of 8192 B from hbm on 132 CTAs, got 0"):
+        fit_tma_probe(str(p))
+
+
 def test_fit_needs_two_block_m():
     from megamoe.errors import InputError
     from sim.calibrate import fit_sm90_traces
