@@ -826,7 +826,9 @@ def fit_tma_probe(path: str) -> dict:
     Raises:
         InputError: the file lacks the latency row or a one-CTA streaming row.
     """
-    d = json.loads(open(path, encoding="utf-8").read())
+    from pathlib import Path
+
+    d = json.loads(Path(path).read_text(encoding="utf-8"))
     sms = d["sms"]
     lat = [r for r in d["latency"] if r["bytes"] == TMA_PROBE_LATENCY_BYTES and r["source"] == "hbm"
            and r["ctas"] == sms]

@@ -98,6 +98,18 @@ def test_site_built(site: Path):
 
 
 
+def test_validation_page_has_the_copy_engine_probe(site: Path):
+    """The copy-engine probe's tables come from its committed JSON: the 8 KiB copy with every SM
+    loading (the model's tma_latency_ns) and the all-SM HBM stream."""
+    probe = json.loads((ROOT / "benchmarks/results/tma_probe_h200.json").read_text())
+    val = (site / "simulator/validation/index.html").read_text()
+    (r,) = [r for r in probe["latency"] if (r["bytes"], r["source"], r["ctas"]) == (8192, "hbm", probe["sms"])]
+    tr = next(ln for ln in val.split("<tr>") if "<td>8,192</td>" in ln)
+    assert f">{r['ns_p50']:.0f} ({r['ns_p10']:.0f}-{r['ns_p90']:.0f})</td>" in tr, tr
+    best = max(x["gbs_p50"] for x in probe["stream"] if x["ctas"] == probe["sms"])
+    assert f">{best:,.1f}</td>" in val
+
+
 @pytest.mark.parametrize("session,name,row_text", [
     ("s13", "3_early_full_stage_test", "Test the next stage"),
     ("s14", "3_release_after_next_wait", "v7.2 releasing each block_m 128 stage")])

@@ -31,9 +31,9 @@ def main(argv: list[str]) -> int:
         subprocess.run(["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-o", str(exe),
                         str(HERE / "tma_probe.cu")], check=True)
         clocks = subprocess.run(["nvidia-smi", "--query-gpu=name,clocks.sm,clocks.max.sm", "--format=csv,noheader"],
-                                capture_output=True, text=True).stdout.strip()
+                                capture_output=True, text=True, check=False).stdout.strip()
         res = json.loads(subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout)
-    nvcc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    nvcc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
     res.update(date=datetime.date.today().isoformat(), nvcc=nvcc, nvidia_smi_before=clocks,
                source="benchmarks/device/tma_probe.cu")
     print(f"{res['device']}, {res['sms']} SMs; nvidia-smi before: {clocks}")

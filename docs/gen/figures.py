@@ -1169,6 +1169,25 @@ class Gen:
                        krows, "lrrrrrrrrr"))
         self.snippets["wgmma_model"] = fit_md + "\n\n" + kern_md
 
+    def tma_probe(self) -> None:
+        """The copy-engine probe on the H200 (``benchmarks/results/tma_probe_h200.json``, from
+        ``benchmarks/device/tma_probe.py``): copy latency and streaming rates."""
+        d = json.loads((ROOT / "benchmarks" / "results" / "tma_probe_h200.json").read_text())
+        lat = {(r["bytes"], r["source"], r["ctas"]): r for r in d["latency"]}
+        sizes = sorted({r["bytes"] for r in d["latency"]})
+        cols = [("hbm", 1), ("l2", 1), ("hbm", d["sms"]), ("l2", d["sms"])]
+        head = ["bytes per copy"] + [f"{'HBM' if s == 'hbm' else 'L2'}, {c} CTA{'s' if c > 1 else ''}" for s, c in cols]
+        rows = [[f"{b:,}"] + [f"{lat[b, s, c]['ns_p50']:.0f} ({lat[b, s, c]['ns_p10']:.0f}-{lat[b, s, c]['ns_p90']:.0f})"
+                              for s, c in cols] for b in sizes]
+        srows = [[r["ctas"], r["warps"], r["stages_per_warp"], f"{r['bytes']:,}", "HBM" if r["source"] == "hbm" else "L2",
+                  f"{r['gbs_p50']:,.1f}"] for r in d["stream"]]
+        self.snippets["tma_probe"] = (
+            f"{d['device']}, {d['date']} (`{d['source']}`): one copy's latency, issue to completion, ns, median "
+            f"(p10-p90) of {d['copies_per_sample']} copies per CTA:\n\n" + _md_table(head, rows, "lrrrr")
+            + "\n\nStreaming: each issuing warp keeps its copies in flight, GB/s, median of five runs:\n\n"
+            + _md_table(["CTAs", "issuing warps", "copies in flight per warp", "bytes per copy", "from", "GB/s"],
+                        srows, "rrrrlr"))
+
     def hardware_table(self) -> None:
         import tomllib
 
@@ -1214,7 +1233,7 @@ class Gen:
             self._tmp = tmp
             for name in ("timeline", "stage_gantt", "barrier_fig", "plotly_timeline", "utilization_regions", "wave_map",
                          "pull_order_fig", "moe_align", "buffer_layout", "warp_roles", "numerics_fig",
-                         "weight_layout_fig", "sm100_vs_sm90", "whatif", "policies_whatif", "studies", "h200_compare", "validation", "hardware_table", "cli_help", "kernel_status",
+                         "weight_layout_fig", "sm100_vs_sm90", "whatif", "policies_whatif", "studies", "h200_compare", "validation", "tma_probe", "hardware_table", "cli_help", "kernel_status",
                          "kernel_experiments", "wgmma_model"):
                 if name in WORKER_FIGURES and hasattr(self, "_worker_figs"):
                     continue  # made by the worker process, collected below
