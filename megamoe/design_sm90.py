@@ -89,6 +89,14 @@ L1_X_FOLD_K = {16: 64, 32: 64, 64: 64, 128: 128}
 #: +4..+7% at 64 / 256 tokens on the H200; benchmarks/NOTES_kernel.md). The H200's
 #: ``combine_round_ns`` is fitted to the batched combine (sim.calibrate).
 COMBINE_SLOTS = {16: 1, 32: 4, 64: 4, 128: 4}
+#: The combine's slot loads in flight per thread in the wide instance (:func:`wide_walk`; kernel
+#: v8.8; ``kCombineSlotsWide`` in ``csrc/megamoe/roles_shared.cuh``,
+#: ``megamoe_sm90_combine_slots_wide``): up to this many slots of a token loaded at once, with
+#: their top-k indices (the rows of masked slots read and not added), one round trip per token.
+#: Measured on the H200 against v8.7 (CUPTI kernel time, 8 crossover rounds): 0.982 / 0.987 /
+#: 0.987 at 1 / 4 / 12 tokens, 1.000 at 16 (the same SASS there; benchmarks/NOTES_kernel.md,
+#: session 33).
+COMBINE_SLOTS_WIDE = 8
 
 #: Whether the L1 epilogue's GPU-scope release of its arrival-mask bit is relayed to a dispatch
 #: lane (idle once it has pulled every row) instead of made by a consumer thread, per block_m

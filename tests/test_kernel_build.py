@@ -176,6 +176,7 @@ def test_build_sm90a_and_resources():
     assert lib.megamoe_sm90_l1_x_fold_k(48) == -1
     assert {bm: lib.megamoe_sm90_combine_slots(bm) for bm in d.BLOCK_MS} == d.COMBINE_SLOTS
     assert lib.megamoe_sm90_combine_slots(48) == -1
+    assert lib.megamoe_sm90_combine_slots_wide() == d.COMBINE_SLOTS_WIDE
     assert {bm: bool(lib.megamoe_sm90_relay_release(bm)) for bm in d.BLOCK_MS} == d.RELAY_RELEASE
     assert lib.megamoe_sm90_relay_release(48) == -1
     assert {(bm, w): lib.megamoe_sm90_wide_walk(bm, w) for bm in d.BLOCK_MS for w in (1, 32, 33, 256)} == \

@@ -103,6 +103,25 @@ def test_v4_flash_zipf_masked():
     _check(FLASH, 512, routing="zipf", mask_frac=0.1)
 
 
+def test_wide_instance_skips_the_stale_rows_of_masked_slots():
+    """At 12 tokens (V4-Flash) the launch runs the wide instance (design_sm90.wide_walk), whose
+    combine loads every slot's row before it knows the slot's index (kernel v8.8): the rows of
+    masked slots hold the previous call's values and must not be added. The first call, with no
+    slot masked, leaves a row in every slot; the second masks 30%; both bit for bit against the
+    reference (in _check)."""
+    from megamoe.design_sm90 import COMBINE_SLOTS_WIDE, wide_walk
+
+    k, _, _ = _check(FLASH, 12, seed=21)
+    assert wide_walk(k.last_design.block_m, k.last_design.experts_per_wave)
+    assert COMBINE_SLOTS_WIDE >= FLASH["K"]  # one round of loads covers a token's slots
+    _, (x, xs, idx, tw), _ = _check(FLASH, 12, mask_frac=0.3, seed=22)
+    assert bool((idx < 0).any())
+    # every slot masked: each token sums to zero, whatever its slots' stale rows hold
+    y = k(x, xs, idx.clone().fill_(-1), tw)
+    k.check()
+    assert bool((y.float() == 0).all())
+
+
 @pytest.mark.parametrize("shape,T,block_m", [(TINY, 33, None), (FLASH, 1, None), (FLASH, 128, None),
                                              (TINY, 200, 128)])
 def test_l2_pool_matches_reference(shape, T, block_m):

@@ -960,7 +960,9 @@ __global__ void __launch_bounds__(kThreads, 1) megamoe_sm90_kernel(const __grid_
     if (warp < 8) setmaxnreg_inc<kRegsEven>();
 
     // Grid sync (EP: NVLink barrier 2), then combine and clean up (roles_shared.cuh).
-    combine_and_clean<BM>(p, kThreads);
+    // (the wide instance, 1-12 tokens: every slot of a token loaded at once, kernel v8.8)
+    if constexpr (WIDE) combine_and_clean<BM, kCombineSlotsWide>(p, kThreads);
+    else combine_and_clean<BM>(p, kThreads);
 }
 
 }  // namespace megamoe
@@ -1058,6 +1060,12 @@ int megamoe_sm90_combine_slots(int block_m) {
         default: return -1;
     }
 }
+
+// The combine's slot loads in flight per thread in the wide instance (kCombineSlotsWide, kernel
+// v8.8; mirrored by megamoe.design_sm90.COMBINE_SLOTS_WIDE): a token's slots and their top-k
+// indices loaded at once. Measured on the H200: 0.982x v8.7's kernel time at 1 token, 0.987 at 4
+// and 12 (benchmarks/NOTES_kernel.md, session 33).
+int megamoe_sm90_combine_slots_wide(void) { return megamoe::kCombineSlotsWide; }
 
 // Whether the L1 epilogue's mask release is relayed to a dispatch lane at this block_m
 // (relay_release, kernel v8.1; mirrored by megamoe.design_sm90.RELAY_RELEASE): 1 or 0; -1 for

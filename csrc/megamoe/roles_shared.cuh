@@ -473,7 +473,14 @@ __device__ __forceinline__ void add_bf16x8(float* acc, const uint4& raw) {
 // barrier 2, every rank's L2 rows are in their source ranks' combine buffers), then sum the
 // valid slots of each token in FP32 (slot order), BF16 out; then zero the counters so the
 // next call starts clean (every reader finished before the barrier).
-template <int BM>
+// The SM90 kernel's wide instance (1-12 tokens on V4-Flash, kernel v8.8): a token's slots, up to
+// this many, loaded at once with their top-k indices, the rows of masked slots included (they lie
+// inside the combine buffer; read, not added): one round trip per token instead of an index and
+// then a row per slot. In that instance of its own the loop leaves the other instances' K loops
+// as they were (the shared block_m 16 one is why combine_slots<16>() is 1). Measured on the H200:
+// 0.982 / 0.987 / 0.987x v8.7's kernel time at 1 / 4 / 12 tokens (benchmarks/NOTES_kernel.md).
+constexpr int kCombineSlotsWide = 8;
+template <int BM, int SLOTS = combine_slots<BM>()>
 __device__ void combine_and_clean(const Params& p, int threads) {
     const bool trace = p.trace_cap > 0 && threadIdx.x == 0;
     const bool ep = p.num_ranks > 1;
@@ -496,7 +503,7 @@ __device__ void combine_and_clean(const Params& p, int threads) {
     const size_t nvec = (size_t)T * (H / 8);
     // Each thread sums 8 channels (one 16-byte vector) of a token per step, grid-stride, over
     // its valid slots in slot order; combine_slots<BM>() of them are loaded at a time.
-    constexpr int kSlots = combine_slots<BM>();
+    constexpr int kSlots = SLOTS;
     for (size_t v = (size_t)blockIdx.x * threads + threadIdx.x; v < nvec; v += (size_t)gridDim.x * threads) {
         const int t = (int)(v / (H / 8));
         const int hv = (int)(v % (H / 8));
@@ -507,6 +514,23 @@ __device__ void combine_and_clean(const Params& p, int threads) {
             for (int k = 0; k < K; ++k) {
                 if (__ldg(p.topk_idx + (size_t)t * K + k) < 0) continue;
                 add_bf16x8(acc, combine_vec(p, k, t, H, hv));
+            }
+        } else if constexpr (kSlots == kCombineSlotsWide) {
+            for (int k0 = 0; k0 < K; k0 += kSlots) {
+                uint4 raw[kSlots];
+                int idx[kSlots];
+                #pragma unroll
+                for (int u = 0; u < kSlots; ++u) {
+                    const int k = k0 + u;
+                    idx[u] = -1;
+                    if (k < K) {
+                        idx[u] = __ldg(p.topk_idx + (size_t)t * K + k);
+                        raw[u] = combine_vec(p, k, t, H, hv);
+                    }
+                }
+                #pragma unroll
+                for (int u = 0; u < kSlots; ++u)
+                    if (idx[u] >= 0) add_bf16x8(acc, raw[u]);
             }
         } else {
             for (int k0 = 0; k0 < K; k0 += kSlots) {
