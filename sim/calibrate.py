@@ -752,11 +752,13 @@ SM90_FIT_KERNEL = ("FP8 WGMMA v8.6 (TMA loads, E2M1 decoded into WGMMA registers
                    "warps at block_m 16, build 94b176d2)")
 SM90_PROFILE_KERNEL = "FP8 WGMMA v8.6 kernel (its profile instance)"
 #: The committed trace ``sched_skip_ns`` is fitted to (:func:`fit_sm90_walk_skip`): 1 token, the
-#: only traced size whose plan runs the wide walk (block_m 16, one wave of 256 experts). Kernel
-#: v8.7 is v8.6 plus that instance; its other instances are v8.6's SASS (equal digests), so
-#: v8.6's traces at 16-8192 tokens stand for it (benchmarks/NOTES_kernel.md, session 32).
+#: only traced size whose plan runs the wide walk (block_m 16, one wave of 256 experts). Kernels
+#: v8.7 and v8.8 are v8.6 plus that instance (v8.8: its combine loads a token's slots at once); their
+#: other instances are v8.6's SASS (equal digests), so v8.6's traces at 16-8192 tokens stand for
+#: them (benchmarks/NOTES_kernel.md, sessions 32-33).
 SM90_SKIP_FIT_TRACE = "benchmarks/traces/kernel_flash_ep1_t1.npz"
-SM90_SKIP_FIT_KERNEL = "FP8 WGMMA v8.7 (v8.6 plus the wide-walk instance at block_m 16, build c3569a4e)"
+SM90_SKIP_FIT_KERNEL = ("FP8 WGMMA v8.8 (v8.6 plus the wide-walk instance at block_m 16 (v8.7), whose combine loads a "
+                        "token's slots at once, build 6c561230)")
 SM90_SKIP_FIT_DATE = "2026-12-03"
 #: The kernel and day of the EP2 traces: v6.4's (the two-GPU machine was not lent in the
 #: sessions that re-recorded the EP1 traces on v6.5-v6.7 and v7-v7.2; those changed the consumers'

@@ -204,13 +204,13 @@ def test_mask_seen_figures_are_the_medians_of_the_producers_waits():
 
 
 def test_sched_skip_is_the_fit_to_the_one_token_trace():
-    """sched_skip_ns (kernel v8.7's wide walk): the preset holds what fit_sm90_walk_skip gives on
+    """sched_skip_ns (the wide walk, kernel v8.7 on): the preset holds what fit_sm90_walk_skip gives on
     the committed 1-token trace, on the preset's scheduler line; checked against the gaps read
     from the trace directly (each consumer MMA record after an epilogue record of the same SM)
     and the closed form of least squares through the origin, sum(s (g - b)) / sum(s^2). Every
     pass of that plan (one wave of 256 experts, block_m 16) is wide, so each gap has 4-8 skips
-    and no scan; ~119 ns a skip against 283 ns a scan (v8.6's 1-token trace read 670 + 225 ns per
-    scan on its own)."""
+    and no scan; ~106 ns a skip against 283 ns a scan (v8.8's trace; v8.7's read ~119 ns, v8.6's
+    1-token trace 670 + 225 ns per scan on its own)."""
     import itertools
 
     import numpy as np
