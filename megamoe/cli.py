@@ -565,7 +565,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "policy, launch_skew_us, nvlink_scale, hbm_scale, ... with a,b,c or start:stop[:step]; shapes are "
                         "separated by ';' when one is a custom E,k,H,I; repeatable")
     w.add_argument("--out", type=_out_dir, default="sweep-out",
-                   help="output folder (default %(default)s; made once a point is valid)")
+                   help="output folder (default %(default)s; made once a point is valid): points.jsonl (the resume "
+                        "log), results.csv, results.parquet and one PNG per swept axis")
     w.add_argument("--jobs", type=_positive, default=None,
                    help="local worker processes, at most 4 x the CPUs (default: the CPUs; none with --address)")
     w.add_argument("--no-resume", action="store_true",
