@@ -810,7 +810,7 @@ TMA_PROBE = "benchmarks/results/tma_probe_h200.json"
 TMA_PROBE_LATENCY_BYTES = 8192
 
 
-def fit_tma_probe(path: str) -> dict:
+def fit_tma_probe(path: str, label: str | None = None) -> dict:
     """``tma_latency_ns`` and ``sm_load_gbs`` from the copy-engine probe's JSON.
 
     * ``tma_latency_ns``: the median time from issue to completion of one
@@ -821,6 +821,9 @@ def fit_tma_probe(path: str) -> dict:
 
     Args:
         path: the probe's JSON (``benchmarks/device/tma_probe.py OUT.json``).
+        label: how the sources name the file (default ``path``; :func:`refit_h200` passes
+            :data:`TMA_PROBE`, the path from the repository root, so the preset does not depend on
+            where the checkout lies).
 
     Returns:
         figure name -> (value, source string naming the file, device, date and row).
@@ -840,7 +843,7 @@ def fit_tma_probe(path: str) -> dict:
     require(len(one) >= 1, "fit_tma_probe", "one-CTA streaming rows", 0)
     best = max(one, key=lambda r: r["gbs_p50"])
     r = lat[0]
-    where = f"measured by {d['source']} ({path}) on the lent {d['device']} {d['date']}"
+    where = f"measured by {d['source']} ({label or path}) on the lent {d['device']} {d['date']}"
     alone = [x for x in d["latency"] if x["bytes"] == r["bytes"] and x["ctas"] == 1]
     return {
         "tma_latency_ns": (float(f"{r['ns_p50']:.4g}"), (
@@ -877,7 +880,7 @@ def refit_h200(root: str | None = None, toml_path: str | None = None) -> dict:
 
     base = Path(root) if root else Path(__file__).resolve().parent.parent
     prof = json.loads((base / SM90_FIT_PROFILE).read_text())
-    probe = fit_tma_probe(str(base / TMA_PROBE))
+    probe = fit_tma_probe(str(base / TMA_PROBE), label=TMA_PROBE)
     fit = dict(probe)
     fit.update(sm90_fit_sources(fit_sm90_traces([str(base / p) for p in SM90_FIT_TRACES], prof,
                                                 hw_overrides={k: v for k, (v, _) in probe.items()})))

@@ -280,10 +280,11 @@ def test_tma_figures_are_the_copy_engine_probe():
     one = [r for r in d["stream"] if r["ctas"] == 1]
     assert hw.sm_load_gbs == max(r["gbs_p50"] for r in one) == 189.3
     assert all(r["gbs_p50"] < hw.sm_load_gbs / 1.5 for r in one if r["warps"] == 1)
-    fit = fit_tma_probe(_root(TMA_PROBE))
+    fit = fit_tma_probe(_root(TMA_PROBE), label=TMA_PROBE)
     for key in ("tma_latency_ns", "sm_load_gbs"):
         assert (getattr(hw, key), hw.sources[key]) == fit[key]
         assert "tma_probe.cu" in hw.sources[key] and d["date"] in hw.sources[key]
+        assert f"({TMA_PROBE})" in hw.sources[key] and "/work/" not in hw.sources[key]  # no checkout path
 
 
 def test_tma_probe_without_the_latency_row_is_a_clean_error(tmp_path):
