@@ -287,8 +287,11 @@ def build(arch: str = "sm_90a", force: bool = False, strict: bool = False, verbo
         logf.write_text(log)
         r = _result(out, arch, False, log)
     if verbose:
-        for k, v in sorted((*r.resources.items(), *r.device_functions.items())):
+        for k, v in sorted(r.resources.items()):
             print(f"{arch} {k}: {v['registers']} registers, {v['stack']} B stack, "
+                  f"{v['spill_stores']} B spill stores, {v['spill_loads']} B spill loads")
+        for k, v in sorted(r.device_functions.items()):  # out-of-line (__noinline__) functions: no register count
+            print(f"{arch} device function {k}: {v['stack']} B stack, "
                   f"{v['spill_stores']} B spill stores, {v['spill_loads']} B spill loads")
     if strict and r.max_spill() > SPILL_LIMIT_BYTES:
         raise KernelBuildError(f"register spills over {SPILL_LIMIT_BYTES} B: {r.resources}")
