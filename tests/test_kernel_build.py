@@ -417,6 +417,48 @@ def test_ab_interleaved_rejects_bad_arguments_before_any_gpu_work(tmp_path, extr
     assert re.match(rf"ab_interleaved.py: error: ({field}): expected", last), last
 
 
+def test_sanitizer_launches_cover_the_ring_wrap_and_the_wide_instance(tmp_path):
+    """benchmarks/device/sanitize_small.py: ``small`` keeps every CTA within one pass of the stage
+    ring (racecheck there never sees a stage reused), ``ring`` wraps it several times over, and
+    ``wide`` runs the wide instance and wraps it too (the racecheck hazards of session 33 need a
+    reused stage). The K blocks per CTA come from the plan's block order (megamoe.kernel.schedule)
+    on a routing drawn like the script's (seeded, on the CPU here; the bounds for ``small`` and
+    ``ring`` hold for any draw, by counting, ``wide``'s for this one: on the H200 its launch showed
+    the hazards). A bad case name or no GPU is a one-line error, exit 2."""
+    import importlib.util
+
+    torch = pytest.importorskip("torch")
+    from megamoe.kernel.check import make_inputs
+    from megamoe.kernel.schedule import block_sequence
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "device" / "sanitize_small.py"
+    spec = importlib.util.spec_from_file_location("sanitize_small", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert set(mod.CASES) == {"small", "wide", "ring"}
+    most = {}
+    for name, (E, K, H, I, T, opts, _) in mod.CASES.items():
+        des = d.design_for(T, H, I, E, K, **opts)
+        _, _, idx, _ = make_inputs(T, E, K, H, "cpu", seed=3)
+        counts = torch.bincount(idx[idx >= 0].long(), minlength=E).tolist()
+        seq = block_sequence(counts, des.block_m, 2 * I // 128, H // 128, des.experts_per_wave, des.num_sms)
+        kb = [sum(H // 128 if ph == 1 else I // 128 for ph, *_ in blocks) for blocks in seq.values()]
+        most[name] = (max(kb), des.num_stages, d.wide_walk(des.block_m, des.experts_per_wave))
+    # small: at most 8 experts x (2 L1 n blocks x 2 K blocks + 2 L2 n blocks x 1) = 48 K blocks
+    # over 4 CTAs, one m block each: 12 per CTA, within 16 stages
+    assert most["small"][0] <= most["small"][1] and not most["small"][2]
+    # ring: 128 items on 8 experts (at least one m block each): >= 8 x (2 x 8 + 8 x 1) / 2 = 96
+    assert most["ring"][0] >= 96 > 2 * most["ring"][1] and not most["ring"][2]
+    assert most["wide"][0] > most["wide"][1] and most["wide"][2], most
+    assert re.match(r"sanitize_small.py: error: CASE: expected small, wide, ring, got nosuch$",
+                    _device_script_error(tmp_path, "sanitize_small.py", "nosuch", "small"))
+    from megamoe.kernel import cuda_available
+
+    if not cuda_available():
+        assert _device_script_error(tmp_path, "sanitize_small.py", "small") == (
+            "sanitize_small.py: error: device: expected a CUDA GPU with sm_90+ visible to torch, got none")
+
+
 def _device_script_error(tmp_path, script, *args) -> str:
     """Run ``benchmarks/device/<script> args``: it must exit 2 with one line on stderr (no usage
     dump, no traceback: megamoe.errors.OneLineArgumentParser) and without writing

@@ -2,7 +2,7 @@
 
 Cases (all by default, or the names given): ``small`` (8 experts, 5 tokens: every SM's K blocks
 fit the stage ring once), ``wide`` (64 experts in one wave: the wide instance, design_sm90.wide_walk,
-with a masked slot) and ``ring`` (8 experts, H 1024, 64 tokens on 2 SMs: ~100 K blocks per SM, so
+with a masked slot) and ``ring`` (8 experts, H 1024, 64 tokens on 2 SMs: ~130 K blocks per SM, so
 every stage is refilled several times after the consumers release it).
 Usage (GPU): compute-sanitizer --tool racecheck python3 benchmarks/device/sanitize_small.py [CASE ...]"""
 import sys
@@ -43,6 +43,15 @@ def run(name: str) -> bool:
 
 
 if __name__ == "__main__":
-    names = sys.argv[1:] or list(CASES)
+    from megamoe.errors import OneLineArgumentParser
+    from megamoe.kernel import cuda_available
+
+    ap = OneLineArgumentParser(description="small launches of the SM90 kernel for compute-sanitizer")
+    ap.add_argument("cases", nargs="*", metavar="CASE", help=f"cases to run: {', '.join(CASES)} (default: all)")
+    names = ap.parse_args().cases or list(CASES)
+    if bad := [n for n in names if n not in CASES]:
+        ap.error(f"CASE: expected {', '.join(CASES)}, got {', '.join(bad)}")
+    if not cuda_available():
+        ap.error("device: expected a CUDA GPU with sm_90+ visible to torch, got none")
     results = [run(n) for n in names]  # every case runs, also after a failed one
     sys.exit(0 if all(results) else 1)
