@@ -141,6 +141,20 @@ def wide_walk(block_m: int, experts_per_wave: int) -> bool:
     return block_m == 16 and experts_per_wave > SCHED_CHUNK
 
 
+def local_count(block_m: int, experts_per_wave: int, num_ranks: int) -> bool:
+    """Whether the EP1 dispatch counts every item in every CTA, with no count barrier (kernel
+    v8.9; ``dispatch_pull``'s ``LOCAL`` in ``csrc/megamoe/roles_shared.cuh``,
+    ``megamoe_sm90_local_count``): the wide instance (:func:`wide_walk`, 1-12 tokens on
+    V4-Flash) at one rank.  Each CTA's 128 dispatch threads count all ``T k`` items with
+    shared-memory atomics, CTA 0 hands the totals to the schedulers, and an item's pool row is
+    its rank among its expert's items in item order.  Elsewhere each CTA counts its share of
+    the items, adds it to per-expert sums in global memory and waits at the count barrier; at
+    EP > 1 the counts go over NVLink.  In v8.8's 1-token trace on the H200 the count and its
+    barrier ended at ~5.1 us, before which no weight moves (benchmarks/NOTES_kernel.md,
+    session 34)."""
+    return wide_walk(block_m, experts_per_wave) and num_ranks == 1
+
+
 def cta_item_starts(num_items: int, num_ctas: int) -> np.ndarray:
     """The dispatch's even split of ``num_items`` items over ``num_ctas`` CTAs (``cta_range`` in
     ``csrc/megamoe/roles_shared.cuh``; kernel v8.5): CTA ``c`` takes items

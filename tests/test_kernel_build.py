@@ -183,6 +183,10 @@ def test_build_sm90a_and_resources():
         {(bm, w): int(d.wide_walk(bm, w)) for bm in d.BLOCK_MS for w in (1, 32, 33, 256)}
     assert lib.megamoe_sm90_wide_walk(16, 33) == 1 and lib.megamoe_sm90_wide_walk(16, 32) == 0
     assert lib.megamoe_sm90_wide_walk(48, 64) == -1
+    assert {(bm, w, r): lib.megamoe_sm90_local_count(bm, w, r) for bm in d.BLOCK_MS for w in (32, 33) for r in (1, 2)} \
+        == {(bm, w, r): int(d.local_count(bm, w, r)) for bm in d.BLOCK_MS for w in (32, 33) for r in (1, 2)}
+    assert lib.megamoe_sm90_local_count(16, 33, 1) == 1 and lib.megamoe_sm90_local_count(16, 33, 2) == 0
+    assert lib.megamoe_sm90_local_count(48, 64, 1) == -1
     assert {bm: lib.megamoe_sm90_producer_warps(bm) for bm in d.BLOCK_MS} == d.PRODUCER_ISSUE_WARPS
     assert lib.megamoe_sm90_producer_warps(48) == -1
     regs = [lib.megamoe_sm90_role_registers(i) for i in range(4)]

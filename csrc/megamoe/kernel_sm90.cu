@@ -927,7 +927,7 @@ __global__ void __launch_bounds__(kThreads, 1) megamoe_sm90_kernel(const __grid_
     if (warp < 4) {
         setmaxnreg_dec<kRegsDispatch>();
         if (p.num_ranks > 1) dispatch_role_ep(p, BM, hist, cta_base, off_blk, scan);
-        else dispatch_pull<BM, IdentitySfRow, true>(p, hist, cta_base, off_blk, scan, IdentitySfRow{p.pool_rows}, (int)p.hidden);  // whole rows, folded
+        else dispatch_pull<BM, IdentitySfRow, true, WIDE>(p, hist, cta_base, off_blk, scan, IdentitySfRow{p.pool_rows}, (int)p.hidden);  // whole rows, folded
         __syncwarp();
         if (threadIdx.x == 0) {
             progress(p, 0, 0xD0);
@@ -1087,6 +1087,15 @@ int megamoe_sm90_relay_release(int block_m) {
 int megamoe_sm90_wide_walk(int block_m, int experts_per_wave) {
     if (block_m != 16 && block_m != 32 && block_m != 64 && block_m != 128) return -1;
     return block_m == 16 && experts_per_wave > 32 ? 1 : 0;
+}
+
+// Whether a launch's EP1 dispatch counts every item in every CTA, with no count barrier
+// (dispatch_pull's LOCAL, kernel v8.9; mirrored by megamoe.design_sm90.local_count): the wide
+// instance at one rank, 1 or 0; -1 for an unsupported block_m. (EP > 1 exchanges its counts over
+// NVLink: dispatch_role_ep.)
+int megamoe_sm90_local_count(int block_m, int experts_per_wave, int num_ranks) {
+    const int wide = megamoe_sm90_wide_walk(block_m, experts_per_wave);
+    return wide < 0 ? -1 : (wide == 1 && num_ranks == 1 ? 1 : 0);
 }
 
 // k32 WGMMAs a consumer warpgroup keeps in flight per K block at this block_m

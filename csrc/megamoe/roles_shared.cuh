@@ -279,13 +279,15 @@ __device__ __forceinline__ int scan_experts(int E, int* scan, V v, Emit emit, in
 // most of the pull (benchmarks/NOTES_kernel.md, session 28). Warp 0's lane 0 stores the row's
 // metadata and releases the arrival count once every warp's stores are fenced (the dispatch
 // barrier orders them before the release).
-template <int BM, class SfRow>
+// (LOCAL: the item and its expert from shared memory, item_expert[0..1], written by the count:
+// two dependent global loads fewer before the row's.)
+template <int BM, bool LOCAL, class SfRow>
 __device__ __forceinline__ void whole_cta_pull(const Params& p, const int* off_blk, const int* cta_base, SfRow sf_row,
-                                               int i0, int hv, int warp, int lane) {
+                                               int i0, const int* item_expert, int hv, int warp, int lane) {
     constexpr int kWarps = kSharedDispatchThreads / 32;
     const int K = (int)p.topk, H = (int)p.hidden;
-    const int i = p.item_order[i0];
-    const int e = p.topk_idx[i];
+    const int i = LOCAL ? item_expert[0] : p.item_order[i0];
+    const int e = LOCAL ? item_expert[1] : p.topk_idx[i];
     const int row = off_blk[e] * BM + cta_base[e];
     if (row >= p.pool_rows) return;  // overflow already raised (every warp returns)
     const int t = i / K;
@@ -304,7 +306,8 @@ __device__ __forceinline__ void whole_cta_pull(const Params& p, const int* off_b
     if (warp == 0 && lane == 0 && p.fault_inject != 1) red_release_add_u32(p.arrival + row / BM, 1u);
 }
 
-// Scratch in shared memory: hist[E], cta_base[E], off_blk[E], scan[4].
+// Scratch in shared memory: hist[E], cta_base[E], off_blk[E], scan[16] (scan[0..3] the scans'
+// warp sums, scan[4..5] (LOCAL) the CTA's item and its expert when it has one item).
 // FOLD_X: SM90 (Numerics.sm90_kernel()): each row is folded per 64-K group as it is copied
 // (pull_row_fold, per 128 at block_m >= kL1Fold128BlockM; whole rows, SfRow the identity).
 // The CTA pulls its items sorted by expert (stably, so every item keeps its pool row): the pool
@@ -313,7 +316,13 @@ __device__ __forceinline__ void whole_cta_pull(const Params& p, const int* off_b
 // every pool block took rows from almost every CTA and was complete only at the end of the
 // pull; every CTA's first L1 block waited for the whole pull, 230 / 444 us at 4096 / 8192
 // tokens on the H200: benchmarks/NOTES_kernel.md.)
-template <int BM, class SfRow, bool FOLD_X = false>
+// LOCAL (the SM90 kernel's wide instance, kernel v8.9): no count barrier. Every CTA counts all T K
+// items itself (a few dozen at the 1-12 tokens of that instance) and CTA 0 hands the totals to
+// the schedulers; an item's pool row is its rank among its expert's items in item order. At one
+// token on the H200 the count and its barrier took ~5 us before the first pull in kernel v8.8's
+// trace; this path measured 0.977 / 0.985 / 0.995x v8.8's kernel time at 1 / 4 / 12 tokens
+// (benchmarks/NOTES_kernel.md, session 34).
+template <int BM, class SfRow, bool FOLD_X = false, bool LOCAL = false>
 __device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* off_blk, int* scan, SfRow sf_row,
                               int pull_bytes) {
     constexpr int kThreads = kSharedDispatchThreads;
@@ -328,6 +337,10 @@ __device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* of
 
     // 1. count: in-order rank of each item among this CTA's items of the same expert.
     uint64_t ts = globaltimer();
+    // (LOCAL: an error raised before the pull is read here, in flight with the count, instead of
+    // one more round trip before the pull; a pull after an error stays inside the pool)
+    const bool aborted_early = LOCAL && aborted(p);
+    const int e_first = LOCAL && tid < T * K ? p.topk_idx[tid] : -1;  // (LOCAL) item tid's expert, in flight with the count's
     count_items(p, hist, i0, i1);
     // 2. publish: one add per expert this CTA has items of, into the sums (expert_count[E ..
     //    2E)); the sum before ours is our base. Then, after the scan's barrier below, one
@@ -336,8 +349,10 @@ __device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* of
     //    barrier was their high halves; at one token the count and its barrier took ~6 us
     //    on the H200 (benchmarks/NOTES_kernel.md, session 27).
     unsigned long long* sums = p.expert_count + E;
-    for (int e = tid; e < E; e += kThreads)
-        cta_base[e] = hist[e] > 0 ? (int)atomicAdd(sums + e, (unsigned long long)(uint32_t)hist[e]) : 0;
+    for (int e = tid; e < E; e += kThreads) {
+        if constexpr (LOCAL) cta_base[e] = 0;  // the items before i0 are added in step 3
+        else cta_base[e] = hist[e] > 0 ? (int)atomicAdd(sums + e, (unsigned long long)(uint32_t)hist[e]) : 0;
+    }
     if (tid == 0) progress(p, 0, 2);
     // 2b. sort (while the other CTAs publish): item_order[i0 + s] = the item at position s of
     //     this CTA's items sorted by expert, s = (its items of lower experts) + item_pos; off_blk
@@ -346,27 +361,47 @@ __device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* of
     int n_items;
     scan_experts(E, scan, [&](int e) { return hist[e]; }, [&](int e, int run) { off_blk[e] = run; cta_base[e] -= run; },
                  &n_items);
-    if (tid == 0) red_release_add_u64(sums + E, 1ull);  // every thread's adds returned before the scan's barrier
+    if (!LOCAL && tid == 0) red_release_add_u64(sums + E, 1ull);  // every thread's adds returned before the scan's barrier
     named_bar_sync(kSharedBarDispatch, kThreads);
-    for (int i = i0 + tid; i < i1; i += kThreads) {
-        const int e = p.topk_idx[i];
-        if (e >= 0 && e < E) p.item_order[i0 + off_blk[e] + p.item_pos[i]] = i;
-    }
+    if (!LOCAL || n_items > 1)  // (LOCAL with one item: the count below keeps it in scan[4..5])
+        for (int i = i0 + tid; i < i1; i += kThreads) {
+            const int e = p.topk_idx[i];
+            if (e >= 0 && e < E) p.item_order[i0 + off_blk[e] + p.item_pos[i]] = i;
+        }
     named_bar_sync(kSharedBarDispatch, kThreads);
-    if (trace) trace_record(p, kRoleDispatch, kKindCount, -1, -1, -1, -1, i1 - i0, ts, globaltimer());
 
-    // 3. count barrier (thread 0 polls), the counts (CTA 0 hands them to every CTA's
-    //    schedulers: (grid size << 32) | count, what Scheduler::fetch_counts waits for), then
-    //    pool-block offsets (exclusive scan).
-    ts = globaltimer();
-    if (tid == 0) wait_counts_ready(p, sums + E, kRoleDispatch, p.timeout_ns);
-    named_bar_sync(kSharedBarDispatch, kThreads);
-    for (int e = tid; e < E; e += kThreads) {
-        const unsigned long long n = ld_acquire_u64(sums + e);
-        hist[e] = (int)(uint32_t)n;
-        if (blockIdx.x == 0) st_relaxed_u64(p.expert_count + e, ((unsigned long long)gridDim.x << 32) | n);
+    // 3. the counts: after the count barrier (thread 0 polls), or (LOCAL) every item counted
+    //    here (bad expert ids were raised by the CTA that owns the item). CTA 0 hands them to
+    //    every CTA's schedulers: (grid size << 32) | count, what Scheduler::fetch_counts waits
+    //    for. Then the pool-block offsets (exclusive scan).
+    if constexpr (LOCAL) {
+        for (int e = tid; e < E; e += kThreads) hist[e] = 0;
+        named_bar_sync(kSharedBarDispatch, kThreads);
+        for (int i = tid; i < T * K; i += kThreads) {
+            const int e = i == tid ? e_first : p.topk_idx[i];
+            if (e >= 0 && e < E) {
+                atomicAdd(hist + e, 1);
+                if (i < i0) atomicAdd(cta_base + e, 1);
+                if (n_items == 1 && i >= i0 && i < i1) { scan[4] = i; scan[5] = e; }
+            }
+        }
+        named_bar_sync(kSharedBarDispatch, kThreads);
+        if (blockIdx.x == 0)
+            for (int e = tid; e < E; e += kThreads)
+                st_relaxed_u64(p.expert_count + e, ((unsigned long long)gridDim.x << 32) | (uint32_t)hist[e]);
+        if (trace) trace_record(p, kRoleDispatch, kKindCount, -1, -1, -1, -1, i1 - i0, ts, globaltimer());
+    } else {
+        if (trace) trace_record(p, kRoleDispatch, kKindCount, -1, -1, -1, -1, i1 - i0, ts, globaltimer());
+        ts = globaltimer();
+        if (tid == 0) wait_counts_ready(p, sums + E, kRoleDispatch, p.timeout_ns);
+        named_bar_sync(kSharedBarDispatch, kThreads);
+        for (int e = tid; e < E; e += kThreads) {
+            const unsigned long long n = ld_acquire_u64(sums + e);
+            hist[e] = (int)(uint32_t)n;
+            if (blockIdx.x == 0) st_relaxed_u64(p.expert_count + e, ((unsigned long long)gridDim.x << 32) | n);
+        }
+        named_bar_sync(kSharedBarDispatch, kThreads);
     }
-    named_bar_sync(kSharedBarDispatch, kThreads);
     {
         const int run = scan_experts(E, scan, [&](int e) { return (hist[e] + BM - 1) / BM; },
                                      [&](int e, int r) { off_blk[e] = r; }, static_cast<int*>(nullptr));
@@ -375,8 +410,8 @@ __device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* of
     }
     named_bar_sync(kSharedBarDispatch, kThreads);
     if (tid == 0) progress(p, 0, 4);
-    if (trace) trace_record(p, kRoleDispatch, kKindGridSync, -1, -1, -1, -1, 0, ts, globaltimer());
-    if (aborted(p)) return;
+    if (!LOCAL && trace) trace_record(p, kRoleDispatch, kKindGridSync, -1, -1, -1, -1, 0, ts, globaltimer());
+    if (LOCAL ? aborted_early : aborted(p)) return;
 
     // 4. pull: one warp per item, in sorted order, the row in pull_bytes chunks, its scales,
     //    metadata, then the pool block's arrival count (release).
@@ -385,7 +420,7 @@ __device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* of
     const int hv = H / 16, hk = H / 128;
     if constexpr (FOLD_X && BM == 16) {
         if (n_items == 1) {
-            whole_cta_pull<BM>(p, off_blk, cta_base, sf_row, i0, hv, warp, lane);
+            whole_cta_pull<BM, LOCAL>(p, off_blk, cta_base, sf_row, i0, scan + 4, hv, warp, lane);
             if (tid == 0) progress(p, 0, 5);
             if (trace) trace_record(p, kRoleDispatch, kKindPull, -1, -1, -1, -1, 0, ts, globaltimer());
             return;
@@ -502,7 +537,8 @@ __device__ void combine_and_clean(const Params& p, int threads) {
     const int T = (int)p.num_tokens, H = (int)p.hidden, K = (int)p.topk, E = (int)p.num_experts;
     const size_t nvec = (size_t)T * (H / 8);
     // Each thread sums 8 channels (one 16-byte vector) of a token per step, grid-stride, over
-    // its valid slots in slot order; combine_slots<BM>() of them are loaded at a time.
+    // its valid slots in slot order; SLOTS of them are loaded at a time (combine_slots<BM>(), or
+    // kCombineSlotsWide in the SM90 wide instance).
     constexpr int kSlots = SLOTS;
     for (size_t v = (size_t)blockIdx.x * threads + threadIdx.x; v < nvec; v += (size_t)gridDim.x * threads) {
         const int t = (int)(v / (H / 8));

@@ -124,6 +124,7 @@ PATHS: dict[str, KernelPath] = {
             "megamoe_sm90_relay_release": ([_c.c_int], _c.c_int),  # (v8.1 on)
             "megamoe_sm90_wide_walk": ([_c.c_int, _c.c_int], _c.c_int),  # (v8.7 on)
             "megamoe_sm90_combine_slots_wide": ([], _c.c_int),  # (v8.8 on)
+            "megamoe_sm90_local_count": ([_c.c_int, _c.c_int, _c.c_int], _c.c_int),  # (v8.9 on)
             "megamoe_ipc_malloc": ([_c.POINTER(_c.c_void_p), _c.c_ulonglong, _c.c_int], _c.c_int),
             "megamoe_ipc_handle": ([_c.c_void_p, _c.c_void_p], _c.c_int),
             "megamoe_ipc_open": ([_c.c_void_p, _c.POINTER(_c.c_void_p), _c.c_int], _c.c_int),
