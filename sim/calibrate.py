@@ -229,6 +229,38 @@ def fit_sm90_walk_skip(path: str, sched_block_ns: float, sched_step_ns: float) -
     return {"sched_skip_ns": (skip, how)}
 
 
+def fit_sm90_local_count(path: str) -> dict:
+    """``sm90_local_count_ns``, the EP1 dispatch's time from the kernel's start to its first pull
+    when every CTA counts all items itself (kernel v8.9's wide instance,
+    :func:`megamoe.design_sm90.local_count`), read off one trace whose plan counts so
+    (:data:`SM90_SKIP_FIT_TRACE`, 1 token): the median over the CTAs of the pull records' start
+    (the trace's clock starts at its first record, the count's start), as ``sm90_count_ns`` is
+    read off the other traces (which add the count barrier).
+
+    Returns:
+        ``{"sm90_local_count_ns": (value, how)}``.
+
+    Raises:
+        InputError: the trace's plan does not count locally, or it has no pull record.
+    """
+    from megamoe.design_sm90 import local_count
+    from megamoe.trace import KIND, Trace
+
+    t = Trace.load(path)
+    plan, meta = t.meta.get("plan") or {}, t.meta
+    local = local_count(int(plan.get("block_m", 0)), int(plan.get("experts_per_wave", 0)), int(meta.get("num_ranks", 0)))
+    require(local, "fit_sm90_local_count", "a one-rank trace whose plan counts locally (block_m 16, waves of more "
+            "than 32 experts: design_sm90.local_count)", f"{path} (plan {plan}, ranks {meta.get('num_ranks')})")
+    pull = t.where(kind="pull")
+    require(len(pull) > 0, "fit_sm90_local_count", "pull records", f"{path} (none)")
+    v = _median(pull["t_start_ns"])
+    n_count = int((t["kind"] == KIND["count"]).sum())
+    how = (f"median over the {len(pull)} CTAs of the first pull's start, {v / 1e3:.2f} us after the "
+           f"trace's first record (the count's start; {n_count} count records, no count barrier), "
+           f"T={int(meta['tokens_per_rank'][0])}")
+    return {"sm90_local_count_ns": (v, how)}
+
+
 def _first_block_issue(t) -> tuple[float, float, int]:
     """The producer's copy issues in the first L1 block of every CTA (the stage ring still
     empty): ``(median ns per K block from the block's first issue (the load record's start,
@@ -751,14 +783,16 @@ SM90_FIT_KERNEL = ("FP8 WGMMA v8.6 (TMA loads, E2M1 decoded into WGMMA registers
                    "over the CTAs, a count barrier on one counter, a CTA's only item pulled by its four dispatch "
                    "warps at block_m 16, build 94b176d2)")
 SM90_PROFILE_KERNEL = "FP8 WGMMA v8.6 kernel (its profile instance)"
-#: The committed trace ``sched_skip_ns`` is fitted to (:func:`fit_sm90_walk_skip`): 1 token, the
-#: only traced size whose plan runs the wide walk (block_m 16, one wave of 256 experts). Kernels
-#: v8.7 and v8.8 are v8.6 plus that instance (v8.8: its combine loads a token's slots at once); their
-#: other instances are v8.6's SASS (equal digests), so v8.6's traces at 16-8192 tokens stand for
-#: them (benchmarks/NOTES_kernel.md, sessions 32-33).
+#: The committed trace ``sched_skip_ns`` and ``sm90_local_count_ns`` are fitted to
+#: (:func:`fit_sm90_walk_skip`, :func:`fit_sm90_local_count`): 1 token, the only traced size whose
+#: plan runs the wide instance (block_m 16, one wave of 256 experts). Kernels v8.7-v8.9 are v8.6
+#: plus that instance (v8.8: its combine loads a token's slots at once; v8.9: its EP1 dispatch
+#: counts locally); their other instances are v8.6's SASS (equal digests), so v8.6's traces at
+#: 16-8192 tokens stand for them (benchmarks/NOTES_kernel.md, sessions 32-34).
 SM90_SKIP_FIT_TRACE = "benchmarks/traces/kernel_flash_ep1_t1.npz"
-SM90_SKIP_FIT_KERNEL = ("FP8 WGMMA v8.8 (v8.6 plus the wide-walk instance at block_m 16 (v8.7), whose combine loads a "
-                        "token's slots at once, build 6c561230)")
+SM90_SKIP_FIT_KERNEL = ("FP8 WGMMA v8.9 (v8.6 plus the wide instance at block_m 16: its scheduler's walk (v8.7), "
+                        "its combine loading a token's slots at once (v8.8), its EP1 dispatch counting every item "
+                        "in every CTA with no count barrier (v8.9), build b4e2b478)")
 SM90_SKIP_FIT_DATE = "2026-12-03"
 #: The kernel and day of the EP2 traces: v6.4's (the two-GPU machine was not lent in the
 #: sessions that re-recorded the EP1 traces on v6.5-v6.7 and v7-v7.2; those changed the consumers'
@@ -872,6 +906,7 @@ def refit_h200(root: str | None = None, toml_path: str | None = None) -> dict:
     (:data:`SM90_FIT_TRACES`, :data:`SM90_FIT_PROFILE`), then the expert-parallel figures to the EP2 traces
     (:data:`SM90_EP_FIT_TRACES`, on the L2 epilogue line just fitted, rounded as written) and
     ``sched_skip_ns`` to :data:`SM90_SKIP_FIT_TRACE` (on the scheduler line just fitted), and
+    ``sm90_local_count_ns`` to the same trace (:func:`fit_sm90_local_count`), and
     write them with their sources into the H200 preset (or ``toml_path``), leaving every other
     line as it is.  Returns :func:`fit_tma_probe`, :func:`sm90_fit_sources` and
     :func:`sm90_ep_fit_sources` in one dict."""
@@ -890,6 +925,9 @@ def refit_h200(root: str | None = None, toml_path: str | None = None) -> dict:
     skip = fit_sm90_walk_skip(str(base / SM90_SKIP_FIT_TRACE), fit["sched_block_ns"][0], fit["sched_step_ns"][0])
     fit.update(sm90_fit_sources(skip, traces=(SM90_SKIP_FIT_TRACE,), profile_path=None, date=SM90_SKIP_FIT_DATE,
                                 kernel=SM90_SKIP_FIT_KERNEL, fitter="fit_sm90_walk_skip"))
+    fit.update(sm90_fit_sources(fit_sm90_local_count(str(base / SM90_SKIP_FIT_TRACE)), traces=(SM90_SKIP_FIT_TRACE,),
+                                profile_path=None, date=SM90_SKIP_FIT_DATE, kernel=SM90_SKIP_FIT_KERNEL,
+                                fitter="fit_sm90_local_count"))
     path = Path(toml_path) if toml_path else PRESET_DIR / "h200.toml"
     text = path.read_text()
     head, _, srcs = text.partition("[sources]")

@@ -73,6 +73,7 @@ from megamoe.design_sm90 import (
     SCHED_CHUNK,
     cta_item_starts,
     l1_promoted_once,
+    local_count,
     wide_walk,
 )
 from megamoe.errors import InputError
@@ -343,6 +344,7 @@ class _Engine:
         self.pre_pull_arrivals = 0
         self.pre_pull_times = np.zeros(R)
         self.pre_pull_done = self.env.event()
+        self.counts_done = [self.env.event() for _ in range(R)]  # counts_ready[r] set
 
     def _rank_tables(self, rp, ids: list) -> tuple:
         """Constants of one rank's GEMM loop, built once: per cluster, the columns of its block
@@ -452,6 +454,27 @@ class _Engine:
         return out
 
     # -- dispatch ---------------------------------------------------------------
+    def _pre_pull_barrier(self, r: int, sm90_ep1: bool):
+        """Rank ``r`` at the barrier before the pulls (every rank must arrive: the NVLink
+        barrier, or the SM90 EP1 count barrier, a grid sync); sets ``counts_ready[r]``."""
+        env, plan = self.env, self.plan
+        self.pre_pull_times[r] = env.now
+        self.pre_pull_arrivals += 1
+        if self.pre_pull_arrivals == plan.num_ranks:
+            # a Python float: it becomes the SimPy clock, which numpy scalars would slow down
+            done = float(self.pre_pull_times.max() + self.barrier_ns)
+            ev = self.pre_pull_done
+            self.env.timeout(done - env.now).callbacks.append(lambda _e: ev.succeed(done))
+        start_wait = env.now
+        done = yield self.pre_pull_done
+        barrier = KIND["grid_sync" if sm90_ep1 else "nvl_barrier"]
+        self.rows.append((r, -1, ROLE["dispatch"], barrier, -1, -1, -1, -1, start_wait, done, 0, 0))
+        self._counts_ready(r, done)
+
+    def _counts_ready(self, r: int, t: float):
+        self.counts_ready[r] = t
+        self.counts_done[r].succeed(t)
+
     def dispatch(self, r: int):
         env, hw, plan = self.env, self.hw, self.plan
         rp = plan.ranks[r]
@@ -461,7 +484,11 @@ class _Engine:
         items = self.valid_slots[r]
         multi = plan.num_ranks > 1
         sm90_ep1 = plan.design == "megamoe-sm90" and not multi
-        if sm90_ep1:
+        local = sm90_ep1 and local_count(rp.config.block_m, rp.experts_per_wave, plan.num_ranks)
+        if local:
+            # kernel v8.9's wide instance: every CTA counts all T k items itself, no count barrier
+            steps = (("count", hw.sm90_local_count_ns, 0),)
+        elif sm90_ep1:
             # kernel v8.5+ (csrc/megamoe/roles_shared.cuh, dispatch_pull): every CTA counts, publishes
             # and sorts its share of the T k items, the largest share arriving last at the count
             # barrier; no send-count atomics, no index table
@@ -481,19 +508,10 @@ class _Engine:
             self.rows.append((r, -1, ROLE["dispatch"], KIND[kind], -1, -1, -1, -1, t, t + dur, nbytes, 0))
             t += dur
         yield env.timeout(t)
-        # NVLink barrier before pulling: every rank must arrive
-        self.pre_pull_times[r] = env.now
-        self.pre_pull_arrivals += 1
-        if self.pre_pull_arrivals == plan.num_ranks:
-            # a Python float: it becomes the SimPy clock, which numpy scalars would slow down
-            done = float(self.pre_pull_times.max() + self.barrier_ns)
-            ev = self.pre_pull_done
-            self.env.timeout(done - env.now).callbacks.append(lambda _e: ev.succeed(done))
-        start_wait = env.now
-        done = yield self.pre_pull_done
-        barrier = KIND["grid_sync" if sm90_ep1 else "nvl_barrier"]  # the SM90 EP1 count barrier is a grid sync
-        self.rows.append((r, -1, ROLE["dispatch"], barrier, -1, -1, -1, -1, start_wait, done, 0, 0))
-        self.counts_ready[r] = done
+        if local:
+            self._counts_ready(r, env.now)
+        else:
+            yield from self._pre_pull_barrier(r, sm90_ep1)
         # pulls, one event per round of 4*S concurrent warps
         G = S * DISPATCH_WARPS_PER_SM
         bm = rp.config.block_m
@@ -633,7 +651,7 @@ class _Engine:
         gaps, end_gap = walks[c]
         t_ready = self.counts_ready[r]
         if t_ready is None:
-            t_ready = yield self.pre_pull_done
+            t_ready = yield self.counts_done[r]
         if not cols[0]:
             self.cluster_end[r] = max(self.cluster_end[r], t_ready + end_gap)
             return

@@ -46,6 +46,9 @@ Figures (units in the key names):
   expert sums, sorts them by expert and waits at the count barrier, then reads the counts
   and the pool-block offsets. The barrier's own release (``grid_sync_ns``) follows; the pull
   then starts.
+* ``sm90_local_count_ns`` — SM90 design, one rank, the wide instance (kernel v8.9,
+  :func:`megamoe.design_sm90.local_count`): from the kernel's start to the first pull when
+  every CTA counts all ``T k`` items itself (no count barrier, no global atomics).
 * ``pull_fold_chunk_ns`` — SM90 design: one dispatch warp's fold and stores of one chunk round
   of a pulled row (``megamoe.design_sm90.PULL_ROUND_BYTES``: 32 lanes x 16 bytes); a warp
   pulling a whole row runs ``hidden / PULL_ROUND_BYTES`` of them one after another (part of ``pull_latency_ns``), and the rows a
@@ -162,6 +165,7 @@ class Hardware:
     stage_handoff_ns: float
     sm90_count_ns: float
     sm90_count_item_ns: float
+    sm90_local_count_ns: float
     pull_fold_chunk_ns: float
     sm90_issue_kblock_ns: float
     sched_block_ns: float
@@ -258,6 +262,7 @@ FIGURE_RANGES: dict[str, tuple[float, float, str]] = {
     "stage_handoff_ns": (0.01, 5_000.0, "ns"),
     "sm90_count_ns": (0.01, 1_000_000.0, "ns"),
     "sm90_count_item_ns": (0.0, 10_000.0, "ns"),
+    "sm90_local_count_ns": (0.01, 1_000_000.0, "ns"),
     "pull_fold_chunk_ns": (0.01, 5_000.0, "ns"),
     "sm90_issue_kblock_ns": (0.01, 5_000.0, "ns"),
     "sched_block_ns": (0.01, 10_000.0, "ns"),

@@ -209,8 +209,8 @@ def test_sched_skip_is_the_fit_to_the_one_token_trace():
     from the trace directly (each consumer MMA record after an epilogue record of the same SM)
     and the closed form of least squares through the origin, sum(s (g - b)) / sum(s^2). Every
     pass of that plan (one wave of 256 experts, block_m 16) is wide, so each gap has 4-8 skips
-    and no scan; ~106 ns a skip against 283 ns a scan (v8.8's trace; v8.7's read ~119 ns, v8.6's
-    1-token trace 670 + 225 ns per scan on its own)."""
+    and no scan; ~110 ns a skip against 283 ns a scan (v8.9's trace; v8.8's read ~106 ns, v8.7's
+    ~119, v8.6's 1-token trace 670 + 225 ns per scan on its own)."""
     import itertools
 
     import numpy as np
@@ -255,6 +255,32 @@ def test_sched_skip_is_the_fit_to_the_one_token_trace():
     assert 100 <= got <= 140
     with pytest.raises(InputError, match="^fit_sm90_walk_skip: expected a trace with chunk skips"):
         fit_sm90_walk_skip(_root(TRACES[0]), hw.sched_block_ns, hw.sched_step_ns)
+
+
+def test_local_count_is_the_first_pull_of_the_one_token_trace():
+    """sm90_local_count_ns (kernel v8.9's local count): the preset holds the median over the 132
+    CTAs of the pull records' start in the committed 1-token trace, read here from the NPZ
+    arrays with numpy (3456 ns: the first pull 3.46 us after the count's start; v8.8's trace,
+    with the count barrier, put it at 5.34 us); a trace whose plan has the count barrier is
+    refused."""
+    import numpy as np
+
+    from megamoe.errors import InputError
+    from megamoe.trace import KIND
+    from sim.calibrate import SM90_SKIP_FIT_KERNEL, SM90_SKIP_FIT_TRACE, fit_sm90_local_count
+
+    d = np.load(_root(SM90_SKIP_FIT_TRACE))
+    starts = d["t_start_ns"][d["kind"] == KIND["pull"]]
+    assert len(starts) == 132 and d["t_start_ns"].min() == 0.0
+    assert not (d["kind"][d["t_start_ns"] < starts.min()] == KIND["grid_sync"]).any()  # no count barrier
+    got, how = fit_sm90_local_count(_root(SM90_SKIP_FIT_TRACE))["sm90_local_count_ns"]
+    assert got == float(np.median(starts)) == 3456.0
+    hw = load_hardware("h200")
+    assert hw.sm90_local_count_ns == got
+    src = hw.sources["sm90_local_count_ns"]
+    assert SM90_SKIP_FIT_TRACE in src and SM90_SKIP_FIT_KERNEL in src and how in src and "fit_sm90_local_count" in src
+    with pytest.raises(InputError, match="^fit_sm90_local_count: expected a one-rank trace whose plan counts locally"):
+        fit_sm90_local_count(_root(TRACES[0]))
 
 
 def test_tma_figures_are_the_copy_engine_probe():

@@ -88,6 +88,36 @@ def test_sm90_one_rank_dispatch_starts_with_the_count_and_its_barrier():
     assert pull_start == pytest.approx(end + hw.grid_sync_ns)
 
 
+def test_sm90_wide_instance_counts_locally_with_no_count_barrier():
+    """Kernel v8.9: where the plan runs the wide instance at one rank (design_sm90.local_count:
+    block_m 16, waves of more than 32 experts), every CTA counts all T k items itself; the pull
+    starts sm90_local_count_ns after the launch, with no grid sync before it. The same call with
+    waves of 32 experts (no wide instance) keeps the count barrier, and at the same block_m that
+    is the only change: its pull starts (sm90_count_ns + share x sm90_count_item_ns +
+    grid_sync_ns) - sm90_local_count_ns later."""
+    from megamoe.design_sm90 import local_count
+
+    def run(epw):
+        sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=4, hardware="h200",
+                      design="megamoe-sm90", experts_per_wave=epw, block_m=16)
+        res = simulate(sc)
+        rp = res.plan.ranks[0]
+        rows = res.trace.where(role="dispatch")
+        pull_start = float(rows.where(kind="pull")["t_start_ns"].min())
+        before = sorted(rows["kind"][rows["t_start_ns"] < pull_start].tolist())
+        return res.hardware, rp, pull_start, before
+
+    hw, rp, start, before = run(256)
+    assert local_count(rp.config.block_m, rp.experts_per_wave, 1)
+    assert before == [KIND["count"]]
+    assert start == pytest.approx(hw.launch_ns + hw.sm90_local_count_ns)
+    hw, rp, start32, before32 = run(32)
+    assert not local_count(rp.config.block_m, rp.experts_per_wave, 1)
+    assert before32 == [KIND["count"], KIND["grid_sync"]]
+    share = -(-4 * 6 // hw.num_sms)  # ceil(24 / 132) = 1
+    assert start32 == pytest.approx(hw.launch_ns + hw.sm90_count_ns + share * hw.sm90_count_item_ns + hw.grid_sync_ns)
+
+
 def test_k_loop_and_combine_durations():
     sc = _tiny()
     res = simulate(sc)
