@@ -267,7 +267,11 @@ def test_local_count_is_the_first_pull_of_the_one_token_trace():
 
     from megamoe.errors import InputError
     from megamoe.trace import KIND
-    from sim.calibrate import SM90_SKIP_FIT_KERNEL, SM90_SKIP_FIT_TRACE, fit_sm90_local_count
+    from sim.calibrate import (
+        SM90_SKIP_FIT_KERNEL,
+        SM90_SKIP_FIT_TRACE,
+        fit_sm90_local_count,
+    )
 
     d = np.load(_root(SM90_SKIP_FIT_TRACE))
     starts = d["t_start_ns"][d["kind"] == KIND["pull"]]
