@@ -792,7 +792,7 @@ SM90_PROFILE_KERNEL = "FP8 WGMMA v8.6 kernel (its profile instance)"
 SM90_SKIP_FIT_TRACE = "benchmarks/traces/kernel_flash_ep1_t1.npz"
 SM90_SKIP_FIT_KERNEL = ("FP8 WGMMA v8.9 (v8.6 plus the wide instance at block_m 16: its scheduler's walk (v8.7), "
                         "its combine loading a token's slots at once (v8.8), its EP1 dispatch counting every item "
-                        "in every CTA with no count barrier (v8.9), build b4e2b478)")
+                        "in every CTA with no count barrier (v8.9), build 0303a6ba)")
 SM90_SKIP_FIT_DATE = "2026-12-03"
 #: The kernel and day of the EP2 traces: v6.4's (the two-GPU machine was not lent in the
 #: sessions that re-recorded the EP1 traces on v6.5-v6.7 and v7-v7.2; those changed the consumers'
