@@ -122,6 +122,35 @@ def test_wide_instance_skips_the_stale_rows_of_masked_slots():
     assert bool((y.float() == 0).all())
 
 
+@pytest.mark.parametrize("T,mask_frac", [(1, 0.0), (7, 0.3), (12, 0.0)])
+def test_local_count_places_each_experts_items_in_item_order(T, mask_frac):
+    """In the wide instance at one rank the dispatch counts every item in every CTA, with no
+    count barrier (design_sm90.local_count, kernel v8.9): expert e's rows start at its first
+    pool block (experts in order, each ceil(c_e / block_m) blocks) and hold its items in item
+    order (token, then slot), the padding rows none. Built on the host from the routing; until
+    v8.9 an expert's rows came in the order the CTAs' atomics landed. Masked slots (-1) get no
+    row; at 7 tokens some CTAs have a masked item beside a valid one."""
+    from megamoe.design_sm90 import local_count
+
+    k, (x, xs, idx, tw), y = _check(FLASH, T, mask_frac=mask_frac, seed=40 + T)
+    d = k.last_design
+    assert local_count(d.block_m, d.experts_per_wave, 1)
+    k.forget_pool_rows()
+    assert torch.equal(k(x, xs, idx, tw).view(torch.int16), y.view(torch.int16))
+    k.check()
+    _, _, tok, slot = k.pool_contents()
+    bm, E, K = d.block_m, FLASH["E"], FLASH["K"]
+    flat = idx.reshape(-1).cpu().tolist()
+    want = []
+    for e in range(E):
+        items = [i for i, ex in enumerate(flat) if ex == e]
+        if items:
+            want += [(i // K, i % K) for i in items] + [(-1, -1)] * (-(-len(items) // bm) * bm - len(items))
+    got = list(zip(tok[:len(want)].cpu().tolist(), slot[:len(want)].cpu().tolist()))
+    assert got == want
+    assert int((tok[len(want):] >= 0).sum()) == 0
+
+
 @pytest.mark.parametrize("shape,T,block_m", [(TINY, 33, None), (FLASH, 1, None), (FLASH, 128, None),
                                              (TINY, 200, 128)])
 def test_l2_pool_matches_reference(shape, T, block_m):
