@@ -223,6 +223,7 @@ def _print_summary(res) -> None:
               f"pull={plan.bytes_per_pull} B  blocks={len(rp.blocks())}"
               + (f"  k_split={rp.k_split} (what-if)" if rp.k_split > 1 else "")
               + ("  combine relay (what-if)" if rp.combine_relay else "")
+              + ("  count: local, no count barrier" if rp.local_count else "")
               + (f"  policies: {', '.join(f'{k}={v}' for k, v in plan.policies.items())}" if plan.policies else ""))
     t = Table()
     t.add_column("predicted (mean over ranks)")

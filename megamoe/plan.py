@@ -298,6 +298,10 @@ class RankPlan:
         src_items: per local expert, per source rank, int64 ``[n, 2]`` of ``(token, slot)`` on the
             source rank in ascending order (the source index table; the reference fills it in
             atomic-arrival order, the plan fixes ascending order).
+        local_count: ``megamoe-sm90`` at one rank, where the kernel runs its wide instance
+            (:func:`megamoe.design_sm90.local_count`, kernel v8.9): every CTA counts all items
+            itself and the pulls start with no count barrier; False elsewhere (a count barrier,
+            or at EP > 1 the counts over NVLink).
     """
 
     rank: int
@@ -315,6 +319,7 @@ class RankPlan:
     scheduler: object = field(default=None, repr=False)
     k_split: int = 1
     combine_relay: bool = False
+    local_count: bool = False
     _blocks: np.ndarray | None = field(default=None, repr=False)
     _orders: dict = field(default_factory=dict, repr=False)
 
@@ -448,7 +453,8 @@ class Plan:
             "num_recv_tokens": int(r.recv_counts.sum()),
             "tokens_per_expert": r.tokens_per_expert.tolist(),
             "pool_block_offset": r.pool_block_offset.tolist(),
-            "k_split": r.k_split, "combine_relay": r.combine_relay, "num_blocks": int(len(r.blocks())),
+            "k_split": r.k_split, "combine_relay": r.combine_relay, "local_count": r.local_count,
+            "num_blocks": int(len(r.blocks())),
         } for r in self.ranks]
         return out
 
@@ -626,7 +632,8 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
                       num_stages=stages, smem_bytes=smem, recv_counts=counts[r], src_items=items[r],
                       num_sms=num_sms, l1_n_blocks=2 * intermediate // cfg.block_n,
                       l2_n_blocks=hidden // cfg.block_n, pull_policy=pol.pull_order,
-                      scheduler=pol.scheduler, k_split=ks, combine_relay=bool(combine_relay))
+                      scheduler=pol.scheduler, k_split=ks, combine_relay=bool(combine_relay),
+                      local_count=sm90 and design_sm90.local_count(cfg.block_m, epw, num_ranks))
         used = int(rp.pool_block_offset[-1]) * cfg.block_m
         if pool_tokens is None:
             assert used <= cap, (used, cap)  # guaranteed by the capacity formula

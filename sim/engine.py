@@ -73,7 +73,6 @@ from megamoe.design_sm90 import (
     SCHED_CHUNK,
     cta_item_starts,
     l1_promoted_once,
-    local_count,
     wide_walk,
 )
 from megamoe.errors import InputError
@@ -484,7 +483,7 @@ class _Engine:
         items = self.valid_slots[r]
         multi = plan.num_ranks > 1
         sm90_ep1 = plan.design == "megamoe-sm90" and not multi
-        local = sm90_ep1 and local_count(rp.config.block_m, rp.experts_per_wave, plan.num_ranks)
+        local = sm90_ep1 and rp.local_count
         if local:
             # kernel v8.9's wide instance: every CTA counts all T k items itself, no count barrier
             steps = (("count", hw.sm90_local_count_ns, 0),)

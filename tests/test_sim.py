@@ -94,7 +94,8 @@ def test_sm90_wide_instance_counts_locally_with_no_count_barrier():
     starts sm90_local_count_ns after the launch, with no grid sync before it. The same call with
     waves of 32 experts (no wide instance) keeps the count barrier, and at the same block_m that
     is the only change: its pull starts (sm90_count_ns + share x sm90_count_item_ns +
-    grid_sync_ns) - sm90_local_count_ns later."""
+    grid_sync_ns) - sm90_local_count_ns later. The decision is the plan's (RankPlan.local_count,
+    shown in `megamoe simulate`'s plan line and its JSON)."""
     from megamoe.design_sm90 import local_count
 
     def run(epw):
@@ -108,11 +109,11 @@ def test_sm90_wide_instance_counts_locally_with_no_count_barrier():
         return res.hardware, rp, pull_start, before
 
     hw, rp, start, before = run(256)
-    assert local_count(rp.config.block_m, rp.experts_per_wave, 1)
+    assert local_count(rp.config.block_m, rp.experts_per_wave, 1) and rp.local_count  # the plan carries it
     assert before == [KIND["count"]]
     assert start == pytest.approx(hw.launch_ns + hw.sm90_local_count_ns)
     hw, rp, start32, before32 = run(32)
-    assert not local_count(rp.config.block_m, rp.experts_per_wave, 1)
+    assert not local_count(rp.config.block_m, rp.experts_per_wave, 1) and not rp.local_count
     assert before32 == [KIND["count"], KIND["grid_sync"]]
     share = -(-4 * 6 // hw.num_sms)  # ceil(24 / 132) = 1
     assert start32 == pytest.approx(hw.launch_ns + hw.sm90_count_ns + share * hw.sm90_count_item_ns + hw.grid_sync_ns)
