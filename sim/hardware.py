@@ -373,4 +373,8 @@ def load_hardware(spec: str) -> Hardware:
         raise InputError("hardware", "valid TOML", f"{p}: {exc}") from None
     except OSError as exc:
         raise InputError("hardware", "a readable .toml file", f"{p} ({exc.strerror})") from None
-    return parse_hardware(data, str(p))
+    try:  # the message names the file
+        return parse_hardware(data, str(p))
+    except InputError as exc:
+        raise InputError(exc.field, exc.expected, f"{exc.got!r} in {p}" if not isinstance(exc.got, str)
+                         else f"{exc.got} in {p}") from None

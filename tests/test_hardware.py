@@ -74,7 +74,10 @@ def test_unknown_preset_and_bad_path(tmp_path):
         load_hardware("a100")
     p = tmp_path / "x.toml"
     p.write_text("name = 3\n")
-    with pytest.raises(InputError, match="hardware.name"):
+    with pytest.raises(InputError, match=r"^hardware.name: expected a string, got 3 in .*x\.toml$"):
+        load_hardware(str(p))
+    p.write_text("")  # an empty file parses as an empty table: the message names the file too
+    with pytest.raises(InputError, match=r"^hardware.name: expected a string, got None in .*x\.toml$"):
         load_hardware(str(p))
 
 
@@ -168,7 +171,7 @@ def test_cli_simulate_with_an_out_of_range_figure_exits_2_with_one_line(tmp_path
     assert main(["simulate", "--hardware", str(bad), "--tokens", "1", "--json", str(js)]) == 2
     out = capsys.readouterr()
     assert out.err.splitlines() == [
-        "megamoe: error: hardware.figures.hbm_gbs: expected a number in [200, 100000] (GB/s), got inf"]
+        f"megamoe: error: hardware.figures.hbm_gbs: expected a number in [200, 100000] (GB/s), got inf in {bad}"]
     assert not js.exists()
 
 
