@@ -8,7 +8,9 @@ Granularity (DESIGN.md: block granularity, never per cycle):
   barrier: every rank waits for the last), then pulls.  The SM90 design at one rank (kernel
   v8.5+) instead counts each CTA's share of the items (``sm90_count_ns`` +
   ``sm90_count_item_ns`` per item of the largest share) and meets at its count barrier
-  (``grid_sync_ns``) before the pulls.  All ``4 * SMs`` dispatch warps walk
+  (``grid_sync_ns``) before the pulls; where the plan runs the wide instance
+  (``RankPlan.local_count``, kernel v8.9) every CTA counts all items itself and the pulls
+  start ``sm90_local_count_ns`` after the launch, with no barrier.  All ``4 * SMs`` dispatch warps walk
   the rank's pool tokens (experts in order, each in the plan's round-robin min-remaining
   order) with stride ``4 * SMs``; one event per *round* of ``4 * SMs`` concurrent pulls, each
   pull moving ``hidden`` FP8 bytes + scales in ``bytes_per_pull`` chunks over the source
