@@ -243,14 +243,14 @@ def fit_sm90_local_count(path: str) -> dict:
     Raises:
         InputError: the trace's plan does not count locally, or it has no pull record.
     """
-    from megamoe.design_sm90 import local_count
     from megamoe.trace import KIND, Trace
 
     t = Trace.load(path)
-    plan, meta = t.meta.get("plan") or {}, t.meta
-    local = local_count(int(plan.get("block_m", 0)), int(plan.get("experts_per_wave", 0)), int(meta.get("num_ranks", 0)))
-    require(local, "fit_sm90_local_count", "a one-rank trace whose plan counts locally (block_m 16, waves of more "
-            "than 32 experts: design_sm90.local_count)", f"{path} (plan {plan}, ranks {meta.get('num_ranks')})")
+    meta = t.meta
+    rp = _sm90_plan(t).ranks[0]  # the decision is the plan's (RankPlan.local_count)
+    require(rp.local_count and meta["num_ranks"] == 1, "fit_sm90_local_count", "a one-rank trace whose plan counts "
+            "locally (block_m 16, waves of more than 32 experts: design_sm90.local_count)",
+            f"{path} (block_m {rp.config.block_m}, experts_per_wave {rp.experts_per_wave}, ranks {meta['num_ranks']})")
     pull = t.where(kind="pull")
     require(len(pull) > 0, "fit_sm90_local_count", "pull records", f"{path} (none)")
     v = _median(pull["t_start_ns"])
