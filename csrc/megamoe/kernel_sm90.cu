@@ -89,6 +89,18 @@ static_assert(kTraceScratchOffset >= kFoldTableOffset + kFoldTableBytes && kTrac
 // session 21). Mirrored by design_sm90.RELAY_RELEASE.
 template <int BM>
 __host__ __device__ constexpr bool relay_release() { return BM == 16; }
+// Where the consumers walk to their next block (kernel v9.0): at block_m >= 32 inside the
+// epilogue, right after its first global loads are issued, so that the walk's dependent chain
+// (shuffles, a ballot, an integer division) runs during their round trip; at block_m 16 after
+// the epilogue, as before. Measured on the H200 (CUPTI kernel time against v8.9, 8 crossover
+// rounds): 0.968 at 1024 tokens (block_m 32), 0.972 / 0.973 at 4096 / 8192 (128), 0.994-1.006 at
+// 1-64 (16). With the walk in the epilogue at block_m 16 as well: 1.000 at 16-256 and 1.012 /
+// 1.037 at 4 / 1 tokens (the wide instance). The gain comes with this SASS, not with the walk's
+// place alone: a form with the trace's wave number computed at the block's start read 1.011 at
+// 1024 tokens and 0.976 at 4096 / 8192. The block order is unchanged
+// (benchmarks/NOTES_kernel.md, session 35).
+template <int BM>
+__host__ __device__ constexpr bool walk_in_epilogue() { return BM >= 32; }
 constexpr uint32_t kRelayOffset = 576;
 constexpr int kRelaySlots = 16;
 constexpr uint32_t kRelayDone = 0xFFFFFFFFu;
@@ -605,10 +617,15 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
     const auto pclock = []() -> long long { if constexpr (PROF) return clock64(); else return 0; };
     long long cyc_full = 0, cyc_decode = 0, cyc_mma = 0, cyc_epi = 0;
     const long long c_start = pclock();
-    for (;;) {
-        const Block b = sched.next();
-        if (b.phase == kPhaseNone) break;
-        const int wave = b.expert / (int)p.experts_per_wave;
+    // At block_m >= 32 (walk_in_epilogue) the walk to the next block runs inside the epilogue of
+    // this one, in the shadow of its first global loads' round trip (the top-k weights at L1, the
+    // combine rows at L2), not between the blocks; at block_m 16 it runs after the epilogue. The
+    // trace's wave number is computed for the record where the walk moved and at the block's
+    // start where it did not (the SASS each form was measured with).
+    constexpr bool ahead = walk_in_epilogue<BM>();
+    Block b = sched.next();
+    while (b.phase != kPhaseNone) {
+        const int wave_here = ahead ? 0 : b.expert / (int)p.experts_per_wave;
         const uint64_t tb = globaltimer();
         const uint32_t tslot = trace ? trace_reserve(p, 2) : 0;  // the block's two records (MMA, epilogue)
         if (ctid == 0) progress(p, 4, (uint32_t)((b.phase << 28) | (b.expert << 16) | (b.m_block << 8) | b.n_block));
@@ -678,6 +695,7 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
             tile.acc[j][0] *= rs0; tile.acc[j][1] *= rs0;
             tile.acc[j][2] *= rs8; tile.acc[j][3] *= rs8;
         }
+        Block nb;  // the next block, walked to in either epilogue
         if (b.phase == kPhaseL1) {
             // Tokens past the block's valid rows: their pool rows and FP32 scales were never
             // written by this call (stale memory, NaN or 2^100 as likely as a token), so their
@@ -699,6 +717,7 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
             for (int j = 0; j < NJ; ++j)
                 #pragma unroll
                 for (int r = 0; r < 2; ++r) wt[j][r] = __ldcg(p.pool_weight + prow0 + tile.tok_of(j, r));
+            if constexpr (ahead) nb = sched.next();
             // Every value first (into the gate slot), then the amax: no branch or shuffle between
             // the values, their dependency chains interleave. The division's fast path serves a
             // warp whose gates all allow it (swiglu_fast_ok: zero or a finite gate away from the
@@ -839,6 +858,7 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
                 crow_l[u] = ok ? __ldcg(p.pool_slot + prow0 + m) * (int)p.combine_rows + __ldcg(p.pool_token + prow0 + m) : -1;
                 src_l[u] = (p.num_ranks > 1 && ok) ? __ldcg(p.pool_rank + prow0 + m) : 0;
             }
+            if constexpr (ahead) nb = sched.next();
             #pragma unroll
             for (int u = 0; u < NT; ++u) {
                 row_l[u] = 0;
@@ -874,9 +894,11 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
         if (trace) {
             const uint64_t te = globaltimer();
             const bool l1 = b.phase == kPhaseL1;
+            const int wave = ahead ? b.expert / (int)p.experts_per_wave : wave_here;
             trace_write(p, tslot, kRoleConsumer, l1 ? kKindL1Mma : kKindL2Mma, b.expert, b.m_block, b.n_block, wave, b.valid_m, tb, tm);
             trace_write(p, tslot + 1, kRoleConsumer, l1 ? kKindL1Epilogue : kKindL2Epilogue, b.expert, b.m_block, b.n_block, wave, b.valid_m, tm, te);
         }
+        b = ahead ? nb : sched.next();
     }
     if (PROF && ctid == 0) {
         progress(p, 11, (uint32_t)((pclock() - c_start) >> 6));
@@ -1076,6 +1098,19 @@ int megamoe_sm90_relay_release(int block_m) {
         case 32: return megamoe::relay_release<32>() ? 1 : 0;
         case 64: return megamoe::relay_release<64>() ? 1 : 0;
         case 128: return megamoe::relay_release<128>() ? 1 : 0;
+        default: return -1;
+    }
+}
+
+// Whether the consumers walk to their next block inside the epilogue at this block_m
+// (walk_in_epilogue, kernel v9.0; mirrored by megamoe.design_sm90.WALK_IN_EPILOGUE): 1 or 0; -1
+// for an unsupported block_m.
+int megamoe_sm90_walk_in_epilogue(int block_m) {
+    switch (block_m) {
+        case 16: return megamoe::walk_in_epilogue<16>() ? 1 : 0;
+        case 32: return megamoe::walk_in_epilogue<32>() ? 1 : 0;
+        case 64: return megamoe::walk_in_epilogue<64>() ? 1 : 0;
+        case 128: return megamoe::walk_in_epilogue<128>() ? 1 : 0;
         default: return -1;
     }
 }
