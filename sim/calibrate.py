@@ -27,7 +27,9 @@ Figures the kernel itself reveals come from its traces (no GPU needed once they 
   (``sm90_promotion_ns_per_row``), the producer's time to issue one K block's loads with its stage
   free (``sm90_issue_kblock_ns``: the first L1 block of every CTA, where the ring is empty;
   traces whose producer the ring paces are left out), the consumers' gap between blocks as
-  a line in the scheduler's steps (``sched_block_ns``, ``sched_step_ns``; steps from :func:`sim.engine.sm90_walk_steps`), the
+  a line in the scheduler's steps (``sched_block_ns``, ``sched_step_ns``; steps from :func:`sim.engine.sm90_walk_steps`)
+  where they walk between the blocks, and its fixed part where they walk inside the epilogue
+  (``sched_ahead_ns``, :data:`megamoe.design_sm90.WALK_IN_EPILOGUE`), the
   L1 epilogue as a line in ``block_m`` (``l1_epilogue_thread_ns_per_elem``,
   ``block_overhead_ns``), the L2 epilogue as a line in block_m + valid rows
   (``l2_epilogue_fixed_ns``, ``l2_epilogue_thread_ns_per_elem``), ``pull_latency_ns`` from
@@ -388,6 +390,7 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
         CONSUMER_WARPS,
         RELAY_RELEASE,
         THREADS,
+        WALK_IN_EPILOGUE,
         block_m_for,
         cta_item_starts,
     )
@@ -503,20 +506,40 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
     # scheduler between blocks: consumer gap = fixed + per step, least squares over the gaps
     # (each trace weighted equally)
     # (the gaps with chunk skips are left out: sched_skip_ns, fit_sm90_walk_skip)
-    xs, ys, ws = [], [], []
-    for r in rows:
-        g = np.asarray(r["gaps"], float).reshape(-1, 3)
-        g = g[g[:, 2] == 0]
-        xs.append(g[:, 1]), ys.append(g[:, 0]), ws.append(np.full(len(g), 1.0 / max(1, len(g))))
-    x, y, w = np.concatenate(xs), np.concatenate(ys), np.sqrt(np.concatenate(ws))
+    # over the traces whose consumers walk between the blocks; where they walk inside the
+    # epilogue (WALK_IN_EPILOGUE, kernel v9.0) the gap's fixed part is sched_ahead_ns, the mean
+    # over those traces' gaps less sched_step_ns per chunk scan
+    def gaps_of(rs):
+        gs = [np.asarray(r["gaps"], float).reshape(-1, 3) for r in rs]
+        gs = [g[g[:, 2] == 0] for g in gs]
+        w = np.concatenate([np.full(len(g), 1.0 / max(1, len(g))) for g in gs])
+        return np.concatenate([g[:, 1] for g in gs]), np.concatenate([g[:, 0] for g in gs]), w
+
+    def gap_pts(rs):
+        return ", ".join(f"T={r['tokens']} (block_m {r['bm']}) {_median([g[0] for g in r['gaps']]):.0f} ns at a "
+                         f"median {_median([g[1] for g in r['gaps']]):.0f} steps" for r in rs)
+
+    between = [r for r in rows if not WALK_IN_EPILOGUE.get(r["bm"], False)]
+    inside = [r for r in rows if WALK_IN_EPILOGUE.get(r["bm"], False)]
+    if not between:
+        raise InputError("traces", "one with a block_m whose consumers walk between the blocks "
+                         "(design_sm90.WALK_IN_EPILOGUE false)", f"block_m {sorted({r['bm'] for r in rows})}")
+    x, y, w = gaps_of(between)
+    w = np.sqrt(w)
     c0, c1 = np.linalg.lstsq(np.column_stack([np.ones_like(x), x]) * w[:, None], y * w, rcond=None)[0]
-    gap_pts = ", ".join(f"T={r['tokens']} {_median([g[0] for g in r['gaps']]):.0f} ns at a median "
-                        f"{_median([g[1] for g in r['gaps']]):.0f} steps" for r in rows)
     how = (f"consumer gap between a block's epilogue end and the next block's MMA start = {c0:.0f} ns + {c1:.0f} ns "
            f"per scheduler step (a 32-expert chunk scan beyond the call's first; sim.engine.sm90_walk_steps), least squares "
-           f"over {len(x)} gaps, each trace weighted equally (median gap {gap_pts})")
+           f"over {len(x)} gaps of the traces whose consumers walk between the blocks, each trace weighted equally "
+           f"(median gap {gap_pts(between)})")
     out["sched_block_ns"] = (float(c0), how)
     out["sched_step_ns"] = (float(c1), how)
+    if inside:
+        x, y, w = gaps_of(inside)
+        ca = float(np.sum(w * (y - c1 * x)) / np.sum(w))
+        how = (f"consumer gap between a block's epilogue end and the next block's MMA start where the consumers "
+               f"walk inside the epilogue (design_sm90.WALK_IN_EPILOGUE) = this + sched_step_ns ({c1:.0f} ns) per "
+               f"scheduler step: the mean over {len(x)} gaps, each trace weighted equally (median gap {gap_pts(inside)})")
+        out["sched_ahead_ns"] = (ca, how)
 
     # the arrival-mask bits seen by the L2 producers after the L1 epilogues' ends: the median over
     # the traces' waits, one figure where the release is relayed to a dispatch lane (kernel v8.1,
@@ -769,8 +792,8 @@ SM90_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep1_t{t}.npz" for t in 
 SM90_EP_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep2_t{t}.npz" for t in (64, 512, 2048))
 SM90_EP_FIT_DEVICE = "two lent H200s (EP2, NV18)"
 SM90_FIT_PROFILE = "benchmarks/results/kernel_profile_stages_h200.json"
-SM90_FIT_DATE = "2026-12-02"
-SM90_FIT_KERNEL = ("FP8 WGMMA v8.6 (TMA loads, E2M1 decoded into WGMMA registers through the weight fold's "
+SM90_FIT_DATE = "2026-12-03"
+SM90_FIT_KERNEL = ("FP8 WGMMA v9.0 (TMA loads, E2M1 decoded into WGMMA registers through the weight fold's "
                    "table, activation scales folded per 64-K group (two WGMMAs per promotion), full-sector L2 "
                    "epilogue stores, four producer warps, one-ballot scheduler, vectorized EP index prefix, profile "
                    "clocks in a separate instance, idle-wait records after the issue, consumer records from the "
@@ -781,19 +804,16 @@ SM90_FIT_KERNEL = ("FP8 WGMMA v8.6 (TMA loads, E2M1 decoded into WGMMA registers
                    "dispatch lane at block_m 16, the invalid tokens zeroed before the L1 SwiGLU, one warp sync fewer per K block, "
                    "the block_m 64 / 128 token scales loaded ahead of their promotions, the EP1 items split evenly "
                    "over the CTAs, a count barrier on one counter, a CTA's only item pulled by its four dispatch "
-                   "warps at block_m 16, build 94b176d2)")
+                   "warps at block_m 16, the wide instance's walk, combine and local count at 1-12 tokens, "
+                   "the consumers' walk inside the epilogue at block_m >= 32, build 8b6ff5f6)")
 SM90_PROFILE_KERNEL = "FP8 WGMMA v8.6 kernel (its profile instance)"
 #: The committed trace ``sched_skip_ns`` and ``sm90_local_count_ns`` are fitted to
 #: (:func:`fit_sm90_walk_skip`, :func:`fit_sm90_local_count`): 1 token, the only traced size whose
-#: plan runs the wide instance (block_m 16, one wave of 256 experts). Kernels v8.7-v8.9 are v8.6
-#: plus that instance (v8.8: its combine loads a token's slots at once; v8.9: its EP1 dispatch
-#: counts locally); their other instances are v8.6's SASS (equal digests), so v8.6's traces at
-#: 16-8192 tokens stand for them (benchmarks/NOTES_kernel.md, sessions 32-34).
+#: plan runs the wide instance (block_m 16, one wave of 256 experts); the same kernel build as
+#: the other EP1 traces (all re-recorded on v9.0, benchmarks/NOTES_kernel.md, session 35).
 SM90_SKIP_FIT_TRACE = "benchmarks/traces/kernel_flash_ep1_t1.npz"
-SM90_SKIP_FIT_KERNEL = ("FP8 WGMMA v8.9 (v8.6 plus the wide instance at block_m 16: its scheduler's walk (v8.7), "
-                        "its combine loading a token's slots at once (v8.8), its EP1 dispatch counting every item "
-                        "in every CTA with no count barrier (v8.9), build 0303a6ba)")
-SM90_SKIP_FIT_DATE = "2026-12-03"
+SM90_SKIP_FIT_KERNEL = SM90_FIT_KERNEL
+SM90_SKIP_FIT_DATE = SM90_FIT_DATE
 #: The kernel and day of the EP2 traces: v6.4's (the two-GPU machine was not lent in the
 #: sessions that re-recorded the EP1 traces on v6.5-v6.7 and v7-v7.2; those changed the consumers'
 #: K loop and both epilogues (the weight fold, the activation fold, the L2 epilogue's stores), moved the profile clocks

@@ -35,7 +35,9 @@ The SM90 design (``megamoe-sm90``, this project's kernel, ``csrc/megamoe/kernel_
 differs where the kernel does: one CTA per SM (units of one SM); the consumer warps decode,
 run the MMA and both epilogues, so a block's K loop waits for the previous block's epilogue
 and then for the block scheduler's walk (``sched_block_ns`` plus ``sched_step_ns`` per
-chunk scan and ``sched_skip_ns`` per chunk skip, :func:`sm90_walk_steps`; the producer pays the same walk after its last copy
+chunk scan and ``sched_skip_ns`` per chunk skip, :func:`sm90_walk_steps`; at the block_m where
+the consumers walk inside the epilogue, ``WALK_IN_EPILOGUE``, ``sched_ahead_ns`` for the fixed
+part; the producer pays the whole walk after its last copy
 issue, which comes ``K blocks x sm90_issue_kblock_ns`` after its first (the producer warps
 issue one stage's loads in that time; since kernel v6.3 faster than the consumers use them,
 so the ring paces them), one issue after
@@ -73,6 +75,7 @@ from megamoe.design_sm90 import (
     PULL_ROUND_BYTES,
     RELAY_RELEASE,
     SCHED_CHUNK,
+    WALK_IN_EPILOGUE,
     cta_item_starts,
     l1_promoted_once,
     wide_walk,
@@ -439,7 +442,10 @@ class _Engine:
     def _sm90_walks(self, rp, rows, lens) -> list:
         """Per CTA of the SM90 kernel: the scheduler's cost before each of its blocks and after
         its last one, ``[(gaps, end_gap)]`` (see :func:`sm90_walk_steps`): ``sched_block_ns``
-        plus ``sched_step_ns`` per chunk scan and ``sched_skip_ns`` per chunk skip."""
+        plus ``sched_step_ns`` per chunk scan and ``sched_skip_ns`` per chunk skip.  This is the
+        producer's; where the consumers walk inside the epilogue
+        (:data:`megamoe.design_sm90.WALK_IN_EPILOGUE`) theirs has ``sched_ahead_ns`` for its
+        fixed part (:meth:`cluster`)."""
         hw = self.hw
         key, end_key = sm90_walk_steps(rp)
         key = key[rows]
@@ -648,8 +654,12 @@ class _Engine:
         cs = cfg.cluster_size  # SMs per unit: 2 (2-CTA cluster, lockstep) or 1
         clusters, act1, act2, l1_out, wb, epi2, walks = self.tables[r]
         cols = clusters[c]  # phase, n block, pool block, first-touch keys, block id per row
-        # SM90: the scheduler's cost before each block and after the last (0 for SM100)
+        # SM90: the scheduler's cost before each block and after the last (0 for SM100); the
+        # consumers' is less by this where they walk inside the epilogue (kernel v9.0: its
+        # cost is in the epilogue figures)
         gaps, end_gap = walks[c]
+        c_less = (self.hw.sched_block_ns - self.hw.sched_ahead_ns
+                  if plan.design == "megamoe-sm90" and WALK_IN_EPILOGUE.get(bm, False) else 0.0)
         t_ready = self.counts_ready[r]
         if t_ready is None:
             t_ready = yield self.counts_done[r]
@@ -770,7 +780,7 @@ class _Engine:
             mma_start = load_start + lat
             if prev_mma_end > mma_start:
                 mma_start = prev_mma_end
-            c_start = epi_m1 + gap if sm90 else epi_m2
+            c_start = epi_m1 + gap - c_less if sm90 else epi_m2
             if c_start > mma_start:
                 mma_start = c_start
             now = env.now
@@ -932,7 +942,7 @@ class _Engine:
             prev_epi_end = epi_end
             epi_m2, epi_m1 = epi_m1, epi_end
         self.last_write[r] = max(self.last_write[r], last_write)
-        self.cluster_end[r] = max(self.cluster_end[r], prev_epi_end + end_gap)
+        self.cluster_end[r] = max(self.cluster_end[r], prev_epi_end + end_gap - c_less)
 
     def _split_k(self, xchg: dict, key: tuple, kp: int, ks: int, epi_start: float, t_xchg: float):
         """Split-K hand-over of one block's partial sums (a generator; ``yield from`` it).

@@ -68,6 +68,11 @@ Figures (units in the key names):
   one step for every 32-expert chunk it scans beyond the call's first, across the passes (L1,
   L2) of the waves (``csrc/megamoe/scheduler.cuh``, :func:`sim.engine.sm90_walk_steps`); also
   after the last block, to the end of the list.
+* ``sched_ahead_ns`` — SM90 design, the block_m whose consumers walk to their next block inside
+  the epilogue (kernel v9.0, :data:`megamoe.design_sm90.WALK_IN_EPILOGUE`): the fixed part of
+  the consumers' gap between two blocks in place of ``sched_block_ns`` (the walk's cost is in
+  the epilogue figures, fitted to the same traces); the chunk scans beyond the call's first
+  still cost ``sched_step_ns`` each.
 * ``sm90_mask_seen_ns``, ``sm90_mask_seen_relay_ns`` — SM90 design: from an L1 epilogue's end
   (its trace record) until a producer on another SM sees the block's arrival-mask bits and may
   issue the L2 K blocks that need them: the epilogue's own fence and release add, or (kernel
@@ -169,6 +174,7 @@ class Hardware:
     pull_fold_chunk_ns: float
     sm90_issue_kblock_ns: float
     sched_block_ns: float
+    sched_ahead_ns: float
     sched_step_ns: float
     sched_skip_ns: float
     sm90_mask_seen_ns: float
@@ -266,6 +272,7 @@ FIGURE_RANGES: dict[str, tuple[float, float, str]] = {
     "pull_fold_chunk_ns": (0.01, 5_000.0, "ns"),
     "sm90_issue_kblock_ns": (0.01, 5_000.0, "ns"),
     "sched_block_ns": (0.01, 10_000.0, "ns"),
+    "sched_ahead_ns": (0.01, 10_000.0, "ns"),
     "sched_step_ns": (0.01, 10_000.0, "ns"),
     "sched_skip_ns": (0.01, 10_000.0, "ns"),
     "sm90_mask_seen_ns": (0.0, 100_000.0, "ns"),

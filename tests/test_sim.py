@@ -399,6 +399,35 @@ def test_sm90_block_lanes():
     assert float(comb["t_end_ns"][0] - comb["t_start_ns"][0]) == pytest.approx(rounds * hw.combine_round_ns)
 
 
+def test_sm90_walk_inside_the_epilogue_at_block_m_32():
+    """Kernel v9.0 (design_sm90.WALK_IN_EPILOGUE): at block_m >= 32 the consumers walk to their
+    next block inside the epilogue, so in the model their gap between an epilogue's end and the
+    next block's MMA start has sched_ahead_ns for its fixed part, while the producer still pays
+    the whole walk (sched_block_ns) between its blocks. 1024 tokens (block_m 32), three SMs."""
+    from megamoe.design_sm90 import WALK_IN_EPILOGUE
+    from sim.engine import sm90_walk_steps
+
+    res = _sm90_flash(1024)
+    hw, rp, tr = res.hardware, res.plan.ranks[0], res.trace
+    S = rp.num_sms
+    assert rp.config.block_m == 32 and WALK_IN_EPILOGUE[32] and not WALK_IN_EPILOGUE[16]
+    assert hw.sched_ahead_ns < hw.sched_block_ns
+    key, _ = sm90_walk_steps(rp)
+    for sm in (0, 7, 131):
+        c, p = tr.where(sm=sm, role="consumer"), tr.where(sm=sm, role="producer")
+        mma = c.select((c["kind"] == KIND["l1_mma"]) | (c["kind"] == KIND["l2_mma"]))
+        epi = c.select((c["kind"] == KIND["l1_epilogue"]) | (c["kind"] == KIND["l2_epilogue"]))
+        load = p.select((p["kind"] == KIND["l1_load"]) | (p["kind"] == KIND["l2_load"]))
+        steps = np.diff(key[sm::S], axis=0) @ [hw.sched_step_ns, hw.sched_skip_ns]
+        # the producer: the whole walk after its last copy issue
+        assert np.allclose(load["t_start_ns"][1:], load["t_end_ns"][:-1] + hw.sched_block_ns + steps)
+        # the consumers: no block starts sooner than sched_ahead_ns (+ steps) after the previous
+        # epilogue, and most start exactly then (the consumers pace the call at this size)
+        gap = mma["t_start_ns"][1:] - epi["t_end_ns"][:-1] - steps
+        assert gap.min() >= hw.sched_ahead_ns - 1e-6
+        assert np.mean(np.isclose(gap, hw.sched_ahead_ns)) > 0.5
+
+
 def test_sm90_k_block_priced_linearly_in_block_m():
     """The SM90 K loop: (2 x block_m x 128 x 128 FLOP at sm90_mma_fraction of the SM's FP8
     rate) + the decode of 128 x 128 / 256 elements per thread + the stage hand-off, per K
