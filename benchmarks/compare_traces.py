@@ -4,9 +4,8 @@ and the ranking of plan choices measured on the kernel.
 Prints two tables and writes benchmarks/results/compare_h200.json.  Runs on any CPU: the
 traces (benchmarks/traces/*.npz) and the kernel's plan-choice times
 (results/kernel_plan_choices_h200.json) were measured on the lent H200s: the EP1 traces and
-plan choices on one H200 with the FP8 WGMMA kernel v8.6 (build 94b176d2, 2026-12-02; the 1-token trace v8.9's,
-build 0303a6ba, 2026-12-03, v8.7-v8.9 keeping v8.6's SASS at 16-8192 tokens; the plan choices
-re-measured on it in the twenty-ninth session), the EP2
+plan choices on one H200: the EP1 traces with the FP8 WGMMA kernel v9.0 (build 8b6ff5f6,
+2026-12-03), the plan choices with v8.6 (build 94b176d2, re-measured in the twenty-ninth session), the EP2
 traces on two (NV18) with v6.4 (build fbc2931d, 2026-12-01; the two-GPU machine was not lent
 when v6.5-v8.6 were recorded). EP traces are simulated with the ranks' launch skew read off the trace (host jitter; the column
 without it is shown too).
