@@ -213,40 +213,24 @@ def test_mask_seen_figures_are_the_medians_of_the_producers_waits():
     assert (hw.sm90_mask_seen_relay_ns, hw.sm90_mask_seen_ns) == (1568.0, 864.0)
 
 
-def test_sched_skip_is_the_fit_to_the_one_token_trace():
-    """sched_skip_ns (the wide walk, kernel v8.7 on): the preset holds what fit_sm90_walk_skip gives on
-    the committed 1-token trace, on the preset's scheduler line; checked against the gaps read
-    from the trace directly (each consumer MMA record after an epilogue record of the same SM)
-    and the closed form of least squares through the origin, sum(s (g - b)) / sum(s^2). Every
-    pass of that plan (one wave of 256 experts, block_m 16) is wide, so each gap has 4-8 skips
-    and no scan; ~140 ns a skip against 292 ns a scan (v9.0's trace, on the 690 + 292 ns line;
-    v8.9's read ~111 ns on its 860 + 283 ns line, v8.8's ~106 ns, v8.7's ~119, v8.6's 1-token
-    trace 670 + 225 ns per scan on its own)."""
+def _consumer_gaps(t):
+    """Read straight from a trace's records: each consumer MMA record that follows an epilogue
+    record of the same SM, the gap between the two (ns), and the scheduler's chunk scans and
+    chunk skips between their blocks (sim.engine.sm90_walk_steps on the trace's own plan):
+    three float arrays."""
     import itertools
 
     import numpy as np
 
-    from megamoe.errors import InputError
-    from megamoe.trace import KIND, Trace
-    from sim.calibrate import (
-        SM90_SKIP_FIT_KERNEL,
-        SM90_SKIP_FIT_TRACE,
-        _sm90_plan,
-        fit_sm90_walk_skip,
-    )
+    from megamoe.trace import KIND
+    from sim.calibrate import _sm90_plan
     from sim.engine import sm90_walk_steps
 
-    hw = load_hardware("h200")
-    got, how = fit_sm90_walk_skip(_root(SM90_SKIP_FIT_TRACE), hw.sched_block_ns, hw.sched_step_ns)["sched_skip_ns"]
-    assert hw.sched_skip_ns == float(f"{got:.4g}")
-    assert SM90_SKIP_FIT_TRACE in hw.sources["sched_skip_ns"] and SM90_SKIP_FIT_KERNEL in hw.sources["sched_skip_ns"]
-    assert "2026-12-03" in hw.sources["sched_skip_ns"] and how in hw.sources["sched_skip_ns"]
-    t = Trace.load(_root(SM90_SKIP_FIT_TRACE))
     rp = _sm90_plan(t).ranks[0]
     key, _ = sm90_walk_steps(rp)
     S = rp.num_sms
     mma, epi = (KIND["l1_mma"], KIND["l2_mma"]), (KIND["l1_epilogue"], KIND["l2_epilogue"])
-    gs, ss = [], []
+    gs, scans, skips = [], [], []
     for sm in range(S):
         at = {tuple(b[:4]): k for b, k in zip(rp.sm_blocks(sm).tolist(), key[sm::S].tolist())}
         c = t.where(sm=sm, role="consumer")
@@ -257,10 +241,40 @@ def test_sched_skip_is_the_fit_to_the_one_token_trace():
             if cur[0] in mma and prev[0] in epi:
                 k0 = at[(1 if prev[0] == KIND["l1_epilogue"] else 2, prev[1], prev[2], prev[3])]
                 k1 = at[(1 if cur[0] == KIND["l1_mma"] else 2, cur[1], cur[2], cur[3])]
-                assert k1[0] == k0[0]  # no scans
                 gs.append(cur[4] - prev[5])
-                ss.append(k1[1] - k0[1])
-    g, s_ = np.array(gs, float), np.array(ss, float)
+                scans.append(k1[0] - k0[0])
+                skips.append(k1[1] - k0[1])
+    return np.array(gs, float), np.array(scans, float), np.array(skips, float)
+
+
+def test_sched_skip_is_the_fit_to_the_one_token_trace():
+    """sched_skip_ns (the wide walk, kernel v8.7 on): the preset holds what fit_sm90_walk_skip gives on
+    the committed 1-token trace, on the preset's scheduler line; checked against the gaps read
+    from the trace directly (each consumer MMA record after an epilogue record of the same SM)
+    and the closed form of least squares through the origin, sum(s (g - b)) / sum(s^2). Every
+    pass of that plan (one wave of 256 experts, block_m 16) is wide, so each gap has 4-8 skips
+    and no scan; ~140 ns a skip against 292 ns a scan (v9.0's trace, on the 690 + 292 ns line;
+    v8.9's read ~111 ns on its 860 + 283 ns line, v8.8's ~106 ns, v8.7's ~119, v8.6's 1-token
+    trace 670 + 225 ns per scan on its own)."""
+
+    import numpy as np
+
+    from megamoe.errors import InputError
+    from megamoe.trace import Trace
+    from sim.calibrate import (
+        SM90_SKIP_FIT_KERNEL,
+        SM90_SKIP_FIT_TRACE,
+        fit_sm90_walk_skip,
+    )
+
+    hw = load_hardware("h200")
+    got, how = fit_sm90_walk_skip(_root(SM90_SKIP_FIT_TRACE), hw.sched_block_ns, hw.sched_step_ns)["sched_skip_ns"]
+    assert hw.sched_skip_ns == float(f"{got:.4g}")
+    assert SM90_SKIP_FIT_TRACE in hw.sources["sched_skip_ns"] and SM90_SKIP_FIT_KERNEL in hw.sources["sched_skip_ns"]
+    assert "2026-12-03" in hw.sources["sched_skip_ns"] and how in hw.sources["sched_skip_ns"]
+    t = Trace.load(_root(SM90_SKIP_FIT_TRACE))
+    g, sc, s_ = _consumer_gaps(t)
+    assert not sc.any()  # no scans
     assert len(g) == 252 and s_.min() == 4 and s_.max() == 8
     assert got == pytest.approx(np.sum(s_ * (g - hw.sched_block_ns)) / np.sum(s_ * s_), rel=1e-12)
     # the bound was 100-140 ns until v9.0: the gaps did not move (v9.0's read 109 ns on v8.9's
@@ -281,40 +295,19 @@ def test_sched_ahead_is_the_mean_gap_of_the_walk_inside_the_epilogue():
     same SM, the scans and skips from sim.engine.sm90_walk_steps between the two blocks): 16252
     gaps, none with a skip, 12160 without a scan (median 320 ns) and 4092 with one; the mean
     306 ns, against the 690 ns fixed part where the walk runs between the blocks (v9.0's traces)."""
-    import itertools
     import json
     from pathlib import Path
 
     import numpy as np
 
     from megamoe.design_sm90 import WALK_IN_EPILOGUE
-    from megamoe.trace import KIND, Trace
-    from sim.calibrate import SM90_FIT_PROFILE, _sm90_plan, fit_sm90_traces
-    from sim.engine import sm90_walk_steps
+    from megamoe.trace import Trace
+    from sim.calibrate import SM90_FIT_PROFILE, fit_sm90_traces
 
     fit = fit_sm90_traces([_root(p) for p in TRACES], json.loads(Path(_root(SM90_FIT_PROFILE)).read_text()))
     inside = [p for p in TRACES if WALK_IN_EPILOGUE[int(Trace.load(_root(p)).meta["plan"]["block_m"])]]
     assert inside == [TRACES[-1]]  # T=4096; T=64 and 512 (block_m 16) walk between the blocks
-    t = Trace.load(_root(TRACES[-1]))
-    rp = _sm90_plan(t).ranks[0]
-    key, _ = sm90_walk_steps(rp)
-    S = rp.num_sms
-    mma, epi = (KIND["l1_mma"], KIND["l2_mma"]), (KIND["l1_epilogue"], KIND["l2_epilogue"])
-    gs, scans, skips = [], [], []
-    for sm in range(S):
-        at = {tuple(b[:4]): k for b, k in zip(rp.sm_blocks(sm).tolist(), key[sm::S].tolist())}
-        c = t.where(sm=sm, role="consumer")
-        o = np.argsort(c["t_start_ns"], kind="stable")
-        recs = list(zip(c["kind"][o].tolist(), c["expert"][o].tolist(), c["m_block"][o].tolist(),
-                        c["n_block"][o].tolist(), c["t_start_ns"][o].tolist(), c["t_end_ns"][o].tolist()))
-        for prev, cur in itertools.pairwise(recs):
-            if cur[0] in mma and prev[0] in epi:
-                k0 = at[(1 if prev[0] == KIND["l1_epilogue"] else 2, prev[1], prev[2], prev[3])]
-                k1 = at[(1 if cur[0] == KIND["l1_mma"] else 2, cur[1], cur[2], cur[3])]
-                gs.append(cur[4] - prev[5])
-                scans.append(k1[0] - k0[0])
-                skips.append(k1[1] - k0[1])
-    g, sc, sk = np.array(gs, float), np.array(scans, float), np.array(skips, float)
+    g, sc, sk = _consumer_gaps(Trace.load(_root(TRACES[-1])))
     z = sk == 0
     assert len(g) == int(z.sum()) == 16252 and int((sc == 0).sum()) == 12160 and int((sc == 1).sum()) == 4092
     step = fit["sched_step_ns"][0]
