@@ -112,13 +112,15 @@ RELAY_RELEASE = {16: True, 32: False, 64: False, 128: False}
 #: Whether the consumers walk the block scheduler to their next block inside the epilogue of the
 #: current one, per block_m (kernel v9.0; ``walk_in_epilogue`` in ``csrc/megamoe/kernel_sm90.cu``,
 #: ``megamoe_sm90_walk_in_epilogue``): right after the epilogue's first global loads are issued
-#: (the top-k weights at L1, the combine rows at L2), so that the walk's dependent chain (warp
-#: shuffles, a ballot, an integer division) runs during their round trip instead of between the
+#: (the top-k weights at L1, the combine rows at L2), meant to run the walk's dependent chain (warp
+#: shuffles, a ballot, an integer division) during their round trip instead of between the
 #: blocks. The block order is the same. Elsewhere the walk runs after the epilogue. Measured on the
-#: H200 against v8.9 (CUPTI kernel time, 8 crossover rounds) with the walk in the epilogue at
-#: every block_m: 0.969 at 1024 tokens (block_m 32), 0.966-0.968 at 4096 / 8192 (128), 1.000 at
-#: 16-256 (16) and 1.012-1.037 at 1-4 tokens (the wide instance); so not at block_m 16, whose
-#: instances stay v8.9's SASS (benchmarks/NOTES_kernel.md, session 35).
+#: H200 against v8.9 (CUPTI kernel time, 8 crossover rounds): 0.968 at 1024 tokens (block_m 32),
+#: 0.972 / 0.973 at 4096 / 8192 (128), 0.994-1.006 at 1-64 (16); with the walk in the epilogue at
+#: block_m 16 too, 1.012-1.037 at 1-4 tokens (the wide instance). In v9.0's traces the walk is not
+#: hidden: the gap between blocks fell from 0.67-1.15 to 0.22-0.32 us and the epilogues grew by
+#: about as much; the gain is in the K loops, whose layout changed with it (a form with the same
+#: instruction counts read 1.011 at 1024 tokens; benchmarks/NOTES_kernel.md, session 35).
 WALK_IN_EPILOGUE = {16: False, 32: True, 64: True, 128: True}
 
 #: Dispatch warps that pull a CTA's row when the CTA has only one item (EP1), per block_m
