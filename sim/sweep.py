@@ -40,6 +40,7 @@ import itertools
 import json
 import math
 import os
+import re
 import stat
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -421,7 +422,8 @@ def sweep(axes: dict[str, list], base: dict, out_dir: str, jobs: int | None = No
             are started than there are points to run.  Not with ``address``.
         resume: skip points already in ``points.jsonl`` (same point, base and input files'
             contents: :func:`point_key`).
-        address: Dask scheduler (``tcp://host:port``) or Ray (``ray://host:port``) address.
+        address: Dask scheduler (``tcp://host:port``, another Dask scheme, or ``host:port``) or
+            Ray (``ray://host:port``, or ``ray`` for a local Ray) address.
 
     Nothing is written (not even ``out_dir``) before a valid point has finished, and only
     valid points are journaled: a sweep whose points are all invalid leaves no folder or
@@ -432,7 +434,8 @@ def sweep(axes: dict[str, list], base: dict, out_dir: str, jobs: int | None = No
             points, a point whose scaled hardware leaves a figure's range (checked before
             anything runs, see :func:`check_scaled_hardware`), a base hardware that does not
             load (``hardware``), a bad line in ``points.jsonl`` (:func:`read_log`), or no
-            valid point (the first point's error is quoted).
+            valid point (the first point's error is quoted), an ``address`` of neither form
+            (``sweep.address``, before anything runs), or a cluster package missing.
     """
     bound = max_jobs()
     if jobs is not None:
@@ -440,6 +443,10 @@ def sweep(axes: dict[str, list], base: dict, out_dir: str, jobs: int | None = No
                 f"an integer in [1, {bound}] ({JOBS_PER_CPU} x the {os.cpu_count() or 1} CPUs)", jobs)
         require(not address, "sweep --jobs", "no --jobs with --address (the cluster's own workers run the points)",
                 jobs)
+    # the form of a cluster address, before anything runs or is written (Dask also takes host:port)
+    require(not address or (isinstance(address, str) and (
+        address == "ray" or re.fullmatch(r"(tcp|tls|ucx|inproc|ws|wss|ray)://\S+|[\w.\-]+:\d+", address))),
+        "sweep.address", "tcp://host:port or host:port (Dask), or ray://host:port or ray (Ray)", address)
     log = os.path.join(out_dir, "points.jsonl")
     points = grid(axes)
     check_scaled_hardware(points, base)

@@ -123,6 +123,17 @@ def test_missing_cluster_package_is_a_clear_error(tmp_path):
         sweep({"tokens": [4]}, BASE, str(tmp_path), address="ray://127.0.0.1:1", progress=False)
 
 
+@pytest.mark.parametrize("address", ["notaurl", "foo://x", "tcp://", "http://127.0.0.1:8786", "127.0.0.1"])
+def test_malformed_cluster_address_is_refused_before_anything_runs(tmp_path, address):
+    """An address that is neither a Dask nor a Ray address is a one-line error naming
+    sweep.address, before any point runs or the output folder is made."""
+    out = tmp_path / "out"
+    with pytest.raises(InputError, match=r"^sweep.address: expected tcp://host:port or host:port \(Dask\), or "
+                                         r"ray://host:port or ray \(Ray\), got "):
+        sweep({"tokens": [4]}, BASE, str(out), address=address, progress=False)
+    assert not out.exists()
+
+
 def test_resume_recomputes_points_of_another_base(tmp_path):
     """A finished point is reused only for the same base scenario: the same grid resumed with
     another hardware preset must give that preset's numbers, not the first run's."""
