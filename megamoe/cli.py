@@ -387,6 +387,8 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     written = [f for f in ["results.csv", "results.parquet", *(f"time_us_vs_{x}.png" for x in axes)]
                if os.path.exists(os.path.join(a.out, f))]
     print(f"{len(rows)} point{'s' * (len(rows) != 1)} ({len(bad)} invalid) -> {a.out}/" + ", ".join(written))
+    if "results.parquet" not in written:
+        print("no results.parquet: it needs pandas and pyarrow (pip install -e '.[analysis]')")
     if bad:
         print(f"first invalid point: {bad[0]['error']}")
     return 0
@@ -567,7 +569,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "separated by ';' when one is a custom E,k,H,I; repeatable")
     w.add_argument("--out", type=_out_dir, default="sweep-out",
                    help="output folder (default %(default)s; made once a point is valid): points.jsonl (the resume "
-                        "log), results.csv, results.parquet and one PNG per swept axis")
+                        "log), results.csv, results.parquet (with the analysis extra: pandas, pyarrow) and one PNG per "
+                        "swept axis")
     w.add_argument("--jobs", type=_positive, default=None,
                    help="local worker processes, at most 4 x the CPUs (default: the CPUs; none with --address)")
     w.add_argument("--no-resume", action="store_true",

@@ -504,7 +504,8 @@ def sweep(axes: dict[str, list], base: dict, out_dir: str, jobs: int | None = No
 
 
 def write_outputs(rows: list[dict], axis_names: list[str], out_dir: str) -> None:
-    """``results.csv``, ``results.parquet`` (pandas + pyarrow) and ``time_us_vs_<axis>.png``,
+    """``results.csv``, ``results.parquet`` (only with pandas and pyarrow, the ``analysis`` extra)
+    and ``time_us_vs_<axis>.png``,
     all or nothing (:class:`megamoe.outputs.Outputs`: an error leaves the folder's earlier
     results as they were). Once they are written, an earlier sweep's ``time_us_vs_*.png`` of
     another axis (a plot of results no longer in the folder) is removed.
@@ -521,6 +522,7 @@ def write_outputs(rows: list[dict], axis_names: list[str], out_dir: str) -> None
         csv_path = outs.reserve("sweep --out", os.path.join(out_dir, "results.csv"), (".csv",))
         try:
             import pandas as pd
+            import pyarrow  # noqa: F401  (to_parquet's engine)
         except ImportError:  # pragma: no cover - the analysis extra is missing
             pd = None
         pq_path = outs.reserve("sweep --out", os.path.join(out_dir, "results.parquet"), (".parquet",)) if pd else None

@@ -89,6 +89,20 @@ def test_plot_joins_numeric_points_only(tmp_path, monkeypatch):
     assert (tmp_path / "t.png").exists() and (tmp_path / "c.png").exists()
 
 
+def test_cli_sweep_says_when_parquet_is_skipped(tmp_path, capsys, monkeypatch):
+    """Without pyarrow (the analysis extra) the sweep writes results.csv and the plots, no
+    results.parquet, and says so in one line."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow -> ImportError
+    assert main(["sweep", "--shape", "deepseek-v4-flash", "--ranks", "2", "--set", "tokens=4,8",
+                 "--out", str(tmp_path), "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "no results.parquet: it needs pandas and pyarrow" in out
+    assert (tmp_path / "results.csv").exists() and not (tmp_path / "results.parquet").exists()
+    assert (tmp_path / "time_us_vs_tokens.png").exists()
+
+
 def test_cli_sweep_and_bad_set(tmp_path, capsys):
     assert main(["sweep", "--shape", "deepseek-v4-flash", "--ranks", "2", "--tokens", "4",
                  "--set", "reserved_sms=0,20", "--set", "policy=rank-by-rank,round-robin",
