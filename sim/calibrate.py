@@ -379,7 +379,8 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
         figure name -> (value, how it was fitted: the numbers behind it).
 
     Raises:
-        InputError: fewer than two distinct block_m among the traces.
+        InputError: fewer than two distinct block_m among the traces, or none at a block_m whose
+            consumers walk between the blocks (``design_sm90.WALK_IN_EPILOGUE`` false: block_m 16).
     """
     import numpy as np
 

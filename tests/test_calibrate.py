@@ -482,3 +482,16 @@ def test_ep_l2_epilogue_figure_is_in_every_preset():
     del data["figures"]["l2_epilogue_ep_ns"]
     with pytest.raises(InputError, match=r"^hardware.figures.l2_epilogue_ep_ns: expected a number, got missing"):
         parse_hardware(data)
+
+
+def test_fit_needs_a_trace_that_walks_between_the_blocks():
+    """sched_block_ns and sched_step_ns come from the traces whose consumers walk between the
+    blocks (block_m 16); traces at block_m 32 and 128 alone (both walk inside the epilogue,
+    kernel v9.0) are refused by name."""
+    from megamoe.errors import InputError
+    from sim.calibrate import fit_sm90_traces
+
+    paths = [_root("benchmarks/traces/kernel_flash_ep1_t1024.npz"), _root(TRACES[-1])]
+    with pytest.raises(InputError, match=r"^traces: expected one with a block_m whose consumers walk between the "
+                                         r"blocks \(design_sm90.WALK_IN_EPILOGUE false\), got block_m \[32, 128\]$"):
+        fit_sm90_traces(paths)
