@@ -794,19 +794,9 @@ SM90_EP_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep2_t{t}.npz" for t 
 SM90_EP_FIT_DEVICE = "two lent H200s (EP2, NV18)"
 SM90_FIT_PROFILE = "benchmarks/results/kernel_profile_stages_h200.json"
 SM90_FIT_DATE = "2026-12-03"
-SM90_FIT_KERNEL = ("FP8 WGMMA v9.0 (TMA loads, E2M1 decoded into WGMMA registers through the weight fold's "
-                   "table, activation scales folded per 64-K group (two WGMMAs per promotion), full-sector L2 "
-                   "epilogue stores, four producer warps, one-ballot scheduler, vectorized EP index prefix, profile "
-                   "clocks in a separate instance, idle-wait records after the issue, consumer records from the "
-                   "last consumer warp, the L1 epilogue's per-token scales computed once, FP32 token scales copied "
-                   "with each stage, x folded per 128-K group at block_m 128, the epilogues' instruction diet "
-                   "(L2-pool tile staged in shared memory), SwiGLU values interleaved, the EP1 pull sorted by expert, "
-                   "the combine's slot loads four at a time at block_m >= 32, the L1 epilogue's mask release relayed to a "
-                   "dispatch lane at block_m 16, the invalid tokens zeroed before the L1 SwiGLU, one warp sync fewer per K block, "
-                   "the block_m 64 / 128 token scales loaded ahead of their promotions, the EP1 items split evenly "
-                   "over the CTAs, a count barrier on one counter, a CTA's only item pulled by its four dispatch "
-                   "warps at block_m 16, the wide instance's walk, combine and local count at 1-12 tokens, "
-                   "the consumers' walk inside the epilogue at block_m >= 32, build 8b6ff5f6)")
+SM90_FIT_KERNEL = ("FP8 WGMMA v9.0, build 8b6ff5f6 (TMA loads, E2M1 decoded into WGMMA registers through the weight "
+                   "fold's table, four producer warps, the wide instance at 1-12 tokens, the consumers' walk inside "
+                   "the epilogue at block_m >= 32; every version's change: docs/kernel.md, benchmarks/NOTES_kernel.md)")
 SM90_PROFILE_KERNEL = "FP8 WGMMA v8.6 kernel (its profile instance)"
 #: The committed trace ``sched_skip_ns`` and ``sm90_local_count_ns`` are fitted to
 #: (:func:`fit_sm90_walk_skip`, :func:`fit_sm90_local_count`): 1 token, the only traced size whose
