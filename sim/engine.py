@@ -654,12 +654,8 @@ class _Engine:
         cs = cfg.cluster_size  # SMs per unit: 2 (2-CTA cluster, lockstep) or 1
         clusters, act1, act2, l1_out, wb, epi2, walks = self.tables[r]
         cols = clusters[c]  # phase, n block, pool block, first-touch keys, block id per row
-        # SM90: the scheduler's cost before each block and after the last (0 for SM100); the
-        # consumers' is less by this where they walk inside the epilogue (kernel v9.0: its
-        # cost is in the epilogue figures)
+        # SM90: the scheduler's cost before each block and after the last (0 for SM100)
         gaps, end_gap = walks[c]
-        c_less = (self.hw.sched_block_ns - self.hw.sched_ahead_ns
-                  if plan.design == "megamoe-sm90" and WALK_IN_EPILOGUE.get(bm, False) else 0.0)
         t_ready = self.counts_ready[r]
         if t_ready is None:
             t_ready = yield self.counts_done[r]
@@ -670,6 +666,9 @@ class _Engine:
         lat = hw.tma_latency_ns
         stages = rp.num_stages
         sm90 = plan.design == "megamoe-sm90"
+        # the consumers' walk costs less by this where they walk inside the epilogue (kernel
+        # v9.0: its cost is in the epilogue figures); the producer's does not
+        c_less = hw.sched_block_ns - hw.sched_ahead_ns if sm90 and WALK_IN_EPILOGUE.get(bm, False) else 0.0
         tc = hw.tc_flops_per_ns_per_sm * (hw.sm90_mma_fraction if sm90 else 1.0)
         t_mma_k = 2.0 * bm * bn * bk / tc
         # global bytes one SM moves per K block: its share of A (half with 2-CTA multicast),
