@@ -123,6 +123,20 @@ RELAY_RELEASE = {16: True, 32: False, 64: False, 128: False}
 #: instruction counts read 1.011 at 1024 tokens; benchmarks/NOTES_kernel.md, session 35).
 WALK_IN_EPILOGUE = {16: False, 32: True, 64: True, 128: True}
 
+#: Whether the consumers take their blocks from the producer's block descriptors instead of
+#: walking the block scheduler, per block_m (kernel v9.1; ``block_descriptors`` in
+#: ``csrc/megamoe/kernel_sm90.cu``, ``megamoe_sm90_block_descriptors``). The producer lane that
+#: issues a block's first K block writes the block (three words) into that stage's descriptor in
+#: shared memory before its arrive on the stage's full barrier; the consumers read it after their
+#: wait. The block order is the same; only the producer warps walk. Measured on the H200 against
+#: v9.0 (CUPTI kernel time, 8 crossover rounds): 0.909-0.914 at 16-256 tokens (block_m 16), 0.929
+#: at 4 and 0.989 at 1 (the wide instance). At every block_m it read 1.007 / 1.020 / 1.011 at 1024 /
+#: 4096 / 8192 tokens (the block_m 32 K loop grew by 18 instructions), so at block_m >= 32 the
+#: consumers keep walking inside the epilogue (:data:`WALK_IN_EPILOGUE`; since v9.1 the L2
+#: epilogue forms the combine-row index after the walk: 0.997 / 0.999 / 0.993 there;
+#: benchmarks/NOTES_kernel.md, session 36).
+BLOCK_DESCRIPTORS = {16: True, 32: False, 64: False, 128: False}
+
 #: Dispatch warps that pull a CTA's row when the CTA has only one item (EP1), per block_m
 #: (kernel v8.6; ``whole_cta_pull`` in ``csrc/megamoe/roles_shared.cuh``): at block_m 16 all
 #: four, each folding and storing a quarter of the row (its 512-byte chunk rounds m with

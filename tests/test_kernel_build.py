@@ -181,6 +181,10 @@ def test_build_sm90a_and_resources():
     assert lib.megamoe_sm90_relay_release(48) == -1
     assert {bm: bool(lib.megamoe_sm90_walk_in_epilogue(bm)) for bm in d.BLOCK_MS} == d.WALK_IN_EPILOGUE
     assert lib.megamoe_sm90_walk_in_epilogue(48) == -1
+    assert {bm: bool(lib.megamoe_sm90_block_descriptors(bm)) for bm in d.BLOCK_MS} == d.BLOCK_DESCRIPTORS
+    assert lib.megamoe_sm90_block_descriptors(48) == -1
+    # the consumers either take descriptors or walk (inside the epilogue or after it), never both
+    assert not any(d.BLOCK_DESCRIPTORS[bm] and d.WALK_IN_EPILOGUE[bm] for bm in d.BLOCK_MS)
     assert {(bm, w): lib.megamoe_sm90_wide_walk(bm, w) for bm in d.BLOCK_MS for w in (1, 32, 33, 256)} == \
         {(bm, w): int(d.wide_walk(bm, w)) for bm in d.BLOCK_MS for w in (1, 32, 33, 256)}
     assert lib.megamoe_sm90_wide_walk(16, 33) == 1 and lib.megamoe_sm90_wide_walk(16, 32) == 0

@@ -60,6 +60,7 @@ static_assert(kRegsDispatch + kRegsProducer + 2 * kRegsConsumer == 4 * kRegsEven
 template <uint32_t R> __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(R)); }
 template <uint32_t R> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(R)); }
 constexpr uint32_t kBarDispatch = 1, kBarConsumer = 2;
+constexpr int kL1EpilogueBarriers = 4;  // the kBarConsumer barriers of one L1 epilogue (consumer_role)
 static_assert(kDispatchThreads == kSharedDispatchThreads && kBarDispatch == kSharedBarDispatch,
               "the dispatch warps run roles_shared.cuh's count_items / dispatch_pull with its barrier");
 
@@ -67,7 +68,7 @@ __host__ __device__ constexpr size_t align128(size_t x) { return (x + 127) & ~si
 constexpr int kMaxStages = 16;
 constexpr uint32_t kFoldTableOffset = 2 * kMaxStages * 8;  // the fold table (fp4.cuh) after the full/empty barriers
 static_assert(kFoldTableOffset + kFoldTableBytes <= 1024, "fold table inside the barrier kilobyte");
-constexpr uint32_t kTraceScratchOffset = 512;  // the producer's pending idle-wait times (4 x u64)
+constexpr uint32_t kTraceScratchOffset = 416;  // the producer's pending idle-wait times (4 x u64)
 static_assert(kTraceScratchOffset >= kFoldTableOffset + kFoldTableBytes && kTraceScratchOffset + 32 <= 1024,
               "trace scratch after the fold table, inside the barrier kilobyte");
 
@@ -101,7 +102,17 @@ __host__ __device__ constexpr bool relay_release() { return BM == 16; }
 // (benchmarks/NOTES_kernel.md, session 35).
 template <int BM>
 __host__ __device__ constexpr bool walk_in_epilogue() { return BM >= 32; }
-constexpr uint32_t kRelayOffset = 576;
+// Whether the consumers take their blocks from the producer's block descriptors instead of walking
+// the scheduler themselves (kernel v9.1, block_m 16; see read_desc): the walk (~190 instructions
+// of dependent shuffles, a ballot and divisions) cost each consumer block ~0.4-0.8 us wherever it
+// ran. Measured on the H200 against v9.0 (CUPTI kernel time, 8 crossover rounds): 0.909-0.914 at
+// 16-256 tokens, 0.929 at 4, 0.989 at 1. At every block_m: 1.007 / 1.020 / 1.011 at 1024 / 4096 /
+// 8192 tokens (the block_m 32 K loop grew by 18 instructions: the shared-memory base left the
+// uniform registers), so the consumers at block_m >= 32 keep walking inside the epilogue. Mirrored
+// by design_sm90.BLOCK_DESCRIPTORS (benchmarks/NOTES_kernel.md, session 36).
+template <int BM>
+__host__ __device__ constexpr bool block_descriptors() { return BM == 16; }
+constexpr uint32_t kRelayOffset = 448;
 constexpr int kRelaySlots = 16;
 constexpr uint32_t kRelayDone = 0xFFFFFFFFu;
 struct Relay {
@@ -113,6 +124,9 @@ struct Relay {
 };
 static_assert(kRelayOffset >= kTraceScratchOffset + 32 && kRelayOffset % 8 == 0 && kRelayOffset + sizeof(Relay) <= 1024,
               "release relay after the trace scratch, inside the barrier kilobyte");
+constexpr uint32_t kDescOffset = 784;  // the block descriptors: 3 x kMaxStages u32 (block_descriptors)
+static_assert(kDescOffset >= kRelayOffset + sizeof(Relay) && kDescOffset + 3 * kMaxStages * 4 <= 1024,
+              "block descriptors after the relay, inside the barrier kilobyte");
 __device__ __forceinline__ Relay* relay_of(uint64_t* full) {
     return reinterpret_cast<Relay*>(reinterpret_cast<uint8_t*>(full) + kRelayOffset);
 }
@@ -379,6 +393,44 @@ __device__ __forceinline__ void dispatch_role_ep(const Params& p, const int BM, 
     if (trace) trace_record(p, kRoleDispatch, kKindPull, -1, -1, -1, -1, j1 - j0, ts, globaltimer());
 }
 
+// ------------------------------------------------------------------ block descriptors
+// The producer lane that issues a block's first K block writes the block into the descriptor of
+// that K block's stage before its arrive on the stage's full barrier (release.cta); the consumers
+// read it after their wait on that barrier (acquire.cta), so that only the producer warps walk
+// the scheduler. A stage is rewritten only after every consumer warp released it. A descriptor
+// with phase kPhaseNone (a plain arrive, no bytes) ends the block list.
+// Three words per stage, as three arrays [kMaxStages] u32 in the barrier kilobyte (kDescOffset):
+// (phase << 30) | (n_block << 16) | expert, pool_block, (m_block << 8) | valid_m.
+__device__ __forceinline__ uint32_t* desc_of(uint64_t* full) {
+    return reinterpret_cast<uint32_t*>(reinterpret_cast<uint8_t*>(full) + kDescOffset);
+}
+__device__ __forceinline__ void write_desc(uint64_t* full, int s, const Block& b) {
+    uint32_t* d = desc_of(full);
+    d[s] = ((uint32_t)b.phase << 30) | ((uint32_t)b.n_block << 16) | (uint32_t)b.expert;
+    d[kMaxStages + s] = (uint32_t)b.pool_block;
+    d[2 * kMaxStages + s] = ((uint32_t)b.m_block << 8) | (uint32_t)b.valid_m;
+}
+__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr) {
+    uint32_t v;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+    return v;
+}
+__device__ __forceinline__ Block read_desc(const Params& p, uint64_t* full, int s) {
+    const uint32_t d = smem_u32(desc_of(full)) + 4u * (uint32_t)s;
+    // every lane reads the same word: a warp reduction makes the phase and the K-block count
+    // warp-uniform for the compiler (uniform registers, no divergence checks in the K loop)
+    const uint32_t x = __reduce_or_sync(0xffffffffu, ld_shared_u32(d)), z = ld_shared_u32(d + 8u * kMaxStages);
+    Block b;
+    b.phase = (int)(x >> 30);
+    b.n_block = (int)((x >> 16) & 0x3FFFu);
+    b.expert = (int)(x & 0xFFFFu);
+    b.pool_block = (int)ld_shared_u32(d + 4u * kMaxStages);
+    b.m_block = (int)(z >> 8);
+    b.valid_m = (int)(z & 0xFFu);
+    b.num_k_blocks = (int)((b.phase == kPhaseL1 ? p.hidden : p.inter) / 128);
+    return b;
+}
+
 // ------------------------------------------------------------------ producer (warps 4-7)
 // NW producer warps share the ring: K block `it` (counted over the whole block list) is
 // issued by producer warp it % NW, so the per-K-block work (the free-stage wait, the
@@ -438,7 +490,7 @@ struct Producer {
                      (l1 ? p.w1_sf : p.w2_sf) + tile0 * 512, row, l1};
     }
 
-    __device__ __forceinline__ bool issue(const Loads& L, int kb) {
+    __device__ __forceinline__ bool issue(const Loads& L, int kb, const Block& b) {
         const bool prof = p.fault_inject & 32;
         const uint32_t c0 = prof ? clock32() : 0u;
         if (it >= S && !mbar_wait(p, empty + s, round_par ^ 1u, kRoleProducer)) return false;
@@ -449,6 +501,7 @@ struct Producer {
             // timing experiments only (fault_inject bits 8, 64, 128): skip the weight tile, the
             // token tile, the token scales
             const bool weights = !(p.fault_inject & 8), tokens = !(p.fault_inject & 64), scales = !(p.fault_inject & 128);
+            if (block_descriptors<BM>() && kb == 0) write_desc(full, s, b);  // the block, for the consumers
             mbar_arrive_expect_tx(full + s, (uint32_t)((tokens ? BM * 128 : 0) + (scales ? BM * 8 : 0) + (weights ? 8192 + 512 : 0)));
             if (tokens)  // rows pool_block * BM .. + BM, K elements kb * 128 .. + 128
                 cute::SM90_TMA_LOAD_2D::copy(pool_map + (L.l1 ? 0 : 1), full + s,
@@ -543,7 +596,7 @@ struct Producer {
                         cyc_wait_dep += clock32() - cd;
                     }
                 }
-                ok = issue(L, kb);
+                ok = issue(L, kb, b);
                 if (trace && tw_buf[3]) {
                     trace_record(p, kRoleProducer, kKindIdleWait, b.expert, b.m_block, b.n_block, wave, kb, tw_buf[2], tw_buf[3]);
                     tw_buf[3] = 0;
@@ -555,6 +608,16 @@ struct Producer {
                                    b.n_block, wave, b.valid_m, tb, globaltimer());
             if (!ok) return;
         }
+        // the end of the block list, in the next stage (its producer warp's turn)
+        if (block_descriptors<BM>() && mine()) {
+            if (it >= S && !mbar_wait(p, empty + s, round_par ^ 1u, kRoleProducer)) return;
+            __syncwarp();
+            if ((ptid & 31) == 0) {
+                desc_of(full)[s] = 0u;  // phase kPhaseNone
+                mbar_arrive(full + s);
+            }
+        }
+        if (block_descriptors<BM>()) advance();
         if ((p.fault_inject & 32) && ptid == 0) {
             progress(p, 8, (clock32() - c_start) >> 6);
             progress(p, 9, cyc_wait_empty >> 6);
@@ -581,11 +644,11 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
     const int cw = ctid >> 5, lane = ctid & 31;
     const int S = (int)p.num_stages;
     const int H = (int)p.hidden, I = (int)p.inter;
-    Scheduler<BM, WIDE> sched(p);
     const int wslot = 16 + 8 + cw;  // debug progress slot of this consumer warp
     if (lane == 0) progress(p, wslot, 0x01000000);
     // All consumer warps leave together or not at all: a warp that saw the counts complete
     // must not wait at an epilogue barrier for one that gave up (an error raised meanwhile).
+    Scheduler<BM, WIDE> sched(p);  // walked where the blocks do not come from descriptors
     if (!named_bar_and(kBarConsumer, kConsumerThreads, sched.fetch_counts(p, kRoleConsumer))) {
         if (lane == 0) progress(p, wslot, 0x0E000000);
         return;
@@ -617,14 +680,29 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
     const auto pclock = []() -> long long { if constexpr (PROF) return clock64(); else return 0; };
     long long cyc_full = 0, cyc_decode = 0, cyc_mma = 0, cyc_epi = 0;
     const long long c_start = pclock();
-    // At block_m >= 32 (walk_in_epilogue) the walk to the next block runs inside the epilogue of
-    // this one, in the shadow of its first global loads' round trip (the top-k weights at L1, the
-    // combine rows at L2), not between the blocks; at block_m 16 it runs after the epilogue. The
+    // The blocks come from the producer's descriptors where block_descriptors (block_m 16; after an
+    // error the rest of the list is walked below). Elsewhere the consumers walk the scheduler, at
+    // block_m >= 32 (walk_in_epilogue) inside the epilogue of the current block, right after its
+    // first global loads are issued (the top-k weights at L1, the combine rows' slot and token at
+    // L2: the row index is formed after the walk, which then overlaps the loads' round trip). The
     // trace's wave number is computed for the record where the walk moved and at the block's
-    // start where it did not (the SASS each form was measured with).
-    constexpr bool ahead = walk_in_epilogue<BM>();
-    Block b = sched.next();
-    while (b.phase != kPhaseNone) {
+    // start elsewhere (the SASS each form was measured with).
+    constexpr bool from_desc = block_descriptors<BM>();
+    constexpr bool ahead = !from_desc && walk_in_epilogue<BM>();
+    int taken = 0;  // blocks taken from the descriptors
+    Block b;
+    if constexpr (!from_desc) b = sched.next();
+    for (;;) {
+        if constexpr (from_desc) {
+            // the next block: the descriptor of stage s (its first K block's), once that stage is
+            // full (the K loop's first wait then finds the phase complete)
+            if (!dead && !mbar_wait(p, full + s, parity, kRoleConsumer)) dead = true;
+            dead = __any_sync(0xffffffffu, dead);
+            if (dead) break;
+            b = read_desc(p, full, s);
+            ++taken;
+        }
+        if (b.phase == kPhaseNone) break;
         const int wave_here = ahead ? 0 : b.expert / (int)p.experts_per_wave;
         const uint64_t tb = globaltimer();
         const uint32_t tslot = trace ? trace_reserve(p, 2) : 0;  // the block's two records (MMA, epilogue)
@@ -682,6 +760,7 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
         const uint64_t tm = globaltimer();
         const long long ce = pclock();
         const size_t prow0 = (size_t)b.pool_block * BM;
+        Block nb;  // the next block, walked to in either epilogue (ahead)
         // After an error (this warp's waits failed, or any role raised one) the pool rows may
         // never have been pulled: compute nothing into memory, above all no write-back through
         // a stale source rank (EP). The named barriers below are still met.
@@ -695,7 +774,6 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
             tile.acc[j][0] *= rs0; tile.acc[j][1] *= rs0;
             tile.acc[j][2] *= rs8; tile.acc[j][3] *= rs8;
         }
-        Block nb;  // the next block, walked to in either epilogue
         if (b.phase == kPhaseL1) {
             // Tokens past the block's valid rows: their pool rows and FP32 scales were never
             // written by this call (stale memory, NaN or 2^100 as likely as a token), so their
@@ -850,15 +928,24 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
             // The loads do not wait for `store` (its error-word load is in flight with them: one
             // round trip, not two); a row is used only if `store`.
             unsigned long long row_l[NT];
-            int crow_l[NT], src_l[NT];
+            int crow_l[NT], src_l[NT], tok_l[NT];
             #pragma unroll
             for (int u = 0; u < NT; ++u) {
                 const int m = u * 32 + (et & 31);
                 const bool ok = m < b.valid_m;
-                crow_l[u] = ok ? __ldcg(p.pool_slot + prow0 + m) * (int)p.combine_rows + __ldcg(p.pool_token + prow0 + m) : -1;
+                if constexpr (ahead) {  // the raw slot and token: no use of either before the walk
+                    crow_l[u] = ok ? __ldcg(p.pool_slot + prow0 + m) : -1;
+                    tok_l[u] = ok ? __ldcg(p.pool_token + prow0 + m) : 0;
+                } else {
+                    crow_l[u] = ok ? __ldcg(p.pool_slot + prow0 + m) * (int)p.combine_rows + __ldcg(p.pool_token + prow0 + m) : -1;
+                }
                 src_l[u] = (p.num_ranks > 1 && ok) ? __ldcg(p.pool_rank + prow0 + m) : 0;
             }
-            if constexpr (ahead) nb = sched.next();
+            if constexpr (ahead) {
+                nb = sched.next();
+                #pragma unroll
+                for (int u = 0; u < NT; ++u) crow_l[u] = crow_l[u] >= 0 ? crow_l[u] * (int)p.combine_rows + tok_l[u] : -1;
+            }
             #pragma unroll
             for (int u = 0; u < NT; ++u) {
                 row_l[u] = 0;
@@ -898,7 +985,20 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
             trace_write(p, tslot, kRoleConsumer, l1 ? kKindL1Mma : kKindL2Mma, b.expert, b.m_block, b.n_block, wave, b.valid_m, tb, tm);
             trace_write(p, tslot + 1, kRoleConsumer, l1 ? kKindL1Epilogue : kKindL2Epilogue, b.expert, b.m_block, b.n_block, wave, b.valid_m, tm, te);
         }
-        b = ahead ? nb : sched.next();
+        if constexpr (!from_desc) b = ahead ? nb : sched.next();
+    }
+    if (from_desc && dead) {
+        // After an error the producer may have stopped writing descriptors: walk the rest of the
+        // block list (every warp the same list: the scheduler is deterministic) and meet each
+        // L1 epilogue's named barriers, as the warps still in the loop above do (no hang). The
+        // counts were complete at the start (fetch_counts above), so the fetch returns at once.
+        Scheduler<BM, WIDE> rest(p);
+        if (rest.fetch_counts(p, kRoleConsumer)) {
+            for (int i = 0; i < taken; ++i) (void)rest.next();
+            for (Block r = rest.next(); r.phase != kPhaseNone; r = rest.next())
+                if (r.phase == kPhaseL1)
+                    for (int k = 0; k < kL1EpilogueBarriers; ++k) named_bar_sync(kBarConsumer, kConsumerThreads);
+        }
     }
     if (PROF && ctid == 0) {
         progress(p, 11, (uint32_t)((pclock() - c_start) >> 6));
@@ -1111,6 +1211,19 @@ int megamoe_sm90_walk_in_epilogue(int block_m) {
         case 32: return megamoe::walk_in_epilogue<32>() ? 1 : 0;
         case 64: return megamoe::walk_in_epilogue<64>() ? 1 : 0;
         case 128: return megamoe::walk_in_epilogue<128>() ? 1 : 0;
+        default: return -1;
+    }
+}
+
+// Whether the consumers take their blocks from the producer's block descriptors at this block_m
+// (block_descriptors, kernel v9.1; mirrored by megamoe.design_sm90.BLOCK_DESCRIPTORS): 1 or 0; -1
+// for an unsupported block_m.
+int megamoe_sm90_block_descriptors(int block_m) {
+    switch (block_m) {
+        case 16: return megamoe::block_descriptors<16>() ? 1 : 0;
+        case 32: return megamoe::block_descriptors<32>() ? 1 : 0;
+        case 64: return megamoe::block_descriptors<64>() ? 1 : 0;
+        case 128: return megamoe::block_descriptors<128>() ? 1 : 0;
         default: return -1;
     }
 }
