@@ -26,10 +26,10 @@ Figures the kernel itself reveals come from its traces (no GPU needed once they 
   ``stage_handoff_ns``), the L2 K block less the L1 one where that is promoted once, per row
   (``sm90_promotion_ns_per_row``), the producer's time to issue one K block's loads with its stage
   free (``sm90_issue_kblock_ns``: the first L1 block of every CTA, where the ring is empty;
-  traces whose producer the ring paces are left out), the consumers' gap between blocks as
-  a line in the scheduler's steps (``sched_block_ns``, ``sched_step_ns``; steps from :func:`sim.engine.sm90_walk_steps`)
-  where they walk between the blocks, and its fixed part where they walk inside the epilogue
-  (``sched_ahead_ns``, :data:`megamoe.design_sm90.WALK_IN_EPILOGUE`), the
+  traces whose producer the ring paces are left out), the consumers' gap between blocks: its
+  fixed part where they walk inside the epilogue (``sched_ahead_ns``,
+  :data:`megamoe.design_sm90.WALK_IN_EPILOGUE`) and the whole gap where they read the producer's
+  block descriptors (``sched_desc_ns``, :data:`megamoe.design_sm90.BLOCK_DESCRIPTORS`), the
   L1 epilogue as a line in ``block_m`` (``l1_epilogue_thread_ns_per_elem``,
   ``block_overhead_ns``), the L2 epilogue as a line in block_m + valid rows
   (``l2_epilogue_fixed_ns``, ``l2_epilogue_thread_ns_per_elem``), ``pull_latency_ns`` from
@@ -199,38 +199,6 @@ def _mask_seen(t) -> list:
     return out
 
 
-def fit_sm90_walk_skip(path: str, sched_block_ns: float, sched_step_ns: float) -> dict:
-    """``sched_skip_ns``, the scheduler's cost per chunk skipped with one warp reduction (kernel
-    v8.7's wide-walk instance, :func:`megamoe.design_sm90.wide_walk`), fitted to one trace whose
-    plan has such waves (:data:`SM90_SKIP_FIT_TRACE`, 1 token): least squares through the
-    origin of each consumer gap less ``sched_block_ns`` and ``sched_step_ns`` per chunk scan,
-    against its chunk skips (:func:`_block_gaps`; the gaps without skips are left out).
-
-    Returns:
-        ``{"sched_skip_ns": (value, how)}``.
-
-    Raises:
-        InputError: the trace has no gap with a chunk skip (its plan runs no wide walk).
-    """
-    import numpy as np
-
-    from megamoe.trace import Trace
-
-    t = Trace.load(path)
-    g = np.asarray(_block_gaps(t), float).reshape(-1, 3)
-    g = g[g[:, 2] > 0]
-    require(len(g) > 0, "fit_sm90_walk_skip", "a trace with chunk skips (block_m 16, waves of more than 32 experts)",
-            f"{path} (none)")
-    y = g[:, 0] - sched_block_ns - sched_step_ns * g[:, 1]
-    skip = float(np.dot(g[:, 2], y) / np.dot(g[:, 2], g[:, 2]))
-    pts = ", ".join(f"{int(k)} skips: {_median(g[g[:, 2] == k, 0]):.0f} ns ({int((g[:, 2] == k).sum())} gaps)"
-                    for k in np.unique(g[:, 2]))
-    how = (f"consumer gap = sched_block_ns ({sched_block_ns:.0f} ns) + sched_step_ns per chunk scan + this per chunk "
-           f"skipped with one reduction (sim.engine.sm90_walk_steps), least squares through the origin over the "
-           f"{len(g)} gaps with skips of the T={int(t.meta['tokens_per_rank'][0])} trace (median gap at {pts})")
-    return {"sched_skip_ns": (skip, how)}
-
-
 def fit_sm90_local_count(path: str) -> dict:
     """``sm90_local_count_ns``, the EP1 dispatch's time from the kernel's start to its first pull
     when every CTA counts all items itself (kernel v8.9's wide instance,
@@ -379,12 +347,12 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
         figure name -> (value, how it was fitted: the numbers behind it).
 
     Raises:
-        InputError: fewer than two distinct block_m among the traces, or none at a block_m whose
-            consumers walk between the blocks (``design_sm90.WALK_IN_EPILOGUE`` false: block_m 16).
+        InputError: fewer than two distinct block_m among the traces.
     """
     import numpy as np
 
     from megamoe.design_sm90 import (
+        BLOCK_DESCRIPTORS,
         BLOCK_K,
         BLOCK_N,
         COMBINE_SLOTS,
@@ -504,12 +472,10 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
                f"stages), so the smallest, {iss:.0f} ns, is an upper bound on the issue time per K block")
     out["sm90_issue_kblock_ns"] = (iss, how)
 
-    # scheduler between blocks: consumer gap = fixed + per step, least squares over the gaps
-    # (each trace weighted equally)
-    # (the gaps with chunk skips are left out: sched_skip_ns, fit_sm90_walk_skip)
-    # over the traces whose consumers walk between the blocks; where they walk inside the
-    # epilogue (WALK_IN_EPILOGUE, kernel v9.0) the gap's fixed part is sched_ahead_ns, the mean
-    # over those traces' gaps less sched_step_ns per chunk scan
+    # the consumers' gap between blocks (the gaps with chunk skips left out): where they read the
+    # producer's block descriptors (BLOCK_DESCRIPTORS, kernel v9.1) all of it is sched_desc_ns, the
+    # mean; where they walk inside the epilogue (WALK_IN_EPILOGUE, kernel v9.0) its fixed part is
+    # sched_ahead_ns, the mean less sched_step_ns per chunk scan
     def gaps_of(rs):
         gs = [np.asarray(r["gaps"], float).reshape(-1, 3) for r in rs]
         gs = [g[g[:, 2] == 0] for g in gs]
@@ -520,20 +486,18 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
         return ", ".join(f"T={r['tokens']} (block_m {r['bm']}) {_median([g[0] for g in r['gaps']]):.0f} ns at a "
                          f"median {_median([g[1] for g in r['gaps']]):.0f} steps" for r in rs)
 
-    between = [r for r in rows if not WALK_IN_EPILOGUE.get(r["bm"], False)]
+    # Since kernel v9.1 no block_m has its consumers walk between the blocks, so no trace shows
+    # the walk alone: sched_block_ns, sched_step_ns and sched_skip_ns are the base preset's (fitted
+    # to v9.0's block_m 16 traces; the walk's code is unchanged and the producer runs it).
+    desc = [r for r in rows if BLOCK_DESCRIPTORS.get(r["bm"], False)]
     inside = [r for r in rows if WALK_IN_EPILOGUE.get(r["bm"], False)]
-    if not between:
-        raise InputError("traces", "one with a block_m whose consumers walk between the blocks "
-                         "(design_sm90.WALK_IN_EPILOGUE false)", f"block_m {sorted({r['bm'] for r in rows})}")
-    x, y, w = gaps_of(between)
-    w = np.sqrt(w)
-    c0, c1 = np.linalg.lstsq(np.column_stack([np.ones_like(x), x]) * w[:, None], y * w, rcond=None)[0]
-    how = (f"consumer gap between a block's epilogue end and the next block's MMA start = {c0:.0f} ns + {c1:.0f} ns "
-           f"per scheduler step (a 32-expert chunk scan beyond the call's first; sim.engine.sm90_walk_steps), least squares "
-           f"over {len(x)} gaps of the traces whose consumers walk between the blocks, each trace weighted equally "
-           f"(median gap {gap_pts(between)})")
-    out["sched_block_ns"] = (float(c0), how)
-    out["sched_step_ns"] = (float(c1), how)
+    c1 = hw.sched_step_ns
+    if desc:
+        _, y, w = gaps_of(desc)
+        how = (f"consumer gap between a block's epilogue end and the next block's MMA start where the consumers "
+               f"read the producer's block descriptors (design_sm90.BLOCK_DESCRIPTORS, no walk): the mean over "
+               f"{len(y)} gaps, each trace weighted equally (median gap {gap_pts(desc)})")
+        out["sched_desc_ns"] = (float(np.sum(w * y) / np.sum(w)), how)
     if inside:
         x, y, w = gaps_of(inside)
         ca = float(np.sum(w * (y - c1 * x)) / np.sum(w))
@@ -794,14 +758,15 @@ SM90_EP_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep2_t{t}.npz" for t 
 SM90_EP_FIT_DEVICE = "two lent H200s (EP2, NV18)"
 SM90_FIT_PROFILE = "benchmarks/results/kernel_profile_stages_h200.json"
 SM90_FIT_DATE = "2026-12-03"
-SM90_FIT_KERNEL = ("FP8 WGMMA v9.0, build 8b6ff5f6 (TMA loads, E2M1 decoded into WGMMA registers through the weight "
+SM90_FIT_KERNEL = ("FP8 WGMMA v9.1, build 1a08edec (TMA loads, E2M1 decoded into WGMMA registers through the weight "
                    "fold's table, four producer warps, the wide instance at 1-12 tokens, the consumers' walk inside "
-                   "the epilogue at block_m >= 32; every version's change: docs/kernel.md, benchmarks/NOTES_kernel.md)")
+                   "the epilogue at block_m >= 32, the producer's block descriptors at block_m 16; every version's "
+                   "change: docs/kernel.md, benchmarks/NOTES_kernel.md)")
 SM90_PROFILE_KERNEL = "FP8 WGMMA v8.6 kernel (its profile instance)"
 #: The committed trace ``sched_skip_ns`` and ``sm90_local_count_ns`` are fitted to
 #: (:func:`fit_sm90_walk_skip`, :func:`fit_sm90_local_count`): 1 token, the only traced size whose
 #: plan runs the wide instance (block_m 16, one wave of 256 experts); the same kernel build as
-#: the other EP1 traces (all re-recorded on v9.0, benchmarks/NOTES_kernel.md, session 35).
+#: the other EP1 traces (all re-recorded on v9.1, benchmarks/NOTES_kernel.md, session 36).
 SM90_SKIP_FIT_TRACE = "benchmarks/traces/kernel_flash_ep1_t1.npz"
 SM90_SKIP_FIT_KERNEL = SM90_FIT_KERNEL
 SM90_SKIP_FIT_DATE = SM90_FIT_DATE
@@ -916,8 +881,7 @@ def refit_h200(root: str | None = None, toml_path: str | None = None) -> dict:
     :func:`fit_tma_probe`), fit the SM90 figures to the committed traces and profile with them
     (:data:`SM90_FIT_TRACES`, :data:`SM90_FIT_PROFILE`), then the expert-parallel figures to the EP2 traces
     (:data:`SM90_EP_FIT_TRACES`, on the L2 epilogue line just fitted, rounded as written) and
-    ``sched_skip_ns`` to :data:`SM90_SKIP_FIT_TRACE` (on the scheduler line just fitted), and
-    ``sm90_local_count_ns`` to the same trace (:func:`fit_sm90_local_count`), and
+    ``sm90_local_count_ns`` to :data:`SM90_SKIP_FIT_TRACE` (:func:`fit_sm90_local_count`), and
     write them with their sources into the H200 preset (or ``toml_path``), leaving every other
     line as it is.  Returns :func:`fit_tma_probe`, :func:`sm90_fit_sources` and
     :func:`sm90_ep_fit_sources` in one dict."""
@@ -933,9 +897,6 @@ def refit_h200(root: str | None = None, toml_path: str | None = None) -> dict:
     ep = fit_sm90_ep_traces([str(base / p) for p in SM90_EP_FIT_TRACES], fit["l2_epilogue_fixed_ns"][0],
                             fit["l2_epilogue_thread_ns_per_elem"][0])
     fit.update(sm90_ep_fit_sources(ep))
-    skip = fit_sm90_walk_skip(str(base / SM90_SKIP_FIT_TRACE), fit["sched_block_ns"][0], fit["sched_step_ns"][0])
-    fit.update(sm90_fit_sources(skip, traces=(SM90_SKIP_FIT_TRACE,), profile_path=None, date=SM90_SKIP_FIT_DATE,
-                                kernel=SM90_SKIP_FIT_KERNEL, fitter="fit_sm90_walk_skip"))
     fit.update(sm90_fit_sources(fit_sm90_local_count(str(base / SM90_SKIP_FIT_TRACE)), traces=(SM90_SKIP_FIT_TRACE,),
                                 profile_path=None, date=SM90_SKIP_FIT_DATE, kernel=SM90_SKIP_FIT_KERNEL,
                                 fitter="fit_sm90_local_count"))

@@ -37,7 +37,8 @@ run the MMA and both epilogues, so a block's K loop waits for the previous block
 and then for the block scheduler's walk (``sched_block_ns`` plus ``sched_step_ns`` per
 chunk scan and ``sched_skip_ns`` per chunk skip, :func:`sm90_walk_steps`; at the block_m where
 the consumers walk inside the epilogue, ``WALK_IN_EPILOGUE``, ``sched_ahead_ns`` for the fixed
-part; the producer pays the whole walk after its last copy
+part; where they read the producer's block descriptors, ``BLOCK_DESCRIPTORS``, ``sched_desc_ns``
+and no walk); the producer pays the whole walk after its last copy
 issue, which comes ``K blocks x sm90_issue_kblock_ns`` after its first (the producer warps
 issue one stage's loads in that time; since kernel v6.3 faster than the consumers use them,
 so the ring paces them), one issue after
@@ -71,6 +72,7 @@ import numpy as np
 import simpy
 
 from megamoe.design_sm90 import (
+    BLOCK_DESCRIPTORS,
     ONE_ITEM_PULL_WARPS,
     PULL_ROUND_BYTES,
     RELAY_RELEASE,
@@ -667,8 +669,10 @@ class _Engine:
         stages = rp.num_stages
         sm90 = plan.design == "megamoe-sm90"
         # the consumers' walk costs less by this where they walk inside the epilogue (kernel
-        # v9.0: its cost is in the epilogue figures); the producer's does not
+        # v9.0: its cost is in the epilogue figures); the producer's does not. Where they read
+        # the producer's block descriptors (kernel v9.1) their gap is sched_desc_ns, no walk.
         c_less = hw.sched_block_ns - hw.sched_ahead_ns if sm90 and WALK_IN_EPILOGUE.get(bm, False) else 0.0
+        c_desc = sm90 and BLOCK_DESCRIPTORS.get(bm, False)
         tc = hw.tc_flops_per_ns_per_sm * (hw.sm90_mma_fraction if sm90 else 1.0)
         t_mma_k = 2.0 * bm * bn * bk / tc
         # global bytes one SM moves per K block: its share of A (half with 2-CTA multicast),
@@ -779,7 +783,7 @@ class _Engine:
             mma_start = load_start + lat
             if prev_mma_end > mma_start:
                 mma_start = prev_mma_end
-            c_start = epi_m1 + gap - c_less if sm90 else epi_m2
+            c_start = epi_m1 + (hw.sched_desc_ns if c_desc else gap - c_less) if sm90 else epi_m2
             if c_start > mma_start:
                 mma_start = c_start
             now = env.now
@@ -941,7 +945,7 @@ class _Engine:
             prev_epi_end = epi_end
             epi_m2, epi_m1 = epi_m1, epi_end
         self.last_write[r] = max(self.last_write[r], last_write)
-        self.cluster_end[r] = max(self.cluster_end[r], prev_epi_end + end_gap - c_less)
+        self.cluster_end[r] = max(self.cluster_end[r], prev_epi_end + (hw.sched_desc_ns if c_desc else end_gap - c_less))
 
     def _split_k(self, xchg: dict, key: tuple, kp: int, ks: int, epi_start: float, t_xchg: float):
         """Split-K hand-over of one block's partial sums (a generator; ``yield from`` it).

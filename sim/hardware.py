@@ -73,6 +73,11 @@ Figures (units in the key names):
   the consumers' gap between two blocks in place of ``sched_block_ns`` (the walk's cost is in
   the epilogue figures, fitted to the same traces); the chunk scans beyond the call's first
   still cost ``sched_step_ns`` each.
+* ``sched_desc_ns`` — SM90 design, the block_m whose consumers take their blocks from the
+  producer's block descriptors (kernel v9.1, :data:`megamoe.design_sm90.BLOCK_DESCRIPTORS`): the
+  consumers' whole gap between two blocks (wait on the stage, read the descriptor, the trace
+  records, the accumulator reset), with no scheduler steps; the producer still pays
+  ``sched_block_ns`` and the steps.
 * ``sm90_mask_seen_ns``, ``sm90_mask_seen_relay_ns`` — SM90 design: from an L1 epilogue's end
   (its trace record) until a producer on another SM sees the block's arrival-mask bits and may
   issue the L2 K blocks that need them: the epilogue's own fence and release add, or (kernel
@@ -175,6 +180,7 @@ class Hardware:
     sm90_issue_kblock_ns: float
     sched_block_ns: float
     sched_ahead_ns: float
+    sched_desc_ns: float
     sched_step_ns: float
     sched_skip_ns: float
     sm90_mask_seen_ns: float
@@ -273,6 +279,7 @@ FIGURE_RANGES: dict[str, tuple[float, float, str]] = {
     "sm90_issue_kblock_ns": (0.01, 5_000.0, "ns"),
     "sched_block_ns": (0.01, 10_000.0, "ns"),
     "sched_ahead_ns": (0.01, 10_000.0, "ns"),
+    "sched_desc_ns": (0.01, 10_000.0, "ns"),
     "sched_step_ns": (0.01, 10_000.0, "ns"),
     "sched_skip_ns": (0.01, 10_000.0, "ns"),
     "sm90_mask_seen_ns": (0.0, 100_000.0, "ns"),

@@ -72,7 +72,7 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
     hw = load_hardware("h200")
     assert set(fit) == {"sm90_mma_fraction", "sm90_promotion_ns_per_row", "e2m1_decode_thread_ns_per_elem",
                         "stage_handoff_ns",
-                        "sm90_issue_kblock_ns", "sched_block_ns", "sched_step_ns", "sched_ahead_ns",
+                        "sm90_issue_kblock_ns", "sched_desc_ns", "sched_ahead_ns",
                         "l1_epilogue_thread_ns_per_elem", "block_overhead_ns",
                         "l2_epilogue_fixed_ns", "l2_epilogue_thread_ns_per_elem", "pull_latency_ns",
                         "combine_round_ns", "grid_sync_ns", "sm90_count_ns", "sm90_count_item_ns",
@@ -82,14 +82,14 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
         assert getattr(hw, key) == value and hw.sources[key] == src, key
         assert fit[key][1] in src and "2026-12-03" in src and SM90_FIT_KERNEL in src, key
         assert "kernel_flash_ep1_t{64,512,4096}.npz" in src, key
-    # the slope: K blocks with two promotions of 356 ns at block_m 16 (the mean of the median
-    # L1 K loop / 32 and L2 K loop / 16: T=64 (11296 / 32 + 5760 / 16) / 2 = (353 + 360) / 2 =
-    # 356.5, T=512 (11232 / 32 + 5760 / 16) / 2 = (351 + 360) / 2 = 355.5) and 800 ns at
-    # block_m 128 (T=4096: the L2 K loop, 12800 / 16; the L1 K block there is promoted once,
-    # 22176 / 32 = 693 ns); least squares over x = 16, 16, 128 puts the line through the mean of
-    # the block_m 16 points: (800 - 356) / 112 = 3.964 ns per block_m row and K block; 128 weight
-    # rows x 128 K x 2 = 32768 FLOP per row and K block -> 8.27 TFLOP/s per SM, 1091 TFLOP/s on
-    # 132 SMs, 76.9% of 1419 TFLOP/s (kernel v9.0's traces; v8.6's: 357 / 832 ns (T=512 (11296 / 32
+    # the slope: K blocks with two promotions of 329 ns at block_m 16 (the mean of the median
+    # L1 K loop / 32 and L2 K loop / 16: T=64 (10304 / 32 + 5376 / 16) / 2 = (322 + 336) / 2 =
+    # 329, T=512 the same) and 798 ns at block_m 128 (T=4096: the L2 K loop, 12768 / 16; the L1 K
+    # block there is promoted once, 22016 / 32 = 688 ns); least squares over x = 16, 16, 128 puts
+    # the line through the mean of the block_m 16 points: (798 - 329) / 112 = 4.188 ns per block_m
+    # row and K block; 128 weight rows x 128 K x 2 = 32768 FLOP per row and K block -> 7.82
+    # TFLOP/s per SM, 1033 TFLOP/s on 132 SMs, 72.8% of 1419 TFLOP/s (kernel v9.1's traces: its
+    # block_m 16 K blocks 27 ns shorter than v9.0's, whose 356 / 800 ns gave 76.9%; v8.6's: 357 / 832 ns (T=512 (11296 / 32
     # + 5792 / 16) / 2, T=4096 13312 / 16, its L1 K block 21888 / 32 = 684 ns), 71.9%; v8.5's:
     # 356 / 826 ns, 72.6%; v8.4's: 358.25 / 834 ns, 71.8%; v8.3's: 355 / 356 / 912
     # ns, 61.4%; v8.2's: 369 / 368 / 928
@@ -102,9 +102,10 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
     # 379 / 960 ns, 58.9%; v7.3's: 378 / 378.5 / 888.5 ns, 66.9%; v7.2's, from warpgroup 0:
     # 406.25 / 886.5 ns, 71.1%; v6.7's: 39.4%; v6.5's: 36.0%; v6.4's: 33.7%)
     assert fit["sm90_mma_fraction"][0] == pytest.approx(
-        32768 / ((12800 / 16 - ((11296 / 32 + 5760 / 16) / 2 + (11232 / 32 + 5760 / 16) / 2) / 2) / 112 * 1e-9)
+        32768 / ((12768 / 16 - ((10304 / 32 + 5376 / 16) / 2 + (10304 / 32 + 5376 / 16) / 2) / 2) / 112 * 1e-9)
         * 132 / 1419e12, rel=1e-4)  # (the preset's FP8 GEMM rate is 1418.9 TFLOP/s, rounded here)
-    # one promotion per block_m row: (800 - 693) / 128 = 0.836 ns (v9.0's traces; v8.6's: (832 - 684)
+    # one promotion per block_m row: (798 - 688) / 128 = 0.859 ns (v9.1's traces; v9.0's: (800 - 693) / 128
+    # = 0.836 ns; v8.6's: (832 - 684)
     # / 128 = 1.156 ns; v8.5's: (826 - 680) / 128
     # = 1.141 ns; v8.4's: (834 - 685) / 128
     # = 1.164 ns; v8.3's: (912 - 741) / 128
@@ -112,29 +113,25 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
     # = 1.359 ns; v8.1's: (922 - 739) / 128 = 1.430 ns; v8.0's: (916 - 732) /
     # 128 = 1.4375 ns; v7.9's: (922 - 740) / 128 = 1.422 ns; v7.8's: (920 - 743) / 128 = 1.383 ns;
     # v7.6's: (894 - 797) / 128 = 0.758 ns)
-    assert fit["sm90_promotion_ns_per_row"][0] == pytest.approx((12800 / 16 - 22176 / 32) / 128, rel=1e-9)
-    # the scheduler: ~0.7-0.9 us per block plus ~0.3 us per chunk scan beyond a call's first
-    # (v9.0's traces: 690 + 292 ns, fitted over the block_m 16 traces alone (T=64, 512), whose
-    # consumers walk between the blocks; T=4096's walk runs inside the epilogue, sched_ahead_ns,
-    # test_sched_ahead_is_the_mean_gap_of_the_walk_inside_the_epilogue; v8.6's, all three traces:
-    # 860 + 283 ns; v8.5's: 852 + 282 ns; v8.4's: 861 + 286 ns; v8.3's: 831 + 280 ns; v8.2's: 837 + 281 ns; v8.1's: 719 + 277 ns; v8.0's: 711 + 277 ns; v7.9's: 719 + 280 ns; v7.8's: 688 + 274;
-    # v7.6's: 668 + 277; v7.5's: 730 + 280; v7.4's: 792 + 284; v7.2's: 873 + 287)
-    assert 650 <= fit["sched_block_ns"][0] <= 950
-    assert 250 <= fit["sched_step_ns"][0] <= 350
+    assert fit["sm90_promotion_ns_per_row"][0] == pytest.approx((12768 / 16 - 22016 / 32) / 128, rel=1e-9)
+    # the scheduler's walk (sched_block_ns, sched_step_ns: 690 + 292 ns on v9.0's traces; v8.6's,
+    # 860 + 283 ns; v7.2's 873 + 287) is no longer fitted: since v9.1 no trace's consumers walk
+    # between the blocks (test_walk_figures_are_kept_from_kernel_v9_0)
     # the producer's copy issues in each CTA's first L1 block (ring empty): ~300 ns per K block
     # at T=64 and 512 (block_m 16, 16 stages), ~0.7-0.8 us at 4096 (block_m 128, 8 stages; kernel
-    # v9.0's traces: 294, 322 and 674 ns, the last issue 14.1, 14.6 and 8.4 K blocks before the
+    # v9.1's traces: 332 ns the smallest; v9.0's: 294, 322 and 674 ns, the last issue 14.1, 14.6 and 8.4 K blocks before the
     # consumers' K loop ends; v8.6's traces: 293.5 ns at T=64; v8.5's: 296, 360 and 711 ns, the last issue 12.9, 11.2 and 8.8 K blocks before
     # the consumers' K loop ends; v8.4's: 300, 339 and 696 ns; v8.3's: 303, 342 and 770 ns; v8.2's: 301, 336 and 788 ns; v8.1's: 297, 339 and 806 ns; v8.0's: 296, 343 and 784 ns; v7.9's: 298, 350 and 804 ns; v7.8's:
     # 293, 319 and 710 ns), about a full ring everywhere
     # (four producer warps issue faster than the consumers free stages), so the figure is the
     # smallest, an upper bound
-    assert fit["sm90_issue_kblock_ns"][0] == pytest.approx(298, abs=5)
+    assert fit["sm90_issue_kblock_ns"][0] == pytest.approx(332, abs=5)
     assert "upper bound" in fit["sm90_issue_kblock_ns"][1]
     assert re.search(r"T=4096 \(block_m 128\) [6-9]\d\d ns", fit["sm90_issue_kblock_ns"][1])
     # the combine round, fitted where the kernel loads a token's slots four at a time
     # (design_sm90.COMBINE_SLOTS, block_m >= 32; kernel v8.0): T=4096's slowest CTA 81056 ns over
-    # ceil(4096 x 4096 / 8 / (132 x 512)) = ceil(31.03) = 32 rounds = 2533 ns (v9.0's trace; v8.6's:
+    # ceil(4096 x 4096 / 8 / (132 x 512)) = ceil(31.03) = 32 rounds = 2560 ns (v9.1's trace, 81920
+    # ns; v9.0's: 81056 ns, 2533; v8.6's:
     # 80320 ns, 2510; v8.5's:
     # 80672 ns, 2521; v8.4's: 79840
     # ns, 2495; v8.3's: 79872
@@ -142,27 +139,27 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
     # ns, 2473; v8.1's: 76992
     # ns, 2406; v8.0's: 77696 ns, 2428; v7.9, one slot at a time everywhere: 3660 ns, the median of T=512 and 4096); T=512
     # (block_m 16, one at a time) is named, not fitted
-    assert fit["combine_round_ns"][0] == 81056 / 32
+    assert fit["combine_round_ns"][0] == 81920 / 32
     assert "not fitted, one slot at a time: T=512 (block_m 16)" in fit["combine_round_ns"][1]
 
 
 def test_dispatch_start_line_is_least_squares_over_the_pull_starts():
     """sm90_count_ns / sm90_count_item_ns: the first pull's start (median over the 132 CTAs'
-    pull records, read from the v9.0 traces: T=64 (6080 + 6336) / 2 = 6208 ns, T=512 6944 ns,
-    T=4096 (11296 + 11392) / 2 = 11344 ns; v8.6's: 6176, 6624 and 12048 ns) less grid_sync_ns
+    pull records, read from the v9.1 traces: T=64 6848 ns, T=512 7616 ns, T=4096 (11232 + 11424) /
+    2 = 11328 ns; v9.0's: 6208, 6944 and 11344 ns; v8.6's: 6176, 6624 and 12048 ns) less grid_sync_ns
     (704 ns), against the largest CTA's share of the T k = 6 T items, ceil(6 T / 132): 3, 24,
     187; the least-squares line by its closed form."""
     from sim.calibrate import fit_sm90_traces
 
     fit = fit_sm90_traces([_root(p) for p in TRACES])
     x = [3.0, 24.0, 187.0]
-    y = [6208.0 - 704.0, 6944.0 - 704.0, 11344.0 - 704.0]
+    y = [6848.0 - 704.0, 7616.0 - 704.0, 11328.0 - 704.0]
     mx, my = sum(x) / 3, sum(y) / 3
     slope = sum((a - mx) * (b - my) for a, b in zip(x, y)) / sum((a - mx) ** 2 for a in x)
     assert fit["grid_sync_ns"][0] == 704.0
-    assert fit["sm90_count_item_ns"][0] == pytest.approx(slope, rel=1e-9)  # 27.56 ns (v8.6's traces: 32.43)
-    assert fit["sm90_count_ns"][0] == pytest.approx(my - slope * mx, rel=1e-9)  # 5495 ns (v8.6's: 5265)
-    assert "T=4096 11.34 us at 187 items" in fit["sm90_count_ns"][1]
+    assert fit["sm90_count_item_ns"][0] == pytest.approx(slope, rel=1e-9)  # 23.75 ns (v9.0's: 27.56; v8.6's: 32.43)
+    assert fit["sm90_count_ns"][0] == pytest.approx(my - slope * mx, rel=1e-9)  # 6199 ns (v9.0's: 5495; v8.6's: 5265)
+    assert "T=4096 11.33 us at 187 items" in fit["sm90_count_ns"][1]
 
 
 def test_one_trace_gives_the_same_mma_fraction():
@@ -171,9 +168,9 @@ def test_one_trace_gives_the_same_mma_fraction():
     hw = load_hardware("h200")
     got = from_kernel_trace(_root(TRACES[-1]), hw.fp8_dense_tflops * hw.mma_efficiency)
     assert got["sm90_mma_fraction"] == pytest.approx(hw.sm90_mma_fraction, rel=0.01)
-    # the grid sync before the combine: last arrival (2803072 ns) to first release (2803776 ns)
-    # (v9.0's trace; v8.6's: 2896224 to 2896960 ns)
-    assert got["grid_sync_ns"] == 2803776 - 2803072
+    # the grid sync before the combine: last arrival (2765152 ns) to first release (2765888 ns)
+    # (v9.1's trace; v9.0's: 2803072 to 2803776 ns; v8.6's: 2896224 to 2896960 ns)
+    assert got["grid_sync_ns"] == 2765888 - 2765152
 
 
 def test_mask_seen_figures_are_the_medians_of_the_producers_waits():
@@ -181,8 +178,9 @@ def test_mask_seen_figures_are_the_medians_of_the_producers_waits():
     fit traces, of the wait's end less the later end of the two L1 epilogues whose mask bits it
     waited for (L2 K block kb: L1 n blocks 2 kb, 2 kb + 1), pooled over the traces whose block_m
     relays the release (64 and 512 tokens, block_m 16) and over the others (4096, block_m 128).
-    Recomputed here record by record; the medians read 1600 / 1552 ns at 64 / 512 tokens (1568
-    pooled) and 864 ns at 4096 (v9.0's traces; v8.6's: 1536 / 1568 ns, 1536 pooled, and 928 ns)."""
+    Recomputed here record by record; the medians read 1536 / 1536 ns at 64 / 512 tokens (1536
+    pooled) and 960 ns at 4096 (v9.1's traces; v9.0's: 1600 / 1552 ns, 1568 pooled, and 864 ns;
+    v8.6's: 1536 / 1568 ns, 1536 pooled, and 928 ns)."""
     import numpy as np
 
     from megamoe.trace import KIND, ROLE, Trace
@@ -206,11 +204,11 @@ def test_mask_seen_figures_are_the_medians_of_the_producers_waits():
                 lat.append(float(t["t_end_ns"][i]) - max(epi[(ex, mb, 2 * kb)], epi[(ex, mb, 2 * kb + 1)]))
         medians[int(t.meta["tokens_per_rank"][0])] = float(np.median(lat))
         pooled[int(t.meta["plan"]["block_m"]) == 16] += lat
-    assert medians == {64: 1600.0, 512: 1552.0, 4096: 864.0}
-    assert fit["sm90_mask_seen_relay_ns"][0] == float(np.median(pooled[True])) == 1568.0
-    assert fit["sm90_mask_seen_ns"][0] == float(np.median(pooled[False])) == 864.0
+    assert medians == {64: 1536.0, 512: 1536.0, 4096: 960.0}
+    assert fit["sm90_mask_seen_relay_ns"][0] == float(np.median(pooled[True])) == 1536.0
+    assert fit["sm90_mask_seen_ns"][0] == float(np.median(pooled[False])) == 960.0
     hw = load_hardware("h200")
-    assert (hw.sm90_mask_seen_relay_ns, hw.sm90_mask_seen_ns) == (1568.0, 864.0)
+    assert (hw.sm90_mask_seen_relay_ns, hw.sm90_mask_seen_ns) == (1536.0, 960.0)
 
 
 def _consumer_gaps(t):
@@ -247,43 +245,31 @@ def _consumer_gaps(t):
     return np.array(gs, float), np.array(scans, float), np.array(skips, float)
 
 
-def test_sched_skip_is_the_fit_to_the_one_token_trace():
-    """sched_skip_ns (the wide walk, kernel v8.7 on): the preset holds what fit_sm90_walk_skip gives on
-    the committed 1-token trace, on the preset's scheduler line; checked against the gaps read
-    from the trace directly (each consumer MMA record after an epilogue record of the same SM)
-    and the closed form of least squares through the origin, sum(s (g - b)) / sum(s^2). Every
-    pass of that plan (one wave of 256 experts, block_m 16) is wide, so each gap has 4-8 skips
-    and no scan; ~140 ns a skip against 292 ns a scan (v9.0's trace, on the 690 + 292 ns line;
-    v8.9's read ~111 ns on its 860 + 283 ns line, v8.8's ~106 ns, v8.7's ~119, v8.6's 1-token
-    trace 670 + 225 ns per scan on its own)."""
+def test_walk_figures_are_kept_from_kernel_v9_0():
+    """Since kernel v9.1 no committed trace's consumers walk the scheduler between two blocks (block_m
+    16 reads the producer's descriptors, block_m >= 32 walks inside the epilogue), so the fit does
+    not produce the walk's figures and refit_h200 leaves them as fitted to v9.0's traces (the walk's
+    code is unchanged; the producer still runs it): the consumer gaps of the 1-token trace (the
+    wide walk, every gap 4-8 chunk skips) no longer pay for the skips."""
+    import json
+    from pathlib import Path
 
-    import numpy as np
-
-    from megamoe.errors import InputError
     from megamoe.trace import Trace
-    from sim.calibrate import (
-        SM90_SKIP_FIT_KERNEL,
-        SM90_SKIP_FIT_TRACE,
-        fit_sm90_walk_skip,
-    )
+    from sim.calibrate import SM90_FIT_PROFILE, SM90_SKIP_FIT_TRACE, fit_sm90_traces
 
+    fit = fit_sm90_traces([_root(p) for p in TRACES], json.loads(Path(_root(SM90_FIT_PROFILE)).read_text()))
+    assert not {"sched_block_ns", "sched_step_ns", "sched_skip_ns"} & set(fit)
     hw = load_hardware("h200")
-    got, how = fit_sm90_walk_skip(_root(SM90_SKIP_FIT_TRACE), hw.sched_block_ns, hw.sched_step_ns)["sched_skip_ns"]
-    assert hw.sched_skip_ns == float(f"{got:.4g}")
-    assert SM90_SKIP_FIT_TRACE in hw.sources["sched_skip_ns"] and SM90_SKIP_FIT_KERNEL in hw.sources["sched_skip_ns"]
-    assert "2026-12-03" in hw.sources["sched_skip_ns"] and how in hw.sources["sched_skip_ns"]
-    t = Trace.load(_root(SM90_SKIP_FIT_TRACE))
-    g, sc, s_ = _consumer_gaps(t)
-    assert not sc.any()  # no scans
-    assert len(g) == 252 and s_.min() == 4 and s_.max() == 8
-    assert got == pytest.approx(np.sum(s_ * (g - hw.sched_block_ns)) / np.sum(s_ * s_), rel=1e-12)
-    # the bound was 100-140 ns until v9.0: the gaps did not move (v9.0's read 109 ns on v8.9's
-    # 860 + 283 ns line, v8.9's 142 ns on v9.0's 690 + 292 ns one), the line under them did:
-    # sched_block_ns is now fitted over the block_m 16 traces alone, 170 ns lower, and least
-    # squares through the origin hands sum(s) / sum(s^2) = 1332 / 7244 of it, ~31 ns, to each skip
-    assert 100 <= got <= 160
-    with pytest.raises(InputError, match="^fit_sm90_walk_skip: expected a trace with chunk skips"):
-        fit_sm90_walk_skip(_root(TRACES[0]), hw.sched_block_ns, hw.sched_step_ns)
+    for key in ("sched_block_ns", "sched_step_ns", "sched_skip_ns"):
+        assert hw.sources[key].startswith("kept from the fit to kernel v9.0's traces"), key
+        assert "BLOCK_DESCRIPTORS" in hw.sources[key] and "v9.0" in hw.sources[key], key
+    g, sc, sk = _consumer_gaps(Trace.load(_root(SM90_SKIP_FIT_TRACE)))
+    assert not sc.any() and sk.min() >= 4  # the plan's walk: skips only
+    # under v9.0 a gap was 690 ns + ~140 ns per skip, 1250-1670 ns at 4-7 skips; under v9.1 the
+    # shortest gap at each of those counts is ~350-400 ns (no walk in it; the longer ones wait for
+    # the L1 -> L2 hand-off)
+    for k in (4, 5, 6, 7):
+        assert g[sk == k].min() < 500, k
 
 
 def test_sched_ahead_is_the_mean_gap_of_the_walk_inside_the_epilogue():
@@ -294,7 +280,8 @@ def test_sched_ahead_is_the_mean_gap_of_the_walk_inside_the_epilogue():
     from the trace's records directly (each consumer MMA record after an epilogue record of the
     same SM, the scans and skips from sim.engine.sm90_walk_steps between the two blocks): 16252
     gaps, none with a skip, 12160 without a scan (median 320 ns) and 4092 with one; the mean
-    306 ns, against the 690 ns fixed part where the walk runs between the blocks (v9.0's traces)."""
+    315 ns less 292 ns per scan (v9.1's traces; v9.0's: 306 ns), against the 690 ns fixed part of
+    the walk between the blocks (v9.0's block_m 16 traces)."""
     import json
     from pathlib import Path
 
@@ -306,17 +293,17 @@ def test_sched_ahead_is_the_mean_gap_of_the_walk_inside_the_epilogue():
 
     fit = fit_sm90_traces([_root(p) for p in TRACES], json.loads(Path(_root(SM90_FIT_PROFILE)).read_text()))
     inside = [p for p in TRACES if WALK_IN_EPILOGUE[int(Trace.load(_root(p)).meta["plan"]["block_m"])]]
-    assert inside == [TRACES[-1]]  # T=4096; T=64 and 512 (block_m 16) walk between the blocks
+    assert inside == [TRACES[-1]]  # T=4096; T=64 and 512 (block_m 16) read block descriptors
     g, sc, sk = _consumer_gaps(Trace.load(_root(TRACES[-1])))
     z = sk == 0
     assert len(g) == int(z.sum()) == 16252 and int((sc == 0).sum()) == 12160 and int((sc == 1).sum()) == 4092
-    step = fit["sched_step_ns"][0]
-    got = fit["sched_ahead_ns"][0]
-    assert got == pytest.approx(float(np.mean(g[z] - step * sc[z])), rel=1e-9)  # 306.4 ns
-    assert abs(got - float(np.median(g[z & (sc == 0)]))) <= 20  # the median gap without a scan: 320 ns
-    assert got < fit["sched_block_ns"][0]  # walked ahead: 306 ns against 690 ns
-    assert 250 <= got <= 400
     hw = load_hardware("h200")
+    step = hw.sched_step_ns
+    got = fit["sched_ahead_ns"][0]
+    assert got == pytest.approx(float(np.mean(g[z] - step * sc[z])), rel=1e-9)  # 315.3 ns
+    assert abs(got - float(np.median(g[z & (sc == 0)]))) <= 20  # the median gap without a scan: 320 ns
+    assert got < hw.sched_block_ns  # walked ahead: 315 ns against 690 ns
+    assert 250 <= got <= 400
     assert hw.sched_ahead_ns == pytest.approx(got, rel=2e-3) and hw.sched_ahead_ns < hw.sched_block_ns
     assert "WALK_IN_EPILOGUE" in hw.sources["sched_ahead_ns"] and "2026-12-03" in hw.sources["sched_ahead_ns"]
 
@@ -324,8 +311,8 @@ def test_sched_ahead_is_the_mean_gap_of_the_walk_inside_the_epilogue():
 def test_local_count_is_the_first_pull_of_the_one_token_trace():
     """sm90_local_count_ns (kernel v8.9's local count): the preset holds the median over the 132
     CTAs of the pull records' start in the committed 1-token trace, read here from the NPZ
-    arrays with numpy (3200 ns: the first pull 3.20 us after the count's start in v9.0's trace;
-    v8.9's: 3264 ns; v8.8's trace, with the count barrier, put it at 5.34 us); a trace whose plan
+    arrays with numpy (4384 ns: the first pull 4.38 us after the count's start in v9.1's trace;
+    v9.0's: 3200 ns; v8.9's: 3264 ns; v8.8's trace, with the count barrier, put it at 5.34 us); a trace whose plan
     has the count barrier is refused."""
     import numpy as np
 
@@ -342,7 +329,7 @@ def test_local_count_is_the_first_pull_of_the_one_token_trace():
     assert len(starts) == 132 and d["t_start_ns"].min() == 0.0
     assert not (d["kind"][d["t_start_ns"] < starts.min()] == KIND["grid_sync"]).any()  # no count barrier
     got, how = fit_sm90_local_count(_root(SM90_SKIP_FIT_TRACE))["sm90_local_count_ns"]
-    assert got == float(np.median(starts)) == 3200.0
+    assert got == float(np.median(starts)) == 4384.0
     hw = load_hardware("h200")
     assert hw.sm90_local_count_ns == got
     src = hw.sources["sm90_local_count_ns"]
@@ -416,8 +403,8 @@ def test_refit_h200_rewrites_only_the_fitted_lines(tmp_path):
     p.write_text(text)
     refit_h200(toml_path=str(p))
     assert p.read_text() == text
-    p.write_text(text.replace("sched_step_ns = ", "# sched_step_ns = ", 1))
-    with pytest.raises(InputError, match="^refit_h200: expected one line for sched_step_ns in \\[figures\\]"):
+    p.write_text(text.replace("sched_desc_ns = ", "# sched_desc_ns = ", 1))
+    with pytest.raises(InputError, match="^refit_h200: expected one line for sched_desc_ns in \\[figures\\]"):
         refit_h200(toml_path=str(p))
 
 
@@ -484,14 +471,29 @@ def test_ep_l2_epilogue_figure_is_in_every_preset():
         parse_hardware(data)
 
 
-def test_fit_needs_a_trace_that_walks_between_the_blocks():
-    """sched_block_ns and sched_step_ns come from the traces whose consumers walk between the
-    blocks (block_m 16); traces at block_m 32 and 128 alone (both walk inside the epilogue,
-    kernel v9.0) are refused by name."""
-    from megamoe.errors import InputError
+def test_sched_desc_is_the_mean_gap_where_the_consumers_read_descriptors():
+    """sched_desc_ns (kernel v9.1: at block_m 16 the consumers take their blocks from the producer's
+    descriptors, design_sm90.BLOCK_DESCRIPTORS): the mean consumer gap over the block_m 16 fit
+    traces, each trace weighted equally, read here from the records directly: T=64 13052 gaps
+    (mean 434.0 ns), T=512 17660 (413.8 ns), none with a chunk skip; 423.9 ns, against v9.0's
+    690 ns + 292 ns per chunk scan of the walk there. The gaps no longer grow with the scans the
+    walk would have made (4092 of each trace's gaps had one)."""
+
+    from megamoe.design_sm90 import BLOCK_DESCRIPTORS
+    from megamoe.trace import Trace
     from sim.calibrate import fit_sm90_traces
 
-    paths = [_root("benchmarks/traces/kernel_flash_ep1_t1024.npz"), _root(TRACES[-1])]
-    with pytest.raises(InputError, match=r"^traces: expected one with a block_m whose consumers walk between the "
-                                         r"blocks \(design_sm90.WALK_IN_EPILOGUE false\), got block_m \[32, 128\]$"):
-        fit_sm90_traces(paths)
+    fit = fit_sm90_traces([_root(p) for p in TRACES])
+    means = []
+    for p in TRACES[:2]:
+        t = Trace.load(_root(p))
+        assert BLOCK_DESCRIPTORS[int(t.meta["plan"]["block_m"])]
+        g, sc, sk = _consumer_gaps(t)
+        assert not sk.any() and int((sc == 1).sum()) == 4092
+        assert abs(g[sc == 1].mean() - g[sc == 0].mean()) < 100  # a scan cost the walk 292 ns
+        means.append(g.mean())
+    assert fit["sched_desc_ns"][0] == pytest.approx(sum(means) / 2, rel=1e-9)
+    assert 300 <= fit["sched_desc_ns"][0] <= 550
+    hw = load_hardware("h200")
+    assert hw.sched_desc_ns == pytest.approx(fit["sched_desc_ns"][0], rel=2e-3) and hw.sched_desc_ns < hw.sched_block_ns
+    assert "BLOCK_DESCRIPTORS" in hw.sources["sched_desc_ns"]

@@ -348,8 +348,9 @@ def _sm90_flash(tokens, **kw):
 
 
 def test_sm90_block_lanes():
-    """Per CTA: the consumers start a block (MMA lane) a scheduler walk after the previous
-    epilogue; the producer starts a walk after its previous last copy issue, which comes K
+    """Per CTA: the consumers start a block (MMA lane) sched_desc_ns after the previous epilogue
+    (kernel v9.1's block descriptors at block_m 16: no walk), or later when its first stage is not
+    in yet; the producer starts a walk after its previous last copy issue, which comes K
     blocks x sm90_issue_kblock_ns after its first (once the block's dependency holds) or one
     issue after the consumers free the stage a ring back, min(stages, K blocks) K blocks
     before the K loop's end, or (L2) K blocks - i issues after K block i's arrival-mask bits
@@ -374,8 +375,9 @@ def test_sm90_block_lanes():
         mma = c.select((c["kind"] == KIND["l1_mma"]) | (c["kind"] == KIND["l2_mma"]))
         epi = c.select((c["kind"] == KIND["l1_epilogue"]) | (c["kind"] == KIND["l2_epilogue"]))
         load = p.select((p["kind"] == KIND["l1_load"]) | (p["kind"] == KIND["l2_load"]))
-        gap = hw.sched_block_ns + np.diff(key[sm::S], axis=0) @ [hw.sched_step_ns, hw.sched_skip_ns]
-        assert np.allclose(mma["t_start_ns"][1:], epi["t_end_ns"][:-1] + gap)
+        walk = hw.sched_block_ns + np.diff(key[sm::S], axis=0) @ [hw.sched_step_ns, hw.sched_skip_ns]
+        after = epi["t_end_ns"][:-1] + hw.sched_desc_ns
+        assert np.all(mma["t_start_ns"][1:] >= after - 1e-6) and np.mean(np.isclose(mma["t_start_ns"][1:], after)) > 0.5
         kb = np.where(mma["kind"] == KIND["l1_mma"], 4096 // 128, 2048 // 128)
         ring = mma["t_end_ns"] - np.minimum(st, kb) * t_k + hw.sm90_issue_kblock_ns
         wait = p.where(kind="idle_wait")  # the producer's dependency waits, at most one per block
@@ -390,7 +392,7 @@ def test_sm90_block_lanes():
                                          for i in range(16)))
         assert np.allclose(load["t_end_ns"], np.maximum(ring, paced))
         assert (paced > ring).any() and (ring > paced).any()  # the first blocks paced, later ones by the ring
-        assert np.allclose(load["t_start_ns"][1:], load["t_end_ns"][:-1] + gap)
+        assert np.allclose(load["t_start_ns"][1:], load["t_end_ns"][:-1] + walk)  # the producer still walks
     e2 = tr.where(kind="l2_epilogue")
     want = hw.l2_epilogue_fixed_ns + hw.l2_epilogue_thread_ns_per_elem * (bm + e2["tokens"]) * 128 / 256
     assert np.allclose(e2["t_end_ns"] - e2["t_start_ns"], want) and len(np.unique(e2["tokens"])) > 1
@@ -427,6 +429,38 @@ def test_sm90_walk_inside_the_epilogue_at_block_m_32():
         assert gap.min() >= hw.sched_ahead_ns - 1e-6
         assert np.mean(np.isclose(gap, hw.sched_ahead_ns)) > 0.5
 
+
+def test_sm90_block_descriptors_at_block_m_16():
+    """Kernel v9.1 (design_sm90.BLOCK_DESCRIPTORS): at block_m 16 the consumers take their blocks
+    from the producer's descriptors, so in the model their gap between an epilogue's end and the
+    next block's MMA start is sched_desc_ns whatever the walk's chunk scans, while the producer
+    still pays the whole walk (sched_block_ns + sched_step_ns per scan) between its blocks.
+    64 tokens (block_m 16), three SMs."""
+    from megamoe.design_sm90 import BLOCK_DESCRIPTORS
+    from sim.engine import sm90_walk_steps
+
+    res = _sm90_flash(64)
+    hw, rp, tr = res.hardware, res.plan.ranks[0], res.trace
+    S = rp.num_sms
+    assert rp.config.block_m == 16 and BLOCK_DESCRIPTORS[16] and not BLOCK_DESCRIPTORS[32]
+    key, _ = sm90_walk_steps(rp)
+    scanned = 0
+    for sm in (0, 7, 131):
+        c, p = tr.where(sm=sm, role="consumer"), tr.where(sm=sm, role="producer")
+        mma = c.select((c["kind"] == KIND["l1_mma"]) | (c["kind"] == KIND["l2_mma"]))
+        epi = c.select((c["kind"] == KIND["l1_epilogue"]) | (c["kind"] == KIND["l2_epilogue"]))
+        load = p.select((p["kind"] == KIND["l1_load"]) | (p["kind"] == KIND["l2_load"]))
+        steps = np.diff(key[sm::S], axis=0) @ [hw.sched_step_ns, hw.sched_skip_ns]
+        scanned += int((steps > 0).sum())
+        # the producer: the whole walk after its last copy issue
+        assert np.allclose(load["t_start_ns"][1:], load["t_end_ns"][:-1] + hw.sched_block_ns + steps)
+        # the consumers: no block starts sooner than sched_desc_ns after the previous epilogue,
+        # with or without a chunk scan between the two blocks, and most start exactly then
+        gap = mma["t_start_ns"][1:] - epi["t_end_ns"][:-1]
+        assert gap.min() >= hw.sched_desc_ns - 1e-6
+        assert np.mean(np.isclose(gap, hw.sched_desc_ns)) > 0.5
+        assert np.isclose(gap[steps > 0], hw.sched_desc_ns).any()
+    assert scanned > 0
 
 def test_sm90_k_block_priced_linearly_in_block_m():
     """The SM90 K loop: (2 x block_m x 128 x 128 FLOP at sm90_mma_fraction of the SM's FP8
