@@ -347,6 +347,15 @@ def _sm90_flash(tokens, **kw):
                              max_tokens_per_rank=4096, design="megamoe-sm90", hardware="h200", **kw))
 
 
+def _sm90_lanes(tr, sm):
+    """One SM's MMA records (L1 and L2, consumer), epilogue records (consumer) and load records
+    (producer), each in trace order."""
+    c, p = tr.where(sm=sm, role="consumer"), tr.where(sm=sm, role="producer")
+    return (c.select((c["kind"] == KIND["l1_mma"]) | (c["kind"] == KIND["l2_mma"])),
+            c.select((c["kind"] == KIND["l1_epilogue"]) | (c["kind"] == KIND["l2_epilogue"])),
+            p.select((p["kind"] == KIND["l1_load"]) | (p["kind"] == KIND["l2_load"])))
+
+
 def test_sm90_block_lanes():
     """Per CTA: the consumers start a block (MMA lane) sched_desc_ns after the previous epilogue
     (kernel v9.1's block descriptors at block_m 16: no walk), or later when its first stage is not
@@ -371,16 +380,13 @@ def test_sm90_block_lanes():
             for e, m, n, t in zip(e1["expert"].tolist(), e1["m_block"].tolist(), e1["n_block"].tolist(),
                                   e1["t_end_ns"].tolist())}
     for sm in (0, 7, 131):
-        c, p = tr.where(sm=sm, role="consumer"), tr.where(sm=sm, role="producer")
-        mma = c.select((c["kind"] == KIND["l1_mma"]) | (c["kind"] == KIND["l2_mma"]))
-        epi = c.select((c["kind"] == KIND["l1_epilogue"]) | (c["kind"] == KIND["l2_epilogue"]))
-        load = p.select((p["kind"] == KIND["l1_load"]) | (p["kind"] == KIND["l2_load"]))
+        mma, epi, load = _sm90_lanes(tr, sm)
         walk = hw.sched_block_ns + np.diff(key[sm::S], axis=0) @ [hw.sched_step_ns, hw.sched_skip_ns]
         after = epi["t_end_ns"][:-1] + hw.sched_desc_ns
         assert np.all(mma["t_start_ns"][1:] >= after - 1e-6) and np.mean(np.isclose(mma["t_start_ns"][1:], after)) > 0.5
         kb = np.where(mma["kind"] == KIND["l1_mma"], 4096 // 128, 2048 // 128)
         ring = mma["t_end_ns"] - np.minimum(st, kb) * t_k + hw.sm90_issue_kblock_ns
-        wait = p.where(kind="idle_wait")  # the producer's dependency waits, at most one per block
+        wait = tr.where(sm=sm, role="producer", kind="idle_wait")  # the producer's dependency waits, at most one per block
         dep = {(e, m, n): t for e, m, n, t in zip(wait["expert"].tolist(), wait["m_block"].tolist(),
                                                   wait["n_block"].tolist(), wait["t_end_ns"].tolist())}
         first = np.array([max(t, dep.get((e, m, n), t)) for e, m, n, t in zip(
@@ -416,10 +422,7 @@ def test_sm90_walk_inside_the_epilogue_at_block_m_32():
     assert hw.sched_ahead_ns < hw.sched_block_ns
     key, _ = sm90_walk_steps(rp)
     for sm in (0, 7, 131):
-        c, p = tr.where(sm=sm, role="consumer"), tr.where(sm=sm, role="producer")
-        mma = c.select((c["kind"] == KIND["l1_mma"]) | (c["kind"] == KIND["l2_mma"]))
-        epi = c.select((c["kind"] == KIND["l1_epilogue"]) | (c["kind"] == KIND["l2_epilogue"]))
-        load = p.select((p["kind"] == KIND["l1_load"]) | (p["kind"] == KIND["l2_load"]))
+        mma, epi, load = _sm90_lanes(tr, sm)
         steps = np.diff(key[sm::S], axis=0) @ [hw.sched_step_ns, hw.sched_skip_ns]
         # the producer: the whole walk after its last copy issue
         assert np.allclose(load["t_start_ns"][1:], load["t_end_ns"][:-1] + hw.sched_block_ns + steps)
@@ -446,10 +449,7 @@ def test_sm90_block_descriptors_at_block_m_16():
     key, _ = sm90_walk_steps(rp)
     scanned = 0
     for sm in (0, 7, 131):
-        c, p = tr.where(sm=sm, role="consumer"), tr.where(sm=sm, role="producer")
-        mma = c.select((c["kind"] == KIND["l1_mma"]) | (c["kind"] == KIND["l2_mma"]))
-        epi = c.select((c["kind"] == KIND["l1_epilogue"]) | (c["kind"] == KIND["l2_epilogue"]))
-        load = p.select((p["kind"] == KIND["l1_load"]) | (p["kind"] == KIND["l2_load"]))
+        mma, epi, load = _sm90_lanes(tr, sm)
         steps = np.diff(key[sm::S], axis=0) @ [hw.sched_step_ns, hw.sched_skip_ns]
         scanned += int((steps > 0).sum())
         # the producer: the whole walk after its last copy issue
