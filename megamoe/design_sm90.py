@@ -133,7 +133,9 @@ WALK_IN_EPILOGUE = {16: False, 32: True, 64: True, 128: True}
 #: at 4 and 0.989 at 1 (the wide instance). At every block_m it read 1.007 / 1.020 / 1.011 at 1024 /
 #: 4096 / 8192 tokens (the block_m 32 K loop grew by 18 instructions), so at block_m >= 32 the
 #: consumers keep walking inside the epilogue (:data:`WALK_IN_EPILOGUE`; since v9.1 the L2
-#: epilogue forms the combine-row index after the walk: 0.997 / 0.999 / 0.993 there;
+#: epilogue forms the combine-row index after the walk: 0.997 / 0.999 / 0.993 there). After a
+#: failed wait the consumers walk the rest of the list with a scheduler built only then: keeping
+#: the prologue's one alive through the block loop for it read 1.060 at 64 tokens (candidate G;
 #: benchmarks/NOTES_kernel.md, session 36).
 BLOCK_DESCRIPTORS = {16: True, 32: False, 64: False, 128: False}
 

@@ -476,11 +476,13 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
     # producer's block descriptors (BLOCK_DESCRIPTORS, kernel v9.1) all of it is sched_desc_ns, the
     # mean; where they walk inside the epilogue (WALK_IN_EPILOGUE, kernel v9.0) its fixed part is
     # sched_ahead_ns, the mean less sched_step_ns per chunk scan
-    def gaps_of(rs):
+    def mean_gap(rs, per_step):
+        # the gaps less per_step per chunk scan, each trace weighted equally: (mean, gaps)
         gs = [np.asarray(r["gaps"], float).reshape(-1, 3) for r in rs]
         gs = [g[g[:, 2] == 0] for g in gs]
         w = np.concatenate([np.full(len(g), 1.0 / max(1, len(g))) for g in gs])
-        return np.concatenate([g[:, 1] for g in gs]), np.concatenate([g[:, 0] for g in gs]), w
+        x, y = np.concatenate([g[:, 1] for g in gs]), np.concatenate([g[:, 0] for g in gs])
+        return float(np.sum(w * (y - per_step * x)) / np.sum(w)), len(y)
 
     def gap_pts(rs):
         return ", ".join(f"T={r['tokens']} (block_m {r['bm']}) {_median([g[0] for g in r['gaps']]):.0f} ns at a "
@@ -491,20 +493,19 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
     # to v9.0's block_m 16 traces; the walk's code is unchanged and the producer runs it).
     desc = [r for r in rows if BLOCK_DESCRIPTORS.get(r["bm"], False)]
     inside = [r for r in rows if WALK_IN_EPILOGUE.get(r["bm"], False)]
-    c1 = hw.sched_step_ns
     if desc:
-        _, y, w = gaps_of(desc)
+        v, n = mean_gap(desc, 0.0)
         how = (f"consumer gap between a block's epilogue end and the next block's MMA start where the consumers "
                f"read the producer's block descriptors (design_sm90.BLOCK_DESCRIPTORS, no walk): the mean over "
-               f"{len(y)} gaps, each trace weighted equally (median gap {gap_pts(desc)})")
-        out["sched_desc_ns"] = (float(np.sum(w * y) / np.sum(w)), how)
+               f"{n} gaps, each trace weighted equally (median gap {gap_pts(desc)})")
+        out["sched_desc_ns"] = (v, how)
     if inside:
-        x, y, w = gaps_of(inside)
-        ca = float(np.sum(w * (y - c1 * x)) / np.sum(w))
+        v, n = mean_gap(inside, hw.sched_step_ns)
         how = (f"consumer gap between a block's epilogue end and the next block's MMA start where the consumers "
-               f"walk inside the epilogue (design_sm90.WALK_IN_EPILOGUE) = this + sched_step_ns ({c1:.0f} ns) per "
-               f"scheduler step: the mean over {len(x)} gaps, each trace weighted equally (median gap {gap_pts(inside)})")
-        out["sched_ahead_ns"] = (ca, how)
+               f"walk inside the epilogue (design_sm90.WALK_IN_EPILOGUE) = this + sched_step_ns "
+               f"({hw.sched_step_ns:.0f} ns) per scheduler step: the mean over {n} gaps, each trace weighted equally "
+               f"(median gap {gap_pts(inside)})")
+        out["sched_ahead_ns"] = (v, how)
 
     # the arrival-mask bits seen by the L2 producers after the L1 epilogues' ends: the median over
     # the traces' waits, one figure where the release is relayed to a dispatch lane (kernel v8.1,

@@ -447,7 +447,8 @@ class _Engine:
         plus ``sched_step_ns`` per chunk scan and ``sched_skip_ns`` per chunk skip.  This is the
         producer's; where the consumers walk inside the epilogue
         (:data:`megamoe.design_sm90.WALK_IN_EPILOGUE`) theirs has ``sched_ahead_ns`` for its
-        fixed part (:meth:`cluster`)."""
+        fixed part, and where they read the producer's block descriptors
+        (:data:`megamoe.design_sm90.BLOCK_DESCRIPTORS`) theirs is ``sched_desc_ns`` (:meth:`cluster`)."""
         hw = self.hw
         key, end_key = sm90_walk_steps(rp)
         key = key[rows]
