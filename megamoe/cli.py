@@ -147,6 +147,9 @@ def add_scenario_args(p: argparse.ArgumentParser) -> None:
                         "(split-K; the last part's CTA adds the others' FP32 partial sums and runs the "
                         "epilogue). N divides hidden/128 and intermediate/128. The H200 kernel is built "
                         "without it (default: no split)")
+    g.add_argument("--ctas-per-sm", type=_positive, default=None,
+                   help="megamoe-sm90: CTAs sharing one SM, 1 or 2 (default: the kernel's rule, two at block_m 16 "
+                        "without the wide walk at one rank, kernel v9.2; 2 elsewhere is an error)")
     g.add_argument("--combine-relay", choices=("on", "off"), default=None,
                    help="megamoe-sm90 what-if, one rank: on = each token's 128-column slice is summed by the "
                         "dispatch warps while the GEMMs run and the call ends without a grid sync; off = the "
@@ -169,7 +172,7 @@ def scenario_from_args(a: argparse.Namespace):
                     hardware=a.hardware, design=a.design, experts_per_wave=a.experts_per_wave,
                     block_m=a.block_m, pool_tokens=a.pool_tokens, num_stages=a.num_stages,
                     k_split=a.k_split, combine_relay=None if a.combine_relay is None else a.combine_relay == "on",
-                    l2_wait=a.l2_wait, reserved_sms=a.reserved_sms, policies=a.policy,
+                    ctas_per_sm=a.ctas_per_sm, l2_wait=a.l2_wait, reserved_sms=a.reserved_sms, policies=a.policy,
                     launch_skew_us=a.launch_skew_us)
 
 
@@ -219,7 +222,9 @@ def _print_summary(res) -> None:
               + (f"  launch skew (us)={sc.launch_offsets_us()}" if any(sc.launch_offsets_us()) else ""))
     con.print(f"plan (rank 0): block_m={rp.config.block_m} block_n={rp.config.block_n} "
               f"block_k={rp.config.block_k} experts/wave={rp.experts_per_wave} waves={rp.num_waves} "
-              f"stages={rp.num_stages} SMs={plan.num_sms} pool={plan.pool_tokens} tokens "
+              f"stages={rp.num_stages} SMs={plan.num_sms}"
+              + (f" x {rp.ctas_per_sm} CTAs" if rp.ctas_per_sm > 1 else "")
+              + f" pool={plan.pool_tokens} tokens "
               f"pull={plan.bytes_per_pull} B  blocks={len(rp.blocks())}"
               + (f"  k_split={rp.k_split} (what-if)" if rp.k_split > 1 else "")
               + ("  combine relay (what-if)" if rp.combine_relay else "")
@@ -379,7 +384,8 @@ def cmd_sweep(a: argparse.Namespace) -> int:
           "max_tokens_per_rank": a.max_tokens, "routing": base.routing, "seed": base.seed,
           "hardware": base.hardware, "design": base.design, "experts_per_wave": base.experts_per_wave,
           "block_m": base.block_m, "pool_tokens": base.pool_tokens, "num_stages": base.num_stages,
-          "k_split": base.k_split, "combine_relay": base.combine_relay, "l2_wait": base.l2_wait,
+          "k_split": base.k_split, "combine_relay": base.combine_relay, "ctas_per_sm": base.ctas_per_sm,
+          "l2_wait": base.l2_wait,
           "reserved_sms": base.reserved_sms, "policies": list(a.policy),
           "launch_skew_us": base.launch_skew_us}
     rows = sweep(axes, kw, a.out, jobs=a.jobs, resume=not a.no_resume, address=a.address)
@@ -563,7 +569,7 @@ def build_parser() -> argparse.ArgumentParser:
     w = sub.add_parser("sweep", help="simulate a grid of scenario / plan / hardware choices")
     add_scenario_args(w)
     w.add_argument("--set", action="append", default=[], metavar="AXIS=VALUES",
-                   help="swept axis: tokens, ranks, experts_per_wave, block_m, k_split, combine_relay (on,off), "
+                   help="swept axis: tokens, ranks, experts_per_wave, block_m, k_split, combine_relay (on,off), ctas_per_sm, "
                         "reserved_sms, routing, "
                         "policy, launch_skew_us, nvlink_scale, hbm_scale, ... with a,b,c or start:stop[:step]; shapes are "
                         "separated by ';' when one is a custom E,k,H,I; repeatable")

@@ -7,7 +7,10 @@ re-derives it. Shared-memory formulas mirror ``csrc/megamoe/kernel_sm90.cu`` exa
 
 Design, in one paragraph: one persistent CTA per SM (the pipeline ring needs more than half
 of the 227 KB of shared memory, so two CTAs would halve the stages; one CTA also keeps the
-dispatch warps and the grid sync simple), 512 threads in three warp-specialized roles —
+dispatch warps and the grid sync simple) except at block_m 16 without the wide walk at one
+rank, where two CTAs share each SM (kernel v9.2, :func:`ctas_per_sm`: that instance needs 76
+registers, and four consumer warps per scheduler hide its K loop's latency: 0.89x the time at
+64-512 tokens on the H200), 512 threads in three warp-specialized roles —
 dispatch (warps 0-3), producer (warps 4-7: one lane issues the TMA loads of each stage, a
 tensor-map load of the activation tile and bulk copies of the packed E2M1 weight tile and
 the scales, completing the stage's mbarrier by their bytes) and consumer (warps 8-15, two
@@ -38,8 +41,22 @@ THREADS = 512
 DISPATCH_WARPS = 4
 PRODUCER_WARPS = 4
 CONSUMER_WARPS = 8
-#: One CTA per SM (see module docstring).
+#: One CTA per SM (see module docstring), except where :func:`ctas_per_sm` gives two.
 CTAS_PER_SM = 1
+#: Registers per thread of the dispatch, producer and consumer warpgroups at two CTAs per SM (kernel
+#: v9.2; ``kRegsPair*`` in ``csrc/megamoe/kernel_sm90.cu``, ``megamoe_sm90_role_registers_at``): 64
+#: per thread at launch (``__maxnreg__``), 32768 per CTA. Chosen by timing on the H200 against
+#: 48 / 48 / 80 (0.6% slower at 64-256 tokens) and 40 / 40 / 88 (most of the gain lost to the
+#: producer's spills; benchmarks/NOTES_kernel.md, session 37).
+PAIR_REGS = (32, 64, 80)
+#: Stages per CTA at two CTAs per SM. Nine fit (:func:`pair_smem_limit`); measured on the H200
+#: (CUPTI kernel time against one CTA per SM with 16 stages, session 37): 9 stages 0.947, 8 stages
+#: 0.917, 7 0.900-0.932, 6 0.900-0.933 at 16-512 tokens (8 and 7 alike, 6 slower by 0.5-1%).
+PAIR_STAGES = 8
+#: Shared memory of one SM90 SM (H100 / H200: 228 KB, ``cudaDevAttrMaxSharedMemoryPerMultiprocessor``)
+#: and what the driver reserves per CTA (``cudaDevAttrReservedSharedMemoryPerBlock``).
+SMEM_PER_SM_SM90 = 233472
+SMEM_RESERVED_PER_CTA = 1024
 #: Supported block_m values (template instances of the kernel).
 BLOCK_MS = (16, 32, 64, 128)
 #: Producer warps that issue the ring's K blocks, round-robin, per block_m
@@ -171,6 +188,55 @@ def wide_walk(block_m: int, experts_per_wave: int) -> bool:
     return block_m == 16 and experts_per_wave > SCHED_CHUNK
 
 
+def ctas_per_sm(block_m: int, experts_per_wave: int, num_ranks: int) -> int:
+    """CTAs per SM of a launch (kernel v9.2; the ``CTAS`` = 2 instance of
+    ``csrc/megamoe/kernel_sm90.cu``, checked by ``megamoe_sm90_launch``): two at block_m 16 without
+    the wide walk (:func:`wide_walk`) at one rank, else one. That instance's whole kernel needs 76
+    registers, so two CTAs of 512 threads fit an SM at 64 per thread (:data:`PAIR_REGS`), and two of
+    :data:`PAIR_STAGES` 11 KB stages fit its shared memory. Each SM then has four consumer warps
+    per scheduler instead of two, which hides the latency of the block_m 16 K loop (issue slots
+    were 54% busy at one CTA, ncu, session 22). Measured on the H200 (CUPTI kernel time, 8
+    rounds): 0.925 / 0.889 / 0.889 / 0.893 of the one-CTA time at 16 / 64 / 256 / 512 tokens,
+    outputs bitwise equal; block_m 16 at two CTAs instead of 32 / 64 at one: 1.14-1.99x at
+    768-2048 tokens (benchmarks/NOTES_kernel.md, session 37). The wide instance (107
+    registers) and block_m >= 32 (129-189) do not fit 64 registers; EP > 1 keeps one CTA (its
+    NVLink paths were not measured at two)."""
+    return 2 if block_m == 16 and num_ranks == 1 and not wide_walk(block_m, experts_per_wave) else 1
+
+
+def pair_smem_limit() -> int:
+    """Dynamic shared memory one CTA may use at two CTAs per SM: half the SM's
+    :data:`SMEM_PER_SM_SM90` less the driver's per-CTA reserve (115712 B on the H200)."""
+    return SMEM_PER_SM_SM90 // 2 - SMEM_RESERVED_PER_CTA
+
+
+def ctas_and_experts_per_wave(block_m: int, local_experts: int, expected_tokens_per_expert: float, inter: int,
+                              num_sms: int, num_ranks: int, experts_per_wave: int | None = None,
+                              ctas: int | None = None) -> tuple[int, int]:
+    """The CTAs per SM and the experts per wave of a launch (one rule for ``design_for`` and
+    ``megamoe.plan``): :func:`experts_per_wave_for` over the ``num_sms`` CTAs of one per SM
+    decides the wide walk and so :func:`ctas_per_sm`; at two CTAs per SM the waves follow the same
+    rule over the ``2 num_sms`` CTAs, at most :data:`SCHED_CHUNK` experts (the two-CTA instance
+    has no wide walk; measured 0.916 against 0.947 with the one-CTA rule's waves at 64 tokens,
+    session 37). ``experts_per_wave`` and ``ctas`` override the rules.
+
+    Raises:
+        InputError: ``ctas`` not None, 1 or 2, or 2 where :func:`ctas_per_sm` gives 1.
+    """
+    require(ctas is None or (is_int(ctas) and ctas in (1, 2)), "ctas_per_sm", "None (the rule), 1 or 2",
+            repr(ctas) if isinstance(ctas, str) else ctas)
+    epw = (experts_per_wave if experts_per_wave is not None
+           else experts_per_wave_for(local_experts, expected_tokens_per_expert, block_m, inter, num_sms))
+    c = ctas_per_sm(block_m, epw, num_ranks) if ctas is None else ctas
+    require(c == 1 or ctas_per_sm(block_m, epw, num_ranks) == 2, "ctas_per_sm",
+            f"1 at block_m {block_m}, {epw} experts per wave and {num_ranks} rank(s) (two CTAs per SM only at "
+            "block_m 16 without the wide walk and one rank)", c)
+    if c == 2 and experts_per_wave is None:
+        epw = min(experts_per_wave_for(local_experts, expected_tokens_per_expert, block_m, inter, 2 * num_sms),
+                  SCHED_CHUNK, local_experts)
+    return c, epw
+
+
 def local_count(block_m: int, experts_per_wave: int, num_ranks: int) -> bool:
     """Whether the EP1 dispatch counts every item in every CTA, with no count barrier (kernel
     v8.9; ``dispatch_pull``'s ``LOCAL`` in ``csrc/megamoe/roles_shared.cuh``,
@@ -288,6 +354,22 @@ def stages_for(block_m: int, num_experts: int, num_stages: int | None = None,
     return int(num_stages)
 
 
+def stages_for_ctas(block_m: int, num_experts: int, ctas: int, num_stages: int | None = None,
+                    smem_limit: int = SMEM_LIMIT_SM90) -> int:
+    """:func:`stages_for` at ``ctas`` CTAs per SM: at two, within :func:`pair_smem_limit` and
+    :data:`PAIR_STAGES` unless ``num_stages`` is given.
+
+    Raises:
+        InputError: as :func:`stages_for`.
+    """
+    if ctas == 1:
+        return stages_for(block_m, num_experts, num_stages, smem_limit)
+    limit = min(smem_limit, pair_smem_limit())
+    if num_stages is None:
+        return min(PAIR_STAGES, stages_for(block_m, num_experts, None, limit))
+    return stages_for(block_m, num_experts, num_stages, limit)
+
+
 def pool_rows_for(num_tokens: int, topk: int, num_experts: int, block_m: int, ranks: int = 1) -> int:
     """Pool capacity in rows: every routed item plus the worst-case padding per expert."""
     local_experts = num_experts // ranks
@@ -318,7 +400,8 @@ def experts_per_wave_for(num_experts: int, expected_tokens_per_expert: float, bl
 
 @dataclass(frozen=True)
 class SM90Design:
-    """Every number the SM90 kernel takes from the plan."""
+    """Every number the SM90 kernel takes from the plan. ``num_sms`` counts SMs; the kernel's
+    grid (its ``num_sms`` launch parameter) is :attr:`num_ctas`, ``ctas_per_sm`` to an SM."""
     block_m: int
     block_n: int
     block_k: int
@@ -333,6 +416,11 @@ class SM90Design:
     producer_warps: int = PRODUCER_WARPS
     consumer_warps: int = CONSUMER_WARPS
 
+    @property
+    def num_ctas(self) -> int:
+        """CTAs of the persistent launch: ``num_sms x ctas_per_sm``."""
+        return self.num_sms * self.ctas_per_sm
+
     def as_dict(self) -> dict:
         return asdict(self)
 
@@ -340,12 +428,15 @@ class SM90Design:
 @functools.lru_cache(maxsize=4096)  # pure, and the frozen result is shared: one lookup per kernel call
 def design_for(num_tokens: int, hidden: int, inter: int, num_experts: int, topk: int, num_sms: int = 132,
                ranks: int = 1, block_m: int | None = None, experts_per_wave: int | None = None,
-               num_stages: int | None = None, pool_tokens: int | None = None) -> SM90Design:
+               num_stages: int | None = None, pool_tokens: int | None = None,
+               ctas_per_sm: int | None = None) -> SM90Design:
     """The SM90 design for a scenario (one rank of ``ranks``); any argument given overrides the
     rule: block_m from the expected tokens per expert (``num_tokens * ranks * topk /
-    num_experts``), experts per wave over the rank's ``num_experts / ranks`` local experts,
-    stages from shared memory, pool rows for ``pool_tokens`` tokens per rank (default
-    ``num_tokens``; the EP launcher passes its ``max_tokens``).
+    num_experts``), CTAs per SM and experts per wave over the rank's ``num_experts / ranks``
+    local experts (:func:`ctas_and_experts_per_wave`), stages from shared memory (at two CTAs per
+    SM :data:`PAIR_STAGES`, at most what :func:`pair_smem_limit` holds), pool rows for
+    ``pool_tokens`` tokens per rank (default ``num_tokens``; the EP launcher passes its
+    ``max_tokens``).
 
     Raises:
         InputError: a count that is not an integer of its range (``num_tokens`` >= 0;
@@ -353,7 +444,8 @@ def design_for(num_tokens: int, hidden: int, inter: int, num_experts: int, topk:
             ``ranks`` a divisor of ``num_experts``; ``topk`` in ``[1, num_experts]``;
             ``experts_per_wave`` None or in ``[1, num_experts / ranks]``; ``pool_tokens`` None
             or >= 0), ``block_m`` not None or one of ``BLOCK_MS``, ``num_stages`` outside what
-            :func:`stages_for` allows.
+            :func:`stages_for` allows, ``ctas_per_sm`` not None, 1 or 2 (2 only where
+            :func:`ctas_per_sm` allows it).
         TypeError: an unhashable argument (the results are cached by argument).
     """
     def shown(v):  # '64' is not 64
@@ -375,9 +467,9 @@ def design_for(num_tokens: int, hidden: int, inter: int, num_experts: int, topk:
             f"None (the rule) or one of {BLOCK_MS}", shown(block_m))
     expected = num_tokens * ranks * topk / num_experts
     bm = block_m if block_m is not None else block_m_for(expected)
-    st = stages_for(bm, num_experts, num_stages)
-    epw = (experts_per_wave if experts_per_wave is not None
-           else experts_per_wave_for(num_experts // ranks, expected, bm, inter, num_sms))
+    ctas, epw = ctas_and_experts_per_wave(bm, num_experts // ranks, expected, inter, num_sms, ranks,
+                                          experts_per_wave, ctas_per_sm)
+    st = stages_for_ctas(bm, num_experts, ctas, num_stages)
     rows = pool_rows_for(num_tokens if pool_tokens is None else pool_tokens, topk, num_experts, bm, ranks)
     return SM90Design(block_m=bm, block_n=BLOCK_N, block_k=BLOCK_K, num_stages=st, experts_per_wave=epw,
-                      num_sms=num_sms, pool_rows=rows, smem_bytes=smem_bytes(bm, st, num_experts))
+                      num_sms=num_sms, pool_rows=rows, smem_bytes=smem_bytes(bm, st, num_experts), ctas_per_sm=ctas)

@@ -298,6 +298,11 @@ class RankPlan:
         src_items: per local expert, per source rank, int64 ``[n, 2]`` of ``(token, slot)`` on the
             source rank in ascending order (the source index table; the reference fills it in
             atomic-arrival order, the plan fixes ascending order).
+        num_sms: the units that run the rank's block list: the SMs, or at ``megamoe-sm90`` with
+            ``ctas_per_sm`` 2 the CTAs (unit ``c`` runs rows ``c, c + num_sms, ..``).
+        ctas_per_sm: ``megamoe-sm90``: CTAs sharing one SM (kernel v9.2,
+            :func:`megamoe.design_sm90.ctas_per_sm`: 2 at block_m 16 without the wide walk at one
+            rank, else 1); 1 for the reference design.
         local_count: ``megamoe-sm90`` at one rank, where the kernel runs its wide instance
             (:func:`megamoe.design_sm90.local_count`, kernel v8.9): every CTA counts all items
             itself and the pulls start with no count barrier; False elsewhere (a count barrier,
@@ -320,6 +325,7 @@ class RankPlan:
     k_split: int = 1
     combine_relay: bool = False
     local_count: bool = False
+    ctas_per_sm: int = 1
     _blocks: np.ndarray | None = field(default=None, repr=False)
     _orders: dict = field(default_factory=dict, repr=False)
 
@@ -513,7 +519,7 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
                design: str = "deepgemm-sm100", experts_per_wave: int | None = None,
                block_m: int | None = None, pool_tokens: int | None = None,
                num_stages: int | None = None, l2_wait: str = "k_block", k_split: int | None = None,
-               combine_relay: bool | None = None, policies=None) -> Plan:
+               combine_relay: bool | None = None, policies=None, ctas_per_sm: int | None = None) -> Plan:
     """Make every scheduling decision for one call.
 
     Args:
@@ -539,6 +545,9 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
             built.
         policies: :class:`megamoe.policies.Policies` replacing reference heuristics (the
             explicit overrides above still win).
+        ctas_per_sm: ``megamoe-sm90`` only: None (the rule,
+            :func:`megamoe.design_sm90.ctas_and_experts_per_wave`), 1, or 2 where the kernel has
+            the two-CTA instance (block_m 16 without the wide walk, one rank).
 
     Raises:
         InputError: any inconsistent input (named field, expected, got).
@@ -552,6 +561,8 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
             f"an integer in [2, {MAX_SMS}]", num_sms)
     e_local = num_experts // num_ranks
     require(design in DESIGNS, "design", " or ".join(DESIGNS), design)
+    require(ctas_per_sm is None or design == "megamoe-sm90", "ctas_per_sm",
+            "None with design deepgemm-sm100 (2-CTA clusters there, not CTAs sharing an SM)", ctas_per_sm)
     sm90 = design == "megamoe-sm90"
     require(k_split is None or (is_int(k_split) and k_split >= 1), "k_split", "None or an integer >= 1", k_split)
     ks = 1 if k_split is None else int(k_split)
@@ -598,13 +609,17 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
         require(intermediate % cfg.block_k == 0 and hidden % cfg.block_k == 0, "shape",
                 f"hidden and intermediate multiples of block_k {cfg.block_k}",
                 f"hidden {hidden}, intermediate {intermediate}")
+        if experts_per_wave is not None:
+            require(1 <= experts_per_wave <= e_local, "experts_per_wave",
+                    f"in [1, {e_local}] (local experts)", experts_per_wave)
+        ctas = 1
         if sm90:
             # the rank's pool: every routed row plus each local expert's block padding
             cap = design_sm90.pool_rows_for(max_tokens_per_rank, top_k, num_experts, cfg.block_m, num_ranks)
             sm90_pool = max(sm90_pool, cap)
-            epw = design_sm90.experts_per_wave_for(
-                e_local, expected_tokens_per_expert(tokens_per_rank[r], num_ranks, top_k, num_experts),
-                cfg.block_m, intermediate, num_sms)
+            ctas, epw = design_sm90.ctas_and_experts_per_wave(
+                cfg.block_m, e_local, expected_tokens_per_expert(tokens_per_rank[r], num_ranks, top_k, num_experts),
+                intermediate, num_sms, num_ranks, experts_per_wave, ctas_per_sm)
         else:
             epw = sm100_experts_per_wave(e_local, tokens_per_rank[r], top_k, intermediate,
                                          cfg.block_m, cfg.block_n, num_sms, cap,
@@ -613,13 +628,13 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
             max_epw = max_experts_per_wave(e_local, num_ranks, top_k, max_tokens_per_rank, cfg.block_m, cap)
             epw = call_wave(pol.wave, WaveContext(
                 e_local, tokens_per_rank[r], top_k, hidden, intermediate, cfg.block_m, cfg.block_n,
-                num_sms, cap, max_tokens_per_rank, num_ranks, tpe, max_epw))
+                num_sms * ctas, cap, max_tokens_per_rank, num_ranks, tpe, max_epw))
+            if sm90:  # a policy's waves wide enough for the wide walk run one CTA per SM
+                ctas = min(ctas, design_sm90.ctas_per_sm(cfg.block_m, epw, num_ranks))
         if experts_per_wave is not None:
-            require(1 <= experts_per_wave <= e_local, "experts_per_wave",
-                    f"in [1, {e_local}] (local experts)", experts_per_wave)
             epw = experts_per_wave
         if sm90:
-            stages = design_sm90.stages_for(cfg.block_m, num_experts, num_stages, smem_capacity)
+            stages = design_sm90.stages_for_ctas(cfg.block_m, num_experts, ctas, num_stages, smem_capacity)
             smem = design_sm90.smem_bytes(cfg.block_m, stages, num_experts)
         else:
             stages, smem = sm100_pipeline(smem_capacity, num_experts, hidden, cfg, pull)
@@ -630,7 +645,7 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
                 stages = num_stages
         rp = RankPlan(rank=r, num_tokens=tokens_per_rank[r], config=cfg, experts_per_wave=epw,
                       num_stages=stages, smem_bytes=smem, recv_counts=counts[r], src_items=items[r],
-                      num_sms=num_sms, l1_n_blocks=2 * intermediate // cfg.block_n,
+                      num_sms=num_sms * ctas, ctas_per_sm=ctas, l1_n_blocks=2 * intermediate // cfg.block_n,
                       l2_n_blocks=hidden // cfg.block_n, pull_policy=pol.pull_order,
                       scheduler=pol.scheduler, k_split=ks, combine_relay=bool(combine_relay),
                       local_count=sm90 and design_sm90.local_count(cfg.block_m, epw, num_ranks))

@@ -92,6 +92,9 @@ class Scenario:
             consecutive block indices (split-K, :meth:`megamoe.plan.RankPlan.blocks`); None or 1:
             no split, as the kernel is built. An integer >= 1 dividing ``hidden / 128`` and
             ``intermediate / 128`` (checked by :meth:`plan`).
+        ctas_per_sm: ``megamoe-sm90``: CTAs sharing one SM, None (the rule,
+            :func:`megamoe.design_sm90.ctas_per_sm`: two at block_m 16 without the wide walk and one
+            rank, kernel v9.2), 1, or 2 where the kernel has that instance.
         combine_relay: ``megamoe-sm90`` what-if with one rank: True sums each token's 128-column
             slice while the GEMMs run and ends the call without a grid sync
             (:class:`megamoe.plan.RankPlan`); None or False: the combine after the final barrier,
@@ -112,7 +115,8 @@ class Scenario:
         InputError: bad field (one-line message naming it: ``shape``, ``ranks``, ``tokens``,
             ``max_tokens``, ``routing`` / ``routing.<param>``, ``seed``, ``hardware``,
             ``design``, ``l2_wait``, ``reserved_sms``, ``experts_per_wave``, ``block_m``,
-            ``pool_tokens``, ``num_stages``, ``k_split``, ``combine_relay``, ``policies`` / ``policy ...``,
+            ``pool_tokens``, ``num_stages``, ``k_split``, ``combine_relay``, ``ctas_per_sm``, ``policies`` /
+            ``policy ...``,
             ``topk_idx[r]``,
             ``launch_skew_us``); the CLI's names are used for ``num_ranks`` (``ranks``),
             ``tokens_per_rank`` (``tokens``) and ``max_tokens_per_rank`` (``max_tokens``).
@@ -133,6 +137,7 @@ class Scenario:
     l2_wait: str = "k_block"
     k_split: int | None = None
     combine_relay: bool | None = None
+    ctas_per_sm: int | None = None
     reserved_sms: int = 0
     policies: list = field(default_factory=list)
     topk_idx: list[np.ndarray] | None = field(default=None, repr=False)
@@ -225,9 +230,11 @@ class Scenario:
             require(v is None or (is_int(v) and v >= 1), name, "a positive integer", shown(v))
         require(self.combine_relay in (None, False, True), "combine_relay", "None, False or True",
                 shown(self.combine_relay))
+        require(self.ctas_per_sm is None or (is_int(self.ctas_per_sm) and self.ctas_per_sm in (1, 2)), "ctas_per_sm",
+                "None (the rule), 1 or 2", shown(self.ctas_per_sm))
         # checked integers: a numpy integer is kept as the same Python int (JSON-able in to_dict)
         for name in ("num_ranks", "seed", "max_tokens_per_rank", "reserved_sms", "experts_per_wave", "block_m",
-                     "pool_tokens", "num_stages", "k_split"):
+                     "pool_tokens", "num_stages", "k_split", "ctas_per_sm"):
             if isinstance(getattr(self, name), np.integer):
                 setattr(self, name, int(getattr(self, name)))
         # one source per decision: a fixed override and a policy for the same choice conflict
@@ -288,7 +295,7 @@ class Scenario:
                           design=self.design, experts_per_wave=self.experts_per_wave,
                           block_m=self.block_m, pool_tokens=self.pool_tokens,
                           num_stages=self.num_stages, l2_wait=self.l2_wait, k_split=self.k_split,
-                          combine_relay=self.combine_relay, policies=self._policies)
+                          combine_relay=self.combine_relay, policies=self._policies, ctas_per_sm=self.ctas_per_sm)
 
     def to_dict(self) -> dict:
         """Every input as plain JSON types."""
@@ -301,6 +308,7 @@ class Scenario:
             "design": self.design, "experts_per_wave": self.experts_per_wave,
             "block_m": self.block_m, "pool_tokens": self.pool_tokens, "num_stages": self.num_stages,
             "l2_wait": self.l2_wait, "k_split": self.k_split, "combine_relay": self.combine_relay,
+            "ctas_per_sm": self.ctas_per_sm,
             "reserved_sms": self.reserved_sms,
             "policies": self._policies.names(), "launch_skew_us": self.launch_offsets_us(),
         }

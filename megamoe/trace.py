@@ -229,11 +229,18 @@ class Trace:
             if bad.any():
                 raise InputError(f"trace.{col}", f"codes 0..{len(names) - 1}", int(cols[col][bad][0]))
         # rank and SM indices: within the scenario's ranks and the device's SMs when meta gives them
+        # (SM90 kernel traces at two CTAs per SM, kernel v9.2, record the CTA: meta plan.ctas_per_sm)
+        plan = (meta or {}).get("plan")
+        ctas = plan.get("ctas_per_sm", 1) if isinstance(plan, dict) else 1
+        require(ctas in (1, 2) and not isinstance(ctas, bool), "trace.meta.plan.ctas_per_sm", "1 or 2", ctas)
         for col, lo, key in (("rank", 0, "num_ranks"), ("sm", -1, "num_sms")):
             hi = (meta or {}).get(key)
             if isinstance(hi, int) and not isinstance(hi, bool):
                 require(hi >= 1, f"trace.meta.{key}", "an integer >= 1", hi)
-                bad, expected = (cols[col] < lo) | (cols[col] >= hi), f"values in [{lo}, {hi}) (meta {key} = {hi})"
+                per = ctas if col == "sm" else 1
+                bad, expected = ((cols[col] < lo) | (cols[col] >= hi * per),
+                                 f"values in [{lo}, {hi * per}) (meta {key} = {hi}"
+                                 + (f" x plan.ctas_per_sm = {per})" if per > 1 else ")"))
             else:
                 bad, expected = cols[col] < lo, f"values >= {lo}"
             if bad.any():

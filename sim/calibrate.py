@@ -285,6 +285,73 @@ def sm90_k_block_ns(t) -> float:
     return k2 if _l1_promoted_once(t) else 0.5 * (_median(d[t["kind"] == KIND["l1_mma"]]) / kb1 + k2)
 
 
+def fit_sm90_pair_share(pair_paths: list[str], one_paths: list[str], hw) -> dict:
+    """``sm90_pair_share`` from traces of the two-CTA instance (kernel v9.2, two CTAs per SM):
+    the share at which the model's makespan meets the traces' (the mean relative error over
+    ``pair_paths`` zero, by bisection on [1, 2], to 0.001), with every other figure of ``hw``.
+
+    A CTA's L1 K loop alone reads less: the mean per K block at two CTAs over the mean at one
+    (``one_paths``: one-CTA traces of the same token counts and routing) is reported beside it.
+    The model prices every block of a CTA alike, while in the kernel a CTA's K loop runs fast
+    while its partner is in an epilogue or waiting and slow while both run K loops; the L2
+    blocks of a wave then wait for its slowest L1 blocks (the kernel's L2 K loops and its
+    producers' waits grow far more than its L1 K loops). The effective share carries that.
+
+    Returns:
+        ``{"sm90_pair_share": (value, how)}``.
+
+    Raises:
+        InputError: the lists differ in length or are empty, a pair's token counts differ, a
+            trace's CTAs per SM are not two (``pair_paths``) or one (``one_paths``), or no share in
+            [1, 2] meets the traces.
+    """
+    import dataclasses
+
+    from megamoe.design_sm90 import BLOCK_K
+    from megamoe.trace import KIND, Trace
+
+    from .compare import scenario_from_meta
+    from .engine import simulate
+
+    require(len(pair_paths) == len(one_paths) and pair_paths, "fit_sm90_pair_share",
+            "as many one-CTA traces as two-CTA ones (at least one)", f"{len(pair_paths)} and {len(one_paths)}")
+    pairs, pts = [], []
+    for pp, op in zip(pair_paths, one_paths):
+        tp, to = Trace.load(pp), Trace.load(op)
+        T, T_one = int(tp.meta["tokens_per_rank"][0]), int(to.meta["tokens_per_rank"][0])
+        require(T == T_one, "fit_sm90_pair_share", f"the same tokens in {pp} and {op}", f"{T} and {T_one}")
+        ctas = (int(tp.meta["plan"].get("ctas_per_sm", 1)), int(to.meta["plan"].get("ctas_per_sm", 1)))
+        require(ctas == (2, 1), "fit_sm90_pair_share", f"two CTAs per SM in {pp} and one in {op}", ctas)
+        kb1 = int(tp.meta["hidden"]) // BLOCK_K
+        a, b = (float((t["t_end_ns"] - t["t_start_ns"])[t["kind"] == KIND["l1_mma"]].mean()) / kb1 for t in (tp, to))
+        pts.append(f"T={T} {a:.0f} / {b:.0f} ns = {a / b:.3f}")
+        pairs.append((scenario_from_meta(tp), tp.makespan_ns, T))
+
+    def err(share):
+        h = dataclasses.replace(hw, sm90_pair_share=share)
+        return statistics.fmean(simulate(sc, h).trace.makespan_ns / mk - 1.0 for sc, mk, _ in pairs)
+
+    lo, hi = 1.0, 2.0
+    e_lo, e_hi = err(lo), err(hi)
+    require(e_lo < 0.0 < e_hi, "fit_sm90_pair_share", "a share in [1, 2] at which the model meets the traces",
+            f"mean makespan errors {e_lo:+.3f} at 1 and {e_hi:+.3f} at 2")
+    while hi - lo > 0.001:
+        mid = 0.5 * (lo + hi)
+        if err(mid) < 0.0:
+            lo = mid
+        else:
+            hi = mid
+    v = 0.5 * (lo + hi)
+    h = dataclasses.replace(hw, sm90_pair_share=float(f"{v:.4g}"))
+    errs = ", ".join(f"T={T} {simulate(sc, h).trace.makespan_ns / mk - 1.0:+.1%}" for sc, mk, T in pairs)
+    how = ("the share of a CTA's consumer and producer time at two CTAs per SM at which the model's makespan meets "
+           f"the traces' (mean relative error zero, bisection; then {errs}); for comparison a CTA's mean L1 K loop per "
+           "K block at two CTAs over one (the one-CTA traces of the same tokens): " + "; ".join(pts)
+           + " (the rest: L2 blocks waiting for their wave's slowest L1 blocks when block times vary with the "
+           "partner CTA, which the model's uniform block times do not show)")
+    return {"sm90_pair_share": (v, how)}
+
+
 def _fraction_of_rate(slope_ns_per_row: float, fp8_gemm_tflops: float, num_sms: int) -> float:
     """``sm90_mma_fraction`` from the K-block time's growth per block row (FLOP of one row of
     one K block: 2 x 128 weight rows x 128 K) against the GEMM rate spread over the SMs."""
@@ -749,9 +816,21 @@ def calibrated_toml(base: str, measured: dict, kernel: dict | None = None, date:
 
 
 #: The committed kernel traces and per-role profile the H200 model's SM90 figures are fitted
-#: to (paths from the repository root); the other EP1 traces (1, 16, 256, 1024 and 8192
-#: tokens) are left out, as checks of the fit.
-SM90_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep1_t{t}.npz" for t in (64, 512, 4096))
+#: to (paths from the repository root): one CTA per SM at 64 and 512 tokens (block_m 16; v9.1's
+#: traces, whose one-CTA instance v9.2 keeps by SASS digest for EP > 1 and ``ctas_per_sm=1``) and
+#: 4096 (block_m 128); the other EP1 traces (1, 16, 64, 256, 512, 1024 and 8192 tokens, two CTAs
+#: per SM at 16-512) are left out, as checks of the fit.
+SM90_FIT_TRACES = ("benchmarks/traces/kernel_flash_ep1_one_cta_t64.npz",
+                   "benchmarks/traces/kernel_flash_ep1_one_cta_t512.npz",
+                   "benchmarks/traces/kernel_flash_ep1_t4096.npz")
+#: The two-CTA traces ``sm90_pair_share`` is fitted to (:func:`fit_sm90_pair_share`), each against
+#: the one-CTA trace of the same token count in :data:`SM90_FIT_TRACES`; 16 and 256 tokens are
+#: left out, as checks.
+SM90_PAIR_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep1_t{t}.npz" for t in (64, 512))
+SM90_PAIR_FIT_KERNEL = ("FP8 WGMMA v9.2, build 59ce2125 (v9.1 and two CTAs per SM at block_m 16 without the wide "
+                        "walk, EP1: 64 registers per thread, the dispatch / producer / consumer split 32 / 64 / 80, "
+                        "8 stages; docs/kernel.md, benchmarks/NOTES_kernel.md)")
+SM90_PAIR_FIT_DATE = "2026-12-03"
 #: The committed EP2 traces (two H200s) the expert-parallel figures (``nvlink_latency_ns``,
 #: ``l2_epilogue_ep_ns``) are fitted to; EP2 at 1 and 8192 tokens per rank are left out, as
 #: checks of the fit.
@@ -882,7 +961,8 @@ def refit_h200(root: str | None = None, toml_path: str | None = None) -> dict:
     :func:`fit_tma_probe`), fit the SM90 figures to the committed traces and profile with them
     (:data:`SM90_FIT_TRACES`, :data:`SM90_FIT_PROFILE`), then the expert-parallel figures to the EP2 traces
     (:data:`SM90_EP_FIT_TRACES`, on the L2 epilogue line just fitted, rounded as written) and
-    ``sm90_local_count_ns`` to :data:`SM90_SKIP_FIT_TRACE` (:func:`fit_sm90_local_count`), and
+    ``sm90_local_count_ns`` to :data:`SM90_SKIP_FIT_TRACE` (:func:`fit_sm90_local_count`) and
+    ``sm90_pair_share`` to :data:`SM90_PAIR_FIT_TRACES` (:func:`fit_sm90_pair_share`), and
     write them with their sources into the H200 preset (or ``toml_path``), leaving every other
     line as it is.  Returns :func:`fit_tma_probe`, :func:`sm90_fit_sources` and
     :func:`sm90_ep_fit_sources` in one dict."""
@@ -901,6 +981,15 @@ def refit_h200(root: str | None = None, toml_path: str | None = None) -> dict:
     fit.update(sm90_fit_sources(fit_sm90_local_count(str(base / SM90_SKIP_FIT_TRACE)), traces=(SM90_SKIP_FIT_TRACE,),
                                 profile_path=None, date=SM90_SKIP_FIT_DATE, kernel=SM90_SKIP_FIT_KERNEL,
                                 fitter="fit_sm90_local_count"))
+    # the pair share is fitted on the model with every figure just fitted (the H200 preset's others)
+    from .hardware import load_hardware
+
+    hw = dataclasses.replace(load_hardware("h200"), **{k: v for k, (v, _) in fit.items()})
+    fit.update(sm90_fit_sources(fit_sm90_pair_share([str(base / p) for p in SM90_PAIR_FIT_TRACES],
+                                                    [str(base / p) for p in SM90_FIT_TRACES[:2]], hw),
+                                traces=SM90_PAIR_FIT_TRACES, profile_path=None, date=SM90_PAIR_FIT_DATE,
+                                kernel=SM90_PAIR_FIT_KERNEL + " against the one-CTA traces of the same token counts, "
+                                + SM90_FIT_KERNEL, fitter="fit_sm90_pair_share"))
     path = Path(toml_path) if toml_path else PRESET_DIR / "h200.toml"
     text = path.read_text()
     head, _, srcs = text.partition("[sources]")

@@ -141,14 +141,18 @@ def scenario_from_meta(trace: Trace):
         fixed[key] = v
     for key in ("hardware", "design", "l2_wait"):
         require(isinstance(meta.get(key, ""), str), f"trace.meta.{key}", "a string", meta.get(key))
+    # CTAs per SM: SM90 traces before kernel v9.2 name none and ran one CTA per SM
+    design = meta.get("design", "megamoe-sm90")
+    ctas = plan.get("ctas_per_sm", 1 if design == "megamoe-sm90" else None)
+    require(ctas is None or (is_int(ctas) and ctas in (1, 2)), "trace.meta.plan.ctas_per_sm", "1 or 2", ctas)
     keys = {"max_tokens": "max_tokens_per_rank", "tokens": "tokens_per_rank", "ranks": "num_ranks",
             "block_m": "plan.block_m", "experts_per_wave": "plan.experts_per_wave"}
     try:
         return Scenario(shape=shape, num_ranks=R,
                         max_tokens_per_rank=num("max_tokens_per_rank") if meta.get("max_tokens_per_rank")
                         else max(1, max(len(t) for t in ids)),
-                        hardware=meta.get("hardware", "h200"), design=meta.get("design", "megamoe-sm90"),
-                        **fixed,
+                        hardware=meta.get("hardware", "h200"), design=design,
+                        **fixed, ctas_per_sm=ctas,
                         l2_wait=meta.get("l2_wait", "k_block"),
                         topk_idx=ids)
     except InputError as e:  # name the trace's own key, not the Scenario field it went into
@@ -199,15 +203,19 @@ def compare_file(path: str, hardware=None) -> tuple[dict, Trace, object]:
             raise InputError("trace.meta.hardware", e.expected, e.got) from None
     require(measured.makespan_ns > 0, "trace", "records spanning some time (a makespan > 0 ns)",
             "a makespan of 0 ns")
-    off = measured["sm"] >= hw.num_sms  # the simulation runs on the hardware's SMs
+    # the simulation runs on the hardware's SMs; the SM90 kernel at two CTAs per SM records its CTAs
+    # (the plan's units: RankPlan.num_sms)
+    units = max([rp.num_sms for rp in base.plan(hw.num_sms, hw.smem_per_block_bytes).ranks] + [hw.num_sms])
+    off = measured["sm"] >= units
     if off.any():
         i = int(np.argmax(off))
-        raise InputError("trace.sm", f"SM indices < {hw.num_sms} (hardware {hw.name} has {hw.num_sms} SMs)",
+        per = f", {units // hw.num_sms} CTAs per SM" if units > hw.num_sms else ""
+        raise InputError("trace.sm", f"SM indices < {units} (hardware {hw.name} has {hw.num_sms} SMs{per})",
                          f"record {i}: {int(measured['sm'][i])}")
     skew = launch_skew_from_trace(measured) if base.num_ranks > 1 else [0.0]
     sc = dataclasses.replace(base, launch_skew_us=skew) if any(skew) else base
     res = simulate(sc, hw)
-    report = compare_traces(measured, res.trace, res.plan.num_sms)
+    report = compare_traces(measured, res.trace, max(rp.num_sms for rp in res.plan.ranks))
     report["launch_skew_us"] = skew
     report["makespan_error_no_skew"] = (simulate(base, hw).trace.makespan_ns / measured.makespan_ns - 1.0
                                         if any(skew) else report["makespan_error"])

@@ -359,7 +359,7 @@ class _Engine:
         plan, r, R = self.plan, rp.rank, self.plan.num_ranks
         cfg = rp.config
         bm, bn, bk, cs = cfg.block_m, cfg.block_n, cfg.block_k, cfg.cluster_size
-        S = plan.num_sms
+        S = rp.num_sms  # the units: SMs, or the CTAs at two CTAs per SM (SM90)
         H, I = plan.hidden, plan.intermediate
         tpe = rp.tokens_per_expert
         mbe = -(-tpe // bm)
@@ -489,7 +489,7 @@ class _Engine:
         env, hw, plan = self.env, self.hw, self.plan
         rp = plan.ranks[r]
         T, k, H = rp.num_tokens, plan.top_k, plan.hidden
-        S = plan.num_sms
+        S = rp.num_sms  # CTAs (SM90 at two CTAs per SM: twice the SMs)
         t = hw.launch_ns + self.launch_offsets_ns[r]  # a late rank starts late (launch skew)
         items = self.valid_slots[r]
         multi = plan.num_ranks > 1
@@ -614,7 +614,7 @@ class _Engine:
             the round of every pool item (pool order, as ``src``), the round that completes
             each pool block (its rows' latest) and the most items any CTA pulls.
         """
-        S, bm, K = self.plan.num_sms, rp.config.block_m, self.plan.top_k
+        S, bm, K = rp.num_sms, rp.config.block_m, self.plan.top_k
         W = DISPATCH_WARPS_PER_SM
         tpe = rp.tokens_per_expert
         mbe = -(-tpe // bm)
@@ -659,6 +659,12 @@ class _Engine:
         cols = clusters[c]  # phase, n block, pool block, first-touch keys, block id per row
         # SM90: the scheduler's cost before each block and after the last (0 for SM100)
         gaps, end_gap = walks[c]
+        sm90 = plan.design == "megamoe-sm90"
+        # SM90 at two CTAs per SM (kernel v9.2): each CTA's consumer and producer work takes
+        # sm90_pair_share times as long as a lone CTA's, and it gets half the SM's load rate
+        share = hw.sm90_pair_share if sm90 and rp.ctas_per_sm == 2 else 1.0
+        if share != 1.0:
+            gaps, end_gap = [g * share for g in gaps], end_gap * share
         t_ready = self.counts_ready[r]
         if t_ready is None:
             t_ready = yield self.counts_done[r]
@@ -668,7 +674,6 @@ class _Engine:
         H, I = plan.hidden, plan.intermediate
         lat = hw.tma_latency_ns
         stages = rp.num_stages
-        sm90 = plan.design == "megamoe-sm90"
         # the consumers' walk costs less by this where they walk inside the epilogue (kernel
         # v9.0: its cost is in the epilogue figures); the producer's does not. Where they read
         # the producer's block descriptors (kernel v9.1) their gap is sched_desc_ns, no walk.
@@ -680,25 +685,25 @@ class _Engine:
         # its B tile in FP4, and the scales
         stage_bytes = (bm // cs) * bk + bn * bk / 2 + (bm + bn) * bk / 32
         # load rate of one SM: its engine limit, or Little's law on the stage ring
-        load_rate = min(hw.sm_load_bytes_per_ns, stages * stage_bytes / lat)
+        load_rate = min(hw.sm_load_bytes_per_ns / rp.ctas_per_sm, stages * stage_bytes / lat)
         if sm90:
             # the consumer warps prepare the stage (kernel v5-v7.4: the token-scale table and a
             # warpgroup barrier, v7.5: the weight rows' fold-table offsets; the E2M1 -> E4M3
             # decode goes into the WGMMA registers), run
             # the MMA of the stage, then hand the stage back: serial per K block
-            t_k = max(t_mma_k + hw.e2m1_decode_thread_ns_per_elem * bn * bk / cfg.num_epilogue_threads
-                      + hw.stage_handoff_ns, stage_bytes / load_rate)
+            t_k = max((t_mma_k + hw.e2m1_decode_thread_ns_per_elem * bn * bk / cfg.num_epilogue_threads
+                       + hw.stage_handoff_ns) * share, stage_bytes / load_rate)
             # an L1 K block promoted once (x folded per 128-K group at this block_m, kernel v7.6:
             # design_sm90.L1_X_FOLD_K) saves one 64-K group's promotion
-            t_k1 = (max(t_k - hw.sm90_promotion_ns_per_row * bm, stage_bytes / load_rate) if l1_promoted_once(bm)
-                    else t_k)
+            t_k1 = (max(t_k - hw.sm90_promotion_ns_per_row * bm * share, stage_bytes / load_rate)
+                    if l1_promoted_once(bm) else t_k)
         else:
             t_k = max(t_mma_k, stage_bytes / load_rate) + hw.block_overhead_ns / max(1, H // bk)
             t_k1 = t_k
         epi_threads = cfg.num_epilogue_threads
         # the L1 epilogue pays a fixed hand-off (cross-warp amax reduction, arrival-mask release);
         # the L2 epilogue's time per pool block is in epi2
-        t_epi1 = hw.l1_epilogue_thread_ns_per_elem * bm * bn / epi_threads + hw.block_overhead_ns
+        t_epi1 = (hw.l1_epilogue_thread_ns_per_elem * bm * bn / epi_threads + hw.block_overhead_ns) * share
         # split-K (a what-if, RankPlan.blocks): a row runs 1 / ks of its GEMM's K blocks; the
         # last part's CTA waits for the others' partial sums (each stored by its CTA after its
         # K loop and loaded after it: one memory round trip plus the bytes at one SM's load
@@ -718,7 +723,8 @@ class _Engine:
         # SM90: the producer issues one K block's loads in t_iss (its stage already free), so a
         # block's last copy issue comes no earlier than kb x t_iss after its first, and no
         # earlier than t_iss after the consumers free the stage a ring back
-        t_iss = hw.sm90_issue_kblock_ns if sm90 else 0.0
+        t_iss = hw.sm90_issue_kblock_ns * share if sm90 else 0.0
+        desc = hw.sched_desc_ns * share
         iss1, iss2 = kb1 * t_iss, kb2 * t_iss
         prev_issue = t_ready  # SM90: the producer's last copy issue of the previous block
         prev_mma_end = t_ready
@@ -784,7 +790,7 @@ class _Engine:
             mma_start = load_start + lat
             if prev_mma_end > mma_start:
                 mma_start = prev_mma_end
-            c_start = epi_m1 + (hw.sched_desc_ns if c_desc else gap - c_less) if sm90 else epi_m2
+            c_start = epi_m1 + (desc if c_desc else gap - c_less) if sm90 else epi_m2
             if c_start > mma_start:
                 mma_start = c_start
             now = env.now
@@ -867,7 +873,7 @@ class _Engine:
                     if ev is not None:
                         ev.succeed()
             else:
-                epi_end = epi_start + epi2[pb]
+                epi_end = epi_start + epi2[pb] * share
                 # BF16 rows to each token's source rank: HBM for local rows, else the
                 # destination's NVLink ingress (and the pair's link) plus this GPU's egress
                 fin = epi_end
@@ -946,7 +952,7 @@ class _Engine:
             prev_epi_end = epi_end
             epi_m2, epi_m1 = epi_m1, epi_end
         self.last_write[r] = max(self.last_write[r], last_write)
-        self.cluster_end[r] = max(self.cluster_end[r], prev_epi_end + (hw.sched_desc_ns if c_desc else end_gap - c_less))
+        self.cluster_end[r] = max(self.cluster_end[r], prev_epi_end + (desc if c_desc else end_gap - c_less))
 
     def _split_k(self, xchg: dict, key: tuple, kp: int, ks: int, epi_start: float, t_xchg: float):
         """Split-K hand-over of one block's partial sums (a generator; ``yield from`` it).
@@ -983,7 +989,7 @@ class _Engine:
         self.topk_idx = topk_idx
         for r in range(plan.num_ranks):
             self.env.process(self.dispatch(r))
-            for c in range(plan.num_sms // plan.ranks[r].config.cluster_size):
+            for c in range(plan.ranks[r].num_sms // plan.ranks[r].config.cluster_size):
                 self.env.process(self.cluster(r, c))
         self.env.run()
         eid = getattr(self.env, "_eid", None)  # SimPy's scheduled-event counter
@@ -1007,7 +1013,7 @@ class _Engine:
             t_red[r] = (hw.tma_latency_ns + nbytes / hw.hbm_bytes_per_ns) if T else 0.0
             if T and plan.design == "megamoe-sm90":
                 # every thread of the grid sums one 16-byte slice of a token per round
-                rounds = -(-T * plan.hidden // 8 // (plan.num_sms * SM90_THREADS))
+                rounds = -(-T * plan.hidden // 8 // (plan.ranks[r].num_sms * SM90_THREADS))
                 t_red[r] = max(t_red[r], rounds * hw.combine_round_ns)
             self.hbm[r].total_bytes += nbytes
             self.rows.append((r, -1, ROLE["epilogue"], KIND["combine"], -1, -1, -1, -1,

@@ -78,6 +78,11 @@ Figures (units in the key names):
   consumers' whole gap between two blocks (wait on the stage, read the descriptor, the trace
   records, the accumulator reset), with no scheduler steps; the producer still pays
   ``sched_block_ns`` and the steps.
+* ``sm90_pair_share`` — SM90 design at two CTAs per SM (kernel v9.2,
+  :func:`megamoe.design_sm90.ctas_per_sm`): how much longer a CTA's consumer and producer work
+  takes when another CTA shares its SM (its K blocks, epilogues, scheduler gaps and copy issues;
+  each CTA also gets half the SM's load rate ``sm_load_gbs``). Two CTAs per SM do
+  ``2 / sm90_pair_share`` times one CTA's work.
 * ``sm90_mask_seen_ns``, ``sm90_mask_seen_relay_ns`` — SM90 design: from an L1 epilogue's end
   (its trace record) until a producer on another SM sees the block's arrival-mask bits and may
   issue the L2 K blocks that need them: the epilogue's own fence and release add, or (kernel
@@ -181,6 +186,7 @@ class Hardware:
     sched_block_ns: float
     sched_ahead_ns: float
     sched_desc_ns: float
+    sm90_pair_share: float
     sched_step_ns: float
     sched_skip_ns: float
     sm90_mask_seen_ns: float
@@ -280,6 +286,7 @@ FIGURE_RANGES: dict[str, tuple[float, float, str]] = {
     "sched_block_ns": (0.01, 10_000.0, "ns"),
     "sched_ahead_ns": (0.01, 10_000.0, "ns"),
     "sched_desc_ns": (0.01, 10_000.0, "ns"),
+    "sm90_pair_share": (1.0, 2.0, ""),
     "sched_step_ns": (0.01, 10_000.0, "ns"),
     "sched_skip_ns": (0.01, 10_000.0, "ns"),
     "sm90_mask_seen_ns": (0.0, 100_000.0, "ns"),

@@ -50,6 +50,7 @@ SCENARIO_AXES = {"tokens": "tokens_per_rank", "ranks": "num_ranks", "shape": "sh
                  "seed": "seed", "hardware": "hardware", "design": "design",
                  "experts_per_wave": "experts_per_wave", "block_m": "block_m", "pool_tokens": "pool_tokens",
                  "num_stages": "num_stages", "k_split": "k_split", "combine_relay": "combine_relay",
+                 "ctas_per_sm": "ctas_per_sm",
                  "l2_wait": "l2_wait",
                  "reserved_sms": "reserved_sms",
                  "max_tokens": "max_tokens_per_rank", "launch_skew_us": "launch_skew_us"}
@@ -58,7 +59,7 @@ SCALE_ALIASES = {"nvlink_scale": "nvlink_gbs_per_direction", "hbm_scale": "hbm_g
 #: Most values per axis and most points per sweep (a point is one simulation: seconds each).
 MAX_POINTS = 100_000
 INT_AXES = {"tokens", "ranks", "seed", "experts_per_wave", "block_m", "pool_tokens", "num_stages",
-            "k_split", "reserved_sms", "max_tokens"}
+            "k_split", "reserved_sms", "max_tokens", "ctas_per_sm"}
 RESULT_KEYS = ("time_us", "tflops", "hbm_gbs", "nvlink_gbs", "t_reduction_us", "overlap_efficiency",
                "speedup_vs_legacy")
 #: The fields a row has besides its axes (in this order), and so every line of points.jsonl.

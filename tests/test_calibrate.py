@@ -7,6 +7,7 @@ import tomllib
 import pytest
 
 from megamoe.cli import main
+from megamoe.errors import InputError
 from sim.calibrate import calibrated_toml
 from sim.hardware import load_hardware, parse_hardware
 
@@ -41,7 +42,7 @@ def test_calibrate_without_gpu_is_a_clean_error(capsys):
     assert "calibrate: expected a CUDA GPU" in capsys.readouterr().err
 
 
-TRACES = [f"benchmarks/traces/kernel_flash_ep1_t{t}.npz" for t in (64, 512, 4096)]
+TRACES = [f"benchmarks/traces/kernel_flash_ep1_{t}.npz" for t in ("one_cta_t64", "one_cta_t512", "t4096")]
 
 
 def _root(p):
@@ -81,7 +82,7 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
         assert getattr(hw, key) == pytest.approx(fit[key][0], rel=2e-3, abs=0.5), key
         assert getattr(hw, key) == value and hw.sources[key] == src, key
         assert fit[key][1] in src and "2026-12-03" in src and SM90_FIT_KERNEL in src, key
-        assert "kernel_flash_ep1_t{64,512,4096}.npz" in src, key
+        assert "kernel_flash_ep1_{one_cta_t64,one_cta_t512,t4096}.npz" in src, key
     # the slope: K blocks with two promotions of 329 ns at block_m 16 (the mean of the median
     # L1 K loop / 32 and L2 K loop / 16: T=64 (10304 / 32 + 5376 / 16) / 2 = (322 + 336) / 2 =
     # 329, T=512 the same) and 798 ns at block_m 128 (T=4096: the L2 K loop, 12768 / 16; the L1 K
@@ -497,3 +498,40 @@ def test_sched_desc_is_the_mean_gap_where_the_consumers_read_descriptors():
     hw = load_hardware("h200")
     assert hw.sched_desc_ns == pytest.approx(fit["sched_desc_ns"][0], rel=2e-3) and hw.sched_desc_ns < hw.sched_block_ns
     assert "BLOCK_DESCRIPTORS" in hw.sources["sched_desc_ns"]
+
+
+def test_pair_share_meets_the_two_cta_traces():
+    """sm90_pair_share (kernel v9.2, two CTAs per SM): the committed figure is the bisection's
+    share at which the model's makespan at 64 and 512 tokens meets the two-CTA traces (mean
+    relative error within a bisection step); the L1 K-loop ratio reported beside it is the
+    traces' own mean L1 record / 32 at two CTAs over one (computed here from the records); bad
+    pairings are one-line errors."""
+    import dataclasses
+
+    from megamoe.trace import KIND, Trace
+    from sim.calibrate import SM90_PAIR_FIT_TRACES, fit_sm90_pair_share
+    from sim.compare import scenario_from_meta
+    from sim.engine import simulate
+
+    hw = load_hardware("h200")
+    pair, one = [_root(p) for p in SM90_PAIR_FIT_TRACES], [_root(p) for p in TRACES[:2]]
+    (v, how), = fit_sm90_pair_share(pair, one, hw).values()
+    assert hw.sm90_pair_share == float(f"{v:.4g}") and 1.0 < v < 2.0
+    errs = []
+    for p, o in zip(pair, one):
+        tp, to = Trace.load(p), Trace.load(o)
+        assert (tp.meta["plan"]["ctas_per_sm"], to.meta["plan"].get("ctas_per_sm", 1)) == (2, 1)
+        errs.append(simulate(scenario_from_meta(tp), hw).trace.makespan_ns / tp.makespan_ns - 1.0)
+        l1 = [float((t["t_end_ns"] - t["t_start_ns"])[t["kind"] == KIND["l1_mma"]].mean()) / 32 for t in (tp, to)]
+        assert f"T={tp.meta['tokens_per_rank'][0]} {l1[0]:.0f} / {l1[1]:.0f} ns = {l1[0] / l1[1]:.3f}" in how
+    assert abs(sum(errs) / len(errs)) < 0.005, errs
+    # the effective share is above the L1 K loop's own ratio (the waits it carries)
+    assert all(v > float(r) for r in re.findall(r"ns = (\d\.\d+)", how))
+    with pytest.raises(InputError, match="^fit_sm90_pair_share: expected two CTAs per SM in"):
+        fit_sm90_pair_share(one, one, hw)
+    with pytest.raises(InputError, match="^fit_sm90_pair_share: expected as many one-CTA traces"):
+        fit_sm90_pair_share(pair, one[:1], hw)
+    with pytest.raises(InputError, match="^fit_sm90_pair_share: expected the same tokens in"):
+        fit_sm90_pair_share(pair, one[::-1], hw)
+    with pytest.raises(InputError, match="^fit_sm90_pair_share: expected a share in \\[1, 2\\]"):
+        fit_sm90_pair_share(pair, one, dataclasses.replace(hw, stage_handoff_ns=hw.stage_handoff_ns * 10))  # too slow at 1

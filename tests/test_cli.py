@@ -892,12 +892,24 @@ def test_compare_json_writes_null_not_nan(tmp_path, capsys):
 
 def test_sm90_stage_floor_is_a_one_line_error(capsys):
     """megamoe-sm90 runs with at least one stage per producer warp (4 at block_m 16): 3 is
-    refused with the range, 4 simulates; the SM100 design keeps its floor of 2."""
+    refused with the range (at 64 tokens two CTAs share each SM: half of 233472 B less the 1024-B
+    reserve = 115712 B, (115712 - 6144) // 11264 = 9 stages; at one CTA per SM 232448 B, 16), 4
+    simulates; the SM100 design keeps its floor of 2; two CTAs per SM at block_m 32 is refused."""
     base = ["simulate", "--shape", "deepseek-v4-flash", "--ranks", "1", "--tokens", "64"]
     assert main([*base, "--design", "megamoe-sm90", "--hardware", "h200", "--num-stages", "3"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [(
+        "megamoe: error: num_stages: expected an integer in [4, 9] (at least one per issuing producer warp, at most what 115712 B of "
+        "shared memory holds at block_m 16), got 3")]
+    assert main([*base, "--design", "megamoe-sm90", "--hardware", "h200", "--num-stages", "3", "--ctas-per-sm", "1"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [(
         "megamoe: error: num_stages: expected an integer in [4, 16] (at least one per issuing producer warp, at most what 232448 B of "
         "shared memory holds at block_m 16), got 3")]
+    assert main([*base, "--design", "megamoe-sm90", "--hardware", "h200", "--block-m", "32", "--ctas-per-sm", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("megamoe: error: ctas_per_sm: expected 1 at block_m 32, "), err
+    assert main([*base, "--ctas-per-sm", "2"]) == 2  # the SM100 design: 2-CTA clusters, not CTAs sharing an SM
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("megamoe: error: ctas_per_sm: expected None with design deepgemm-sm100"), err
     assert main([*base, "--design", "megamoe-sm90", "--hardware", "h200", "--num-stages", "4"]) == 0
     capsys.readouterr()
     assert main([*base, "--num-stages", "2"]) == 0

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from megamoe.errors import InputError
 import pytest
 
 from megamoe import design_sm90 as d
@@ -64,11 +65,43 @@ def test_experts_per_wave_counts_only_experts_with_tokens():
     # no tokens: no wave ever fills, one wave of all 256
     for T, bm, w in [(1, 16, 256), (16, 16, 32), (64, 16, 16), (512, 16, 16), (8192, 128, 8), (0, 16, 256)]:
         assert d.experts_per_wave_for(256, T * 6 / 256, bm, 2048, 132) == w, T
-        if T:
+        if T in (1, 8192):  # one CTA per SM there (the wide walk, block_m 128)
             assert d.design_for(T, 4096, 2048, 256, 6).experts_per_wave == w, T
     # a threshold case: 33 SMs need 2 x 33 = 66 L1 blocks; at P = 1 - exp(-1) = 0.632121,
     # w = 4 gives 4 x 0.632121 x 32 = 80.9 >= 66 but w = 2 gives 40.5 < 66
     assert d.experts_per_wave_for(256, 1.0, 16, 2048, 33) == 4
+
+
+def test_two_ctas_per_sm_at_block_m_16():
+    """Kernel v9.2: block_m 16 without the wide walk at one rank runs 2 x 132 CTAs. Their waves
+    follow the same rule over 264 CTAs, at most 32 experts (no wide walk at two CTAs):
+    T = 16: w >= 2 x 264 / (32 x 0.312711) = 52.8 -> 64 -> 32; T = 64: 528 / (32 x 0.776870) =
+    21.2 -> 32; T = 512: 528 / (32 x 0.999994) = 16.5 -> 32. Stages: half of 233472 less the
+    1024-B reserve = 115712 B per CTA, (115712 - 6144) // 11264 = 9 fit, 8 by default."""
+    assert d.pair_smem_limit() == 115712
+    assert d.fixed_bytes(16, 256) == 6144 and d.stage_bytes(16) == 11264
+    for T, w in [(16, 32), (64, 32), (512, 32)]:
+        des = d.design_for(T, 4096, 2048, 256, 6)
+        assert (des.block_m, des.ctas_per_sm, des.num_sms, des.num_ctas) == (16, 2, 132, 264), T
+        assert (des.experts_per_wave, des.num_stages) == (w, 8), T
+        assert des.smem_bytes == 6144 + 8 * 11264
+    assert d.design_for(64, 4096, 2048, 256, 6, num_stages=9).num_stages == 9
+    with pytest.raises(InputError, match=r"^num_stages: expected an integer in \[4, 9\]"):
+        d.design_for(64, 4096, 2048, 256, 6, num_stages=10)
+    # one CTA per SM: the wide walk (1-12 tokens), block_m >= 32, EP > 1, or asked for
+    for kw in ({"num_tokens": 12}, {"num_tokens": 1024}, {"num_tokens": 64, "ranks": 2}, {"num_tokens": 64, "ctas_per_sm": 1},
+               {"num_tokens": 64, "experts_per_wave": 64}):
+        kw = {"hidden": 4096, "inter": 2048, "num_experts": 256, "topk": 6, **kw}
+        des = d.design_for(**kw)
+        assert des.ctas_per_sm == 1 and des.num_ctas == 132, kw
+    assert d.design_for(64, 4096, 2048, 256, 6, ctas_per_sm=1).experts_per_wave == 16  # the one-CTA rule
+    assert d.design_for(64, 4096, 2048, 256, 6, ctas_per_sm=1).num_stages == 16
+    with pytest.raises(InputError, match=r"^ctas_per_sm: expected 1 at block_m 32, 16 experts per wave"):
+        d.design_for(1024, 4096, 2048, 256, 6, ctas_per_sm=2)
+    with pytest.raises(InputError, match=r"^ctas_per_sm: expected None \(the rule\), 1 or 2, got 3$"):
+        d.design_for(64, 4096, 2048, 256, 6, ctas_per_sm=3)
+    assert [d.ctas_per_sm(16, w, r) for w, r in ((32, 1), (33, 1), (32, 2))] == [2, 1, 1]
+    assert [d.ctas_per_sm(bm, 8, 1) for bm in (32, 64, 128)] == [1, 1, 1]
 
 
 def _all_blocks(counts, bm, n1, n2):
@@ -159,11 +192,20 @@ def test_build_sm90a_and_resources():
     r = kbuild.build("sm_90a")
     assert r.path.exists()
     # each block_m twice: the timed instance and the profile one (fault_inject bit 32); block_m 16
-    # twice more, with the wide walk (Scheduler's WIDE)
+    # twice more with the wide walk (Scheduler's WIDE) and twice at two CTAs per SM (CTAS = 2)
     assert set(r.resources) == ({f"block_m={b}{p}" for b in d.BLOCK_MS for p in ("", ",profile")}
-                                | {"block_m=16,wide", "block_m=16,wide,profile"})
-    # whole-kernel spills stay under the cap (the hot loop itself is checked on the SASS)
-    assert r.max_spill() <= kbuild.SPILL_LIMIT_BYTES, r.resources
+                                | {"block_m=16,wide", "block_m=16,wide,profile", "block_m=16,pair", "block_m=16,pair,profile"})
+    # whole-kernel spills stay under the caps (the hot loop itself is checked on the SASS): the
+    # one-CTA instances under SPILL_LIMIT_BYTES, the two-CTA ones (64 registers at launch, the
+    # dispatch warps on 32) under PAIR_SPILL_LIMIT_BYTES, and they do spill (else their split
+    # would leave registers unused)
+    assert not r.over_spill_limit(), r.resources
+    for name, res in r.resources.items():
+        pair = ",pair" in name
+        assert res["spill_stores"] <= (kbuild.PAIR_SPILL_LIMIT_BYTES if pair else kbuild.SPILL_LIMIT_BYTES), name
+        assert res["registers"] == (64 if pair else 128), (name, res)
+    assert kbuild.spill_limit("block_m=16,pair") == kbuild.PAIR_SPILL_LIMIT_BYTES
+    assert kbuild.spill_limit("block_m=16") == kbuild.SPILL_LIMIT_BYTES
     lib = ctypes.CDLL(str(r.path))
     lib.megamoe_sm90_smem_bytes.restype = ctypes.c_longlong
     for bm in d.BLOCK_MS:
@@ -197,8 +239,13 @@ def test_build_sm90a_and_resources():
     assert lib.megamoe_sm90_producer_warps(48) == -1
     regs = [lib.megamoe_sm90_role_registers(i) for i in range(4)]
     assert regs == [d.REGS_DISPATCH, d.REGS_PRODUCER, d.REGS_CONSUMER, -1]
-    # setmaxnreg: the four warpgroups' registers fill the SM's 65536 (128 threads each)
+    assert [lib.megamoe_sm90_role_registers_at(i, 1) for i in range(3)] == regs[:3]
+    assert [lib.megamoe_sm90_role_registers_at(i, 2) for i in range(4)] == [*d.PAIR_REGS, -1]
+    assert lib.megamoe_sm90_role_registers_at(0, 3) == -1
+    # setmaxnreg: the four warpgroups' registers fill the SM's 65536 (128 threads each), at two
+    # CTAs per SM each CTA's half
     assert 128 * (d.REGS_DISPATCH + d.REGS_PRODUCER + 2 * d.REGS_CONSUMER) == 65536
+    assert 128 * (d.PAIR_REGS[0] + d.PAIR_REGS[1] + 2 * d.PAIR_REGS[2]) == 65536 // 2
     from megamoe.kernel.runtime import Params
     assert lib.megamoe_sm90_abi_size() == ctypes.sizeof(Params)
 
@@ -445,22 +492,27 @@ def test_sanitizer_launches_cover_the_ring_wrap_and_the_wide_instance(tmp_path):
     spec = importlib.util.spec_from_file_location("sanitize_small", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    assert set(mod.CASES) == {"small", "wide", "ring"}
+    assert set(mod.CASES) == {"small", "wide", "ring", "pair", "pair_ring"}
     most = {}
     for name, (E, K, H, I, T, opts, _) in mod.CASES.items():
-        des = d.design_for(T, H, I, E, K, **opts)
+        des = d.design_for(T, H, I, E, K, **{"num_sms": 132, **opts})  # pair: the H200's 132 SMs
         _, _, idx, _ = make_inputs(T, E, K, H, "cpu", seed=3)
         counts = torch.bincount(idx[idx >= 0].long(), minlength=E).tolist()
-        seq = block_sequence(counts, des.block_m, 2 * I // 128, H // 128, des.experts_per_wave, des.num_sms)
+        seq = block_sequence(counts, des.block_m, 2 * I // 128, H // 128, des.experts_per_wave, des.num_ctas)
         kb = [sum(H // 128 if ph == 1 else I // 128 for ph, *_ in blocks) for blocks in seq.values()]
         most[name] = (max(kb), des.num_stages, d.wide_walk(des.block_m, des.experts_per_wave))
+        assert des.ctas_per_sm == (2 if name.startswith("pair") else 1), name
+    # pair: 264 CTAs, more than the SMs, so CTAs share SMs; pair_ring: 64 tokens on 2 SMs x 2 CTAs:
+    # >= 8 x (2 x 8 + 8 x 1) / 4 = 48 K blocks per CTA, over twice its 8 stages
+    assert d.design_for(40, 256, 128, 8, 2, num_sms=132).num_ctas == 2 * 132
+    assert most["pair_ring"][0] >= 48 > 2 * most["pair_ring"][1] == 16
     # small: at most 8 experts x (2 L1 n blocks x 2 K blocks + 2 L2 n blocks x 1) = 48 K blocks
     # over 4 CTAs, one m block each: 12 per CTA, within 16 stages
     assert most["small"][0] <= most["small"][1] and not most["small"][2]
     # ring: 128 items on 8 experts (at least one m block each): >= 8 x (2 x 8 + 8 x 1) / 2 = 96
     assert most["ring"][0] >= 96 > 2 * most["ring"][1] and not most["ring"][2]
     assert most["wide"][0] > most["wide"][1] and most["wide"][2], most
-    assert re.match(r"sanitize_small.py: error: CASE: expected small, wide, ring, got nosuch$",
+    assert re.match(r"sanitize_small.py: error: CASE: expected small, wide, ring, pair, pair_ring, got nosuch$",
                     _device_script_error(tmp_path, "sanitize_small.py", "nosuch", "small"))
     from megamoe.kernel import cuda_available
 

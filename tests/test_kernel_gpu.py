@@ -328,7 +328,7 @@ def test_pull_sorts_each_cta_items_by_expert():
     T, K = 1000, FLASH["K"]
     k, inp, _ = _check(FLASH, T, routing="zipf", mask_frac=0.1)
     idx = inp[2].reshape(-1).tolist()
-    S = k.last_design.num_sms
+    S = k.last_design.num_ctas
     order = k._ws["item_order"].tolist()
     for c in range(S):
         i0, i1 = T * K * c // S, T * K * (c + 1) // S
@@ -377,10 +377,10 @@ def test_trace_block_order():
     y, recs = k(x, xs, idx, tw, trace=True)
     des = k.last_design
     counts = torch.bincount(idx[idx >= 0].long(), minlength=256).tolist()
-    expect = block_sequence(counts, des.block_m, 2 * 2048 // 128, 4096 // 128, des.experts_per_wave, des.num_sms)
+    expect = block_sequence(counts, des.block_m, 2 * 2048 // 128, 4096 // 128, des.experts_per_wave, des.num_ctas)
     got = block_order(recs)
-    assert k.last_trace_dropped == 0
-    for cta in range(des.num_sms):
+    assert k.last_trace_dropped == 0 and des.num_ctas == 2 * k.num_sms  # two CTAs per SM at 256 tokens
+    for cta in range(des.num_ctas):
         assert got.get(cta, []) == expect[cta], cta
     kinds = {r["kind"] for r in recs}
     assert {"count", "pull", "l1_mma", "l1_epilogue", "l2_mma", "l2_epilogue", "combine"} <= kinds
@@ -445,7 +445,8 @@ def test_plan_driven_launch():
                             num_sms=k.num_sms, design="megamoe-sm90")
     y, recs = k(x, xs, idx, tw, trace=True, design=design_from_plan(p))
     got = block_order(recs)
-    for s in range(k.num_sms):
+    assert p.ranks[0].num_sms == k.last_design.num_ctas == 2 * k.num_sms  # the plan's units are the CTAs
+    for s in range(p.ranks[0].num_sms):
         assert got.get(s, []) == [tuple(map(int, r[:4])) for r in p.ranks[0].sm_blocks(s)], s
     c = compare(y, reference_sm90(x, xs, idx, tw, *w, block_m=k.last_design.block_m))
     assert c["rel_l2"] <= REL_L2_TOL and c["nan"] == 0, c
@@ -471,7 +472,8 @@ def test_fewest_stages():
         assert k_min.last_design.num_stages == fewest < k_def.last_design.num_stages
         assert torch.equal(y_min, y_def), bm
     k_low, _ = _kernel(TINY, 40, block_m=16, num_stages=3)
-    with pytest.raises(InputError, match=r"^num_stages: expected an integer in \[4, 16\] .*got 3$"):
+    # (two CTAs per SM here: (115712 - 3072) // 11264 = 10 stages fit half an SM's shared memory)
+    with pytest.raises(InputError, match=r"^num_stages: expected an integer in \[4, 10\] .*got 3$"):
         k_low(x, xs, idx, tw)
     bad = dataclasses.replace(k_def.design(40), num_stages=1)  # block_m 128's design, one stage
     with pytest.raises(KernelError, match=r"producer warps .* <= stages <= 16\) \(code -5\)"):
@@ -480,6 +482,38 @@ def test_fewest_stages():
     bad16 = dataclasses.replace(k16.design(40), num_stages=3)
     with pytest.raises(KernelError, match=r"\(code -5\)"):
         k16(x, xs, idx, tw, design=bad16)
+
+
+def test_two_ctas_per_sm_equal_one():
+    """Kernel v9.2: at block_m 16 (not the wide walk) two CTAs share each SM (design_sm90.ctas_per_sm),
+    264 on the H200. Each output row's arithmetic does not depend on the CTA that runs it, so the
+    output is bit for bit the one-CTA launch's (same stages and waves given to both). The launcher
+    refuses two CTAs where the instance does not exist (code -11) and more CTAs than SMs x
+    ctas_per_sm (code -2)."""
+    import dataclasses
+
+    two, _ = _kernel(FLASH, 512)
+    one, _ = _kernel(FLASH, 512, ctas_per_sm=1)
+    for T in (13, 64, 512):
+        inp = make_inputs(T, 256, 6, 4096, "cuda", seed=T, mask_frac=0.05)
+        des = two.design(T)
+        assert (des.block_m, des.ctas_per_sm, des.num_ctas) == (16, 2, 2 * two.num_sms), T
+        y2 = two(*inp).clone()
+        two.check()
+        y1 = one(*inp, design=dataclasses.replace(des, ctas_per_sm=1))
+        one.check()
+        _assert_bitwise(y2, y1)
+    x, xs, idx, tw = make_inputs(1024, 256, 6, 4096, "cuda", seed=1)
+    big, _ = _kernel(FLASH, 1024)
+    d32 = big.design(1024)
+    assert (d32.block_m, d32.ctas_per_sm) == (32, 1)
+    with pytest.raises(KernelError, match=r"ctas_per_sm must be 1, or 2 at block_m 16 .*\(code -11\)"):
+        big(x, xs, idx, tw, design=dataclasses.replace(d32, ctas_per_sm=2))
+    with pytest.raises(KernelError, match=r"\(code -2\)"):
+        big(x, xs, idx, tw, design=dataclasses.replace(d32, num_sms=2 * big.num_sms))
+    y = big(x, xs, idx, tw)  # still usable after the refusals
+    big.check()
+    assert y.isfinite().all()
 
 
 @pytest.mark.parametrize("shape,T,routing,kw", [

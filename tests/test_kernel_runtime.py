@@ -71,7 +71,8 @@ def _expected(k, design, T, x, x_sf, idx, w, y):
     """Every Params field of an untraced call, listed from its sources (not from the cache)."""
     ws, wt = k._ws, k.weights
     f = {"num_tokens": T, "hidden": k.H, "inter": k.I, "num_experts": k.E, "topk": k.K, "block_m": design.block_m,
-             "num_stages": design.num_stages, "experts_per_wave": design.experts_per_wave, "num_sms": design.num_sms,
+             "num_stages": design.num_stages, "experts_per_wave": design.experts_per_wave,
+             "num_sms": design.num_sms * design.ctas_per_sm, "ctas_per_sm": design.ctas_per_sm,
              "pool_rows": design.pool_rows, "timeout_ns": k.timeout_ns, "trace_cap": 0, "fault_inject": k.fault_inject,
              "x": x.data_ptr(), "x_sf": x_sf.data_ptr(), "topk_idx": idx.data_ptr(), "topk_w": w.data_ptr(), "y": y.data_ptr(),
              "trace": 0, "trace_count": 0, "progress": 0, "combine_rows": T, "device": -1, "num_ranks": 1, "rank": 0,
@@ -108,6 +109,8 @@ def test_sm90_call_hands_the_library_every_field_and_the_cache_follows_changes(s
 
     p1 = call(3)
     assert k.last_design == design_sm90.design_for(3, H, I, E, K, num_sms=6)
+    # block_m 16 without the wide walk: two CTAs on each of the 6 SMs, the grid 12 CTAs
+    assert (k.last_design.ctas_per_sm, p1.num_sms, p1.ctas_per_sm) == (2, 12, 2)
     ws1 = k._ws
     call(3, seed=1)  # new inputs, same design and workspace: only the input / output addresses move
     call(T_max)  # another design (more pool rows): a new workspace, whose addresses the launch must carry
@@ -117,10 +120,10 @@ def test_sm90_call_hands_the_library_every_field_and_the_cache_follows_changes(s
     call(3)
     k._ws_key = None  # same design, a new workspace (as after a reset): its addresses
     call(3)
-    d = design_sm90.design_for(3, H, I, E, K, num_sms=6, num_stages=8)
+    d = design_sm90.design_for(3, H, I, E, K, num_sms=6, num_stages=6)
     assert d != k.last_design
     p5 = call(3, design=d)
-    assert p5.num_stages == 8 and p1.num_stages != 8
+    assert p5.num_stages == 6 and p1.num_stages != 6
     k.fault_inject, k.timeout_ns = 4, 123  # per-call fields are read at every call
     p6 = call(3)
     assert (p6.fault_inject, p6.timeout_ns) == (4, 123)
@@ -200,7 +203,10 @@ def test_design_for_is_cached_by_argument_and_still_checks():
         ({"ranks": 2 * E}, rf"^ranks: expected a divisor of num_experts \({E}\), got {2 * E}$"),
         ({"topk": E + 1}, rf"^topk: expected at most num_experts \({E}\), got {E + 1}$"),
         ({"experts_per_wave": E + 1}, rf"^experts_per_wave: expected at most the rank's {E} local experts, got {E + 1}$"),
-        ({"num_stages": 8.0}, r"^num_stages: expected an integer in \[4, 16\] .*, got 8\.0$"),
+        # (two CTAs per SM here, block_m 16: (115712 - 3072) // 11264 = 10 stages fit half an SM)
+        ({"num_stages": 8.0}, r"^num_stages: expected an integer in \[4, 10\] .*, got 8\.0$"),
+        ({"ctas_per_sm": 2.0}, r"^ctas_per_sm: expected None \(the rule\), 1 or 2, got 2\.0$"),
+        ({"ctas_per_sm": 2, "block_m": 32}, r"^ctas_per_sm: expected 1 at block_m 32, .*got 2$"),
     ]
     args = {"num_tokens": 5, "hidden": H, "inter": I, "num_experts": E, "topk": K, "num_sms": 6}
     for kw, msg in bad:

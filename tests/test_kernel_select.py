@@ -273,7 +273,8 @@ def _expected_fields(k, cfg, T, x, x_sf, idx, w, y, trace_cap=0, tr=None, trc=No
         off_x=0, off_x_sf=0, off_topk_w=0, off_src_idx=0, off_recv_count=0, off_combine=0, off_flag=0,
         peer_base=None, send_count=None, cta_hist=None, pool_rank=None, epoch_counter=None,
         w1_row_scale=None, w2_row_scale=None, fold_table=None,  # the SM90 weight fold: not read by SM100
-        l1_pool_fsx=None, l2_pool_fsx=None)  # nor the SM90 FP32 token scales
+        l1_pool_fsx=None, l2_pool_fsx=None,  # nor the SM90 FP32 token scales
+        ctas_per_sm=0)  # nor the SM90 CTAs per SM (0: one)
     ext = dict(block_k=cfg.block_k, pull_bytes=cfg.bytes_per_pull, sf_pool_rows=cfg.sf_pool_rows, reserved=0)
     return base, ext
 

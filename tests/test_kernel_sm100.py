@@ -87,7 +87,7 @@ def test_sm100_resources(sm100_build):
 def test_sass_contains_the_matrix_instructions(arch):
     """Disassemble each build: sm_100a has UTCQMMA.2CTA (block-scaled 2-CTA UMMA), UTCCP (scales
     -> TMEM), LDTM (TMEM loads), the multicast commit and the TMEM allocator in every instance;
-    sm_90a (each block_m with and without the profile clocks, block_m 16 also with the wide walk) has FP8 WGMMA (QGMMA.64xNx32 with N = the instance's block_m), its wait and the
+    sm_90a (each block_m with and without the profile clocks, block_m 16 also with the wide walk and at two CTAs per SM) has FP8 WGMMA (QGMMA.64xNx32 with N = the instance's block_m), its wait and the
     setmaxnreg register split in every instance, and no warp-level MMA (HMMA/QMMA)."""
     _need_nvcc()
     _need_cutlass()
@@ -97,8 +97,9 @@ def test_sass_contains_the_matrix_instructions(arch):
     found = kbuild.check_sass(arch, sass)
     kernels = [f for f in found if "_kernel" in f]
     # sm_90a: each block_m twice, the timed instance and the profile one (fault_inject bit 32),
-    # and block_m 16 twice more with the wide walk (design_sm90.wide_walk)
-    assert len(kernels) == (len(d100.INSTANCES) if arch == "sm_100a" else 2 * len(d90.BLOCK_MS) + 2)
+    # and block_m 16 twice more with the wide walk (design_sm90.wide_walk) and twice at two CTAs
+    # per SM (design_sm90.ctas_per_sm)
+    assert len(kernels) == (len(d100.INSTANCES) if arch == "sm_100a" else 2 * len(d90.BLOCK_MS) + 4)
     for fn in kernels:
         print(arch, fn, found[fn])
     ops = kbuild.sass_opcodes(sass)

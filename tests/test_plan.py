@@ -199,21 +199,31 @@ def test_bad_inputs_name_the_field():
 
 def test_sm90_design_plan_numbers():
     # V4-Flash EP1 T=512: e = 512*6/256 = 12 -> block_m 16 (smallest of 16/32/64/128 >= e);
-    # experts per wave: smallest divisor w of 256 with w * 1 m block * 32 L1 n blocks >= 2*132 -> 16;
+    # experts per wave at one CTA per SM: smallest divisor w of 256 with w * 1 m block * 32 L1 n
+    # blocks >= 2*132 -> 16 (<= 32: no wide walk), so two CTAs per SM (kernel v9.2), whose waves
+    # follow the same rule over 264 CTAs: w * 32 >= 2*264 -> 32 (at most 32);
     # stage = align1024(16*128 + 8192 + 512 + 2*16*4) = align1024(10880) = 11264
     # (token tile, packed weights, their scales, the FP32 token scales of two 64-K groups);
     # fixed = align1024(1024 + align(256*12+64, 128) + align(20*16*4, 128)) = align1024(5504) = 6144
     # (barriers, dispatch scratch, the L1 epilogue's [20][block_m] FP32 scratch);
-    # stages = min(16, (232448 - 6144) // 11264 = 20) = 16; smem = 6144 + 16*11264 = 186368
+    # stages at two CTAs: min(8, (233472 / 2 - 1024 - 6144) // 11264 = 9) = 8; smem = 6144 + 8*11264 = 96256;
+    # at one CTA (asked for): min(16, (232448 - 6144) // 11264 = 20) = 16; smem = 6144 + 16*11264 = 186368
     ids = generate(RoutingSpec(), 1, [512], 256, 6, 0)
-    p = P.build_plan(num_experts=256, top_k=6, hidden=4096, intermediate=2048, num_ranks=1,
-                     tokens_per_rank=[512], max_tokens_per_rank=512, topk_idx=ids, num_sms=132,
-                     design="megamoe-sm90")
+    kw = {"num_experts": 256, "top_k": 6, "hidden": 4096, "intermediate": 2048, "num_ranks": 1,
+          "tokens_per_rank": [512], "max_tokens_per_rank": 512, "topk_idx": ids, "num_sms": 132,
+          "design": "megamoe-sm90"}
+    p = P.build_plan(**kw)
     rp = p.ranks[0]
-    assert (rp.config.block_m, rp.config.cluster_size, rp.experts_per_wave) == (16, 1, 16)
-    assert (rp.num_stages, rp.smem_bytes) == (16, 186368)
-    # one CTA per SM: SM s runs rows s, s+132, ... of the same scheduler list
-    assert (rp.sm_blocks(131) == rp.blocks()[131::132]).all()
+    assert (rp.config.block_m, rp.config.cluster_size, rp.experts_per_wave) == (16, 1, 32)
+    assert (rp.ctas_per_sm, rp.num_sms, p.num_sms) == (2, 264, 132)
+    assert (rp.num_stages, rp.smem_bytes) == (8, 96256)
+    # CTA c runs rows c, c+264, ... of the same scheduler list
+    assert (rp.sm_blocks(263) == rp.blocks()[263::264]).all()
+    one = P.build_plan(**kw, ctas_per_sm=1).ranks[0]
+    assert (one.ctas_per_sm, one.num_sms, one.experts_per_wave, one.num_stages, one.smem_bytes) == (1, 132, 16, 16, 186368)
+    assert (one.sm_blocks(131) == one.blocks()[131::132]).all()
+    with pytest.raises(InputError, match=r"^ctas_per_sm: expected 1 at block_m 32"):
+        P.build_plan(**kw, block_m=32, ctas_per_sm=2)
     with pytest.raises(InputError, match="block_m: expected one of 16, 32, 64, 128"):
         P.build_plan(num_experts=256, top_k=6, hidden=4096, intermediate=2048, num_ranks=1,
                      tokens_per_rank=[512], max_tokens_per_rank=512, topk_idx=ids, num_sms=132,

@@ -365,45 +365,50 @@ def test_sm90_block_lanes():
     before the K loop's end, or (L2) K blocks - i issues after K block i's arrival-mask bits
     (seen sm90_mask_seen_relay_ns after their L1 epilogues end: block_m 16 relays the release),
     whichever is latest; the L2 epilogue grows with block_m and with the valid rows; the
-    combine takes its grid-stride rounds."""
+    combine takes its grid-stride rounds. At 64 tokens two CTAs share each SM (kernel v9.2): the
+    units are the 264 CTAs, and every consumer and producer time above is sm90_pair_share times
+    a lone CTA's."""
     from sim.engine import sm90_walk_steps
 
     res = _sm90_flash(64)
     hw, rp, tr = res.hardware, res.plan.ranks[0], res.trace
     bm, S, st = rp.config.block_m, rp.num_sms, rp.num_stages
-    t_k = (2.0 * bm * 128 * 128 / (hw.tc_flops_per_ns_per_sm * hw.sm90_mma_fraction)
-           + hw.e2m1_decode_thread_ns_per_elem * 128 * 128 / 256 + hw.stage_handoff_ns)
+    assert (rp.ctas_per_sm, S, st) == (2, 264, 8) and 1.0 < hw.sm90_pair_share < 2.0
+    sh = hw.sm90_pair_share
+    t_k = sh * (2.0 * bm * 128 * 128 / (hw.tc_flops_per_ns_per_sm * hw.sm90_mma_fraction)
+                + hw.e2m1_decode_thread_ns_per_elem * 128 * 128 / 256 + hw.stage_handoff_ns)
+    iss = sh * hw.sm90_issue_kblock_ns
     key, _ = sm90_walk_steps(rp)
     e1 = tr.where(kind="l1_epilogue")  # arrival-mask bits: L2 K block i needs L1 n blocks 2i, 2i + 1
     assert bm == 16 and hw.sm90_mask_seen_relay_ns != hw.sm90_mask_seen_ns
     mask = {(e, m, n): t + hw.sm90_mask_seen_relay_ns
             for e, m, n, t in zip(e1["expert"].tolist(), e1["m_block"].tolist(), e1["n_block"].tolist(),
                                   e1["t_end_ns"].tolist())}
-    for sm in (0, 7, 131):
+    for sm in (0, 7, 131, 263):
         mma, epi, load = _sm90_lanes(tr, sm)
-        walk = hw.sched_block_ns + np.diff(key[sm::S], axis=0) @ [hw.sched_step_ns, hw.sched_skip_ns]
-        after = epi["t_end_ns"][:-1] + hw.sched_desc_ns
+        walk = sh * (hw.sched_block_ns + np.diff(key[sm::S], axis=0) @ [hw.sched_step_ns, hw.sched_skip_ns])
+        after = epi["t_end_ns"][:-1] + sh * hw.sched_desc_ns
         assert np.all(mma["t_start_ns"][1:] >= after - 1e-6) and np.mean(np.isclose(mma["t_start_ns"][1:], after)) > 0.5
         kb = np.where(mma["kind"] == KIND["l1_mma"], 4096 // 128, 2048 // 128)
-        ring = mma["t_end_ns"] - np.minimum(st, kb) * t_k + hw.sm90_issue_kblock_ns
+        ring = mma["t_end_ns"] - np.minimum(st, kb) * t_k + iss
         wait = tr.where(sm=sm, role="producer", kind="idle_wait")  # the producer's dependency waits, at most one per block
         dep = {(e, m, n): t for e, m, n, t in zip(wait["expert"].tolist(), wait["m_block"].tolist(),
                                                   wait["n_block"].tolist(), wait["t_end_ns"].tolist())}
         first = np.array([max(t, dep.get((e, m, n), t)) for e, m, n, t in zip(
             load["expert"].tolist(), load["m_block"].tolist(), load["n_block"].tolist(), load["t_start_ns"].tolist())])
-        paced = first + kb * hw.sm90_issue_kblock_ns
+        paced = first + kb * iss
         for j in np.nonzero(load["kind"] == KIND["l2_load"])[0].tolist():
             e, m = int(load["expert"][j]), int(load["m_block"][j])
-            paced[j] = max(paced[j], max(max(mask[e, m, 2 * i], mask[e, m, 2 * i + 1]) + (16 - i) * hw.sm90_issue_kblock_ns
+            paced[j] = max(paced[j], max(max(mask[e, m, 2 * i], mask[e, m, 2 * i + 1]) + (16 - i) * iss
                                          for i in range(16)))
         assert np.allclose(load["t_end_ns"], np.maximum(ring, paced))
         assert (paced > ring).any() and (ring > paced).any()  # the first blocks paced, later ones by the ring
         assert np.allclose(load["t_start_ns"][1:], load["t_end_ns"][:-1] + walk)  # the producer still walks
     e2 = tr.where(kind="l2_epilogue")
-    want = hw.l2_epilogue_fixed_ns + hw.l2_epilogue_thread_ns_per_elem * (bm + e2["tokens"]) * 128 / 256
+    want = sh * (hw.l2_epilogue_fixed_ns + hw.l2_epilogue_thread_ns_per_elem * (bm + e2["tokens"]) * 128 / 256)
     assert np.allclose(e2["t_end_ns"] - e2["t_start_ns"], want) and len(np.unique(e2["tokens"])) > 1
     comb = tr.where(kind="combine")
-    rounds = -(-64 * 4096 // 8 // (132 * 512))
+    rounds = -(-64 * 4096 // 8 // (264 * 512))
     assert float(comb["t_end_ns"][0] - comb["t_start_ns"][0]) == pytest.approx(rounds * hw.combine_round_ns)
 
 
@@ -438,7 +443,8 @@ def test_sm90_block_descriptors_at_block_m_16():
     from the producer's descriptors, so in the model their gap between an epilogue's end and the
     next block's MMA start is sched_desc_ns whatever the walk's chunk scans, while the producer
     still pays the whole walk (sched_block_ns + sched_step_ns per scan) between its blocks.
-    64 tokens (block_m 16), three SMs."""
+    64 tokens (block_m 16, two CTAs per SM since kernel v9.2: every time sm90_pair_share times a
+    lone CTA's), four CTAs."""
     from megamoe.design_sm90 import BLOCK_DESCRIPTORS
     from sim.engine import sm90_walk_steps
 
@@ -446,20 +452,22 @@ def test_sm90_block_descriptors_at_block_m_16():
     hw, rp, tr = res.hardware, res.plan.ranks[0], res.trace
     S = rp.num_sms
     assert rp.config.block_m == 16 and BLOCK_DESCRIPTORS[16] and not BLOCK_DESCRIPTORS[32]
+    assert (rp.ctas_per_sm, S) == (2, 264)
+    sh = hw.sm90_pair_share
     key, _ = sm90_walk_steps(rp)
     scanned = 0
-    for sm in (0, 7, 131):
+    for sm in (0, 7, 131, 263):
         mma, epi, load = _sm90_lanes(tr, sm)
         steps = np.diff(key[sm::S], axis=0) @ [hw.sched_step_ns, hw.sched_skip_ns]
         scanned += int((steps > 0).sum())
         # the producer: the whole walk after its last copy issue
-        assert np.allclose(load["t_start_ns"][1:], load["t_end_ns"][:-1] + hw.sched_block_ns + steps)
+        assert np.allclose(load["t_start_ns"][1:], load["t_end_ns"][:-1] + sh * (hw.sched_block_ns + steps))
         # the consumers: no block starts sooner than sched_desc_ns after the previous epilogue,
         # with or without a chunk scan between the two blocks, and most start exactly then
         gap = mma["t_start_ns"][1:] - epi["t_end_ns"][:-1]
-        assert gap.min() >= hw.sched_desc_ns - 1e-6
-        assert np.mean(np.isclose(gap, hw.sched_desc_ns)) > 0.5
-        assert np.isclose(gap[steps > 0], hw.sched_desc_ns).any()
+        assert gap.min() >= sh * hw.sched_desc_ns - 1e-6
+        assert np.mean(np.isclose(gap, sh * hw.sched_desc_ns)) > 0.5
+        assert np.isclose(gap[steps > 0], sh * hw.sched_desc_ns).any()
     assert scanned > 0
 
 def test_sm90_k_block_priced_linearly_in_block_m():
@@ -475,7 +483,7 @@ def test_sm90_k_block_priced_linearly_in_block_m():
         t_k = (2.0 * bm * 128 * 128 / (hw.tc_flops_per_ns_per_sm * hw.sm90_mma_fraction)
                + hw.e2m1_decode_thread_ns_per_elem * 128 * 128 / 256 + hw.stage_handoff_ns)
         t_k1 = t_k - (hw.sm90_promotion_ns_per_row * bm if bm == 128 else 0.0)
-        mma = _sm90_flash(256, block_m=bm).trace.where(kind="l1_mma")
+        mma = _sm90_flash(256, block_m=bm, ctas_per_sm=1).trace.where(kind="l1_mma")  # one CTA per SM
         # the median L1 block (others wait longer for their loads: the first ones per CTA)
         assert float(np.median(mma["t_end_ns"] - mma["t_start_ns"])) / (4096 // 128) == pytest.approx(t_k1), bm
 
@@ -506,8 +514,9 @@ def test_sm90_pull_rounds_follow_the_kernel_order():
         plan = sc.plan(hw.num_sms, hw.smem_per_block_bytes)
         eng = _Engine(plan, hw)
         eng.topk_idx = sc.routing_ids()
-        S, K = plan.num_sms, plan.top_k
+        K = plan.top_k
         for rp in plan.ranks:
+            S = rp.num_sms  # the CTAs: two per SM at EP1 block_m 16 (kernel v9.2)
             src = np.concatenate([rp.pull_order(e)[:, 0] for e in range(len(rp.recv_counts))])
             rnd, pb_round, most = eng._sm90_pull_rounds(rp, src)
             bm, tpe = rp.config.block_m, rp.tokens_per_expert.tolist()
@@ -543,16 +552,17 @@ def test_sm90_pull_rounds_follow_the_kernel_order():
                 assert most == max(sum(ids[i // K, i % K] >= 0 for i in range(tokens * K * c // S,
                                                                               tokens * K * (c + 1) // S))
                                    for c in range(S))
-    # EP1 at 512 tokens on all 132 SMs (23-24 items per CTA, 6 rounds): the first expert's pool
-    # blocks complete in round 0 or 1, the pool blocks complete in expert order give or take a
-    # CTA's spread, the last expert's in the last round
+    # EP1 at 512 tokens on all 132 SMs, two CTAs each (3072 items over 264 CTAs: 11-12 items per
+    # CTA, 4 dispatch warps, 3 rounds): the first expert's pool blocks complete in round 0 or 1,
+    # the pool blocks complete in expert order give or take a CTA's spread, the last expert's in
+    # the last round
     sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=512, design="megamoe-sm90", hardware="h200")
     plan = sc.plan(hw.num_sms, hw.smem_per_block_bytes)
     eng = _Engine(plan, hw)
     eng.topk_idx = sc.routing_ids()
     rp = plan.ranks[0]
     rnd, pb_round, most = eng._sm90_pull_rounds(rp, np.zeros(int(rp.tokens_per_expert.sum()), int))
-    assert rnd.max() == 5 and pb_round[0] <= 1 and pb_round[-1] == 5 and most == 24
+    assert rp.num_sms == 264 and rnd.max() == 2 and pb_round[0] <= 1 and pb_round[-1] == 2 and most == 12
     assert np.all(np.diff(pb_round) >= -2)
 
 
@@ -638,7 +648,7 @@ def test_sm90_k_split_hands_partial_sums_to_the_last_part():
     epilogue starts when its own K loop, its CTA's previous epilogue and part 0's store plus the
     same hand-over (the load) all lie behind it; the median part's K loop is 16 K blocks (L1,
     4096 / 128 / 2) of the unsplit K-block time."""
-    res = _sm90_flash(256, k_split=2)
+    res = _sm90_flash(256, k_split=2, ctas_per_sm=1)
     hw, rp, tr = res.hardware, res.plan.ranks[0], res.trace
     S, bm = rp.num_sms, rp.config.block_m
     t_x = hw.tma_latency_ns + 128 * bm * 4 / hw.sm_load_bytes_per_ns

@@ -3,7 +3,10 @@
 Cases (all by default, or the names given): ``small`` (8 experts, 5 tokens: every SM's K blocks
 fit the stage ring once), ``wide`` (64 experts in one wave: the wide instance, design_sm90.wide_walk,
 with a masked slot) and ``ring`` (8 experts, H 1024, 64 tokens on 2 SMs: ~130 K blocks per SM, so
-every stage is refilled several times after the consumers release it).
+every stage is refilled several times after the consumers release it), these three at one CTA per
+SM; ``pair`` (8 experts, 40 tokens, two CTAs on each of the device's SMs: the two-CTA instance,
+design_sm90.ctas_per_sm, with CTAs sharing SMs) and ``pair_ring`` (``ring`` at two CTAs per SM,
+4 CTAs: its ring wraps).
 Usage (GPU): compute-sanitizer --tool racecheck python3 benchmarks/device/sanitize_small.py [CASE ...]"""
 import sys
 
@@ -19,9 +22,11 @@ from megamoe.kernel.check import (
 )
 
 CASES = {  # name: (E, K, H, I, T, kernel options, masked slot)
-    "small": (8, 2, 256, 128, 5, {"num_sms": 4}, False),
+    "small": (8, 2, 256, 128, 5, {"num_sms": 4, "ctas_per_sm": 1}, False),
     "wide": (64, 4, 256, 128, 3, {"num_sms": 4, "experts_per_wave": 64}, True),
-    "ring": (8, 2, 1024, 128, 64, {"num_sms": 2}, False),
+    "ring": (8, 2, 1024, 128, 64, {"num_sms": 2, "ctas_per_sm": 1}, False),
+    "pair": (8, 2, 256, 128, 40, {}, False),
+    "pair_ring": (8, 2, 1024, 128, 64, {"num_sms": 2}, False),
 }
 
 
@@ -36,8 +41,10 @@ def run(name: str) -> bool:
     k.check()
     d = k.last_design
     c = compare(y, reference_sm90(x, xs, idx, tw, *w, block_m=d.block_m))
-    ok = c["rel_l2"] <= REL_L2_TOL and c["nan"] == 0 and wide_walk(d.block_m, d.experts_per_wave) == (name == "wide")
-    print(f"sanitize_small {name} block_m {d.block_m} experts_per_wave {d.experts_per_wave} stages {d.num_stages}",
+    ok = (c["rel_l2"] <= REL_L2_TOL and c["nan"] == 0 and wide_walk(d.block_m, d.experts_per_wave) == (name == "wide")
+          and d.ctas_per_sm == (2 if name.startswith("pair") else 1))
+    print(f"sanitize_small {name} block_m {d.block_m} experts_per_wave {d.experts_per_wave} stages {d.num_stages} "
+          f"CTAs {d.num_ctas}",
           c, "OK" if ok else "FAIL")
     return ok
 

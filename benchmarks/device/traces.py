@@ -52,7 +52,7 @@ def main() -> None:
                    "kernel_build": library_path("sm_90a").parent.name,
                    "num_sms": plan.num_sms, "kernel_us_median_untraced": statistics.median(ts),
                    "plan": {"block_m": rp.config.block_m, "experts_per_wave": rp.experts_per_wave,
-                            "num_stages": rp.num_stages}}
+                            "num_stages": rp.num_stages, "ctas_per_sm": rp.ctas_per_sm}}
         tr.topk_idx = [ids]
         path = f"{OUT}/kernel_flash_ep1_t{T}.npz"
         tr.save_npz(path)

@@ -57,6 +57,23 @@ constexpr int kConsumerWarps = 8;
 // slower at 16-256 tokens on 48 and -7..-10% faster on 64).
 constexpr uint32_t kRegsEven = 128, kRegsDispatch = 64, kRegsProducer = 64, kRegsConsumer = 192;
 static_assert(kRegsDispatch + kRegsProducer + 2 * kRegsConsumer == 4 * kRegsEven, "register split");
+// Two CTAs per SM (kernel v9.2; the CTAS = 2 instance, block_m 16 without the wide walk, EP1;
+// mirrored by megamoe.design_sm90.ctas_per_sm and PAIR_REGS): that instance's whole kernel used 76
+// registers at the consumers' 192, so two CTAs of 512 threads fit one SM's 65536 registers at 64
+// per thread. __maxnreg__(64) keeps the block_m 16 K loop's SASS (152 instructions); the
+// __launch_bounds__(512, 2) form of the same cap took the shared base out of the uniform
+// registers (170). The split 32 / 64 / 80 keeps the producer's spills at the one-CTA instance's
+// (a 48-register producer cost 0.6%, a 40-register one most of the gain; benchmarks/NOTES_kernel.md,
+// session 37). Twice the consumer warps per scheduler hide the K loop's latency: 0.89x the
+// one-CTA time at 64-512 tokens on the H200.
+constexpr uint32_t kRegsPairDispatch = 32, kRegsPairProducer = 64, kRegsPairConsumer = 80;
+template <int CTAS> struct RegSplit {
+    static constexpr uint32_t even = kRegsEven / CTAS;
+    static constexpr uint32_t dispatch = CTAS == 1 ? kRegsDispatch : kRegsPairDispatch;
+    static constexpr uint32_t producer = CTAS == 1 ? kRegsProducer : kRegsPairProducer;
+    static constexpr uint32_t consumer = CTAS == 1 ? kRegsConsumer : kRegsPairConsumer;
+    static_assert(dispatch + producer + 2 * consumer == 4 * even, "register split");
+};
 template <uint32_t R> __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(R)); }
 template <uint32_t R> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(R)); }
 constexpr uint32_t kBarDispatch = 1, kBarConsumer = 2;
@@ -1010,8 +1027,10 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
 }
 
 // ------------------------------------------------------------------ the kernel
-template <int BM, bool PROF, bool WIDE>
-__global__ void __launch_bounds__(kThreads, 1) megamoe_sm90_kernel(const __grid_constant__ Sm90Args args) {
+template <int BM, bool PROF, bool WIDE, int CTAS>
+__global__ void __launch_bounds__(kThreads, 1) __maxnreg__((kRegsEven / CTAS)) megamoe_sm90_kernel(const __grid_constant__ Sm90Args args) {
+    static_assert(CTAS == 1 || (CTAS == 2 && BM == 16 && !WIDE), "two CTAs per SM only at block_m 16 without the wide walk");
+    using Regs = RegSplit<CTAS>;
     const Params& p = args.p;
     extern __shared__ __align__(1024) uint8_t smem[];
     const int S = (int)p.num_stages, E = (int)p.num_experts;
@@ -1047,7 +1066,7 @@ __global__ void __launch_bounds__(kThreads, 1) megamoe_sm90_kernel(const __grid_
     // two consumer warpgroups (accumulator + WGMMA partial: BM floats per thread); everyone
     // returns to the even split for the combine. 128 x (64 + 64) + 256 x 192 = 65536.
     if (warp < 4) {
-        setmaxnreg_dec<kRegsDispatch>();
+        setmaxnreg_dec<Regs::dispatch>();
         if (p.num_ranks > 1) dispatch_role_ep(p, BM, hist, cta_base, off_blk, scan);
         else dispatch_pull<BM, IdentitySfRow, true, WIDE>(p, hist, cta_base, off_blk, scan, IdentitySfRow{p.pool_rows}, (int)p.hidden);  // whole rows, folded
         __syncwarp();
@@ -1056,7 +1075,7 @@ __global__ void __launch_bounds__(kThreads, 1) megamoe_sm90_kernel(const __grid_
             if constexpr (relay_release<BM>()) relay_serve(p, relay_of(full));
         }
     } else if (warp < 8) {
-        setmaxnreg_dec<kRegsProducer>();
+        setmaxnreg_dec<Regs::producer>();
         if (warp < 4 + Producer<BM>::NW) {
             Producer<BM, WIDE> prod(p, args.pool_map, stages, full, empty);
             prod.run();
@@ -1064,7 +1083,7 @@ __global__ void __launch_bounds__(kThreads, 1) megamoe_sm90_kernel(const __grid_
         __syncwarp();
         if (threadIdx.x == kDispatchThreads) progress(p, 3, 0xD0);
     } else {
-        setmaxnreg_inc<kRegsConsumer>();
+        setmaxnreg_inc<Regs::consumer>();
         consumer_role<BM, PROF, WIDE>(p, stages, full, empty, red, fold_tab);
         // the relay's end, on every path out of the consumer role (if its slot never frees,
         // the dispatch lane's own wait has failed and returned)
@@ -1072,14 +1091,14 @@ __global__ void __launch_bounds__(kThreads, 1) megamoe_sm90_kernel(const __grid_
             if (threadIdx.x == kDispatchThreads + kProducerThreads) relay_send(p, relay_of(full), kRelayDone);
         __syncwarp();
         if (threadIdx.x == kDispatchThreads + kProducerThreads) progress(p, 6, 0xD0);
-        setmaxnreg_dec<kRegsEven>();
+        setmaxnreg_dec<Regs::even>();
     }
     // Dispatch and producer take their registers back only after the consumers returned
     // theirs: a setmaxnreg.inc that cannot be served spins (USETMAXREG.TRY_ALLOC), and the
     // finished dispatch warps spinning there for the whole kernel executed ~40% of all warp
     // instructions (ncu on the H200, T = 4096, benchmarks/NOTES_kernel.md).
     __syncthreads();
-    if (warp < 8) setmaxnreg_inc<kRegsEven>();
+    if (warp < 8) setmaxnreg_inc<Regs::even>();
 
     // Grid sync (EP: NVLink barrier 2), then combine and clean up (roles_shared.cuh).
     // (the wide instance, 1-12 tokens: every slot of a token loaded at once, kernel v8.8)
@@ -1095,7 +1114,7 @@ using megamoe::Params;
 // Per-device launch state, set once: the host work of a call is on the critical path of
 // every launch (EP ranks wait for the slowest one's launch).
 constexpr int kMaxDevices = 64;
-struct DeviceInfo { int sms = 0, max_smem = 0; };
+struct DeviceInfo { int sms = 0, max_smem = 0, sm_smem = 0, reserved_smem = 0; };
 static DeviceInfo g_dev[kMaxDevices];
 
 // TMA descriptors of the two pools (megamoe::Sm90Args), encoded once per (device, pool, address,
@@ -1133,9 +1152,9 @@ static int pool_map(int dev, int which, const void* base, int64_t rows, int64_t 
     return 0;
 }
 
-template <int BM, bool PROF, bool WIDE = false>
+template <int BM, bool PROF, bool WIDE = false, int CTAS = 1>
 static int launch_bm(const Params* p, cudaStream_t stream, size_t smem, int dev) {
-    auto kern = megamoe::megamoe_sm90_kernel<BM, PROF, WIDE>;
+    auto kern = megamoe::megamoe_sm90_kernel<BM, PROF, WIDE, CTAS>;
     static size_t configured[kMaxDevices] = {};  // dynamic smem already set and checked, per device
     if (configured[dev] < smem) {
         cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -1143,7 +1162,7 @@ static int launch_bm(const Params* p, cudaStream_t stream, size_t smem, int dev)
         int blocks = 0;
         err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kern, megamoe::kThreads, smem);
         if (err != cudaSuccess) return (int)err;
-        if (blocks < 1) return -3;
+        if (blocks < CTAS) return -3;
         configured[dev] = smem;
     }
     megamoe::Sm90Args a;
@@ -1271,9 +1290,17 @@ int megamoe_sm90_producer_warps(int block_m) {
     }
 }
 
-// Registers per thread of the dispatch, producer and consumer warpgroups (setmaxnreg;
-// mirrored by megamoe.design_sm90.REGS_*): which = 0, 1, 2; -1 otherwise.
-int megamoe_sm90_role_registers(int which) {
+// Registers per thread of the dispatch, producer and consumer warpgroups (setmaxnreg; mirrored
+// by megamoe.design_sm90.REGS_* and PAIR_REGS) at ctas_per_sm CTAs per SM (1, or 2: the CTAS = 2
+// instance's split): which = 0, 1, 2; -1 otherwise.
+int megamoe_sm90_role_registers_at(int which, int ctas_per_sm) {
+    if (ctas_per_sm == 2) switch (which) {
+        case 0: return (int)megamoe::kRegsPairDispatch;
+        case 1: return (int)megamoe::kRegsPairProducer;
+        case 2: return (int)megamoe::kRegsPairConsumer;
+        default: return -1;
+    }
+    if (ctas_per_sm != 1) return -1;
     switch (which) {
         case 0: return (int)megamoe::kRegsDispatch;
         case 1: return (int)megamoe::kRegsProducer;
@@ -1281,8 +1308,9 @@ int megamoe_sm90_role_registers(int which) {
         default: return -1;
     }
 }
+int megamoe_sm90_role_registers(int which) { return megamoe_sm90_role_registers_at(which, 1); }
 
-// Returns 0 or a cudaError_t; -1 bad block_m, -2 too many SMs, -3 does not fit one CTA/SM,
+// Returns 0 or a cudaError_t; -1 bad block_m, -2 too many CTAs, -3 does not fit ctas_per_sm CTAs/SM,
 // -4 shared memory over the device limit, -5 shape not supported, -6 bad EP parameters,
 // -7 / -8 TMA descriptor encoding (pool_map).
 int megamoe_sm90_launch(const Params* p_in, void* stream) {
@@ -1290,6 +1318,7 @@ int megamoe_sm90_launch(const Params* p_in, void* stream) {
     Params q = *p_in;
     if (q.num_ranks < 1) q.num_ranks = 1;
     if (q.num_ranks == 1 && q.combine_rows == 0) q.combine_rows = q.num_tokens;
+    if (q.ctas_per_sm < 1) q.ctas_per_sm = 1;
     const Params* p = &q;
     int dev = 0, sms = 0, max_smem = 0;
     if (p->device >= 0 && p->num_ranks > 1) {
@@ -1301,10 +1330,15 @@ int megamoe_sm90_launch(const Params* p_in, void* stream) {
     if (g_dev[dev].sms == 0) {
         cudaDeviceGetAttribute(&g_dev[dev].max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
         cudaDeviceGetAttribute(&g_dev[dev].sms, cudaDevAttrMultiProcessorCount, dev);
+        cudaDeviceGetAttribute(&g_dev[dev].sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+        cudaDeviceGetAttribute(&g_dev[dev].reserved_smem, cudaDevAttrReservedSharedMemoryPerBlock, dev);
     }
     sms = g_dev[dev].sms;
     max_smem = g_dev[dev].max_smem;
-    if (p->num_sms < 1 || p->num_sms > sms) return -2;
+    if (p->num_sms < 1 || p->num_sms > p->ctas_per_sm * sms) return -2;
+    // two CTAs per SM: the CTAS = 2 instance only (block_m 16, not the wide walk, one rank)
+    const bool wide16 = p->block_m == 16 && megamoe_sm90_wide_walk(16, (int)p->experts_per_wave) == 1;
+    if (p->ctas_per_sm > 2 || (p->ctas_per_sm == 2 && (p->block_m != 16 || wide16 || p->num_ranks != 1))) return -11;
     // at least one stage per producer warp (megamoe.design_sm90.min_stages: the warps' parity
     // waits on the empty barriers alias with fewer, and the ring is overwritten in use)
     const int min_stages = megamoe_sm90_producer_warps((int)p->block_m);
@@ -1322,12 +1356,15 @@ int megamoe_sm90_launch(const Params* p_in, void* stream) {
         return -6;
     const size_t smem = megamoe::smem_bytes((int)p->block_m, (int)p->num_stages, (int)p->num_experts);
     if (smem > (size_t)max_smem) return -4;
+    if (p->ctas_per_sm == 2 && 2 * (smem + (size_t)g_dev[dev].reserved_smem) > (size_t)g_dev[dev].sm_smem) return -4;
     cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
     const bool prof = p->fault_inject & 32;  // the profile instance (consumer_role's PROF)
     switch (p->block_m) {
         case 16:
-            if (megamoe_sm90_wide_walk(16, (int)p->experts_per_wave) == 1)  // waves over several 32-expert chunks
+            if (wide16)  // waves over several 32-expert chunks
                 return prof ? launch_bm<16, true, true>(p, s, smem, dev) : launch_bm<16, false, true>(p, s, smem, dev);
+            if (p->ctas_per_sm == 2)
+                return prof ? launch_bm<16, true, false, 2>(p, s, smem, dev) : launch_bm<16, false, false, 2>(p, s, smem, dev);
             return prof ? launch_bm<16, true>(p, s, smem, dev) : launch_bm<16, false>(p, s, smem, dev);
         case 32: return prof ? launch_bm<32, true>(p, s, smem, dev) : launch_bm<32, false>(p, s, smem, dev);
         case 64: return prof ? launch_bm<64, true>(p, s, smem, dev) : launch_bm<64, false>(p, s, smem, dev);
@@ -1339,9 +1376,10 @@ int megamoe_sm90_launch(const Params* p_in, void* stream) {
 const char* megamoe_sm90_error_string(int code) {
     switch (code) {
         case -1: return "block_m must be 16, 32, 64 or 128";
-        case -2: return "num_sms must be between 1 and the device's SM count (one CTA per SM)";
-        case -3: return "kernel does not fit one CTA per SM";
-        case -4: return "shared memory for these stages exceeds the device limit";
+        case -2: return "num_sms (CTAs) must be between 1 and the device's SM count times ctas_per_sm";
+        case -3: return "kernel does not fit ctas_per_sm CTAs per SM";
+        case -4: return "shared memory for these stages exceeds the device limit (per CTA, or per SM for two CTAs)";
+        case -11: return "ctas_per_sm must be 1, or 2 at block_m 16 without the wide walk and with one rank";
         case -5: return "unsupported shape (hidden, inter multiples of 128; 2*inter/128 <= 64; E <= 512; producer warps (4 at block_m 16-64, 2 at 128) <= stages <= 16)";
         case -7: return "cuTensorMapEncodeTiled not available from the CUDA driver (TMA descriptors need driver 12.0+)";
         case -8: return "the driver refused a TMA descriptor (pool address not 16-byte aligned, or hidden/inter/pool_rows out of range)";
@@ -1357,11 +1395,12 @@ const char* megamoe_sm90_error_string(int code) {
 // first rank's kernel waits for the second's). Returns 0 or a cudaError_t.
 int megamoe_sm90_preload(void) {
     cudaFuncAttributes a;
-    const void* kerns[] = {(const void*)megamoe::megamoe_sm90_kernel<16, false, false>, (const void*)megamoe::megamoe_sm90_kernel<32, false, false>,
-                           (const void*)megamoe::megamoe_sm90_kernel<64, false, false>, (const void*)megamoe::megamoe_sm90_kernel<128, false, false>,
-                           (const void*)megamoe::megamoe_sm90_kernel<16, true, false>, (const void*)megamoe::megamoe_sm90_kernel<32, true, false>,
-                           (const void*)megamoe::megamoe_sm90_kernel<64, true, false>, (const void*)megamoe::megamoe_sm90_kernel<128, true, false>,
-                           (const void*)megamoe::megamoe_sm90_kernel<16, false, true>, (const void*)megamoe::megamoe_sm90_kernel<16, true, true>};
+    const void* kerns[] = {(const void*)megamoe::megamoe_sm90_kernel<16, false, false, 1>, (const void*)megamoe::megamoe_sm90_kernel<32, false, false, 1>,
+                           (const void*)megamoe::megamoe_sm90_kernel<64, false, false, 1>, (const void*)megamoe::megamoe_sm90_kernel<128, false, false, 1>,
+                           (const void*)megamoe::megamoe_sm90_kernel<16, true, false, 1>, (const void*)megamoe::megamoe_sm90_kernel<32, true, false, 1>,
+                           (const void*)megamoe::megamoe_sm90_kernel<64, true, false, 1>, (const void*)megamoe::megamoe_sm90_kernel<128, true, false, 1>,
+                           (const void*)megamoe::megamoe_sm90_kernel<16, false, true, 1>, (const void*)megamoe::megamoe_sm90_kernel<16, true, true, 1>,
+                           (const void*)megamoe::megamoe_sm90_kernel<16, false, false, 2>, (const void*)megamoe::megamoe_sm90_kernel<16, true, false, 2>};
     cudaError_t e = cudaSuccess;
     for (const void* k : kerns)
         if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, k);

@@ -18,7 +18,7 @@ struct Params {
     int64_t block_m;           // 16, 32, 64 or 128 (template instance)
     int64_t num_stages;        // pipeline stages in shared memory
     int64_t experts_per_wave;  // scheduler wave width
-    int64_t num_sms;           // persistent grid size (one CTA per SM)
+    int64_t num_sms;           // persistent grid size: CTAs (ctas_per_sm per SM)
     int64_t pool_rows;         // pool capacity in rows (multiple of block_m)
     int64_t timeout_ns;        // every wait gives up after this long
     int64_t trace_cap;         // trace records per CTA (0 = tracing off)
@@ -99,6 +99,9 @@ struct Params {
     float* l2_pool_fsx;                   // [I/128][pool_rows / block_m][2][block_m]
     // ---- EP1 dispatch (roles_shared.cuh dispatch_pull; the EP dispatch reads none of it)
     int32_t* item_order;                  // [T*K] scratch: each CTA's items sorted by expert (stable)
+    // ---- CTAs per SM (SM90 kernel v9.2): 2 runs num_sms CTAs two to an SM (the block_m 16 instance
+    // without the wide walk, EP1: megamoe.design_sm90.ctas_per_sm); 0 (an older mirror) means 1
+    int64_t ctas_per_sm;
 };
 
 enum ErrorCode : uint32_t {

@@ -473,7 +473,8 @@ class MegaMoEKernelEP:
         w, L = self.weights, self.layout
         p = Params(num_tokens=T, hidden=self.H, inter=self.I, num_experts=self.E, topk=self.K,
                    block_m=design.block_m, num_stages=design.num_stages, experts_per_wave=design.experts_per_wave,
-                   num_sms=design.num_sms, pool_rows=design.pool_rows, timeout_ns=self.timeout_ns, trace_cap=cap,
+                   num_sms=design.num_ctas, ctas_per_sm=design.ctas_per_sm, pool_rows=design.pool_rows,
+                   timeout_ns=self.timeout_ns, trace_cap=cap,
                    fault_inject=self.fault_inject, clamp=self.clamp,
                    x=self.x_buf.data_ptr(), x_sf=self.x_sf_buf.data_ptr(), topk_idx=topk_idx.data_ptr(),
                    topk_w=self.topk_w_buf.data_ptr(), **w.params(),

@@ -73,7 +73,7 @@ class Params(ctypes.Structure):
             "off_recv_count", "off_combine", "off_flag")] + [
         (n, ctypes.c_void_p) for n in ("peer_base", "send_count", "cta_hist", "pool_rank", "epoch_counter",
                                        "w1_row_scale", "w2_row_scale", "fold_table",
-                                       "l1_pool_fsx", "l2_pool_fsx", "item_order")]
+                                       "l1_pool_fsx", "l2_pool_fsx", "item_order")] + [("ctas_per_sm", ctypes.c_int64)]
 
 
 def cuda_available() -> bool:
@@ -367,7 +367,7 @@ class MegaMoEKernel:
     def __init__(self, num_experts: int, topk: int, hidden: int, inter: int, max_tokens: int, weights: Weights,
                  clamp: float | None = None, num_sms: int | None = None, block_m: int | None = None,
                  num_stages: int | None = None, experts_per_wave: int | None = None, timeout_s: float = 10.0,
-                 trace_cap: int | None = None, device=None):
+                 trace_cap: int | None = None, device=None, ctas_per_sm: int | None = None):
         import torch
         self.torch = torch
         self.device = torch.device(device or "cuda")
@@ -379,6 +379,8 @@ class MegaMoEKernel:
         check_kernel_shape(num_experts, topk, hidden, inter)
         self._set_common(num_experts, topk, hidden, inter, max_tokens, clamp, num_sms, block_m, num_stages,
                          experts_per_wave, timeout_s, trace_cap)
+        # CTAs per SM: None = the plan's rule (design_sm90.ctas_and_experts_per_wave), 1 or 2 to override
+        self.fixed["ctas_per_sm"] = ctas_per_sm
         self.weights = sm90_weights(weights)
 
     def _set_common(self, num_experts, topk, hidden, inter, max_tokens, clamp, num_sms, block_m, num_stages,
@@ -458,8 +460,9 @@ class MegaMoEKernel:
         c = getattr(self, "_fields_cache", None)
         if c is None or c[0] != design or c[1] is not ws or c[2] is not w:
             f = dict(hidden=self.H, inter=self.I, num_experts=self.E, topk=self.K, block_m=design.block_m,
-                     num_stages=design.num_stages, experts_per_wave=design.experts_per_wave, num_sms=design.num_sms,
-                     pool_rows=design.pool_rows, device=-1, num_ranks=1, rank=0, **w.params(),
+                     num_stages=design.num_stages, experts_per_wave=design.experts_per_wave, num_sms=design.num_ctas,
+                     ctas_per_sm=design.ctas_per_sm, pool_rows=design.pool_rows, device=-1, num_ranks=1, rank=0,
+                     **w.params(),
                      **{k: ws[k].data_ptr() for k in POOL_FIELDS + ("expert_count", "grid_sync", "error", "item_pos",
                                                                     "item_order", "combine_buf")})
             c = self._fields_cache = (design, ws, w, f)
@@ -474,8 +477,8 @@ class MegaMoEKernel:
         y = output_tensor(torch, out, T, self.H, self.device)
         cap = 0
         if trace:
-            cap = self.trace_cap_override or trace_capacity(design, self.I, self.H, self.num_sms, fixed=8)
-            tr, trc = record_buffers(self, self.num_sms, cap)
+            cap = self.trace_cap_override or trace_capacity(design, self.I, self.H, design.num_ctas, fixed=8)
+            tr, trc = record_buffers(self, design.num_ctas, cap)
         p = Params(**self._launch_fields(design, ws), num_tokens=T, timeout_ns=self.timeout_ns, trace_cap=cap,
                    fault_inject=self.fault_inject, clamp=self.clamp,
                    x=x.data_ptr(), x_sf=x_sf.data_ptr(), topk_idx=topk_idx.data_ptr(), topk_w=topk_w.data_ptr(),
@@ -630,7 +633,7 @@ class CallGraph:
 
 def design_from_plan(plan, rank: int = 0):
     """The kernel's launch numbers from a ``megamoe.plan.Plan`` built with
-    ``design="megamoe-sm90"``: block_m, stages, experts per wave and SMs come from the plan;
+    ``design="megamoe-sm90"``: block_m, stages, experts per wave, SMs and CTAs per SM come from the plan;
     the pool holds at least the plan's capacity (rounded to block_m) and the kernel's own
     worst case for the plan's max tokens. Pass the result as ``design=`` to a kernel call."""
     rp = plan.ranks[rank]
@@ -643,5 +646,5 @@ def design_from_plan(plan, rank: int = 0):
     rows = max(rows, -(-used // bm) * bm)
     return design_sm90.SM90Design(block_m=bm, block_n=design_sm90.BLOCK_N, block_k=design_sm90.BLOCK_K,
                                   num_stages=rp.num_stages, experts_per_wave=rp.experts_per_wave,
-                                  num_sms=rp.num_sms, pool_rows=rows,
+                                  num_sms=plan.num_sms, pool_rows=rows, ctas_per_sm=rp.ctas_per_sm,
                                   smem_bytes=design_sm90.smem_bytes(bm, rp.num_stages, plan.num_experts))
