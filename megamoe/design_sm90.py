@@ -30,7 +30,7 @@ from dataclasses import dataclass, asdict
 
 import numpy as np
 
-from .errors import is_int, require
+from .errors import InputError, is_int, require
 
 #: Output columns per block (both GEMMs). L1 blocks cover 64 gate + 64 up rows.
 BLOCK_N = 128
@@ -223,7 +223,7 @@ def ctas_and_experts_per_wave(block_m: int, local_experts: int, expected_tokens_
     Raises:
         InputError: ``ctas`` not None, 1 or 2, or 2 where :func:`ctas_per_sm` gives 1.
     """
-    require(ctas is None or (is_int(ctas) and ctas in (1, 2)), "ctas_per_sm", "None (the rule), 1 or 2",
+    require(ctas is None or (is_int(ctas) and ctas in (1, 2)), "ctas_per_sm", "1 or 2 (or none: the kernel's rule)",
             repr(ctas) if isinstance(ctas, str) else ctas)
     epw = (experts_per_wave if experts_per_wave is not None
            else experts_per_wave_for(local_experts, expected_tokens_per_expert, block_m, inter, num_sms))
@@ -367,7 +367,11 @@ def stages_for_ctas(block_m: int, num_experts: int, ctas: int, num_stages: int |
     limit = min(smem_limit, pair_smem_limit())
     if num_stages is None:
         return min(PAIR_STAGES, stages_for(block_m, num_experts, None, limit))
-    return stages_for(block_m, num_experts, num_stages, limit)
+    try:
+        return stages_for(block_m, num_experts, num_stages, limit)
+    except InputError as e:  # say why the range is half the one-CTA one
+        raise InputError(e.field, f"{e.expected}; two CTAs share each SM here (ctas_per_sm 1 allows more)",
+                         e.got) from None
 
 
 def pool_rows_for(num_tokens: int, topk: int, num_experts: int, block_m: int, ranks: int = 1) -> int:

@@ -460,6 +460,7 @@ class Plan:
             "tokens_per_expert": r.tokens_per_expert.tolist(),
             "pool_block_offset": r.pool_block_offset.tolist(),
             "k_split": r.k_split, "combine_relay": r.combine_relay, "local_count": r.local_count,
+            "ctas_per_sm": r.ctas_per_sm, "num_units": r.num_sms,
             "num_blocks": int(len(r.blocks())),
         } for r in self.ranks]
         return out
@@ -562,7 +563,8 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
     e_local = num_experts // num_ranks
     require(design in DESIGNS, "design", " or ".join(DESIGNS), design)
     require(ctas_per_sm is None or design == "megamoe-sm90", "ctas_per_sm",
-            "None with design deepgemm-sm100 (2-CTA clusters there, not CTAs sharing an SM)", ctas_per_sm)
+            "no value with design deepgemm-sm100 (2-CTA clusters there, not CTAs sharing an SM; the option is "
+            "megamoe-sm90's)", ctas_per_sm)
     sm90 = design == "megamoe-sm90"
     require(k_split is None or (is_int(k_split) and k_split >= 1), "k_split", "None or an integer >= 1", k_split)
     ks = 1 if k_split is None else int(k_split)

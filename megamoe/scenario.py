@@ -231,7 +231,7 @@ class Scenario:
         require(self.combine_relay in (None, False, True), "combine_relay", "None, False or True",
                 shown(self.combine_relay))
         require(self.ctas_per_sm is None or (is_int(self.ctas_per_sm) and self.ctas_per_sm in (1, 2)), "ctas_per_sm",
-                "None (the rule), 1 or 2", shown(self.ctas_per_sm))
+                "1 or 2 (or none: the kernel's rule)", shown(self.ctas_per_sm))
         # checked integers: a numpy integer is kept as the same Python int (JSON-able in to_dict)
         for name in ("num_ranks", "seed", "max_tokens_per_rank", "reserved_sms", "experts_per_wave", "block_m",
                      "pool_tokens", "num_stages", "k_split", "ctas_per_sm"):

@@ -899,7 +899,7 @@ def test_sm90_stage_floor_is_a_one_line_error(capsys):
     assert main([*base, "--design", "megamoe-sm90", "--hardware", "h200", "--num-stages", "3"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [(
         "megamoe: error: num_stages: expected an integer in [4, 9] (at least one per issuing producer warp, at most what 115712 B of "
-        "shared memory holds at block_m 16), got 3")]
+        "shared memory holds at block_m 16); two CTAs share each SM here (ctas_per_sm 1 allows more), got 3")]
     assert main([*base, "--design", "megamoe-sm90", "--hardware", "h200", "--num-stages", "3", "--ctas-per-sm", "1"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [(
         "megamoe: error: num_stages: expected an integer in [4, 16] (at least one per issuing producer warp, at most what 232448 B of "
@@ -909,7 +909,7 @@ def test_sm90_stage_floor_is_a_one_line_error(capsys):
     assert len(err) == 1 and err[0].startswith("megamoe: error: ctas_per_sm: expected 1 at block_m 32, "), err
     assert main([*base, "--ctas-per-sm", "2"]) == 2  # the SM100 design: 2-CTA clusters, not CTAs sharing an SM
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("megamoe: error: ctas_per_sm: expected None with design deepgemm-sm100"), err
+    assert len(err) == 1 and err[0].startswith("megamoe: error: ctas_per_sm: expected no value with design deepgemm-sm100"), err
     assert main([*base, "--design", "megamoe-sm90", "--hardware", "h200", "--num-stages", "4"]) == 0
     capsys.readouterr()
     assert main([*base, "--num-stages", "2"]) == 0

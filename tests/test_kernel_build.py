@@ -98,7 +98,7 @@ def test_two_ctas_per_sm_at_block_m_16():
     assert d.design_for(64, 4096, 2048, 256, 6, ctas_per_sm=1).num_stages == 16
     with pytest.raises(InputError, match=r"^ctas_per_sm: expected 1 at block_m 32, 16 experts per wave"):
         d.design_for(1024, 4096, 2048, 256, 6, ctas_per_sm=2)
-    with pytest.raises(InputError, match=r"^ctas_per_sm: expected None \(the rule\), 1 or 2, got 3$"):
+    with pytest.raises(InputError, match=r"^ctas_per_sm: expected 1 or 2 \(or none: the kernel's rule\), got 3$"):
         d.design_for(64, 4096, 2048, 256, 6, ctas_per_sm=3)
     assert [d.ctas_per_sm(16, w, r) for w, r in ((32, 1), (33, 1), (32, 2))] == [2, 1, 1]
     assert [d.ctas_per_sm(bm, 8, 1) for bm in (32, 64, 128)] == [1, 1, 1]

@@ -219,6 +219,7 @@ def test_sm90_design_plan_numbers():
     assert (rp.num_stages, rp.smem_bytes) == (8, 96256)
     # CTA c runs rows c, c+264, ... of the same scheduler list
     assert (rp.sm_blocks(263) == rp.blocks()[263::264]).all()
+    assert {k: p.to_dict()["ranks"][0][k] for k in ("ctas_per_sm", "num_units")} == {"ctas_per_sm": 2, "num_units": 264}
     one = P.build_plan(**kw, ctas_per_sm=1).ranks[0]
     assert (one.ctas_per_sm, one.num_sms, one.experts_per_wave, one.num_stages, one.smem_bytes) == (1, 132, 16, 16, 186368)
     assert (one.sm_blocks(131) == one.blocks()[131::132]).all()
