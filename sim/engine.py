@@ -32,7 +32,10 @@ Granularity (DESIGN.md: block granularity, never per cycle):
   then each rank reduces its valid slots (HBM bound).
 
 The SM90 design (``megamoe-sm90``, this project's kernel, ``csrc/megamoe/kernel_sm90.cu``)
-differs where the kernel does: one CTA per SM (units of one SM); the consumer warps decode,
+differs where the kernel does: one CTA per SM (units of one SM), or two at block_m 16 without
+the wide walk at one rank (kernel v9.2, ``RankPlan.ctas_per_sm``: units of one CTA, whose
+consumer and producer times are ``sm90_pair_share`` times a lone CTA's, at half the SM's load
+rate); the consumer warps decode,
 run the MMA and both epilogues, so a block's K loop waits for the previous block's epilogue
 and then for the block scheduler's walk (``sched_block_ns`` plus ``sched_step_ns`` per
 chunk scan and ``sched_skip_ns`` per chunk skip, :func:`sm90_walk_steps`; at the block_m where
