@@ -740,18 +740,19 @@ class Gen:
             T = int(path.stem.split("_t")[-1])
             kinds = ", ".join(f"{k} {100 * v['median']:.0f}%" for k, v in r["kind_errors"].items())
             skew = max(r["launch_skew_us"])
-            rows.append([r["scenario"]["num_ranks"], T, f"{r['makespan_measured_us']:.1f}",
+            ctas = (measured.meta.get("plan") or {}).get("ctas_per_sm", 1)  # SM90 kernel v9.2: 2 at block_m 16
+            rows.append([r["scenario"]["num_ranks"], T, ctas, f"{r['makespan_measured_us']:.1f}",
                          f"{r['makespan_simulated_us']:.1f}", f"{100 * r['makespan_error']:+.1f}%",
                          f"{skew:.0f} us, {100 * r['makespan_error_no_skew']:+.1f}%" if skew else "-",
                          f"{100 * r['median_kind_error']:.1f}%", kinds])
-            if T == 512 and r["scenario"]["num_ranks"] == 1:
+            if T == 512 and r["scenario"]["num_ranks"] == 1 and "one_cta" not in path.name:
                 p = Path(tempfile.mkdtemp()) / "overlay.png"
                 plot_overlay(measured, res.trace, str(p), sms=6)
                 overlay = p.read_bytes()
         if overlay is not None:
             self.files["generated/h200_overlay_t512.png"] = overlay
         self.snippets["h200_compare_table"] = _md_table(
-            ["EP", "tokens per rank", "measured us", "simulated us", "makespan error",
+            ["EP", "tokens per rank", "CTAs per SM", "measured us", "simulated us", "makespan error",
              "launch skew read off the trace, error without it", "median per-kind error",
              "median error per kind"], rows) if rows else "*(no committed kernel traces)*"
         choices = root / "benchmarks" / "results" / "compare_h200.json"
