@@ -227,8 +227,9 @@ def ctas_and_experts_per_wave(block_m: int, local_experts: int, expected_tokens_
             repr(ctas) if isinstance(ctas, str) else ctas)
     epw = (experts_per_wave if experts_per_wave is not None
            else experts_per_wave_for(local_experts, expected_tokens_per_expert, block_m, inter, num_sms))
-    c = ctas_per_sm(block_m, epw, num_ranks) if ctas is None else ctas
-    require(c == 1 or ctas_per_sm(block_m, epw, num_ranks) == 2, "ctas_per_sm",
+    rule = ctas_per_sm(block_m, epw, num_ranks)
+    c = rule if ctas is None else ctas
+    require(c == 1 or rule == 2, "ctas_per_sm",
             f"1 at block_m {block_m}, {epw} experts per wave and {num_ranks} rank(s) (two CTAs per SM only at "
             "block_m 16 without the wide walk and one rank)", c)
     if c == 2 and experts_per_wave is None:

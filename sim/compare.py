@@ -203,19 +203,20 @@ def compare_file(path: str, hardware=None) -> tuple[dict, Trace, object]:
             raise InputError("trace.meta.hardware", e.expected, e.got) from None
     require(measured.makespan_ns > 0, "trace", "records spanning some time (a makespan > 0 ns)",
             "a makespan of 0 ns")
+    skew = launch_skew_from_trace(measured) if base.num_ranks > 1 else [0.0]
+    sc = dataclasses.replace(base, launch_skew_us=skew) if any(skew) else base
+    res = simulate(sc, hw)
     # the simulation runs on the hardware's SMs; the SM90 kernel at two CTAs per SM records its CTAs
     # (the plan's units: RankPlan.num_sms)
-    units = max([rp.num_sms for rp in base.plan(hw.num_sms, hw.smem_per_block_bytes).ranks] + [hw.num_sms])
+    plan_units = max(rp.num_sms for rp in res.plan.ranks)
+    units = max(plan_units, hw.num_sms)
     off = measured["sm"] >= units
     if off.any():
         i = int(np.argmax(off))
         per = f", {units // hw.num_sms} CTAs per SM" if units > hw.num_sms else ""
         raise InputError("trace.sm", f"SM indices < {units} (hardware {hw.name} has {hw.num_sms} SMs{per})",
                          f"record {i}: {int(measured['sm'][i])}")
-    skew = launch_skew_from_trace(measured) if base.num_ranks > 1 else [0.0]
-    sc = dataclasses.replace(base, launch_skew_us=skew) if any(skew) else base
-    res = simulate(sc, hw)
-    report = compare_traces(measured, res.trace, max(rp.num_sms for rp in res.plan.ranks))
+    report = compare_traces(measured, res.trace, plan_units)
     report["launch_skew_us"] = skew
     report["makespan_error_no_skew"] = (simulate(base, hw).trace.makespan_ns / measured.makespan_ns - 1.0
                                         if any(skew) else report["makespan_error"])
