@@ -204,6 +204,26 @@ def ctas_per_sm(block_m: int, experts_per_wave: int, num_ranks: int) -> int:
     return 2 if block_m == 16 and num_ranks == 1 and not wide_walk(block_m, experts_per_wave) else 1
 
 
+def block_tickets(ctas_per_sm: int) -> bool:
+    """Whether the CTAs take their blocks by ticket (kernel v9.3): at two CTAs per SM, yes; at one,
+    no (the static deal of :meth:`megamoe.plan.RankPlan.sm_blocks`: CTA ``c`` runs rows ``c, c + C,
+    ..``). With tickets the block list is the same (``megamoe.plan``'s order), but a CTA's producer
+    takes its next row from a global counter when it is ready for it (one atomic add per block, none
+    taken ahead), so which CTA runs a row is decided at run time.
+
+    Why: the two CTAs of an SM do not share it fairly. In the v9.2 traces one CTA of each SM (most
+    likely the one launched first) runs an L1 block in 13.2 us at every point of the call and its
+    partner in 13-27 us (19 on average), so the static deal, equal blocks for both, left the fast
+    CTA waiting for L1 rows that slow CTAs held (213 us of mask waits per fast CTA at 64 tokens,
+    17 per slow one). Measured on the H200 (CUPTI kernel time, paired rounds, against v9.2):
+    0.999 / 0.950 / 0.948 / 0.938 / 0.925 / 0.922 / 0.922 at 16 / 24 / 32 / 48 / 64 / 256 / 512
+    tokens with the ticket taken at the block boundary; one ticket taken a block ahead 1.066 at 16
+    tokens and 0.929 at 512, two ahead 1.256 at 16 (a CTA that takes a row early holds an L2 block
+    whose L1 rows are not done while the next wave's L1 blocks wait behind it)
+    (benchmarks/NOTES_kernel.md, session 38)."""
+    return ctas_per_sm == 2
+
+
 def pair_smem_limit() -> int:
     """Dynamic shared memory one CTA may use at two CTAs per SM: half the SM's
     :data:`SMEM_PER_SM_SM90` less the driver's per-CTA reserve (115712 B on the H200)."""

@@ -300,6 +300,10 @@ class RankPlan:
             atomic-arrival order, the plan fixes ascending order).
         num_sms: the units that run the rank's block list: the SMs, or at ``megamoe-sm90`` with
             ``ctas_per_sm`` 2 the CTAs (unit ``c`` runs rows ``c, c + num_sms, ..``).
+        block_tickets: ``megamoe-sm90`` at two CTAs per SM (kernel v9.3,
+            :func:`megamoe.design_sm90.block_tickets`): the units take the rows of
+            :meth:`blocks` in list order as each becomes ready for its next one (a ticket per row),
+            so :meth:`sm_blocks` is not what each unit runs; False: the static deal.
         ctas_per_sm: ``megamoe-sm90``: CTAs sharing one SM (kernel v9.2,
             :func:`megamoe.design_sm90.ctas_per_sm`: 2 at block_m 16 without the wide walk at one
             rank, else 1); 1 for the reference design.
@@ -326,6 +330,7 @@ class RankPlan:
     combine_relay: bool = False
     local_count: bool = False
     ctas_per_sm: int = 1
+    block_tickets: bool = False
     _blocks: np.ndarray | None = field(default=None, repr=False)
     _orders: dict = field(default_factory=dict, repr=False)
 
@@ -376,7 +381,8 @@ class RankPlan:
         return self._blocks
 
     def sm_blocks(self, sm: int) -> np.ndarray:
-        """Rows of :meth:`blocks` executed by SM ``sm``, in order."""
+        """Rows of :meth:`blocks` executed by SM ``sm``, in order (the static deal; with
+        ``block_tickets`` the kernel's units take rows at run time instead)."""
         require(0 <= sm < self.num_sms, "sm", f"in [0, {self.num_sms})", sm)
         return self.blocks()[sm::self.num_sms]
 
@@ -460,7 +466,7 @@ class Plan:
             "tokens_per_expert": r.tokens_per_expert.tolist(),
             "pool_block_offset": r.pool_block_offset.tolist(),
             "k_split": r.k_split, "combine_relay": r.combine_relay, "local_count": r.local_count,
-            "ctas_per_sm": r.ctas_per_sm, "num_units": r.num_sms,
+            "ctas_per_sm": r.ctas_per_sm, "num_units": r.num_sms, "block_tickets": r.block_tickets,
             "num_blocks": int(len(r.blocks())),
         } for r in self.ranks]
         return out
@@ -647,7 +653,8 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
                 stages = num_stages
         rp = RankPlan(rank=r, num_tokens=tokens_per_rank[r], config=cfg, experts_per_wave=epw,
                       num_stages=stages, smem_bytes=smem, recv_counts=counts[r], src_items=items[r],
-                      num_sms=num_sms * ctas, ctas_per_sm=ctas, l1_n_blocks=2 * intermediate // cfg.block_n,
+                      num_sms=num_sms * ctas, ctas_per_sm=ctas,
+                      block_tickets=sm90 and design_sm90.block_tickets(ctas), l1_n_blocks=2 * intermediate // cfg.block_n,
                       l2_n_blocks=hidden // cfg.block_n, pull_policy=pol.pull_order,
                       scheduler=pol.scheduler, k_split=ks, combine_relay=bool(combine_relay),
                       local_count=sm90 and design_sm90.local_count(cfg.block_m, epw, num_ranks))
