@@ -112,6 +112,23 @@ def _all_blocks(counts, bm, n1, n2):
     return blocks
 
 
+def test_ticket_order_violation():
+    """A run by ticket: every row of the list once, each CTA's rows at growing list positions."""
+    from megamoe.kernel.schedule import block_list, ticket_order_violation
+
+    counts = [20, 0, 5]  # block_m 16: expert 0 two m blocks, expert 2 one; 2 L1 and 3 L2 n blocks
+    rows = block_list(counts, 16, 2, 3, 3, 2)
+    assert len(rows) == 3 * 2 + 3 * 3 and rows[0] == (1, 0, 0, 0) and rows[-1] == (2, 2, 0, 2)
+    assert ticket_order_violation(block_sequence(counts, 16, 2, 3, 3, 2), rows) is None  # the static deal
+    uneven = {0: rows[:10:2] + rows[10:], 1: rows[1:10:2]}  # CTA 0 took rows 0, 2, .., 8 and 10-14
+    assert ticket_order_violation(uneven, rows) is None
+    assert ticket_order_violation({0: rows[:5], 1: rows[6:]}, rows) == "1 block(s) never run, e.g. (1, 2, 0, 1)"
+    assert ticket_order_violation({0: rows, 1: rows[3:4]}, rows) == "1 block(s) run more than once"
+    assert ticket_order_violation({0: [rows[2], rows[1]], 1: rows[3:]}, rows) == \
+        "CTA 0 ran (1, 0, 0, 1) (list position 1) after position 2"  # m-major: m 0 n 1
+    assert ticket_order_violation({0: [(1, 1, 0, 0)]}, rows) == "CTA 0 ran (1, 1, 0, 0), which is not in the block list"
+
+
 @pytest.mark.parametrize("epw", [1, 3, 8])
 def test_schedule_covers_every_block_once(epw):
     rng = np.random.default_rng(0)
@@ -225,6 +242,8 @@ def test_build_sm90a_and_resources():
     assert lib.megamoe_sm90_walk_in_epilogue(48) == -1
     assert {bm: bool(lib.megamoe_sm90_block_descriptors(bm)) for bm in d.BLOCK_MS} == d.BLOCK_DESCRIPTORS
     assert lib.megamoe_sm90_block_descriptors(48) == -1
+    assert [lib.megamoe_sm90_block_tickets(c) for c in (0, 1, 2, 3)] == [-1, int(d.block_tickets(1)),
+                                                                     int(d.block_tickets(2)), -1] == [-1, 0, 1, -1]
     # the consumers either take descriptors or walk (inside the epilogue or after it), never both
     assert not any(d.BLOCK_DESCRIPTORS[bm] and d.WALK_IN_EPILOGUE[bm] for bm in d.BLOCK_MS)
     assert {(bm, w): lib.megamoe_sm90_wide_walk(bm, w) for bm in d.BLOCK_MS for w in (1, 32, 33, 256)} == \
@@ -503,7 +522,8 @@ def test_sanitizer_launches_cover_the_ring_wrap_and_the_wide_instance(tmp_path):
         most[name] = (max(kb), des.num_stages, d.wide_walk(des.block_m, des.experts_per_wave))
         assert des.ctas_per_sm == (2 if name.startswith("pair") else 1), name
     # pair: 264 CTAs, more than the SMs, so CTAs share SMs; pair_ring: 64 tokens on 2 SMs x 2 CTAs:
-    # >= 8 x (2 x 8 + 8 x 1) / 4 = 48 K blocks per CTA, over twice its 8 stages
+    # >= 8 x (2 x 8 + 8 x 1) / 4 = 48 K blocks per CTA, over twice its 8 stages (by ticket, kernel
+    # v9.3, a CTA runs whichever blocks it takes: the busiest at least that mean)
     assert d.design_for(40, 256, 128, 8, 2, num_sms=132).num_ctas == 2 * 132
     assert most["pair_ring"][0] >= 48 > 2 * most["pair_ring"][1] == 16
     # small: at most 8 experts x (2 L1 n blocks x 2 K blocks + 2 L2 n blocks x 1) = 48 K blocks

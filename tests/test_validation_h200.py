@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from megamoe.kernel.schedule import ticket_order_violation
 from megamoe.trace import KIND, Trace
 from sim.compare import compare_file, scenario_from_meta
 
@@ -94,12 +95,19 @@ def test_kernel_block_order_equals_the_plan(tokens):
     assert rp.ctas_per_sm == (2 if 16 <= tokens <= 512 else 1)  # kernel v9.2 at block_m 16, not wide
     assert len(np.unique(t["sm"][t["sm"] >= 0])) == rp.num_sms == rp.ctas_per_sm * t.meta["num_sms"]
     mma = (t["kind"] == KIND["l1_mma"]) | (t["kind"] == KIND["l2_mma"])
+    got = {}
     for cta in range(rp.num_sms):
         sel = np.nonzero(mma & (t["sm"] == cta))[0]
         sel = sel[np.argsort(t["t_start_ns"][sel])]
-        got = [(1 if t["kind"][i] == KIND["l1_mma"] else 2, int(t["expert"][i]), int(t["m_block"][i]),
-                int(t["n_block"][i])) for i in sel]
-        assert got == [tuple(b[:4]) for b in rp.sm_blocks(cta).tolist()]
+        got[cta] = [(1 if t["kind"][i] == KIND["l1_mma"] else 2, int(t["expert"][i]), int(t["m_block"][i]),
+                     int(t["n_block"][i])) for i in sel]
+    assert rp.block_tickets == (rp.ctas_per_sm == 2)
+    if rp.block_tickets:  # kernel v9.3: the CTAs take the plan's rows by ticket
+        rows = [tuple(b[:4]) for b in rp.blocks().tolist()]
+        assert ticket_order_violation(got, rows) is None, ticket_order_violation(got, rows)
+    else:
+        for cta in range(rp.num_sms):
+            assert got[cta] == [tuple(b[:4]) for b in rp.sm_blocks(cta).tolist()]
 
 
 def test_plan_choices_ranked_like_the_kernel():

@@ -193,6 +193,12 @@ __device__ __forceinline__ void named_bar_sync(uint32_t id, uint32_t threads) {
     asm volatile("barrier.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
 }
 
+// Arrive at a named barrier without waiting for it (the other threads' barrier.sync counts it).
+__device__ __forceinline__ void named_bar_arrive(uint32_t id, uint32_t threads) {
+    __syncwarp();
+    asm volatile("barrier.arrive %0, %1;" :: "r"(id), "r"(threads) : "memory");
+}
+
 // Named barrier that also ANDs a predicate over the participating threads: every thread
 // gets the same answer (so a role can leave early only all together, never stranding the
 // others at a later named barrier).

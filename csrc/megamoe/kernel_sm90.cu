@@ -26,6 +26,7 @@
 #include <cuda_fp8.h>
 #include <stdint.h>
 #include <string.h>
+#include <type_traits>  // std::integral_constant (at_block_m)
 #include "params.h"
 #include "common.cuh"
 #include "scheduler.cuh"
@@ -76,7 +77,7 @@ template <int CTAS> struct RegSplit {
 };
 template <uint32_t R> __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(R)); }
 template <uint32_t R> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(R)); }
-constexpr uint32_t kBarDispatch = 1, kBarConsumer = 2;
+constexpr uint32_t kBarDispatch = 1, kBarConsumer = 2, kBarProducer = 3;
 constexpr int kL1EpilogueBarriers = 4;  // the kBarConsumer barriers of one L1 epilogue (consumer_role)
 static_assert(kDispatchThreads == kSharedDispatchThreads && kBarDispatch == kSharedBarDispatch,
               "the dispatch warps run roles_shared.cuh's count_items / dispatch_pull with its barrier");
@@ -144,6 +145,12 @@ static_assert(kRelayOffset >= kTraceScratchOffset + 32 && kRelayOffset % 8 == 0 
 constexpr uint32_t kDescOffset = 784;  // the block descriptors: 3 x kMaxStages u32 (block_descriptors)
 static_assert(kDescOffset >= kRelayOffset + sizeof(Relay) && kDescOffset + 3 * kMaxStages * 4 <= 1024,
               "block descriptors after the relay, inside the barrier kilobyte");
+// Two CTAs per SM (blocks by ticket, kernel v9.3): the producer's ticket broadcast (2 x u32), its
+// log of the phases of the blocks it took (16 x u8, block j at j % 16) and the log's length (u32)
+constexpr uint32_t kTicketOffset = 976, kBlockLogOffset = 984, kBlockLogLenOffset = 1000;
+static_assert(kTicketOffset >= kDescOffset + 3 * kMaxStages * 4 && kBlockLogOffset >= kTicketOffset + 8 &&
+              kBlockLogLenOffset >= kBlockLogOffset + 16 && kBlockLogLenOffset + 4 <= 1024,
+              "block tickets and their log after the descriptors, inside the barrier kilobyte");
 __device__ __forceinline__ Relay* relay_of(uint64_t* full) {
     return reinterpret_cast<Relay*>(reinterpret_cast<uint8_t*>(full) + kRelayOffset);
 }
@@ -448,6 +455,15 @@ __device__ __forceinline__ Block read_desc(const Params& p, uint64_t* full, int 
     return b;
 }
 
+// Two CTAs per SM: the producer's log of the phases of the blocks it took (kPhaseNone: the end),
+// block j at j % 16, then the log's length; the consumers read it only after an error.
+__device__ __forceinline__ void log_block(uint64_t* full, int j, int phase) {
+    uint8_t* base = reinterpret_cast<uint8_t*>(full);
+    reinterpret_cast<volatile uint8_t*>(base + kBlockLogOffset)[j & 15] = (uint8_t)phase;
+    __threadfence_block();
+    *reinterpret_cast<volatile uint32_t*>(base + kBlockLogLenOffset) = (uint32_t)(j + 1);
+}
+
 // ------------------------------------------------------------------ producer (warps 4-7)
 // NW producer warps share the ring: K block `it` (counted over the whole block list) is
 // issued by producer warp it % NW, so the per-K-block work (the free-stage wait, the
@@ -543,20 +559,52 @@ struct Producer {
             while (!mbar_try_wait(full + i % S, (uint32_t)((i / S) & 1)) && (int64_t)(globaltimer() - t0) < p.timeout_ns) {}
     }
 
+    // Two CTAs per SM (Params::ctas_per_sm 2, kernel v9.3): blocks by ticket. The next block is the
+    // list's block t, t taken from the ticket counter (Params::expert_count[2E + 1]) by producer
+    // lane 0 when the producer is ready for it, none ahead (one ahead: 1.066x v9.2's time at 16
+    // tokens, none ahead 0.999x; benchmarks/NOTES_kernel.md, session 38); the walk moves to it
+    // (its index, 0 before the first ticket, grows by the tickets' distance; next() adds num_sms
+    // after each block, which is taken back). The four producer warps read the ticket at named
+    // barrier 3 and leave together (the AND of their ok flags), so a warp whose wait gave up never
+    // strands the others there. Lane 0 logs each block's phase, and the end, for the consumers'
+    // error path (follow_block_log). The test is on the parameter, not a template argument: the
+    // template form changed the register allocation of the consumers' K loop (a local load per K
+    // block; several forms tried, session 38).
     __device__ void run_blocks() {
         Scheduler<BM, WIDE> sched(p);
-        if (!sched.fetch_counts(p, kRoleProducer)) return;
+        const bool tk = p.ctas_per_sm == 2 && !(p.fault_inject & 256);
+        unsigned long long* ticket_ctr = p.expert_count + 2 * p.num_experts + 1;
+        volatile uint32_t* tk_slot = reinterpret_cast<volatile uint32_t*>(reinterpret_cast<uint8_t*>(full) + kTicketOffset);
+        uint32_t t_prev = 0;
+        int jt = 0;  // blocks taken (by ticket)
+        if (tk) sched.block_idx = 0;
+        bool ok = sched.fetch_counts(p, kRoleProducer);  // false: a wait gave up (error raised)
+        if (!tk && !ok) return;
         const bool trace = p.trace_cap > 0 && ptid == 0;
         const uint32_t c_start = clock32();
         uint32_t cyc_wait_dep = 0;  // profile: waiting for arrival counts / masks
         for (;;) {
+            if (tk) {
+                if (ptid == 0) tk_slot[jt & 1] = (uint32_t)atomicAdd(ticket_ctr, 1ull);
+                if (!named_bar_and(kBarProducer, kProducerThreads, ok)) {
+                    if (ptid == 0) log_block(full, jt, kPhaseNone);
+                    return;
+                }
+                const uint32_t t = tk_slot[jt & 1];
+                sched.block_idx += (int)(t - t_prev);
+                t_prev = t;
+            }
             const Block b = sched.next();
+            if (tk) {
+                sched.block_idx -= (int)p.num_sms;
+                if (ptid == 0) log_block(full, jt, b.phase);
+                ++jt;
+            }
             if (b.phase == kPhaseNone) break;
             const uint64_t tb = globaltimer();
             const uint32_t tslot = trace ? trace_reserve(p, 1) : 0;  // the block's load record
             const int wave = b.expert / (int)p.experts_per_wave;
             if (ptid == 0) progress(p, 1, (uint32_t)((b.phase << 28) | (b.expert << 16) | (b.m_block << 8) | b.n_block));
-            bool ok = true;  // false: a wait gave up (error raised); the record is still written
             // Idle-wait records are written after the loads they held up have been issued: a
             // record's slot comes from an atomic, and waiting for its return before the issue
             // put ~1 us per wait on the consumers' path (trace overhead 3.5% at 64 tokens, v6.6).
@@ -623,7 +671,7 @@ struct Producer {
             if (ptid == 0) progress(p, 2, (uint32_t)it);
             if (trace) trace_write(p, tslot, kRoleProducer, b.phase == kPhaseL1 ? kKindL1Load : kKindL2Load, b.expert, b.m_block,
                                    b.n_block, wave, b.valid_m, tb, globaltimer());
-            if (!ok) return;
+            if (!tk && !ok) return;  // by ticket the other warps learn it at the next ticket
         }
         // the end of the block list, in the next stage (its producer warp's turn)
         if (block_descriptors<BM>() && mine()) {
@@ -642,6 +690,31 @@ struct Producer {
         }
     }
 };
+
+// Blocks by ticket (two CTAs per SM): after an error no consumer warp can walk the rest of the
+// list itself. The warps that stopped follow the producer's log of the blocks it took, from the
+// first one they did not run (block j), arriving (not waiting) at each L1 epilogue's named
+// barriers, so that the warps still in their loop, which run those blocks, pass them (no hang).
+// The log is read for at most one timeout: the producer, whose waits fail fast after an error,
+// logs every block it will take within microseconds of it, and its end. Not inlined, and its
+// test is on the parameter: other forms changed the register allocation of the consumers' K
+// loop. (The eight warps agreeing at every block through a named barrier instead cost 2.7% at
+// 64 tokens: benchmarks/NOTES_kernel.md, session 38.)
+__device__ __noinline__ void follow_block_log(const Params& p, const uint64_t* full, int j) {
+    const uint8_t* base = reinterpret_cast<const uint8_t*>(full);
+    const volatile uint32_t* len = reinterpret_cast<const volatile uint32_t*>(base + kBlockLogLenOffset);
+    const volatile uint8_t* log = reinterpret_cast<const volatile uint8_t*>(base + kBlockLogOffset);
+    const uint64_t t0 = globaltimer();
+    for (;; ++j) {
+        while (*len <= (uint32_t)j && (int64_t)(globaltimer() - t0) < p.timeout_ns) {}
+        if (*len <= (uint32_t)j) return;
+        __threadfence_block();
+        const int phase = log[j & 15];
+        if (phase == kPhaseNone) return;
+        if (phase == kPhaseL1)
+            for (int k = 0; k < kL1EpilogueBarriers; ++k) named_bar_arrive(kBarConsumer, kConsumerThreads);
+    }
+}
 
 // ------------------------------------------------------------------ consumer (warps 8-15)
 // Two warpgroups, each on its own through the K loop (no barrier between them: one promotes
@@ -1004,7 +1077,9 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
         }
         if constexpr (!from_desc) b = ahead ? nb : sched.next();
     }
-    if (from_desc && dead) {
+    if (from_desc && dead && p.ctas_per_sm == 2) {
+        follow_block_log(p, full, taken);
+    } else if (from_desc && dead) {
         // After an error the producer may have stopped writing descriptors: walk the rest of the
         // block list (every warp the same list: the scheduler is deterministic) and meet each
         // L1 epilogue's named barriers, as the warps still in the loop above do (no hang). The
@@ -1060,6 +1135,7 @@ __global__ void __launch_bounds__(kThreads, 1) __maxnreg__((kRegsEven / CTAS)) m
             r->on = 0u;
             r->sent = 0u;
         }
+        *reinterpret_cast<uint32_t*>(smem + kBlockLogLenOffset) = 0u;  // the producer's block log is empty
     }
     __syncthreads();
     // Register split (setmaxnreg, per warpgroup): dispatch and producer give registers to the
@@ -1175,6 +1251,22 @@ static int launch_bm(const Params* p, cudaStream_t stream, size_t smem, int dev)
     return (int)err;
 }
 
+namespace {
+// A compile-time choice of the kernel at a run-time block_m, for the C exports below: f gets the
+// block_m as a std::integral_constant (bm() is usable as a template argument); -1 for a block_m
+// with no instance.
+template <typename F>
+int at_block_m(int block_m, F f) {
+    switch (block_m) {
+        case 16: return f(std::integral_constant<int, 16>{});
+        case 32: return f(std::integral_constant<int, 32>{});
+        case 64: return f(std::integral_constant<int, 64>{});
+        case 128: return f(std::integral_constant<int, 128>{});
+        default: return -1;
+    }
+}
+}  // namespace
+
 extern "C" {
 
 int megamoe_sm90_abi_size() { return (int)sizeof(Params); }
@@ -1186,20 +1278,13 @@ long long megamoe_sm90_smem_bytes(int block_m, int stages, int num_experts) {
 // The L1 GEMM's activation fold width at this block_m (128 from kL1Fold128BlockM, else 64;
 // mirrored by megamoe.design_sm90.L1_X_FOLD_K); -1 for an unsupported block_m.
 int megamoe_sm90_l1_x_fold_k(int block_m) {
-    if (block_m != 16 && block_m != 32 && block_m != 64 && block_m != 128) return -1;
-    return block_m >= megamoe::kL1Fold128BlockM ? 128 : 64;
+    return at_block_m(block_m, [](auto bm) { return bm() >= megamoe::kL1Fold128BlockM ? 128 : 64; });
 }
 
 // The combine's slot loads in flight per thread at this block_m (combine_slots, kernel v8.0;
 // mirrored by megamoe.design_sm90.COMBINE_SLOTS); -1 for an unsupported block_m.
 int megamoe_sm90_combine_slots(int block_m) {
-    switch (block_m) {
-        case 16: return megamoe::combine_slots<16>();
-        case 32: return megamoe::combine_slots<32>();
-        case 64: return megamoe::combine_slots<64>();
-        case 128: return megamoe::combine_slots<128>();
-        default: return -1;
-    }
+    return at_block_m(block_m, [](auto bm) { return megamoe::combine_slots<bm()>(); });
 }
 
 // The combine's slot loads in flight per thread in the wide instance (kCombineSlotsWide, kernel
@@ -1212,39 +1297,28 @@ int megamoe_sm90_combine_slots_wide(void) { return megamoe::kCombineSlotsWide; }
 // (relay_release, kernel v8.1; mirrored by megamoe.design_sm90.RELAY_RELEASE): 1 or 0; -1 for
 // an unsupported block_m.
 int megamoe_sm90_relay_release(int block_m) {
-    switch (block_m) {
-        case 16: return megamoe::relay_release<16>() ? 1 : 0;
-        case 32: return megamoe::relay_release<32>() ? 1 : 0;
-        case 64: return megamoe::relay_release<64>() ? 1 : 0;
-        case 128: return megamoe::relay_release<128>() ? 1 : 0;
-        default: return -1;
-    }
+    return at_block_m(block_m, [](auto bm) { return megamoe::relay_release<bm()>() ? 1 : 0; });
 }
 
 // Whether the consumers walk to their next block inside the epilogue at this block_m
 // (walk_in_epilogue, kernel v9.0; mirrored by megamoe.design_sm90.WALK_IN_EPILOGUE): 1 or 0; -1
 // for an unsupported block_m.
 int megamoe_sm90_walk_in_epilogue(int block_m) {
-    switch (block_m) {
-        case 16: return megamoe::walk_in_epilogue<16>() ? 1 : 0;
-        case 32: return megamoe::walk_in_epilogue<32>() ? 1 : 0;
-        case 64: return megamoe::walk_in_epilogue<64>() ? 1 : 0;
-        case 128: return megamoe::walk_in_epilogue<128>() ? 1 : 0;
-        default: return -1;
-    }
+    return at_block_m(block_m, [](auto bm) { return megamoe::walk_in_epilogue<bm()>() ? 1 : 0; });
 }
 
 // Whether the consumers take their blocks from the producer's block descriptors at this block_m
 // (block_descriptors, kernel v9.1; mirrored by megamoe.design_sm90.BLOCK_DESCRIPTORS): 1 or 0; -1
 // for an unsupported block_m.
 int megamoe_sm90_block_descriptors(int block_m) {
-    switch (block_m) {
-        case 16: return megamoe::block_descriptors<16>() ? 1 : 0;
-        case 32: return megamoe::block_descriptors<32>() ? 1 : 0;
-        case 64: return megamoe::block_descriptors<64>() ? 1 : 0;
-        case 128: return megamoe::block_descriptors<128>() ? 1 : 0;
-        default: return -1;
-    }
+    return at_block_m(block_m, [](auto bm) { return megamoe::block_descriptors<bm()>() ? 1 : 0; });
+}
+
+// Whether the CTAs take their blocks by ticket at ctas_per_sm CTAs per SM (the Producer's
+// TICKETS, kernel v9.3; mirrored by megamoe.design_sm90.block_tickets): 1 at two, 0 at one; -1
+// otherwise.
+int megamoe_sm90_block_tickets(int ctas_per_sm) {
+    return ctas_per_sm == 2 ? 1 : ctas_per_sm == 1 ? 0 : -1;
 }
 
 // Whether a launch runs the wide-walk instance (Scheduler's WIDE, kernel v8.7; mirrored by
@@ -1252,8 +1326,7 @@ int megamoe_sm90_block_descriptors(int block_m) {
 // an unsupported block_m. Measured on the H200: 0.981x v8.6's kernel time at 1 token, 0.997 at 4;
 // the same code in every instance cost ~0.5% at 16-256 tokens (benchmarks/NOTES_kernel.md).
 int megamoe_sm90_wide_walk(int block_m, int experts_per_wave) {
-    if (block_m != 16 && block_m != 32 && block_m != 64 && block_m != 128) return -1;
-    return block_m == 16 && experts_per_wave > 32 ? 1 : 0;
+    return at_block_m(block_m, [&](auto bm) { return bm() == 16 && experts_per_wave > 32 ? 1 : 0; });
 }
 
 // Whether a launch's EP1 dispatch counts every item in every CTA, with no count barrier
@@ -1269,25 +1342,13 @@ int megamoe_sm90_local_count(int block_m, int experts_per_wave, int num_ranks) {
 // (Sm90Tile::WGMMAS_IN_FLIGHT; mirrored by megamoe.design_sm90.WGMMAS_IN_FLIGHT); -1 for an
 // unsupported block_m.
 int megamoe_sm90_wgmmas_in_flight(int block_m) {
-    switch (block_m) {
-        case 16: return megamoe::Sm90Tile<16>::WGMMAS_IN_FLIGHT;
-        case 32: return megamoe::Sm90Tile<32>::WGMMAS_IN_FLIGHT;
-        case 64: return megamoe::Sm90Tile<64>::WGMMAS_IN_FLIGHT;
-        case 128: return megamoe::Sm90Tile<128>::WGMMAS_IN_FLIGHT;
-        default: return -1;
-    }
+    return at_block_m(block_m, [](auto bm) { return megamoe::Sm90Tile<bm()>::WGMMAS_IN_FLIGHT; });
 }
 
 // Producer warps that issue K blocks at this block_m (Producer::NW; mirrored by
 // megamoe.design_sm90.PRODUCER_ISSUE_WARPS); -1 for an unsupported block_m.
 int megamoe_sm90_producer_warps(int block_m) {
-    switch (block_m) {
-        case 16: return megamoe::Producer<16>::NW;
-        case 32: return megamoe::Producer<32>::NW;
-        case 64: return megamoe::Producer<64>::NW;
-        case 128: return megamoe::Producer<128>::NW;
-        default: return -1;
-    }
+    return at_block_m(block_m, [](auto bm) { return megamoe::Producer<bm()>::NW; });
 }
 
 // Registers per thread of the dispatch, producer and consumer warpgroups (setmaxnreg; mirrored
@@ -1312,7 +1373,8 @@ int megamoe_sm90_role_registers(int which) { return megamoe_sm90_role_registers_
 
 // Returns 0 or a cudaError_t; -1 bad block_m, -2 too many CTAs, -3 does not fit ctas_per_sm CTAs/SM,
 // -4 shared memory over the device limit, -5 shape not supported, -6 bad EP parameters,
-// -7 / -8 TMA descriptor encoding (pool_map).
+// -7 / -8 TMA descriptor encoding (pool_map), -9 no weight fold tables, -10 no FP32 token-scale
+// pools, -11 two CTAs per SM where no instance runs them.
 int megamoe_sm90_launch(const Params* p_in, void* stream) {
     // Callers that zero the EP fields (an older mirror of Params) get the EP=1 meaning.
     Params q = *p_in;

@@ -24,7 +24,9 @@ struct Params {
     int64_t trace_cap;         // trace records per CTA (0 = tracing off)
     int64_t fault_inject;      // 0 = none; 1 = dispatch never bumps arrival counts (timeout test);
                                // SM90 timing experiments (wrong outputs): 2 no MMA, 8 no weight loads,
-                               // 64 no token-tile loads, 128 no token-scale loads; 32 profile counters
+                               // 64 no token-tile loads, 128 no token-scale loads; 32 profile counters;
+                               // 256 two CTAs per SM with the static deal instead of tickets (v9.2's
+                               // order; right outputs)
     double clamp;              // SwiGLU activation clamp; +inf = none
     // Inputs
     const uint8_t* x;          // [T, H] E4M3
@@ -48,8 +50,9 @@ struct Params {
     int32_t* pool_slot;        // [pool_rows]
     float* pool_weight;        // [pool_rows]
     unsigned long long* expert_count;  // [E]: (CTAs that reported << 32) | tokens, what the schedulers
-                                       // poll; EP1 [2E + 1]: then the counts the CTAs add up [E] and the
-                                       // CTAs whose counts are in [1] (roles_shared.cuh dispatch_pull)
+                                       // poll; EP1 [2E + 2]: then the counts the CTAs add up [E], the
+                                       // CTAs whose counts are in [1] (roles_shared.cuh dispatch_pull) and
+                                       // the block ticket [1] (two CTAs per SM, kernel_sm90.cu Producer)
     uint32_t* arrival;         // [pool_rows / block_m] rows pulled per pool block
     unsigned long long* mask;  // [pool_rows / block_m] L1 N blocks finished per pool block
     uint32_t* grid_sync;       // [1]

@@ -595,7 +595,7 @@ __device__ void combine_and_clean(const Params& p, int threads) {
         p.mask[i] = 0;
     }
     const size_t n_local = (size_t)(ep ? E / p.num_ranks : E);  // experts this rank owns
-    const size_t n_count = ep ? n_local : 2 * n_local + 1;  // EP1: + the sums and the count barrier
+    const size_t n_count = ep ? n_local : 2 * n_local + 2;  // EP1: + the sums, the count barrier, the ticket
     for (size_t i = (size_t)blockIdx.x * threads + threadIdx.x; i < n_count; i += (size_t)gridDim.x * threads)
         p.expert_count[i] = 0;
     if (ep)

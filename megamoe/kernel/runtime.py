@@ -430,7 +430,7 @@ class MegaMoEKernel:
         T, H, E, K = self.max_tokens, self.H, self.E, self.K
         ws = dict(
             **pool_buffers(torch, design, H, self.I, d),
-            expert_count=torch.zeros(2 * E + 1, dtype=torch.int64, device=d),  # + the sums and the count barrier (v8.5)
+            expert_count=torch.zeros(2 * E + 2, dtype=torch.int64, device=d),  # + the sums and the count barrier (v8.5), the block ticket (v9.3)
             grid_sync=torch.zeros(1, dtype=torch.int32, device=d),
             error=torch.zeros(8, dtype=torch.int32, device=d),
             item_pos=torch.empty(max(T * K, 1), dtype=torch.int32, device=d),

@@ -152,7 +152,7 @@ def workspace_spec(cfg, max_tokens: int, hidden: int, inter: int, num_experts: i
         l1_pool=((R, H), "uint8", None), l1_pool_sf=((H // 128, S, 4), "uint8", 0),
         l2_pool=((R, I), "uint8", None), l2_pool_sf=((I // 128, S, 4), "uint8", 0),
         pool_token=((R,), "int32", -1), pool_slot=((R,), "int32", -1), pool_weight=((R,), "float32", 0),
-        expert_count=((2 * E + 1,), "int64", 0), arrival=((nblk,), "int32", 0), mask=((nblk,), "int64", 0),
+        expert_count=((2 * E + 2,), "int64", 0), arrival=((nblk,), "int32", 0), mask=((nblk,), "int64", 0),
         grid_sync=((1,), "int32", 0), error=((8,), "int32", 0),
         item_pos=((max(T * K, 1),), "int32", None), item_order=((max(T * K, 1),), "int32", None),
         combine_buf=((K, T, H), "bfloat16", None),
