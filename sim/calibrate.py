@@ -286,28 +286,36 @@ def sm90_k_block_ns(t) -> float:
 
 
 def fit_sm90_pair_share(pair_paths: list[str], one_paths: list[str], hw) -> dict:
-    """``sm90_pair_share`` from traces of the two-CTA instance (kernel v9.2, two CTAs per SM):
-    the share at which the model's makespan meets the traces' (the mean relative error over
-    ``pair_paths`` zero, by bisection on [1, 2], to 0.001), with every other figure of ``hw``.
+    """``sm90_pair_share_first`` and ``sm90_pair_share`` from traces of the two-CTA instance
+    (kernel v9.2 and up, two CTAs per SM) and one-CTA traces of the same token counts and
+    routing (``one_paths``).
 
-    A CTA's L1 K loop alone reads less: the mean per K block at two CTAs over the mean at one
-    (``one_paths``: one-CTA traces of the same token counts and routing) is reported beside it.
-    The model prices every block of a CTA alike, while in the kernel a CTA's K loop runs fast
-    while its partner is in an epilogue or waiting and slow while both run K loops; the L2
-    blocks of a wave then wait for its slowest L1 blocks (the kernel's L2 K loops and its
-    producers' waits grow far more than its L1 K loops). The effective share carries that.
+    * ``sm90_pair_share_first``, read off the traces: in each pair trace the CTAs whose mean L1 MMA
+      record is shorter than the median CTA's are the SMs' first CTAs (benchmarks/NOTES_kernel.md,
+      session 38: one CTA of each SM runs its L1 K loops at the same pace at every point of the
+      call); their median L1 MMA record over the one-CTA trace's median L1 MMA record, the mean
+      over the pairs.
+    * ``sm90_pair_share`` (the second CTA's share while its partner is in a block), with the first
+      share fixed at that value rounded to 4 digits: the share at which the model's makespan
+      meets the traces' (the mean relative error over ``pair_paths`` zero, by bisection on
+      [1, 4], to 0.001: the first CTA takes ``1 / sm90_pair_share_first`` of the SM, so the second
+      gets less than half of it), with every other figure of ``hw``. The model simulates each trace's
+      scenario as its plan says (the block tickets of ``RankPlan.block_tickets``). The second
+      CTA's K loop also runs fast whenever its partner waits, and its L2 blocks wait for their
+      wave's slowest L1 blocks; the share carries what the two-level model does not show.
 
     Returns:
-        ``{"sm90_pair_share": (value, how)}``.
+        ``{"sm90_pair_share_first": (value, how), "sm90_pair_share": (value, how)}``.
 
     Raises:
         InputError: the lists differ in length or are empty, a pair's token counts differ, a
-            trace's CTAs per SM are not two (``pair_paths``) or one (``one_paths``), or no share in
-            [1, 2] meets the traces.
+            trace's CTAs per SM are not two (``pair_paths``) or one (``one_paths``), a trace has no
+            L1 MMA record, or no share in [1, 4] meets the traces.
     """
     import dataclasses
 
-    from megamoe.design_sm90 import BLOCK_K
+    import numpy as np
+
     from megamoe.trace import KIND, Trace
 
     from .compare import scenario_from_meta
@@ -315,26 +323,40 @@ def fit_sm90_pair_share(pair_paths: list[str], one_paths: list[str], hw) -> dict
 
     require(len(pair_paths) == len(one_paths) and pair_paths, "fit_sm90_pair_share",
             "as many one-CTA traces as two-CTA ones (at least one)", f"{len(pair_paths)} and {len(one_paths)}")
-    pairs, pts = [], []
+    pairs, pts, firsts = [], [], []
     for pp, op in zip(pair_paths, one_paths):
         tp, to = Trace.load(pp), Trace.load(op)
         T, T_one = int(tp.meta["tokens_per_rank"][0]), int(to.meta["tokens_per_rank"][0])
         require(T == T_one, "fit_sm90_pair_share", f"the same tokens in {pp} and {op}", f"{T} and {T_one}")
         ctas = (int(tp.meta["plan"].get("ctas_per_sm", 1)), int(to.meta["plan"].get("ctas_per_sm", 1)))
         require(ctas == (2, 1), "fit_sm90_pair_share", f"two CTAs per SM in {pp} and one in {op}", ctas)
-        kb1 = int(tp.meta["hidden"]) // BLOCK_K
-        a, b = (float((t["t_end_ns"] - t["t_start_ns"])[t["kind"] == KIND["l1_mma"]].mean()) / kb1 for t in (tp, to))
-        pts.append(f"T={T} {a:.0f} / {b:.0f} ns = {a / b:.3f}")
+        l1p, l1o = tp.where(kind=KIND["l1_mma"]), to.where(kind=KIND["l1_mma"])
+        require(len(l1p) > 0 and len(l1o) > 0, "fit_sm90_pair_share", f"L1 MMA records in {pp} and {op}",
+                f"{len(l1p)} and {len(l1o)}")
+        dp = l1p["t_end_ns"] - l1p["t_start_ns"]
+        cta, inv = np.unique(l1p["sm"], return_inverse=True)
+        mean = np.bincount(inv, weights=dp) / np.bincount(inv)
+        fast = mean < np.median(mean)
+        one = _median(l1o["t_end_ns"] - l1o["t_start_ns"])
+        a, b = _median(dp[fast[inv]]), _median(dp[~fast[inv]])
+        firsts.append(a / one)
+        pts.append(f"T={T}: {int(fast.sum())} of {len(cta)} CTAs, median L1 block {a / 1e3:.2f} us (the others "
+                   f"{b / 1e3:.2f} us) over one CTA's {one / 1e3:.2f} us = {a / one:.3f}")
         pairs.append((scenario_from_meta(tp), tp.makespan_ns, T))
+    first = statistics.fmean(firsts)
+    hw = dataclasses.replace(hw, sm90_pair_share_first=float(f"{first:.4g}"))
+    how_first = ("the SMs' first CTAs (those whose mean L1 MMA record is below the median CTA's) at two CTAs per SM: "
+                 "their median L1 MMA record over the one-CTA trace's median at the same tokens, the mean over the "
+                 "traces: " + "; ".join(pts))
 
     def err(share):
         h = dataclasses.replace(hw, sm90_pair_share=share)
         return statistics.fmean(simulate(sc, h).trace.makespan_ns / mk - 1.0 for sc, mk, _ in pairs)
 
-    lo, hi = 1.0, 2.0
+    lo, hi = 1.0, 4.0
     e_lo, e_hi = err(lo), err(hi)
-    require(e_lo < 0.0 < e_hi, "fit_sm90_pair_share", "a share in [1, 2] at which the model meets the traces",
-            f"mean makespan errors {e_lo:+.3f} at 1 and {e_hi:+.3f} at 2")
+    require(e_lo < 0.0 < e_hi, "fit_sm90_pair_share", "a share in [1, 4] at which the model meets the traces",
+            f"mean makespan errors {e_lo:+.3f} at 1 and {e_hi:+.3f} at 4")
     while hi - lo > 0.001:
         mid = 0.5 * (lo + hi)
         if err(mid) < 0.0:
@@ -344,12 +366,10 @@ def fit_sm90_pair_share(pair_paths: list[str], one_paths: list[str], hw) -> dict
     v = 0.5 * (lo + hi)
     h = dataclasses.replace(hw, sm90_pair_share=float(f"{v:.4g}"))
     errs = ", ".join(f"T={T} {simulate(sc, h).trace.makespan_ns / mk - 1.0:+.1%}" for sc, mk, T in pairs)
-    how = ("the share of a CTA's consumer and producer time at two CTAs per SM at which the model's makespan meets "
-           f"the traces' (mean relative error zero, bisection; then {errs}); for comparison a CTA's mean L1 K loop per "
-           "K block at two CTAs over one (the one-CTA traces of the same tokens): " + "; ".join(pts)
-           + " (the rest: L2 blocks waiting for their wave's slowest L1 blocks when block times vary with the "
-           "partner CTA, which the model's uniform block times do not show)")
-    return {"sm90_pair_share": (v, how)}
+    how = (f"with sm90_pair_share_first {hw.sm90_pair_share_first:g}, the share of a second CTA's consumer and "
+           "producer time while its partner is in a block at which the model's makespan meets the traces' (mean "
+           f"relative error zero, bisection; then {errs}; the model takes the plan's block tickets)")
+    return {"sm90_pair_share_first": (first, how_first), "sm90_pair_share": (v, how)}
 
 
 def _fraction_of_rate(slope_ns_per_row: float, fp8_gemm_tflops: float, num_sms: int) -> float:
@@ -823,13 +843,18 @@ def calibrated_toml(base: str, measured: dict, kernel: dict | None = None, date:
 SM90_FIT_TRACES = ("benchmarks/traces/kernel_flash_ep1_one_cta_t64.npz",
                    "benchmarks/traces/kernel_flash_ep1_one_cta_t512.npz",
                    "benchmarks/traces/kernel_flash_ep1_t4096.npz")
-#: The two-CTA traces ``sm90_pair_share`` is fitted to (:func:`fit_sm90_pair_share`), each against
-#: the one-CTA trace of the same token count in :data:`SM90_FIT_TRACES`; 16 and 256 tokens are
-#: left out, as checks.
-SM90_PAIR_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep1_t{t}.npz" for t in (64, 512))
-SM90_PAIR_FIT_KERNEL = ("FP8 WGMMA v9.2, build 59ce2125 (v9.1 and two CTAs per SM at block_m 16 without the wide "
-                        "walk, EP1: 64 registers per thread, the dispatch / producer / consumer split 32 / 64 / 80, "
-                        "8 stages; docs/kernel.md, benchmarks/NOTES_kernel.md)")
+#: The two-CTA traces ``sm90_pair_share_first`` and ``sm90_pair_share`` are fitted to
+#: (:func:`fit_sm90_pair_share`), each against the one-CTA trace of the same token count
+#: (:data:`SM90_PAIR_ONE_CTA_TRACES`): until kernel v9.3's traces are recorded, the development
+#: trace of session 38's probe TK0 (v9.2 taking its blocks by ticket at the block boundary, v9.3's
+#: scheduling: RankPlan.block_tickets) at 64 tokens; v9.2's traces (the static deal) are not the
+#: kernel the model describes at two CTAs per SM.
+SM90_PAIR_FIT_TRACES = ("benchmarks/traces/probe_tk0_flash_ep1_t64.npz",)
+SM90_PAIR_ONE_CTA_TRACES = ("benchmarks/traces/kernel_flash_ep1_one_cta_t64.npz",)
+SM90_PAIR_FIT_KERNEL = ("FP8 WGMMA v9.2 with blocks by ticket (session 38's probe TK0, build 9a5fda46: the producer takes "
+                        "each block from a global counter at the block boundary, none ahead; v9.2: v9.1 and two CTAs per "
+                        "SM at block_m 16 without the wide walk, EP1, 64 registers per thread, 8 stages; "
+                        "benchmarks/NOTES_kernel.md)")
 SM90_PAIR_FIT_DATE = "2026-12-03"
 #: The committed EP2 traces (two H200s) the expert-parallel figures (``nvlink_latency_ns``,
 #: ``l2_epilogue_ep_ns``) are fitted to; EP2 at 1 and 8192 tokens per rank are left out, as
@@ -962,7 +987,8 @@ def refit_h200(root: str | None = None, toml_path: str | None = None) -> dict:
     (:data:`SM90_FIT_TRACES`, :data:`SM90_FIT_PROFILE`), then the expert-parallel figures to the EP2 traces
     (:data:`SM90_EP_FIT_TRACES`, on the L2 epilogue line just fitted, rounded as written) and
     ``sm90_local_count_ns`` to :data:`SM90_SKIP_FIT_TRACE` (:func:`fit_sm90_local_count`) and
-    ``sm90_pair_share`` to :data:`SM90_PAIR_FIT_TRACES` (:func:`fit_sm90_pair_share`), and
+    ``sm90_pair_share_first`` and ``sm90_pair_share`` to :data:`SM90_PAIR_FIT_TRACES` against
+    :data:`SM90_PAIR_ONE_CTA_TRACES` (:func:`fit_sm90_pair_share`), and
     write them with their sources into the H200 preset (or ``toml_path``), leaving every other
     line as it is.  Returns :func:`fit_tma_probe`, :func:`sm90_fit_sources` and
     :func:`sm90_ep_fit_sources` in one dict."""
@@ -986,9 +1012,9 @@ def refit_h200(root: str | None = None, toml_path: str | None = None) -> dict:
 
     hw = dataclasses.replace(load_hardware("h200"), **{k: v for k, (v, _) in fit.items()})
     fit.update(sm90_fit_sources(fit_sm90_pair_share([str(base / p) for p in SM90_PAIR_FIT_TRACES],
-                                                    [str(base / p) for p in SM90_FIT_TRACES[:2]], hw),
+                                                    [str(base / p) for p in SM90_PAIR_ONE_CTA_TRACES], hw),
                                 traces=SM90_PAIR_FIT_TRACES, profile_path=None, date=SM90_PAIR_FIT_DATE,
-                                kernel=SM90_PAIR_FIT_KERNEL + " against the one-CTA traces of the same token counts, "
+                                kernel=SM90_PAIR_FIT_KERNEL + " against the one-CTA trace of the same token count, "
                                 + SM90_FIT_KERNEL, fitter="fit_sm90_pair_share"))
     path = Path(toml_path) if toml_path else PRESET_DIR / "h200.toml"
     text = path.read_text()

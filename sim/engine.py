@@ -33,9 +33,14 @@ Granularity (DESIGN.md: block granularity, never per cycle):
 
 The SM90 design (``megamoe-sm90``, this project's kernel, ``csrc/megamoe/kernel_sm90.cu``)
 differs where the kernel does: one CTA per SM (units of one SM), or two at block_m 16 without
-the wide walk at one rank (kernel v9.2, ``RankPlan.ctas_per_sm``: units of one CTA, whose
-consumer and producer times are ``sm90_pair_share`` times a lone CTA's, at half the SM's load
-rate); the consumer warps decode,
+the wide walk at one rank (kernel v9.2, ``RankPlan.ctas_per_sm``: units of one CTA at half the
+SM's load rate; unit ``c`` below ``S / 2`` is the first CTA of SM ``c``, whose consumer and producer
+times are ``sm90_pair_share_first`` times a lone CTA's, and unit ``c + S / 2`` its second, whose
+block is priced so where the first is idle when the block's K loop starts and at
+``sm90_pair_share`` where the first is inside a block; benchmarks/NOTES_kernel.md, session 38); at
+two CTAs per SM the units take the block list's rows by ticket (kernel v9.3,
+``RankPlan.block_tickets``: one counter per rank, a row taken when the unit's producer is ready for
+it, paying ``tma_latency_ns`` for the ticket's round trip) instead of the static deal; the consumer warps decode,
 run the MMA and both epilogues, so a block's K loop waits for the previous block's epilogue
 and then for the block scheduler's walk (``sched_block_ns`` plus ``sched_step_ns`` per
 chunk scan and ``sched_skip_ns`` per chunk skip, :func:`sm90_walk_steps`; at the block_m where
@@ -333,6 +338,11 @@ class _Engine:
         self.last_write = np.zeros(R)
         self.cluster_end = np.zeros(R)
         self.tables = []         # per rank: constants of the GEMM loop (see _rank_tables)
+        self.ticket = [[0] for _ in range(R)]  # per rank: the next row of the block list to take (block_tickets)
+        # per rank at two CTAs per SM (SM90): per first CTA of an SM, the K-loop start and epilogue end of
+        # its previous and its latest block, ns (its partner's block is priced by them, see cluster)
+        self.busy = [[[0.0] * 4 for _ in range(rp.num_sms // 2)] if rp.ctas_per_sm == 2 else None
+                     for rp in plan.ranks]
         ids = []
         for rp in plan.ranks:
             nb = int(rp.pool_block_offset[-1])
@@ -357,8 +367,10 @@ class _Engine:
 
     def _rank_tables(self, rp, ids: list) -> tuple:
         """Constants of one rank's GEMM loop, built once: per cluster, the columns of its block
-        rows; per pool block, its valid rows, byte counts and L2 write-back targets.  Appends
-        the rank's ``[n, 9]`` block-id table to ``ids``."""
+        rows (with ``rp.block_tickets`` one column set of all rows in list order, and instead of
+        each unit's walks the chunk steps of :func:`sm90_walk_steps`); per pool block, its valid
+        rows, byte counts and L2 write-back targets.  Appends the rank's ``[n, 9]`` block-id table
+        to ``ids`` (with tickets its unit column is -1 until a unit takes the row)."""
         plan, r, R = self.plan, rp.rank, self.plan.num_ranks
         cfg = rp.config
         bm, bn, bk, cs = cfg.block_m, cfg.block_n, cfg.block_k, cfg.cluster_size
@@ -409,7 +421,9 @@ class _Engine:
         bounds = np.searchsorted(pbs, np.arange(n_pb + 1)).tolist()
         wb = list(zip(local, [entries[x:y] for x, y in zip(bounds, bounds[1:])],
                       tot.astype(np.float64).tolist(), [pairs[x:y] for x, y in zip(bounds, bounds[1:])]))
-        # per cluster (SMs cs*c .. cs*c+cs-1 run rows cs*c, cs*c + S, ...): loop columns
+        # per cluster (SMs cs*c .. cs*c+cs-1 run rows cs*c, cs*c + S, ...): loop columns; with
+        # block tickets one queue of every row in list order, whose unit (block-id column 1) the
+        # run fills in
         blk = rp.blocks().astype(np.int64)
         ph, e, m, n, kp = blk[:, 0], blk[:, 1], blk[:, 2], blk[:, 3], blk[:, 5]
         pb = pbo[e] + m
@@ -417,10 +431,12 @@ class _Engine:
         nbw = max(rp.l1_n_blocks, rp.l2_n_blocks)
         key_w = ((ph * e_loc + e) * nbw + n) * ks + kp    # (phase, expert, n pair, K part) first touch
         key_a = (ph * (n_pb + 1) + pb) * ks + kp          # (phase, pool block, K part) first touch
-        rows = [np.arange(cs * c, len(blk), S) for c in range(S // cs)]
+        tickets = rp.block_tickets
+        rows = [np.arange(len(blk))] if tickets else [np.arange(cs * c, len(blk), S) for c in range(S // cs)]
         lens = [len(x) for x in rows]
         rows = np.concatenate(rows)
-        ids.append(np.column_stack([np.full(len(rows), r), np.repeat(np.arange(len(lens)), lens), blk[rows, :5],
+        unit = np.full(len(rows), -1) if tickets else np.repeat(np.arange(len(lens)), lens)
+        ids.append(np.column_stack([np.full(len(rows), r), unit, blk[rows, :5],
                                     np.asarray(valid, dtype=np.int64)[pb[rows]], kp[rows]]))
         cols = [x[rows].tolist() for x in (ph, n, pb, key_w, key_a, kp)]
         base = sum(len(x) for x in ids[:-1])
@@ -438,7 +454,11 @@ class _Engine:
             c = hw.l2_epilogue_thread_ns_per_elem * bn / threads
             fixed = hw.l2_epilogue_fixed_ns + (hw.l2_epilogue_ep_ns if R > 1 else 0.0)
             epi2 = [fixed + c * (bm + v) for v in valid]
-            walks = self._sm90_walks(rp, rows, lens)
+            if tickets:  # the walk's chunk steps from the list's start to each row, and to its end
+                key, end_key = sm90_walk_steps(rp)
+                walks = (key.tolist(), end_key.tolist())
+            else:
+                walks = self._sm90_walks(rp, rows, lens)
         else:
             epi2 = [hw.l2_epilogue_thread_ns_per_elem * bm * bn / threads] * n_pb
             walks = [(repeat(0.0), 0.0)] * len(lens)
@@ -465,6 +485,35 @@ class _Engine:
             out.append(((hw.sched_block_ns + steps @ cost).tolist(), hw.sched_block_ns + float(end @ cost)))
             a += k
         return out
+
+    def _ticket_rows(self, r: int, c: int, cols: tuple, key: list, walked: list, share: float):
+        """The rows unit ``c`` of rank ``r`` takes by ticket (``RankPlan.block_tickets``, kernel
+        v9.3): each step takes the rank's next row of the block list from its counter (the caller
+        has advanced the simulated time to the moment the unit's producer is ready for a row, so
+        the units take rows in simulated-time order and the rows start in list order), records
+        the unit in the block-id table and gives the row's loop columns (``cols``: the rank's
+        rows in list order) with the producer's cost before it, ns: ``sched_block_ns`` plus
+        ``sched_step_ns`` per chunk scan and ``sched_skip_ns`` per chunk skip from the unit's
+        previous row to this one (``key``: :func:`sm90_walk_steps` per row; a walk back costs
+        nothing, as in :meth:`_sm90_walks`), all times ``share``, plus the ticket's atomic add, a
+        global-memory round trip priced at ``tma_latency_ns`` (the copy-engine probe's measured
+        round trip standing in for the atomic's, which is not measured separately).  Stops when
+        the counter passes the end of the list; ``walked`` holds the steps to the unit's latest
+        row (the caller's end gap walks on from there)."""
+        hw = self.hw
+        ctr, ids = self.ticket[r], self.block_ids
+        n = len(cols[0])
+        fixed = hw.sched_block_ns * share + hw.tma_latency_ns
+        scan, skip = hw.sched_step_ns * share, hw.sched_skip_ns * share
+        ph, nb, pb, kw, ka, kp, bid = cols
+        while ctr[0] < n:
+            i = ctr[0]
+            ctr[0] = i + 1
+            k0, k1 = key[i]
+            gap = fixed + scan * max(k0 - walked[0], 0) + skip * max(k1 - walked[1], 0)
+            walked[0], walked[1] = k0, k1
+            ids[bid[i], 1] = c
+            yield ph[i], nb[i], pb[i], kw[i], ka[i], kp[i], bid[i], gap
 
     # -- dispatch ---------------------------------------------------------------
     def _pre_pull_barrier(self, r: int, sm90_ep1: bool):
@@ -659,19 +708,36 @@ class _Engine:
         bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
         cs = cfg.cluster_size  # SMs per unit: 2 (2-CTA cluster, lockstep) or 1
         clusters, act1, act2, l1_out, wb, epi2, walks = self.tables[r]
-        cols = clusters[c]  # phase, n block, pool block, first-touch keys, block id per row
-        # SM90: the scheduler's cost before each block and after the last (0 for SM100)
-        gaps, end_gap = walks[c]
         sm90 = plan.design == "megamoe-sm90"
-        # SM90 at two CTAs per SM (kernel v9.2): each CTA's consumer and producer work takes
-        # sm90_pair_share times as long as a lone CTA's, and it gets half the SM's load rate
-        share = hw.sm90_pair_share if sm90 and rp.ctas_per_sm == 2 else 1.0
-        if share != 1.0:
-            gaps, end_gap = [g * share for g in gaps], end_gap * share
+        # SM90 at two CTAs per SM (kernel v9.2): a CTA's consumer and producer work takes a share
+        # times as long as a lone CTA's, and it gets half the SM's load rate. The two do not share
+        # the SM fairly (benchmarks/NOTES_kernel.md, session 38): the SM's first CTA (units below
+        # S / 2) takes sm90_pair_share_first always, its second (unit c + S / 2 on SM c) that
+        # where the first is idle when the second's block's K loop starts, else sm90_pair_share
+        # (the first is in a block from its first K block to its epilogue end); each CTA's
+        # scheduler walks at its own share (the first's, or sm90_pair_share)
+        pair = sm90 and rp.ctas_per_sm == 2
+        half = rp.num_sms // 2
+        partner = c - half if pair and c >= half else None  # a second CTA's first CTA
+        own = self.busy[r][c] if pair and partner is None else None  # a first CTA's block windows
+        shares = (hw.sm90_pair_share_first, hw.sm90_pair_share) if pair else (1.0,)
+        share = shares[-1] if partner is not None else shares[0]
+        tickets = rp.block_tickets
+        if tickets:  # kernel v9.3: the rank's rows in list order, each taken by the first unit ready
+            cols = clusters[0]
+            walked = [0, 0]  # chunk scans and skips from the list's start to the unit's latest row
+            rows = self._ticket_rows(r, c, cols, walks[0], walked, share)
+        else:
+            cols = clusters[c]  # phase, n block, pool block, first-touch keys, block id per row
+            # SM90: the scheduler's cost before each block and after the last (0 for SM100)
+            gaps, end_gap = walks[c]
+            if share != 1.0:
+                gaps, end_gap = [g * share for g in gaps], end_gap * share
+            rows = zip(*cols, gaps)
         t_ready = self.counts_ready[r]
         if t_ready is None:
             t_ready = yield self.counts_done[r]
-        if not cols[0]:
+        if not tickets and not cols[0]:
             self.cluster_end[r] = max(self.cluster_end[r], t_ready + end_gap)
             return
         H, I = plan.hidden, plan.intermediate
@@ -689,46 +755,54 @@ class _Engine:
         stage_bytes = (bm // cs) * bk + bn * bk / 2 + (bm + bn) * bk / 32
         # load rate of one SM: its engine limit, or Little's law on the stage ring
         load_rate = min(hw.sm_load_bytes_per_ns / rp.ctas_per_sm, stages * stage_bytes / lat)
-        if sm90:
-            # the consumer warps prepare the stage (kernel v5-v7.4: the token-scale table and a
-            # warpgroup barrier, v7.5: the weight rows' fold-table offsets; the E2M1 -> E4M3
-            # decode goes into the WGMMA registers), run
-            # the MMA of the stage, then hand the stage back: serial per K block
-            t_k = max((t_mma_k + hw.e2m1_decode_thread_ns_per_elem * bn * bk / cfg.num_epilogue_threads
-                       + hw.stage_handoff_ns) * share, stage_bytes / load_rate)
-            # an L1 K block promoted once (x folded per 128-K group at this block_m, kernel v7.6:
-            # design_sm90.L1_X_FOLD_K) saves one 64-K group's promotion
-            t_k1 = (max(t_k - hw.sm90_promotion_ns_per_row * bm * share, stage_bytes / load_rate)
-                    if l1_promoted_once(bm) else t_k)
-        else:
-            t_k = max(t_mma_k, stage_bytes / load_rate) + hw.block_overhead_ns / max(1, H // bk)
-            t_k1 = t_k
         epi_threads = cfg.num_epilogue_threads
-        # the L1 epilogue pays a fixed hand-off (cross-warp amax reduction, arrival-mask release);
-        # the L2 epilogue's time per pool block is in epi2
-        t_epi1 = (hw.l1_epilogue_thread_ns_per_elem * bm * bn / epi_threads + hw.block_overhead_ns) * share
+        ks = rp.k_split
+        kb1, kb2 = H // bk // ks, I // bk // ks
+
+        def priced(f: float) -> tuple:
+            """The block figures, ns, at share ``f`` of a lone CTA's consumer and producer time:
+            K block (L2, L1), L1 epilogue, K loops, ring prefetches (L1, L2), each L2 K block's
+            offset in its loop, one K block's copy issue, the K loops' issues, ``f``."""
+            if sm90:
+                # the consumer warps prepare the stage (kernel v5-v7.4: the token-scale table and a
+                # warpgroup barrier, v7.5: the weight rows' fold-table offsets; the E2M1 -> E4M3
+                # decode goes into the WGMMA registers), run
+                # the MMA of the stage, then hand the stage back: serial per K block
+                t_k = max((t_mma_k + hw.e2m1_decode_thread_ns_per_elem * bn * bk / cfg.num_epilogue_threads
+                           + hw.stage_handoff_ns) * f, stage_bytes / load_rate)
+                # an L1 K block promoted once (x folded per 128-K group at this block_m, kernel v7.6:
+                # design_sm90.L1_X_FOLD_K) saves one 64-K group's promotion
+                t_k1 = (max(t_k - hw.sm90_promotion_ns_per_row * bm * f, stage_bytes / load_rate)
+                        if l1_promoted_once(bm) else t_k)
+            else:
+                t_k = max(t_mma_k, stage_bytes / load_rate) + hw.block_overhead_ns / max(1, H // bk)
+                t_k1 = t_k
+            # the L1 epilogue pays a fixed hand-off (cross-warp amax reduction, arrival-mask release);
+            # the L2 epilogue's time per pool block is in epi2
+            t_epi1 = (hw.l1_epilogue_thread_ns_per_elem * bm * bn / epi_threads + hw.block_overhead_ns) * f
+            # SM90: the producer issues one K block's loads in t_iss (its stage already free), so a
+            # block's last copy issue comes no earlier than kb x t_iss after its first, and no
+            # earlier than t_iss after the consumers free the stage a ring back
+            t_iss = hw.sm90_issue_kblock_ns * f if sm90 else 0.0
+            return (t_k, t_k1, t_epi1, kb1 * t_k1, kb2 * t_k, min(stages, kb1) * t_k1, min(stages, kb2) * t_k,
+                    [i * t_k for i in range(kb2)], t_iss, kb1 * t_iss, kb2 * t_iss, f)
+
+        prices = [priced(f) for f in shares]
+        t_k, t_k1, t_epi1, loop1, loop2, pre1, pre2, _, t_iss, iss1, iss2, esh = prices[-1 if partner is not None else 0]
+        ca = 2  # where this block's share's L2 readiness figures start in a ready_cache entry
         # split-K (a what-if, RankPlan.blocks): a row runs 1 / ks of its GEMM's K blocks; the
         # last part's CTA waits for the others' partial sums (each stored by its CTA after its
         # K loop and loaded after it: one memory round trip plus the bytes at one SM's load
         # rate each way, priced from tma_latency_ns and sm_load_gbs (on the H200 both measured by
         # the copy-engine probe); the exchange itself is not measured)
-        ks = rp.k_split
-        kb1, kb2 = H // bk // ks, I // bk // ks
         kb2_all = I // bk
         t_xchg = lat + bn * bm * 4 / hw.sm_load_bytes_per_ns
         xchg = self.xchg[r]
-        # per-phase constants: K-loop length, the ring's prefetch, FP4 weight bytes of the unit
-        loop1, loop2 = kb1 * t_k1, kb2 * t_k
-        pre1, pre2 = min(stages, kb1) * t_k1, min(stages, kb2) * t_k
+        # FP4 weight bytes of the unit
         w1, w2 = cs * bn * (kb1 * bk) / 2, cs * bn * (kb2 * bk) / 2
         per_kb = 2 * bk // bn  # L1 n blocks (bn/2 SwiGLU outputs each) per L2 K block
-        offs = [i * t_k for i in range(kb2)]
-        # SM90: the producer issues one K block's loads in t_iss (its stage already free), so a
-        # block's last copy issue comes no earlier than kb x t_iss after its first, and no
-        # earlier than t_iss after the consumers free the stage a ring back
-        t_iss = hw.sm90_issue_kblock_ns * share if sm90 else 0.0
+        by_share = [(p[7], p[8]) for p in prices]  # L2 K-block offsets and copy issue, per share
         desc = hw.sched_desc_ns * share
-        iss1, iss2 = kb1 * t_iss, kb2 * t_iss
         prev_issue = t_ready  # SM90: the producer's last copy issue of the previous block
         prev_mma_end = t_ready
         prev_prefetch = 0.0
@@ -752,8 +826,8 @@ class _Engine:
         record = self.blocks.extend
         timeout = env.timeout
         last_write = float(self.last_write[r])
-        for phase, n, pb, key_w, key_a, kp, bid, gap in zip(*cols, gaps):
-            ready_adj = None
+        for phase, n, pb, key_w, key_a, kp, bid, gap in rows:
+            adj = False  # L2: wait per K block (ready_cache entry's [ca], [ca + 1])
             if phase == L1:
                 dep = arrival[pb]
                 if dep is None:
@@ -775,12 +849,14 @@ class _Engine:
                     # K block i is consumed no earlier than ready_i + lat and the loop ends
                     # (kb - i) * t_k after that: the latest such end, less lat + kb * t_k;
                     # SM90: the producer issues K block i no earlier than ready_i, so its last
-                    # issue comes no earlier than the latest ready_i + (kb - i) issues
-                    cached = ready_cache[pb * ks + kp] = (ready[0], max(ready), max(map(sub, ready, offs)),
-                                                          max(x + (kb2 - i) * t_iss for i, x in enumerate(ready))
-                                                          if sm90 else None)
+                    # issue comes no earlier than the latest ready_i + (kb - i) issues; the two
+                    # for every share a block may be priced at
+                    cached = ready_cache[pb * ks + kp] = (ready[0], max(ready)) + tuple(
+                        v for offs, t_is in by_share
+                        for v in (max(map(sub, ready, offs)),
+                                  max(x + (kb2 - i) * t_is for i, x in enumerate(ready)) if sm90 else None))
                 if per_k_wait and kb2 > 1:
-                    dep, ready_adj = cached[0], cached[2]
+                    dep, adj = cached[0], True
                 else:
                     dep = cached[1]
             # the loaders may start once the dependency holds and a ring stage is free (SM90:
@@ -797,8 +873,18 @@ class _Engine:
             if c_start > mma_start:
                 mma_start = c_start
             now = env.now
-            if load_start > now:
-                yield timeout(load_start - now)
+            if partner is None:
+                # with tickets an SM's first CTA prices its block at the take: nothing in it waits
+                # for a later state, and its partner reads its windows only once they have begun
+                if load_start > now and not tickets:
+                    yield timeout(load_start - now)
+            else:  # a second CTA: priced when its K loop starts, by its partner's state then
+                if mma_start > now:
+                    yield timeout(mma_start - now)
+                bp = self.busy[r][partner]
+                si = 1 if bp[2] <= mma_start < bp[3] or bp[0] <= mma_start < bp[1] else 0
+                t_k, t_k1, t_epi1, loop1, loop2, pre1, pre2, _, t_iss, iss1, iss2, esh = prices[si]
+                ca = 2 + 2 * si
             first = 0.0
             if not tw[key_w]:
                 tw[key_w] = True
@@ -822,14 +908,14 @@ class _Engine:
                     f = hbm_reserve(load_start, first) + t_k
                     if f > mma_end:
                         mma_end = f
-                if ready_adj is not None:
-                    f = ready_adj + lat + loop2
+                if adj:
+                    f = cached[ca] + lat + loop2
                     if f > mma_end:
                         mma_end = f
                 if sm90:  # as in L1; each K block's issue also waits for its arrival-mask bits
                     issue_end = load_start + iss2
-                    if ready_adj is not None:
-                        issue_end = max(issue_end, cached[3])
+                    if adj:
+                        issue_end = max(issue_end, cached[ca + 1])
                     mma_end = max(mma_end, issue_end + lat + t_k)
                     issue_end = max(issue_end, mma_end - pre2 + t_iss)
             epi_start = mma_end if mma_end > prev_epi_end else prev_epi_end
@@ -876,7 +962,7 @@ class _Engine:
                     if ev is not None:
                         ev.succeed()
             else:
-                epi_end = epi_start + epi2[pb] * share
+                epi_end = epi_start + epi2[pb] * esh
                 # BF16 rows to each token's source rank: HBM for local rows, else the
                 # destination's NVLink ingress (and the pair's link) plus this GPU's egress
                 fin = epi_end
@@ -954,6 +1040,16 @@ class _Engine:
             prev_mma_end = mma_end
             prev_epi_end = epi_end
             epi_m2, epi_m1 = epi_m1, epi_end
+            if own is not None:  # a first CTA: its previous and this block's windows
+                own[0], own[1], own[2], own[3] = own[2], own[3], mma_start, epi_end
+            if tickets:  # the producer takes its next row when it is ready for it (simulated-time order)
+                now = env.now
+                if prev_issue > now:
+                    yield timeout(prev_issue - now)
+        if tickets:  # the walk from the unit's last row to the end of the list
+            end_key = walks[1]
+            end_gap = share * (hw.sched_block_ns + hw.sched_step_ns * max(end_key[0] - walked[0], 0)
+                               + hw.sched_skip_ns * max(end_key[1] - walked[1], 0))
         self.last_write[r] = max(self.last_write[r], last_write)
         self.cluster_end[r] = max(self.cluster_end[r], prev_epi_end + (desc if c_desc else end_gap - c_less))
 

@@ -82,7 +82,14 @@ Figures (units in the key names):
   :func:`megamoe.design_sm90.ctas_per_sm`): how much longer a CTA's consumer and producer work
   takes when another CTA shares its SM (its K blocks, epilogues, scheduler gaps and copy issues;
   each CTA also gets half the SM's load rate ``sm_load_gbs``). Two CTAs per SM do
-  ``2 / sm90_pair_share`` times one CTA's work.
+  ``2 / sm90_pair_share`` times one CTA's work. Since the two CTAs of an SM do not share it
+  fairly (benchmarks/NOTES_kernel.md, session 38), this prices the second CTA's block (units
+  ``num_sms / 2`` and up) where its partner is inside a block when it starts.
+* ``sm90_pair_share_first`` — the same at two CTAs per SM for the first CTA of an SM (units below
+  ``num_sms / 2``), always, and for the second where its partner is idle when its block starts:
+  in the v9.2 traces one CTA of each SM runs its L1 K loop at ~1.26x a lone CTA's time at every
+  point of the call, its partner ~1.24x while the first is idle and 1.8-2.6x while it is in a block
+  (benchmarks/NOTES_kernel.md, session 38).
 * ``sm90_mask_seen_ns``, ``sm90_mask_seen_relay_ns`` — SM90 design: from an L1 epilogue's end
   (its trace record) until a producer on another SM sees the block's arrival-mask bits and may
   issue the L2 K blocks that need them: the epilogue's own fence and release add, or (kernel
@@ -187,6 +194,7 @@ class Hardware:
     sched_ahead_ns: float
     sched_desc_ns: float
     sm90_pair_share: float
+    sm90_pair_share_first: float
     sched_step_ns: float
     sched_skip_ns: float
     sm90_mask_seen_ns: float
@@ -286,7 +294,8 @@ FIGURE_RANGES: dict[str, tuple[float, float, str]] = {
     "sched_block_ns": (0.01, 10_000.0, "ns"),
     "sched_ahead_ns": (0.01, 10_000.0, "ns"),
     "sched_desc_ns": (0.01, 10_000.0, "ns"),
-    "sm90_pair_share": (1.0, 2.0, ""),
+    "sm90_pair_share": (1.0, 4.0, ""),
+    "sm90_pair_share_first": (1.0, 2.0, ""),
     "sched_step_ns": (0.01, 10_000.0, "ns"),
     "sched_skip_ns": (0.01, 10_000.0, "ns"),
     "sm90_mask_seen_ns": (0.0, 100_000.0, "ns"),

@@ -501,37 +501,52 @@ def test_sched_desc_is_the_mean_gap_where_the_consumers_read_descriptors():
 
 
 def test_pair_share_meets_the_two_cta_traces():
-    """sm90_pair_share (kernel v9.2, two CTAs per SM): the committed figure is the bisection's
-    share at which the model's makespan at 64 and 512 tokens meets the two-CTA traces (mean
-    relative error within a bisection step); the L1 K-loop ratio reported beside it is the
-    traces' own mean L1 record / 32 at two CTAs over one (computed here from the records); bad
-    pairings are one-line errors."""
+    """sm90_pair_share_first and sm90_pair_share (two CTAs per SM, blocks by ticket: the probe TK0
+    trace at 64 tokens, session 38): the first share is read off the trace, computed here from its
+    records (the CTAs whose mean L1 MMA record is below the median CTA's: their median L1 record
+    over the one-CTA trace's median), between 1.1 and 1.5 (a lone CTA's ~10.3 us L1 block against
+    ~13.2 us, benchmarks/NOTES_kernel.md, session 38) and below the second CTA's; the committed
+    second share is the bisection's at which the model's makespan meets the trace's (relative
+    error within a bisection step); the same fit on v9.2's static traces reads a first share in
+    the same range; bad pairings are one-line errors."""
     import dataclasses
 
+    import numpy as np
+
     from megamoe.trace import KIND, Trace
-    from sim.calibrate import SM90_PAIR_FIT_TRACES, fit_sm90_pair_share
+    from sim.calibrate import SM90_PAIR_FIT_TRACES, SM90_PAIR_ONE_CTA_TRACES, fit_sm90_pair_share
     from sim.compare import scenario_from_meta
     from sim.engine import simulate
 
     hw = load_hardware("h200")
-    pair, one = [_root(p) for p in SM90_PAIR_FIT_TRACES], [_root(p) for p in TRACES[:2]]
-    (v, how), = fit_sm90_pair_share(pair, one, hw).values()
-    assert hw.sm90_pair_share == float(f"{v:.4g}") and 1.0 < v < 2.0
-    errs = []
+    pair, one = [_root(p) for p in SM90_PAIR_FIT_TRACES], [_root(p) for p in SM90_PAIR_ONE_CTA_TRACES]
+    fit = fit_sm90_pair_share(pair, one, hw)
+    (first, how_first), (v, how) = fit["sm90_pair_share_first"], fit["sm90_pair_share"]
+    assert hw.sm90_pair_share == float(f"{v:.4g}") and hw.sm90_pair_share_first == float(f"{first:.4g}")
+    errs, ratios = [], []
     for p, o in zip(pair, one):
         tp, to = Trace.load(p), Trace.load(o)
         assert (tp.meta["plan"]["ctas_per_sm"], to.meta["plan"].get("ctas_per_sm", 1)) == (2, 1)
         errs.append(simulate(scenario_from_meta(tp), hw).trace.makespan_ns / tp.makespan_ns - 1.0)
-        l1 = [float((t["t_end_ns"] - t["t_start_ns"])[t["kind"] == KIND["l1_mma"]].mean()) / 32 for t in (tp, to)]
-        assert f"T={tp.meta['tokens_per_rank'][0]} {l1[0]:.0f} / {l1[1]:.0f} ns = {l1[0] / l1[1]:.3f}" in how
+        l1 = tp.where(kind=KIND["l1_mma"])
+        d = l1["t_end_ns"] - l1["t_start_ns"]
+        per_cta = {c: d[l1["sm"] == c].mean() for c in set(l1["sm"].tolist())}
+        mid = np.median(list(per_cta.values()))
+        fast = np.array([per_cta[c] < mid for c in l1["sm"].tolist()])
+        o1 = to.where(kind=KIND["l1_mma"])
+        ratios.append(np.median(d[fast]) / np.median(o1["t_end_ns"] - o1["t_start_ns"]))
+        assert f"T={tp.meta['tokens_per_rank'][0]}: 132 of 264 CTAs" in how_first
+    assert first == pytest.approx(sum(ratios) / len(ratios), rel=1e-12) and 1.1 < first < 1.5
     assert abs(sum(errs) / len(errs)) < 0.005, errs
-    # the effective share is above the L1 K loop's own ratio (the waits it carries)
-    assert all(v > float(r) for r in re.findall(r"ns = (\d\.\d+)", how))
+    assert first < v <= 4.0 and f"sm90_pair_share_first {hw.sm90_pair_share_first:g}" in how
+    v92 = [_root(f"benchmarks/traces/kernel_flash_ep1_t{t}.npz") for t in (64, 512)]
+    first_v92, _ = fit_sm90_pair_share(v92, [_root(p) for p in TRACES[:2]], hw)["sm90_pair_share_first"]
+    assert 1.1 < first_v92 < 1.5
     with pytest.raises(InputError, match="^fit_sm90_pair_share: expected two CTAs per SM in"):
         fit_sm90_pair_share(one, one, hw)
     with pytest.raises(InputError, match="^fit_sm90_pair_share: expected as many one-CTA traces"):
-        fit_sm90_pair_share(pair, one[:1], hw)
+        fit_sm90_pair_share(pair, [], hw)
     with pytest.raises(InputError, match="^fit_sm90_pair_share: expected the same tokens in"):
-        fit_sm90_pair_share(pair, one[::-1], hw)
-    with pytest.raises(InputError, match="^fit_sm90_pair_share: expected a share in \\[1, 2\\]"):
+        fit_sm90_pair_share(v92[1:], one, hw)
+    with pytest.raises(InputError, match="^fit_sm90_pair_share: expected a share in \\[1, 4\\]"):
         fit_sm90_pair_share(pair, one, dataclasses.replace(hw, stage_handoff_ns=hw.stage_handoff_ns * 10))  # too slow at 1

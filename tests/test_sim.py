@@ -356,6 +356,15 @@ def _sm90_lanes(tr, sm):
             p.select((p["kind"] == KIND["l1_load"]) | (p["kind"] == KIND["l2_load"])))
 
 
+def _unit_rows(tr, rp, sm):
+    """Positions in ``rp.blocks()`` of the rows unit ``sm`` ran, in its order (with block tickets
+    decided at run time): read off its MMA records."""
+    mma, _, _ = _sm90_lanes(tr, sm)
+    pos = {tuple(b[:4]): i for i, b in enumerate(rp.blocks().tolist())}
+    return np.array([pos[(1 if k == KIND["l1_mma"] else 2, e, m, n)] for k, e, m, n in zip(
+        mma["kind"].tolist(), mma["expert"].tolist(), mma["m_block"].tolist(), mma["n_block"].tolist())])
+
+
 def test_sm90_block_lanes():
     """Per CTA: the consumers start a block (MMA lane) sched_desc_ns after the previous epilogue
     (kernel v9.1's block descriptors at block_m 16: no walk), or later when its first stage is not
@@ -366,15 +375,18 @@ def test_sm90_block_lanes():
     (seen sm90_mask_seen_relay_ns after their L1 epilogues end: block_m 16 relays the release),
     whichever is latest; the L2 epilogue grows with block_m and with the valid rows; the
     combine takes its grid-stride rounds. At 64 tokens two CTAs share each SM (kernel v9.2): the
-    units are the 264 CTAs, and every consumer and producer time above is sm90_pair_share times
-    a lone CTA's."""
+    units are the 264 CTAs; every consumer and producer time above of an SM's first CTA (units
+    below 132) is sm90_pair_share_first times a lone CTA's, and the second's walks
+    sm90_pair_share times (its blocks: test_sm90_second_cta_priced_by_its_partner). The units take
+    the rows by ticket (kernel v9.3), each walk paying the ticket's round trip, tma_latency_ns."""
     from sim.engine import sm90_walk_steps
 
     res = _sm90_flash(64)
     hw, rp, tr = res.hardware, res.plan.ranks[0], res.trace
     bm, S, st = rp.config.block_m, rp.num_sms, rp.num_stages
-    assert (rp.ctas_per_sm, S, st) == (2, 264, 8) and 1.0 < hw.sm90_pair_share < 2.0
-    sh = hw.sm90_pair_share
+    assert (rp.ctas_per_sm, S, st) == (2, 264, 8) and rp.block_tickets
+    assert 1.0 < hw.sm90_pair_share_first < hw.sm90_pair_share
+    sh = hw.sm90_pair_share_first
     t_k = sh * (2.0 * bm * 128 * 128 / (hw.tc_flops_per_ns_per_sm * hw.sm90_mma_fraction)
                 + hw.e2m1_decode_thread_ns_per_elem * 128 * 128 / 256 + hw.stage_handoff_ns)
     iss = sh * hw.sm90_issue_kblock_ns
@@ -384,9 +396,17 @@ def test_sm90_block_lanes():
     mask = {(e, m, n): t + hw.sm90_mask_seen_relay_ns
             for e, m, n, t in zip(e1["expert"].tolist(), e1["m_block"].tolist(), e1["n_block"].tolist(),
                                   e1["t_end_ns"].tolist())}
-    for sm in (0, 7, 131, 263):
+    for sm in (263,):  # a second CTA: its walks and consumer gaps at sm90_pair_share
         mma, epi, load = _sm90_lanes(tr, sm)
-        walk = sh * (hw.sched_block_ns + np.diff(key[sm::S], axis=0) @ [hw.sched_step_ns, hw.sched_skip_ns])
+        steps = np.diff(key[_unit_rows(tr, rp, sm)], axis=0) @ [hw.sched_step_ns, hw.sched_skip_ns]
+        walk = hw.sm90_pair_share * (hw.sched_block_ns + steps) + hw.tma_latency_ns
+        assert np.allclose(load["t_start_ns"][1:], load["t_end_ns"][:-1] + walk)
+        after = epi["t_end_ns"][:-1] + hw.sm90_pair_share * hw.sched_desc_ns
+        assert np.all(mma["t_start_ns"][1:] >= after - 1e-6) and np.mean(np.isclose(mma["t_start_ns"][1:], after)) > 0.5
+    for sm in (0, 7, 131):
+        mma, epi, load = _sm90_lanes(tr, sm)
+        walk = sh * (hw.sched_block_ns + np.diff(key[_unit_rows(tr, rp, sm)], axis=0)
+                     @ [hw.sched_step_ns, hw.sched_skip_ns]) + hw.tma_latency_ns
         after = epi["t_end_ns"][:-1] + sh * hw.sched_desc_ns
         assert np.all(mma["t_start_ns"][1:] >= after - 1e-6) and np.mean(np.isclose(mma["t_start_ns"][1:], after)) > 0.5
         kb = np.where(mma["kind"] == KIND["l1_mma"], 4096 // 128, 2048 // 128)
@@ -405,11 +425,123 @@ def test_sm90_block_lanes():
         assert (paced > ring).any() and (ring > paced).any()  # the first blocks paced, later ones by the ring
         assert np.allclose(load["t_start_ns"][1:], load["t_end_ns"][:-1] + walk)  # the producer still walks
     e2 = tr.where(kind="l2_epilogue")
-    want = sh * (hw.l2_epilogue_fixed_ns + hw.l2_epilogue_thread_ns_per_elem * (bm + e2["tokens"]) * 128 / 256)
-    assert np.allclose(e2["t_end_ns"] - e2["t_start_ns"], want) and len(np.unique(e2["tokens"])) > 1
+    lone = hw.l2_epilogue_fixed_ns + hw.l2_epilogue_thread_ns_per_elem * (bm + e2["tokens"]) * 128 / 256
+    d, first = e2["t_end_ns"] - e2["t_start_ns"], e2["sm"] < S // 2
+    assert np.allclose(d[first], sh * lone[first]) and len(np.unique(e2["tokens"])) > 1
+    busy = np.isclose(d, hw.sm90_pair_share * lone)  # a second CTA's: at either share
+    assert np.all(busy[~first] | np.isclose(d, sh * lone)[~first]) and busy[~first].any() and not busy[first].any()
     comb = tr.where(kind="combine")
     rounds = -(-64 * 4096 // 8 // (264 * 512))
     assert float(comb["t_end_ns"][0] - comb["t_start_ns"][0]) == pytest.approx(rounds * hw.combine_round_ns)
+
+
+def _pair_tiny(tokens, **figures):
+    """A small two-CTA scenario (block_m 16, one rank) on an H200 of two SMs: units 0 and 1 the
+    SMs' first CTAs, 2 and 3 their second (unit c + 2 shares SM c)."""
+    hw = dataclasses.replace(load_hardware("h200"), num_sms=2, **figures)
+    res = simulate(Scenario(shape="8,2,512,256", num_ranks=1, tokens_per_rank=tokens, design="megamoe-sm90",
+                            hardware="h200"), hw)
+    rp = res.plan.ranks[0]
+    assert (rp.config.block_m, rp.ctas_per_sm, rp.num_sms, rp.block_tickets) == (16, 2, 4, True)
+    return res, hw, rp
+
+
+def test_block_tickets_faster_unit_runs_more_rows():
+    """Kernel v9.3 at two CTAs per SM (RankPlan.block_tickets): the four CTAs of two SMs take the
+    rows of one list by ticket. The SMs' first CTAs price their blocks at sm90_pair_share_first
+    1.0, the second ones at 3.0 while their first is in a block: each first CTA runs more rows
+    than either second one. Each row runs exactly
+    once; each CTA takes a row when its producer is ready for it (at its previous block's last
+    copy issue, the end of its previous load record; the first at the pulls' barrier), and
+    pays its walk from its previous row (sched_block_ns + sched_step_ns per chunk scan, times its
+    share) and the ticket's round trip (tma_latency_ns) before the row's load record starts; so
+    the takes come in list order, and each CTA's rows ascend in list position."""
+    from sim.engine import sm90_walk_steps
+
+    res, hw, rp = _pair_tiny(16, sm90_pair_share_first=1.0, sm90_pair_share=3.0)
+    tr, blk = res.trace, rp.blocks().tolist()
+    pos = {tuple(b[:4]): i for i, b in enumerate(blk)}
+    key, _ = sm90_walk_steps(rp)
+    barrier = float(tr.where(kind="grid_sync", role="dispatch")["t_end_ns"].min())  # the count barrier
+    take = np.full(len(blk), np.nan)
+    unit = np.full(len(blk), -1)
+    for sm, share in ((0, 1.0), (1, 1.0), (2, 3.0), (3, 3.0)):
+        p = tr.where(sm=sm, role="producer")
+        load = p.select((p["kind"] == KIND["l1_load"]) | (p["kind"] == KIND["l2_load"]))
+        rows = np.array([pos[(1 if k == KIND["l1_load"] else 2, e, m, n)] for k, e, m, n in zip(
+            load["kind"].tolist(), load["expert"].tolist(), load["m_block"].tolist(), load["n_block"].tolist())])
+        assert np.all(np.diff(rows) > 0)  # its rows ascend in list position
+        assert np.all(unit[rows] == -1)
+        unit[rows] = sm
+        walked = np.diff(key[rows], axis=0, prepend=np.zeros((1, 2), np.int64)) @ [hw.sched_step_ns, hw.sched_skip_ns]
+        gap = share * (hw.sched_block_ns + walked) + hw.tma_latency_ns
+        take[rows] = load["t_start_ns"] - gap
+        ready = np.concatenate([[barrier], load["t_end_ns"][:-1]])  # the previous block's last copy issue
+        assert np.allclose(take[rows], ready)
+    assert np.all(unit >= 0)  # every row ran, and (above) on one CTA only
+    assert np.all(np.diff(take) >= -1e-6)  # taken in list order
+    n = np.bincount(unit, minlength=4)
+    assert min(n[:2]) > max(n[2:]) > 0 and n.sum() == len(blk) > 20
+    # the trace's MMA records: the same CTA for every row
+    mma = tr.select((tr["kind"] == KIND["l1_mma"]) | (tr["kind"] == KIND["l2_mma"]))
+    got = [unit[pos[(1 if k == KIND["l1_mma"] else 2, e, m, n)]] for k, e, m, n in zip(
+        mma["kind"].tolist(), mma["expert"].tolist(), mma["m_block"].tolist(), mma["n_block"].tolist())]
+    assert got == mma["sm"].tolist()
+
+
+def test_second_cta_priced_by_its_partner():
+    """Two CTAs per SM (session 38: the two do not share an SM fairly): the SM's first CTA's K
+    loops take sm90_pair_share_first times a lone CTA's, the second's the same where the first is
+    idle when the second's K loop starts, and sm90_pair_share times where the first is inside a
+    block (from its first K block to its epilogue's end). The copy latency, the copy issue and the
+    HBM are made too fast to bind, so every L1 K loop here ends its K blocks after it starts; the
+    K-loop starts are rebuilt from the records: after the walk and the dependency (the load
+    record's start, the idle wait's end) one copy latency, the previous K loop's end and the
+    consumers' block start (the MMA record's start), whichever is latest."""
+    f1, f2 = 1.2, 2.5
+    res, hw, rp = _pair_tiny(40, sm90_pair_share_first=f1, sm90_pair_share=f2, tma_latency_ns=0.01,
+                             sm90_issue_kblock_ns=0.01, hbm_gbs=100_000.0, sm_load_gbs=10_000.0)
+    tr = res.trace
+    lone = (2.0 * 16 * 128 * 128 / (hw.tc_flops_per_ns_per_sm * hw.sm90_mma_fraction)
+            + hw.e2m1_decode_thread_ns_per_elem * 128 * 128 / 256 + hw.stage_handoff_ns)  # one K block
+    kb1 = 512 // 128
+
+    def k_loops(sm):
+        mma, _, load = _sm90_lanes(tr, sm)
+        w = tr.where(sm=sm, role="producer", kind="idle_wait")
+        dep = {k: t for k, t in zip(zip(w["expert"].tolist(), w["m_block"].tolist(), w["n_block"].tolist()),
+                                    w["t_end_ns"].tolist())}
+        start = np.maximum(load["t_start_ns"], [dep.get(k, 0.0) for k in zip(
+            load["expert"].tolist(), load["m_block"].tolist(), load["n_block"].tolist())]) + hw.tma_latency_ns
+        prev_end = np.concatenate([[0.0], mma["t_end_ns"][:-1]])
+        return np.maximum.reduce([start, prev_end, mma["t_start_ns"]]), mma
+
+    cases = []
+    for first, second in ((0, 2), (1, 3)):
+        s0, m0 = k_loops(first)
+        s1, m1 = k_loops(second)
+        l1 = m0["kind"] == KIND["l1_mma"]
+        assert np.allclose(m0["t_end_ns"][l1] - s0[l1], kb1 * f1 * lone)
+        # the first CTA's windows: its K-loop starts to its epilogue ends
+        e0 = _sm90_lanes(tr, first)[1]["t_end_ns"]
+        busy = np.array([bool(np.any((s0 <= t) & (t < e0))) for t in s1])
+        l1 = m1["kind"] == KIND["l1_mma"]
+        want = kb1 * np.where(busy, f2, f1) * lone
+        assert np.allclose(m1["t_end_ns"][l1] - s1[l1], want[l1])
+        cases += busy[l1].tolist()
+    assert any(cases) and not all(cases)  # both cases occur
+
+
+def test_static_path_unchanged():
+    """Where the units deal the rows statically (one CTA per SM, or the SM100 design) the model is
+    the one before block tickets and the pair shares: the makespans computed by the code before
+    that change (commit fe145b0) at 1024 tokens, SM90 on the H200 and SM100 EP8 on the B200."""
+    sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=1024, design="megamoe-sm90", hardware="h200")
+    res = simulate(sc)
+    assert not res.plan.ranks[0].block_tickets and res.plan.ranks[0].ctas_per_sm == 1
+    assert res.trace.makespan_ns == 1507715.7728268383
+    sc = Scenario(shape="deepseek-v4-flash", num_ranks=8, tokens_per_rank=1024, design="deepgemm-sm100", hardware="b200")
+    assert simulate(sc).trace.makespan_ns == 260004.1844778842
 
 
 def test_sm90_walk_inside_the_epilogue_at_block_m_32():
@@ -442,9 +574,10 @@ def test_sm90_block_descriptors_at_block_m_16():
     """Kernel v9.1 (design_sm90.BLOCK_DESCRIPTORS): at block_m 16 the consumers take their blocks
     from the producer's descriptors, so in the model their gap between an epilogue's end and the
     next block's MMA start is sched_desc_ns whatever the walk's chunk scans, while the producer
-    still pays the whole walk (sched_block_ns + sched_step_ns per scan) between its blocks.
-    64 tokens (block_m 16, two CTAs per SM since kernel v9.2: every time sm90_pair_share times a
-    lone CTA's), four CTAs."""
+    still pays the whole walk (sched_block_ns + sched_step_ns per scan) between its blocks, and
+    (block tickets, kernel v9.3) the ticket's round trip. 64 tokens (block_m 16, two CTAs per SM
+    since kernel v9.2: the walks sm90_pair_share_first times a lone CTA's for an SM's first CTA,
+    sm90_pair_share for its second), four CTAs."""
     from megamoe.design_sm90 import BLOCK_DESCRIPTORS
     from sim.engine import sm90_walk_steps
 
@@ -453,15 +586,16 @@ def test_sm90_block_descriptors_at_block_m_16():
     S = rp.num_sms
     assert rp.config.block_m == 16 and BLOCK_DESCRIPTORS[16] and not BLOCK_DESCRIPTORS[32]
     assert (rp.ctas_per_sm, S) == (2, 264)
-    sh = hw.sm90_pair_share
     key, _ = sm90_walk_steps(rp)
     scanned = 0
     for sm in (0, 7, 131, 263):
+        sh = hw.sm90_pair_share_first if sm < S // 2 else hw.sm90_pair_share
         mma, epi, load = _sm90_lanes(tr, sm)
-        steps = np.diff(key[sm::S], axis=0) @ [hw.sched_step_ns, hw.sched_skip_ns]
+        steps = np.diff(key[_unit_rows(tr, rp, sm)], axis=0) @ [hw.sched_step_ns, hw.sched_skip_ns]
         scanned += int((steps > 0).sum())
-        # the producer: the whole walk after its last copy issue
-        assert np.allclose(load["t_start_ns"][1:], load["t_end_ns"][:-1] + sh * (hw.sched_block_ns + steps))
+        # the producer: the whole walk and the ticket after its last copy issue
+        assert np.allclose(load["t_start_ns"][1:],
+                           load["t_end_ns"][:-1] + sh * (hw.sched_block_ns + steps) + hw.tma_latency_ns)
         # the consumers: no block starts sooner than sched_desc_ns after the previous epilogue,
         # with or without a chunk scan between the two blocks, and most start exactly then
         gap = mma["t_start_ns"][1:] - epi["t_end_ns"][:-1]
