@@ -28,7 +28,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def trace_rows() -> list[dict]:
     rows = []
-    for path in sorted(glob.glob(os.path.join(HERE, "traces", "kernel_*.npz")),
+    for path in sorted(glob.glob(os.path.join(HERE, "traces", "kernel_*.npz"))
+                       + glob.glob(os.path.join(HERE, "traces", "probe_*.npz")),
                        key=lambda p: (p.split("_t")[0], int(p.split("_t")[-1].split(".")[0]))):
         r, tr, _ = compare_file(path)
         rows.append({"trace": os.path.basename(path), "ranks": r["scenario"]["num_ranks"],

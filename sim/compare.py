@@ -2,7 +2,9 @@
 
 ``compare_traces(measured, simulated)`` aligns intervals by ``(rank, sm, role, kind, expert,
 m_block, n_block)`` (blocks run once per SM, so the key is unique for block work; rank-level
-intervals such as pulls are matched in order of start time) and reports:
+intervals such as pulls are matched in order of start time; with ``by_block`` the block work is
+matched without the SM: where the units take their blocks by ticket, ``RankPlan.block_tickets``,
+which unit runs a block is decided at run time, in the kernel and in the model apart) and reports:
 
 * ``makespan_error`` — signed fraction, simulated / measured - 1;
 * per kind: matched count, median and p90 of the absolute duration error
@@ -34,12 +36,16 @@ from megamoe.trace import KIND, KINDS, Trace
 from .metrics import busy_fractions, overlap_efficiency
 
 
-def _keys(t: Trace) -> dict:
-    """key -> index; rank-level (non-block) intervals get an occurrence counter."""
+def _keys(t: Trace, by_block: bool = False) -> dict:
+    """key -> index; rank-level (non-block) intervals get an occurrence counter; ``by_block``:
+    block work (``expert`` >= 0 on an SM) keyed without its SM (-2)."""
     out, seen = {}, {}
     order = np.lexsort((t["t_start_ns"], t["kind"], t["role"], t["sm"], t["rank"]))
     for i in order.tolist():
-        base = (int(t["rank"][i]), int(t["sm"][i]), int(t["role"][i]), int(t["kind"][i]),
+        sm = int(t["sm"][i])
+        if by_block and sm >= 0 and int(t["expert"][i]) >= 0:
+            sm = -2
+        base = (int(t["rank"][i]), sm, int(t["role"][i]), int(t["kind"][i]),
                 int(t["expert"][i]), int(t["m_block"][i]), int(t["n_block"][i]))
         n = seen.get(base, 0)
         seen[base] = n + 1
@@ -47,9 +53,10 @@ def _keys(t: Trace) -> dict:
     return out
 
 
-def compare_traces(measured: Trace, simulated: Trace, num_sms: int) -> dict:
-    """Errors of ``simulated`` against ``measured`` (see module docstring)."""
-    km, ks = _keys(measured), _keys(simulated)
+def compare_traces(measured: Trace, simulated: Trace, num_sms: int, by_block: bool = False) -> dict:
+    """Errors of ``simulated`` against ``measured`` (see module docstring; ``by_block``: block
+    work matched without its SM)."""
+    km, ks = _keys(measured, by_block), _keys(simulated, by_block)
     common = sorted(set(km) & set(ks))
     dm = measured["t_end_ns"] - measured["t_start_ns"]
     ds = simulated["t_end_ns"] - simulated["t_start_ns"]
@@ -81,7 +88,7 @@ def compare_traces(measured: Trace, simulated: Trace, num_sms: int) -> dict:
         # block work (an SM's load / MMA / epilogue of one block) present on one side only: the
         # two disagree about which blocks ran where. Rank-level rows (the simulator's dispatch
         # steps, sm = -1, vs the kernel's per-CTA ones) and idle waits never align one to one.
-        "unmatched_block_work": sum(1 for k in set(km) ^ set(ks) if k[1] >= 0 and k[4] >= 0
+        "unmatched_block_work": sum(1 for k in set(km) ^ set(ks) if k[1] != -1 and k[4] >= 0
                                     and k[3] != KIND["idle_wait"]),
     }
 
@@ -216,7 +223,7 @@ def compare_file(path: str, hardware=None) -> tuple[dict, Trace, object]:
         per = f", {units // hw.num_sms} CTAs per SM" if units > hw.num_sms else ""
         raise InputError("trace.sm", f"SM indices < {units} (hardware {hw.name} has {hw.num_sms} SMs{per})",
                          f"record {i}: {int(measured['sm'][i])}")
-    report = compare_traces(measured, res.trace, plan_units)
+    report = compare_traces(measured, res.trace, plan_units, by_block=any(rp.block_tickets for rp in res.plan.ranks))
     report["launch_skew_us"] = skew
     report["makespan_error_no_skew"] = (simulate(base, hw).trace.makespan_ns / measured.makespan_ns - 1.0
                                         if any(skew) else report["makespan_error"])

@@ -281,3 +281,22 @@ def test_trace_from_rows_names_and_codes():
     t = Trace.from_rows([_ROW, (1, -1, 0, 4, -1, -1, -1, -1, 0.0, 5.0, 1 << 40, 3)])
     assert t["role"].tolist() == [3, 0] and t["kind"].tolist() == [6, 4] and t["bytes"][1] == 1 << 40
     assert len(Trace.from_rows(np.asarray([(0, 0, 3, 6, 1, 0, 0, 0, 1.0, 2.0, 0, 0)], float))) == 1
+
+
+def test_compare_traces_by_block_ignores_the_unit():
+    """Blocks by ticket (two CTAs per SM): the same block on another CTA is the same work. Two
+    blocks, swapped between CTAs 0 and 1 and 10% / 30% slower in the 'simulated' trace: matched
+    only by_block, with the per-kind errors of those two blocks (hand-computed)."""
+    cols = ("rank", "sm", "role", "kind", "expert", "m_block", "n_block", "wave", "t_start_ns", "t_end_ns",
+            "bytes", "tokens")
+    assert cols == COLUMNS
+    meas = Trace.from_rows([(0, 0, "consumer", "l1_mma", 3, 0, 1, 0, 0.0, 1000.0, 0, 16),
+                            (0, 1, "consumer", "l1_mma", 5, 0, 2, 0, 0.0, 2000.0, 0, 16)])
+    sim = Trace.from_rows([(0, 1, "consumer", "l1_mma", 3, 0, 1, 0, 0.0, 1100.0, 0, 16),
+                           (0, 0, "consumer", "l1_mma", 5, 0, 2, 0, 0.0, 2600.0, 0, 16)])
+    static = compare_traces(meas, sim, 2)
+    assert static["matched_intervals"] == 0 and static["unmatched_block_work"] == 4
+    r = compare_traces(meas, sim, 2, by_block=True)
+    assert r["matched_intervals"] == 2 and r["unmatched_block_work"] == 0
+    k = r["kind_errors"]["l1_mma"]
+    assert k["matched"] == 2 and k["median"] == pytest.approx((0.1 + 0.3) / 2)

@@ -51,6 +51,8 @@ EP2_TOKENS = [1, 64, 512, 2048, 8192]
 #: two GPUs, L2 loads and MMAs 16-22% apart).  What is left at small token counts is each CTA's first L1 block running slower on
 #: the consumer side, which the model does not have, and the epilogues.
 KIND_LIMIT = 0.15
+#: The same at two CTAs per SM away from the pair shares' fit trace (see test_makespan_and_kind_errors).
+PAIR_KIND_LIMIT = 0.25
 
 
 def same_build(path) -> tuple[bool, str]:
@@ -69,25 +71,32 @@ def same_build(path) -> tuple[bool, str]:
     return got in fit, f"trace build {got or 'not recorded (before 2026-12-01)'}, fit builds {sorted(fit)}"
 
 
-@pytest.mark.parametrize("trace", [f"ep1_t{t}" for t in EP1_TOKENS] + [f"ep2_t{t}" for t in EP2_TOKENS])
+#: Two-CTA traces of session 38's probe TK0 (build 9a5fda46: blocks by ticket, kernel v9.3's
+#: scheduling, its K loops v9.2's) until v9.3's own are recorded: 64 tokens is the pair shares' fit
+#: trace, 16 out of sample.
+PROBE_TRACES = ["probe_tk0_flash_ep1_t16", "probe_tk0_flash_ep1_t64"]
+
+
+@pytest.mark.parametrize("trace", [f"kernel_flash_ep1_t{t}" for t in EP1_TOKENS]
+                         + [f"kernel_flash_ep2_t{t}" for t in EP2_TOKENS] + PROBE_TRACES)
 def test_makespan_and_kind_errors(trace):
-    path = TRACES / f"kernel_flash_{trace}.npz"
+    path = TRACES / f"{trace}.npz"
     ok, builds = same_build(path)
     if not ok:
         pytest.skip(f"recorded with another kernel than the model is fitted to ({builds})")
     r, m, res = compare_file(str(path))
     assert abs(r["makespan_error"]) <= 0.10, r["makespan_error"]
+    assert r["unmatched_block_work"] == 0  # every block ran once on both sides (on the same SM where static)
     if (m.meta.get("plan") or {}).get("ctas_per_sm", 1) == 2:
         # two CTAs per SM: the CTAs take the rows by ticket (RankPlan.block_tickets), so which CTA
-        # runs a row is decided at run time, in the kernel and in the model apart; the model prices
-        # an SM's first CTA and its second (by its partner's state) with two shares, and a second
-        # CTA's block still varies more than that in the kernel: issue 7's per-kind target is not
-        # held here
+        # runs a row is decided at run time, in the kernel and in the model apart (blocks matched
+        # without their SM); the model prices an SM's first CTA and its second (by its partner's
+        # state) with two shares, and a second CTA's block varies more than that in the kernel:
+        # 12.3% at the fit trace (64 tokens), 22.3% at 16 tokens, so issue 7's 15% is held only at 64
         assert res.plan.ranks[0].block_tickets
-        assert r["median_kind_error"] <= 0.5, r["median_kind_error"]
+        assert r["median_kind_error"] <= (KIND_LIMIT if "t64" in trace else PAIR_KIND_LIMIT), r["median_kind_error"]
     else:
         assert r["median_kind_error"] <= KIND_LIMIT, r["median_kind_error"]
-        assert r["unmatched_block_work"] == 0
     assert r["matched_intervals"] > 1000
 
 
