@@ -514,7 +514,11 @@ def test_pair_share_meets_the_two_cta_traces():
     import numpy as np
 
     from megamoe.trace import KIND, Trace
-    from sim.calibrate import SM90_PAIR_FIT_TRACES, SM90_PAIR_ONE_CTA_TRACES, fit_sm90_pair_share
+    from sim.calibrate import (
+        SM90_PAIR_FIT_TRACES,
+        SM90_PAIR_ONE_CTA_TRACES,
+        fit_sm90_pair_share,
+    )
     from sim.compare import scenario_from_meta
     from sim.engine import simulate
 

@@ -499,7 +499,7 @@ def test_second_cta_priced_by_its_partner():
     record's start, the idle wait's end) one copy latency, the previous K loop's end and the
     consumers' block start (the MMA record's start), whichever is latest."""
     f1, f2 = 1.2, 2.5
-    res, hw, rp = _pair_tiny(40, sm90_pair_share_first=f1, sm90_pair_share=f2, tma_latency_ns=0.01,
+    res, hw, _ = _pair_tiny(40, sm90_pair_share_first=f1, sm90_pair_share=f2, tma_latency_ns=0.01,
                              sm90_issue_kblock_ns=0.01, hbm_gbs=100_000.0, sm_load_gbs=10_000.0)
     tr = res.trace
     lone = (2.0 * 16 * 128 * 128 / (hw.tc_flops_per_ns_per_sm * hw.sm90_mma_fraction)
