@@ -472,8 +472,8 @@ def test_sm100_workspace_sizes_are_what_the_kernel_indexes(E, K, H, I, T_max, T)
       gidx = n_block*2 + (qw>>1) < I/32, srow < S; the producer reads it like l1_pool_sf.
     * pool_token / pool_slot / pool_weight [R]: indexed by pool rows (< R, see above).
     * arrival [nblk] u32, mask [nblk] u64: indexed by pool_block; cleared for i < pool_rows/BM.
-    * expert_count [2E + 1] u64 (counts, sums, count barrier), grid_sync [1], error [8] (raise_error
-      writes error[0..7]), item_pos and item_order [T*K] (item index i < num_tokens*K; the sorted
+    * expert_count [2E + 2] u64 (counts, sums, count barrier, and the SM90 block ticket, which
+      the shared clean-up zeroes too), grid_sync [1], error [8] (raise_error writes error[0..7]), item_pos and item_order [T*K] (item index i < num_tokens*K; the sorted
       position of an item of the CTA's range [i0, i1) is below i1 - i0), combine_buf [K, T, H]
       bf16 ((slot*num_tokens + tok)*H + ch with slot < K, tok < num_tokens <= T, ch < H).
     The scale-buffer bounds are also found by enumerating the index expressions below."""
@@ -491,7 +491,7 @@ def test_sm100_workspace_sizes_are_what_the_kernel_indexes(E, K, H, I, T_max, T)
     assert {n: size[n] for n in ("pool_token", "pool_slot", "pool_weight")} == dict.fromkeys(
         ("pool_token", "pool_slot", "pool_weight"), 4 * R)
     assert (size["arrival"], size["mask"]) == (4 * nblk, 8 * nblk)
-    assert (size["expert_count"], size["grid_sync"], size["error"]) == (8 * (2 * E + 1), 4, 32)
+    assert (size["expert_count"], size["grid_sync"], size["error"]) == (8 * (2 * E + 2), 4, 32)
     assert (size["item_pos"], size["item_order"], size["combine_buf"]) == (4 * T_max * K, 4 * T_max * K,
                                                                             2 * K * T_max * H)
     # enumerate the scale-buffer index expressions (every pool row / block, last K block)
