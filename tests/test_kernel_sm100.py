@@ -473,9 +473,10 @@ def test_sm100_workspace_sizes_are_what_the_kernel_indexes(E, K, H, I, T_max, T)
     * pool_token / pool_slot / pool_weight [R]: indexed by pool rows (< R, see above).
     * arrival [nblk] u32, mask [nblk] u64: indexed by pool_block; cleared for i < pool_rows/BM.
     * expert_count [2E + 2] u64 (counts, sums, count barrier, and the SM90 block ticket, which
-      the shared clean-up zeroes too), grid_sync [1], error [8] (raise_error writes error[0..7]), item_pos and item_order [T*K] (item index i < num_tokens*K; the sorted
-      position of an item of the CTA's range [i0, i1) is below i1 - i0), combine_buf [K, T, H]
-      bf16 ((slot*num_tokens + tok)*H + ch with slot < K, tok < num_tokens <= T, ch < H).
+      the shared clean-up zeroes too), grid_sync [1], error [8] (raise_error writes error[0..7]),
+      item_pos and item_order [T*K] (item index i < num_tokens*K; the sorted position of an item
+      of the CTA's range [i0, i1) is below i1 - i0), combine_buf [K, T, H] bf16
+      ((slot*num_tokens + tok)*H + ch with slot < K, tok < num_tokens <= T, ch < H).
     The scale-buffer bounds are also found by enumerating the index expressions below."""
     from megamoe.kernel import sm100
     c = d100.design_for(T, T_max, H, I, E, K, 148)
