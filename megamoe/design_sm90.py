@@ -249,9 +249,11 @@ def ctas_and_experts_per_wave(block_m: int, local_experts: int, expected_tokens_
            else experts_per_wave_for(local_experts, expected_tokens_per_expert, block_m, inter, num_sms))
     rule = ctas_per_sm(block_m, epw, num_ranks)
     c = rule if ctas is None else ctas
+    why = ("block_m is not 16" if block_m != 16 else
+           f"{epw} experts per wave > {SCHED_CHUNK} is the wide walk" if wide_walk(block_m, epw) else "not one rank")
     require(c == 1 or rule == 2, "ctas_per_sm",
-            f"1 at block_m {block_m}, {epw} experts per wave and {num_ranks} rank(s) (two CTAs per SM only at "
-            "block_m 16 without the wide walk and one rank)", c)
+            f"1 at block_m {block_m}, {epw} experts per wave and {num_ranks} rank(s) ({why}; two CTAs per SM only "
+            "at block_m 16 without the wide walk and one rank)", c)
     if c == 2 and experts_per_wave is None:
         epw = min(experts_per_wave_for(local_experts, expected_tokens_per_expert, block_m, inter, 2 * num_sms),
                   SCHED_CHUNK, local_experts)
