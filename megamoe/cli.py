@@ -149,7 +149,8 @@ def add_scenario_args(p: argparse.ArgumentParser) -> None:
                         "without it (default: no split)")
     g.add_argument("--ctas-per-sm", type=_positive, default=None,
                    help="megamoe-sm90: CTAs sharing one SM, 1 or 2 (default: the kernel's rule, two at block_m 16 "
-                        "without the wide walk at one rank, kernel v9.2; 2 elsewhere is an error)")
+                        "without the wide walk at one rank, kernel v9.2, taking their blocks by ticket since "
+                        "v9.3; 2 elsewhere is an error)")
     g.add_argument("--combine-relay", choices=("on", "off"), default=None,
                    help="megamoe-sm90 what-if, one rank: on = each token's 128-column slice is summed by the "
                         "dispatch warps while the GEMMs run and the call ends without a grid sync; off = the "

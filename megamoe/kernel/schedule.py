@@ -16,12 +16,10 @@ import numpy as np
 
 def block_sequence(counts, block_m: int, num_l1_n: int, num_l2_n: int, experts_per_wave: int,
                    num_sms: int) -> dict[int, list[tuple]]:
-    """``{cta: [(phase, expert, m_block, n_block), ...]}`` with phase 1 = L1, 2 = L2."""
-    from ..policies import ScheduleContext, WaveScheduler
-
-    m_blocks = -(-np.asarray(counts, dtype=np.int64) // block_m)
-    rows = WaveScheduler().block_list(ScheduleContext(m_blocks, num_l1_n, num_l2_n, experts_per_wave, num_sms))
-    return {cta: [tuple(r[:4]) for r in rows[cta::num_sms].tolist()] for cta in range(num_sms)}
+    """``{cta: [(phase, expert, m_block, n_block), ...]}`` with phase 1 = L1, 2 = L2: the static
+    deal of :func:`block_list` (CTA ``c`` runs rows ``c, c + num_sms, ..``)."""
+    rows = block_list(counts, block_m, num_l1_n, num_l2_n, experts_per_wave, num_sms)
+    return {cta: rows[cta::num_sms] for cta in range(num_sms)}
 
 
 def block_list(counts, block_m: int, num_l1_n: int, num_l2_n: int, experts_per_wave: int,
