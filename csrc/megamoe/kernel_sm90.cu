@@ -476,7 +476,7 @@ __device__ __forceinline__ void log_block(uint64_t* full, int j, int phase) {
 // issues its K blocks' TMA loads against the stage's full barrier. A block's operand
 // addresses are computed once per block (Loads) and the stage index and the free-stage
 // wait's parity are kept incrementally.
-template <int BM, bool WIDE = false>
+template <int BM, bool WIDE = false, bool TICKETS = false>
 struct Producer {
     static constexpr int NW = BM == 128 ? 2 : 4;
     const Params& p;
@@ -567,12 +567,12 @@ struct Producer {
     // after each block, which is taken back). The four producer warps read the ticket at named
     // barrier 3 and leave together (the AND of their ok flags), so a warp whose wait gave up never
     // strands the others there. Lane 0 logs each block's phase, and the end, for the consumers'
-    // error path (follow_block_log). The test is on the parameter, not a template argument: the
-    // template form changed the register allocation of the consumers' K loop (a local load per K
-    // block; several forms tried, session 38).
+    // error path (follow_block_log). TICKETS is true in the two-CTA instance only (its one-CTA
+    // instances carry no ticket code: 1.042x v9.2's time at 1024 tokens with the run-time test alone,
+    // session 38); the run-time test keeps fault bit 256 (the static deal) for experiments.
     __device__ void run_blocks() {
         Scheduler<BM, WIDE> sched(p);
-        const bool tk = p.ctas_per_sm == 2 && !(p.fault_inject & 256);
+        const bool tk = TICKETS && p.ctas_per_sm == 2 && !(p.fault_inject & 256);
         unsigned long long* ticket_ctr = p.expert_count + 2 * p.num_experts + 1;
         volatile uint32_t* tk_slot = reinterpret_cast<volatile uint32_t*>(reinterpret_cast<uint8_t*>(full) + kTicketOffset);
         uint32_t t_prev = 0;
@@ -1153,7 +1153,7 @@ __global__ void __launch_bounds__(kThreads, 1) __maxnreg__((kRegsEven / CTAS)) m
     } else if (warp < 8) {
         setmaxnreg_dec<Regs::producer>();
         if (warp < 4 + Producer<BM>::NW) {
-            Producer<BM, WIDE> prod(p, args.pool_map, stages, full, empty);
+            Producer<BM, WIDE, CTAS == 2> prod(p, args.pool_map, stages, full, empty);
             prod.run();
         }
         __syncwarp();
