@@ -4,10 +4,9 @@ and the ranking of plan choices measured on the kernel.
 Prints two tables and writes benchmarks/results/compare_h200.json.  Runs on any CPU: the
 traces (benchmarks/traces/*.npz) and the kernel's plan-choice times
 (results/kernel_plan_choices_h200.json) were measured on the lent H200s: the EP1 traces and
-plan choices on one H200: the EP1 traces with the FP8 WGMMA kernel v9.0 (build 8b6ff5f6,
-2026-12-03), the plan choices with v8.6 (build 94b176d2, re-measured in the twenty-ninth session), the EP2
+plan choices on one H200 with the FP8 WGMMA kernel v9.3.1 (build b994df31, 2026-12-04), the EP2
 traces on two (NV18) with v6.4 (build fbc2931d, 2026-12-01; the two-GPU machine was not lent
-when v6.5-v8.6 were recorded). EP traces are simulated with the ranks' launch skew read off the trace (host jitter; the column
+when v6.5-v9.3.1 were recorded). EP traces are simulated with the ranks' launch skew read off the trace (host jitter; the column
 without it is shown too).
 A plan-choice pair must be ordered like the kernel only where the kernel's times differ by
 more than 5% (``must_agree``); ``ranking_ok`` says whether all of those are.
@@ -28,8 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def trace_rows() -> list[dict]:
     rows = []
-    for path in sorted(glob.glob(os.path.join(HERE, "traces", "kernel_*.npz"))
-                       + glob.glob(os.path.join(HERE, "traces", "probe_*.npz")),
+    for path in sorted(glob.glob(os.path.join(HERE, "traces", "kernel_*.npz")),
                        key=lambda p: (p.split("_t")[0], int(p.split("_t")[-1].split(".")[0]))):
         r, tr, _ = compare_file(path)
         rows.append({"trace": os.path.basename(path), "ranks": r["scenario"]["num_ranks"],

@@ -836,42 +836,36 @@ def calibrated_toml(base: str, measured: dict, kernel: dict | None = None, date:
 
 
 #: The committed kernel traces and per-role profile the H200 model's SM90 figures are fitted
-#: to (paths from the repository root): one CTA per SM at 64 and 512 tokens (block_m 16; v9.1's
-#: traces, whose one-CTA instance v9.2 keeps by SASS digest for EP > 1 and ``ctas_per_sm=1``) and
-#: 4096 (block_m 128); the other EP1 traces (1, 16, 64, 256, 512, 1024 and 8192 tokens, two CTAs
-#: per SM at 16-512) are left out, as checks of the fit.
+#: to (paths from the repository root): one CTA per SM at 64 and 512 tokens (block_m 16, the plan
+#: with ``ctas_per_sm=1``, the instance EP > 1 runs) and 4096 (block_m 128); the other EP1 traces
+#: (1, 16, 64, 256, 512, 1024 and 8192 tokens, two CTAs per SM at 16-512) are left out, as checks
+#: of the fit.
 SM90_FIT_TRACES = ("benchmarks/traces/kernel_flash_ep1_one_cta_t64.npz",
                    "benchmarks/traces/kernel_flash_ep1_one_cta_t512.npz",
                    "benchmarks/traces/kernel_flash_ep1_t4096.npz")
-#: The two-CTA traces ``sm90_pair_share_first`` and ``sm90_pair_share`` are fitted to
+#: The two-CTA trace ``sm90_pair_share_first`` and ``sm90_pair_share`` are fitted to
 #: (:func:`fit_sm90_pair_share`), each against the one-CTA trace of the same token count
-#: (:data:`SM90_PAIR_ONE_CTA_TRACES`): until kernel v9.3's traces are recorded, the development
-#: trace of session 38's probe TK0 (v9.2 taking its blocks by ticket at the block boundary, v9.3's
-#: scheduling: RankPlan.block_tickets) at 64 tokens; v9.2's traces (the static deal) are not the
-#: kernel the model describes at two CTAs per SM.
-SM90_PAIR_FIT_TRACES = ("benchmarks/traces/probe_tk0_flash_ep1_t64.npz",)
+#: (:data:`SM90_PAIR_ONE_CTA_TRACES`): kernel v9.3.1 at 64 tokens (blocks by ticket:
+#: RankPlan.block_tickets); its traces at 16, 256 and 512 tokens are left out, as checks.
+SM90_PAIR_FIT_TRACES = ("benchmarks/traces/kernel_flash_ep1_t64.npz",)
 SM90_PAIR_ONE_CTA_TRACES = ("benchmarks/traces/kernel_flash_ep1_one_cta_t64.npz",)
-SM90_PAIR_FIT_KERNEL = ("FP8 WGMMA v9.2 with blocks by ticket (session 38's probe TK0, build 9a5fda46: the producer takes "
-                        "each block from a global counter at the block boundary, none ahead; v9.2: v9.1 and two CTAs per "
-                        "SM at block_m 16 without the wide walk, EP1, 64 registers per thread, 8 stages; "
-                        "benchmarks/NOTES_kernel.md)")
-SM90_PAIR_FIT_DATE = "2026-12-03"
 #: The committed EP2 traces (two H200s) the expert-parallel figures (``nvlink_latency_ns``,
 #: ``l2_epilogue_ep_ns``) are fitted to; EP2 at 1 and 8192 tokens per rank are left out, as
 #: checks of the fit.
 SM90_EP_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep2_t{t}.npz" for t in (64, 512, 2048))
 SM90_EP_FIT_DEVICE = "two lent H200s (EP2, NV18)"
 SM90_FIT_PROFILE = "benchmarks/results/kernel_profile_stages_h200.json"
-SM90_FIT_DATE = "2026-12-03"
-SM90_FIT_KERNEL = ("FP8 WGMMA v9.1, build 1a08edec (TMA loads, E2M1 decoded into WGMMA registers through the weight "
+SM90_FIT_DATE = "2026-12-04"
+SM90_FIT_KERNEL = ("FP8 WGMMA v9.3.1, build b994df31 (TMA loads, E2M1 decoded into WGMMA registers through the weight "
                    "fold's table, four producer warps, the wide instance at 1-12 tokens, the consumers' walk inside "
-                   "the epilogue at block_m >= 32, the producer's block descriptors at block_m 16; every version's "
-                   "change: docs/kernel.md, benchmarks/NOTES_kernel.md)")
+                   "the epilogue at block_m >= 32, the producer's block descriptors at block_m 16, two CTAs per SM at "
+                   "block_m 16 without the wide walk taking the plan's blocks by ticket; every version's change: "
+                   "docs/kernel.md, benchmarks/NOTES_kernel.md)")
 SM90_PROFILE_KERNEL = "FP8 WGMMA v8.6 kernel (its profile instance)"
 #: The committed trace ``sched_skip_ns`` and ``sm90_local_count_ns`` are fitted to
 #: (:func:`fit_sm90_walk_skip`, :func:`fit_sm90_local_count`): 1 token, the only traced size whose
 #: plan runs the wide instance (block_m 16, one wave of 256 experts); the same kernel build as
-#: the other EP1 traces (all re-recorded on v9.1, benchmarks/NOTES_kernel.md, session 36).
+#: the other EP1 traces (all recorded on v9.3.1, benchmarks/NOTES_kernel.md, session 39).
 SM90_SKIP_FIT_TRACE = "benchmarks/traces/kernel_flash_ep1_t1.npz"
 SM90_SKIP_FIT_KERNEL = SM90_FIT_KERNEL
 SM90_SKIP_FIT_DATE = SM90_FIT_DATE
@@ -1013,9 +1007,9 @@ def refit_h200(root: str | None = None, toml_path: str | None = None) -> dict:
     hw = dataclasses.replace(load_hardware("h200"), **{k: v for k, (v, _) in fit.items()})
     fit.update(sm90_fit_sources(fit_sm90_pair_share([str(base / p) for p in SM90_PAIR_FIT_TRACES],
                                                     [str(base / p) for p in SM90_PAIR_ONE_CTA_TRACES], hw),
-                                traces=SM90_PAIR_FIT_TRACES, profile_path=None, date=SM90_PAIR_FIT_DATE,
-                                kernel=SM90_PAIR_FIT_KERNEL + " against the one-CTA trace of the same token count, "
-                                + SM90_FIT_KERNEL, fitter="fit_sm90_pair_share"))
+                                traces=SM90_PAIR_FIT_TRACES, profile_path=None, date=SM90_FIT_DATE,
+                                kernel=SM90_FIT_KERNEL + ", its two-CTA trace against its one-CTA trace of the same token count",
+                                fitter="fit_sm90_pair_share"))
     path = Path(toml_path) if toml_path else PRESET_DIR / "h200.toml"
     text = path.read_text()
     head, _, srcs = text.partition("[sources]")

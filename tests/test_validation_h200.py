@@ -1,16 +1,13 @@
 """The simulator against the committed H200 kernel traces (issue 7), on any CPU.
 
 The traces (benchmarks/traces) were measured on the lent H200s (the build is recorded in each
-trace's meta as ``kernel_build``): EP1 on one H200 on 2026-12-03 with the FP8 WGMMA kernel
-v9.1 (build 1a08edec) at 1, 1024, 4096 and 8192 tokens and, one CTA per SM, 64 and 512
-(``kernel_flash_ep1_one_cta_t*``), and with v9.2 (build 59ce2125, whose one-CTA instances are
-v9.1's SASS by digest) at 16, 64, 256 and 512, two CTAs per SM; EP2 on 2 x H200 (NV18) on
-2026-12-01 with v6.4 (build fbc2931d) at every count of the EP benchmark (1, 64, 512, 2048,
-8192 per rank).
+trace's meta as ``kernel_build``): EP1 on one H200 on 2026-12-04 with the FP8 WGMMA kernel
+v9.3.1 (build b994df31) at 1, 16, 64, 256, 512, 1024, 4096 and 8192 tokens (two CTAs per SM
+taking their blocks by ticket at 16-512) and, one CTA per SM, 64 and 512 (``kernel_flash_ep1_one_cta_t*``);
+EP2 on 2 x H200 (NV18) on 2026-12-01 with v6.4 (build fbc2931d) at every count of the EP
+benchmark (1, 64, 512, 2048, 8192 per rank).
 The H200 model's SM90 figures are fitted to the EP1 traces at 64, 512 (one CTA) and 4096
-tokens, ``sm90_pair_share_first`` and ``sm90_pair_share`` to the two-CTA trace of session 38's
-probe TK0 (blocks by ticket, kernel v9.3's scheduling) at 64 tokens (so v9.2's two-CTA traces,
-another kernel, are skipped), its
+tokens, ``sm90_pair_share_first`` and ``sm90_pair_share`` to the two-CTA trace at 64 tokens, its
 two expert-parallel figures (the NVLink round trip of a remote pull, the L2 epilogue's cost
 with several ranks) to the EP2 traces at 64, 512 and 2048 tokens per rank (``python -m
 sim.calibrate``, sources in sim/hardware/h200.toml); the others are out of sample. A trace
@@ -51,15 +48,15 @@ EP2_TOKENS = [1, 64, 512, 2048, 8192]
 #: two GPUs, L2 loads and MMAs 16-22% apart).  What is left at small token counts is each CTA's first L1 block running slower on
 #: the consumer side, which the model does not have, and the epilogues.
 KIND_LIMIT = 0.15
-#: The same at two CTAs per SM away from the pair shares' fit trace (see test_makespan_and_kind_errors).
+#: The same at two CTAs per SM at 16 tokens (see test_makespan_and_kind_errors).
 PAIR_KIND_LIMIT = 0.25
 
 
 def same_build(path) -> tuple[bool, str]:
     """Whether the trace at ``path`` was recorded with a kernel build the SM90 figures are fitted
     to (meta ``kernel_build``, absent before 2026-12-01): the build of ``sim.calibrate.
-    SM90_FIT_TRACES`` (one CTA per SM; v9.1, whose instances v9.2 keeps by SASS digest) or that of
-    ``SM90_PAIR_FIT_TRACES`` (two CTAs per SM, blocks by ticket); and the builds."""
+    SM90_FIT_TRACES`` (one CTA per SM) or that of ``SM90_PAIR_FIT_TRACES`` (two CTAs per SM, blocks
+    by ticket); and the builds."""
     from sim.calibrate import SM90_FIT_TRACES, SM90_PAIR_FIT_TRACES
 
     fit = set()
@@ -71,14 +68,9 @@ def same_build(path) -> tuple[bool, str]:
     return got in fit, f"trace build {got or 'not recorded (before 2026-12-01)'}, fit builds {sorted(fit)}"
 
 
-#: Two-CTA traces of session 38's probe TK0 (build 9a5fda46: blocks by ticket, kernel v9.3's
-#: scheduling, its K loops v9.2's) until v9.3's own are recorded: 64 tokens is the pair shares' fit
-#: trace, 16 out of sample.
-PROBE_TRACES = ["probe_tk0_flash_ep1_t16", "probe_tk0_flash_ep1_t64"]
-
-
 @pytest.mark.parametrize("trace", [f"kernel_flash_ep1_t{t}" for t in EP1_TOKENS]
-                         + [f"kernel_flash_ep2_t{t}" for t in EP2_TOKENS] + PROBE_TRACES)
+                         + [f"kernel_flash_ep2_t{t}" for t in EP2_TOKENS]
+                         + [f"kernel_flash_ep1_one_cta_t{t}" for t in (64, 512)])
 def test_makespan_and_kind_errors(trace):
     path = TRACES / f"{trace}.npz"
     ok, builds = same_build(path)
@@ -92,9 +84,11 @@ def test_makespan_and_kind_errors(trace):
         # runs a row is decided at run time, in the kernel and in the model apart (blocks matched
         # without their SM); the model prices an SM's first CTA and its second (by its partner's
         # state) with two shares, and a second CTA's block varies more than that in the kernel:
-        # 12.3% at the fit trace (64 tokens), 22.3% at 16 tokens, so issue 7's 15% is held only at 64
+        # 11.0-11.9% at 64-512 tokens, 22.5% at 16 (eight short waves of 0.4-1.8 L1 blocks per
+        # CTA), so issue 7's 15% is held at 64-512 and PAIR_KIND_LIMIT at 16
         assert res.plan.ranks[0].block_tickets
-        assert r["median_kind_error"] <= (KIND_LIMIT if "t64" in trace else PAIR_KIND_LIMIT), r["median_kind_error"]
+        limit = PAIR_KIND_LIMIT if trace.endswith("_t16") else KIND_LIMIT
+        assert r["median_kind_error"] <= limit, r["median_kind_error"]
     else:
         assert r["median_kind_error"] <= KIND_LIMIT, r["median_kind_error"]
     assert r["matched_intervals"] > 1000
@@ -104,7 +98,7 @@ def test_makespan_and_kind_errors(trace):
 def test_kernel_block_order_equals_the_plan(tokens):
     t = Trace.load(str(TRACES / f"kernel_flash_ep1_t{tokens}.npz"))
     rp = scenario_from_meta(t).plan(t.meta["num_sms"], 232448).ranks[0]
-    assert rp.ctas_per_sm == (2 if 16 <= tokens <= 512 else 1)  # kernel v9.2 at block_m 16, not wide
+    assert rp.ctas_per_sm == (2 if 16 <= tokens <= 512 else 1)  # kernel v9.2 and up at block_m 16, not wide
     assert len(np.unique(t["sm"][t["sm"] >= 0])) == rp.num_sms == rp.ctas_per_sm * t.meta["num_sms"]
     mma = (t["kind"] == KIND["l1_mma"]) | (t["kind"] == KIND["l2_mma"])
     got = {}

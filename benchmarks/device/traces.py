@@ -1,8 +1,13 @@
 """Device run for issue 7: kernel traces in the shared schema (with scenario meta and the
 routing the kernel ran) and `megamoe calibrate` measurements, written to $OUT.
 
-V4-Flash, EP1, tokens 1 / 16 / 64 / 256 / 512 / 1024 / 4096 / 8192 (the benchmark's sizes + 512; or argv[1]), uniform routing from megamoe.routing (seed 0),
-the plan of design megamoe-sm90 for 132 SMs passed to the kernel (design_from_plan).
+V4-Flash, EP1, tokens 1 / 16 / 64 / 256 / 512 / 1024 / 4096 / 8192 (the benchmark's sizes + 512; or
+the first argument), uniform routing from megamoe.routing (seed 0), the plan of design megamoe-sm90
+for 132 SMs passed to the kernel (design_from_plan). ``--max-tokens`` sets the scenario's
+``max_tokens_per_rank`` (default: the largest count run); ``--ctas-per-sm 1`` runs the one-CTA plan
+at every count (files ``kernel_flash_ep1_one_cta_t*.npz``: the one-CTA fit traces at 64 / 512).
+
+Usage (GPU): OUT=dir python benchmarks/device/traces.py [TOKENS] [--max-tokens M] [--ctas-per-sm 1|2]
 """
 
 from __future__ import annotations
@@ -10,31 +15,38 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import sys
 
 import torch
 
+from megamoe.errors import OneLineArgumentParser
 from megamoe.kernel import MegaMoEKernel, design_from_plan, prepare_weights
 from megamoe.kernel.build import library_path
 from megamoe.kernel.check import make_inputs, make_weights
-from megamoe.kernel.trace import to_schema
 from megamoe.kernel.timing import cuda_times_us
+from megamoe.kernel.trace import to_schema
 from megamoe.scenario import Scenario
 from sim.calibrate import calibrated_toml, from_kernel_trace, measure
 
 OUT = os.environ.get("OUT", "/tmp/out")
 E, K, H, I = 256, 6, 4096, 2048
-TOKENS = [int(t) for t in (sys.argv[1] if len(sys.argv) > 1 else "1,16,64,256,512,1024,4096,8192").split(",")]
 
 
 def main() -> None:
+    ap = OneLineArgumentParser(description="EP1 kernel traces in the shared schema (see the module docstring)")
+    ap.add_argument("tokens", nargs="?", default="1,16,64,256,512,1024,4096,8192", help="comma-separated token counts")
+    ap.add_argument("--max-tokens", type=int, default=None, help="max_tokens_per_rank (default: the largest count)")
+    ap.add_argument("--ctas-per-sm", type=int, choices=(1, 2), default=None, help="CTAs per SM (default: the plan's rule)")
+    a = ap.parse_args()
+    tokens = [int(t) for t in a.tokens.split(",")]
+    max_tokens = a.max_tokens or max(tokens)
+    stem = "kernel_flash_ep1_one_cta" if a.ctas_per_sm == 1 else "kernel_flash_ep1"
     os.makedirs(OUT, exist_ok=True)
     w = make_weights(E, H, I, "cuda", seed=0)
-    kern = MegaMoEKernel(E, K, H, I, max(TOKENS), prepare_weights(*w))
+    kern = MegaMoEKernel(E, K, H, I, max_tokens, prepare_weights(*w))
     summary = []
-    for T in TOKENS:
-        sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=T, max_tokens_per_rank=max(TOKENS),
-                      design="megamoe-sm90", hardware="h200")
+    for T in tokens:
+        sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=T, max_tokens_per_rank=max_tokens,
+                      design="megamoe-sm90", hardware="h200", ctas_per_sm=a.ctas_per_sm)
         plan = sc.plan(torch.cuda.get_device_properties(0).multi_processor_count, 232448)
         ids = sc.routing_ids()[0]
         x, xs, _, tw = make_inputs(T, E, K, H, "cuda", seed=1)
@@ -54,13 +66,13 @@ def main() -> None:
                    "plan": {"block_m": rp.config.block_m, "experts_per_wave": rp.experts_per_wave,
                             "num_stages": rp.num_stages, "ctas_per_sm": rp.ctas_per_sm}}
         tr.topk_idx = [ids]
-        path = f"{OUT}/kernel_flash_ep1_t{T}.npz"
+        path = f"{OUT}/{stem}_t{T}.npz"
         tr.save_npz(path)
         summary.append({"tokens": T, "us": statistics.median(ts), "records": len(tr),
                         "makespan_us": tr.makespan_ns / 1e3})
         print(summary[-1], flush=True)
     m = measure()
-    kernel = from_kernel_trace(f"{OUT}/kernel_flash_ep1_t{4096 if 4096 in TOKENS else max(TOKENS)}.npz", m["fp8_gemm_tflops"])
+    kernel = from_kernel_trace(f"{OUT}/{stem}_t{4096 if 4096 in tokens else max(tokens)}.npz", m["fp8_gemm_tflops"])
     with open(f"{OUT}/h200_calibrated.toml", "w") as f:
         f.write(calibrated_toml("h200", m, kernel))
     with open(f"{OUT}/traces_summary.json", "w") as f:
