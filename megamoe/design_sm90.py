@@ -224,6 +224,23 @@ def block_tickets(ctas_per_sm: int) -> bool:
     return ctas_per_sm == 2
 
 
+def wave_lag(ctas_per_sm: int) -> bool:
+    """Whether the block list is in the wave-lag order (kernel v9.4,
+    :class:`megamoe.policies.WaveLagScheduler`: L1(0), L1(1), L2(0), L1(2), L2(1), ..., each wave's
+    L2 pass after the next wave's L1 pass) instead of ``MegaMoEScheduler``'s (each wave's L1 pass,
+    then its L2 pass): where the CTAs take their blocks by ticket (:func:`block_tickets`), yes.
+
+    Why: with tickets in the plain order, the CTAs that take a wave's first L2 rows wait at the
+    arrival masks for the wave's last L1 rows, while the next wave's L1 rows, which need nothing,
+    wait behind them in the list. At 16 tokens on V4-Flash (eight short waves of ~2.5 blocks per
+    CTA) the producers waited 52 us per CTA (kernel v9.3.1's trace). The pools are indexed over all
+    waves, so two waves' L1 outputs in flight take no memory. Measured on the H200 (CUPTI kernel
+    time, paired rounds, against v9.3.1): 0.896 / 0.945 / 0.973 / 0.996 at 16 / 24 / 32 / 48
+    tokens, 1.000-1.003 at 64-512, outputs bitwise (benchmarks/NOTES_kernel.md, session 39). The
+    one-CTA static deal keeps the plain order (not measured with this order)."""
+    return block_tickets(ctas_per_sm)
+
+
 def pair_smem_limit() -> int:
     """Dynamic shared memory one CTA may use at two CTAs per SM: half the SM's
     :data:`SMEM_PER_SM_SM90` less the driver's per-CTA reserve (115712 B on the H200)."""

@@ -304,6 +304,9 @@ class RankPlan:
             :func:`megamoe.design_sm90.block_tickets`): the units take the rows of
             :meth:`blocks` in list order as each becomes ready for its next one (a ticket per row),
             so :meth:`sm_blocks` is not what each unit runs; False: the static deal.
+        wave_lag: the block list in the wave-lag order (``megamoe-sm90`` where ``block_tickets``,
+            kernel v9.4, :func:`megamoe.design_sm90.wave_lag`,
+            :class:`megamoe.policies.WaveLagScheduler`) instead of ``MegaMoEScheduler``'s.
         ctas_per_sm: ``megamoe-sm90``: CTAs sharing one SM (kernel v9.2,
             :func:`megamoe.design_sm90.ctas_per_sm`: 2 at block_m 16 without the wide walk at one
             rank, else 1); 1 for the reference design.
@@ -331,6 +334,7 @@ class RankPlan:
     local_count: bool = False
     ctas_per_sm: int = 1
     block_tickets: bool = False
+    wave_lag: bool = False
     _blocks: np.ndarray | None = field(default=None, repr=False)
     _orders: dict = field(default_factory=dict, repr=False)
 
@@ -354,8 +358,8 @@ class RankPlan:
         return ceil_div(len(self.recv_counts), self.experts_per_wave)
 
     def blocks(self) -> np.ndarray:
-        """The rank's global block list (``MegaMoEScheduler`` order unless a scheduler policy
-        replaces it).
+        """The rank's global block list (``MegaMoEScheduler`` order, or the wave-lag order where
+        ``wave_lag``, unless a scheduler policy replaces it).
 
         With ``k_split`` > 1 every block of that list becomes ``k_split`` consecutive rows,
         one per equal part of its K blocks (``k_part`` 0, 1, ...); the last part's CTA adds the
@@ -368,11 +372,11 @@ class RankPlan:
             :meth:`sm_blocks`).
         """
         if self._blocks is None:
-            from .policies import ScheduleContext, WaveScheduler, call_block_list
+            from .policies import ScheduleContext, WaveLagScheduler, WaveScheduler, call_block_list
 
             ctx = ScheduleContext(self.m_blocks_per_expert, self.l1_n_blocks, self.l2_n_blocks,
                                   self.experts_per_wave, self.num_sms)
-            ref = WaveScheduler().block_list(ctx)
+            ref = (WaveLagScheduler() if self.wave_lag else WaveScheduler()).block_list(ctx)
             blk = ref if self.scheduler is None else call_block_list(
                 self.scheduler, ctx, ref, pairs=self.config.cluster_size == 2)
             ks = self.k_split
@@ -466,7 +470,7 @@ class Plan:
             "tokens_per_expert": r.tokens_per_expert.tolist(),
             "pool_block_offset": r.pool_block_offset.tolist(),
             "k_split": r.k_split, "combine_relay": r.combine_relay, "local_count": r.local_count,
-            "ctas_per_sm": r.ctas_per_sm, "num_units": r.num_sms, "block_tickets": r.block_tickets,
+            "ctas_per_sm": r.ctas_per_sm, "num_units": r.num_sms, "block_tickets": r.block_tickets, "wave_lag": r.wave_lag,
             "num_blocks": int(len(r.blocks())),
         } for r in self.ranks]
         return out
@@ -654,7 +658,8 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
         rp = RankPlan(rank=r, num_tokens=tokens_per_rank[r], config=cfg, experts_per_wave=epw,
                       num_stages=stages, smem_bytes=smem, recv_counts=counts[r], src_items=items[r],
                       num_sms=num_sms * ctas, ctas_per_sm=ctas,
-                      block_tickets=sm90 and design_sm90.block_tickets(ctas), l1_n_blocks=2 * intermediate // cfg.block_n,
+                      block_tickets=sm90 and design_sm90.block_tickets(ctas),
+                      wave_lag=sm90 and design_sm90.wave_lag(ctas), l1_n_blocks=2 * intermediate // cfg.block_n,
                       l2_n_blocks=hidden // cfg.block_n, pull_policy=pol.pull_order,
                       scheduler=pol.scheduler, k_split=ks, combine_relay=bool(combine_relay),
                       local_count=sm90 and design_sm90.local_count(cfg.block_m, epw, num_ranks))

@@ -22,8 +22,9 @@ Built-ins (``--policy NAME``): ``reference-waves``, ``fixed-waves:N`` (N in [1, 
 refused above the pool's limit, not capped), ``adaptive-waves``,
 ``reference-blocks``, ``block-m:N``, ``round-robin`` (min-remaining, the reference),
 ``rank-by-rank`` (naive: source ranks one after another), ``wave-scheduler`` (the
-reference ``MegaMoEScheduler``), ``interleaved`` (L2 blocks of expert e right after the L1
-blocks of expert e+1 inside a wave).  User classes: ``--policy package.module:Class`` or
+reference ``MegaMoEScheduler``), ``wave-lag`` (each wave's L2 blocks after the next wave's
+L1 blocks: the SM90 kernel's order at two CTAs per SM), ``interleaved`` (L2 blocks of expert e
+right after the L1 blocks of expert e+1 inside a wave).  User classes: ``--policy package.module:Class`` or
 ``--policy path/to/file.py:Class`` (constructed with no arguments).
 """
 
@@ -210,19 +211,41 @@ def _expert_rows(phase: int, e: int, m: int, nb: int, w: int) -> np.ndarray:
     return rows
 
 
+def _pass_rows(ctx: ScheduleContext, w: int, phase: int) -> list[np.ndarray]:
+    """The rows of wave ``w``'s L1 (``phase`` 1) or L2 (2) pass: its experts in order, each
+    m-major over the phase's n blocks."""
+    mb, epw = ctx.m_blocks_per_expert, ctx.experts_per_wave
+    nb = ctx.l1_n_blocks if phase == 1 else ctx.l2_n_blocks
+    return [_expert_rows(phase, e, int(mb[e]), nb, w) for e in range(w * epw, min((w + 1) * epw, len(mb))) if mb[e]]
+
+
+def _rows(parts: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.zeros((0, 5), np.int32)
+
+
 class WaveScheduler:
     """DeepGEMM's ``MegaMoEScheduler``: per wave all L1 blocks, then all L2 blocks."""
 
     name = "wave-scheduler"
 
     def block_list(self, ctx: ScheduleContext) -> np.ndarray:
-        mb, epw = ctx.m_blocks_per_expert, ctx.experts_per_wave
-        parts = []
-        for w in range(math.ceil(len(mb) / epw)):
-            experts = range(w * epw, min((w + 1) * epw, len(mb)))
-            for phase, nb in ((1, ctx.l1_n_blocks), (2, ctx.l2_n_blocks)):
-                parts += [_expert_rows(phase, e, int(mb[e]), nb, w) for e in experts if mb[e]]
-        return np.concatenate(parts) if parts else np.zeros((0, 5), np.int32)
+        waves = range(math.ceil(len(ctx.m_blocks_per_expert) / ctx.experts_per_wave))
+        return _rows([r for w in waves for phase in (1, 2) for r in _pass_rows(ctx, w, phase)])
+
+
+class WaveLagScheduler:
+    """Each wave's L2 pass after the next wave's L1 pass: L1(0), L1(1), L2(0), L1(2), L2(1), ...,
+    L1(W-1), L2(W-2), L2(W-1), each pass in ``WaveScheduler``'s order. The SM90 kernel's order
+    where its CTAs take blocks by ticket (kernel v9.4, :func:`megamoe.design_sm90.wave_lag`):
+    a CTA that takes a wave's first L2 rows finds its L1 rows done instead of waiting for them
+    while the next wave's L1 rows wait behind it. Not a DeepGEMM order."""
+
+    name = "wave-lag"
+
+    def block_list(self, ctx: ScheduleContext) -> np.ndarray:
+        n = math.ceil(len(ctx.m_blocks_per_expert) / ctx.experts_per_wave)
+        passes = [(0, 1)] + [p for w in range(1, n + 1) for p in (((w, 1),) if w < n else ()) + ((w - 1, 2),)]
+        return _rows([r for w, phase in passes for r in _pass_rows(ctx, w, phase)])
 
 
 class InterleavedScheduler:
@@ -250,7 +273,8 @@ class InterleavedScheduler:
 BUILTINS = {
     "reference-waves": ReferenceWaves, "fixed-waves": FixedWaves, "adaptive-waves": AdaptiveWaves,
     "reference-blocks": ReferenceBlocks, "block-m": FixedBlockM, "round-robin": RoundRobinPull,
-    "rank-by-rank": RankByRankPull, "wave-scheduler": WaveScheduler, "interleaved": InterleavedScheduler,
+    "rank-by-rank": RankByRankPull, "wave-scheduler": WaveScheduler, "wave-lag": WaveLagScheduler,
+    "interleaved": InterleavedScheduler,
 }
 
 

@@ -10,7 +10,7 @@ from megamoe import plan as P
 from megamoe.cli import main
 from megamoe.errors import InputError
 from megamoe.policies import (AdaptiveWaves, InterleavedScheduler, RankByRankPull, ScheduleContext,
-                              WaveContext, policies_from_specs)
+                              WaveContext, WaveLagScheduler, WaveScheduler, policies_from_specs)
 from megamoe.scenario import Scenario
 from sim import simulate
 
@@ -30,6 +30,28 @@ def test_interleaved_order_by_hand():
                     (L1, 2, 0, 0), (L1, 2, 0, 1),
                     (L2, 1, 0, 0), (L2, 1, 0, 1), (L2, 1, 1, 0), (L2, 1, 1, 1),
                     (L2, 2, 0, 0), (L2, 2, 0, 1)]
+
+
+def test_wave_lag_order_by_hand():
+    """Kernel v9.4's order at two CTAs per SM: each wave's L2 pass after the next wave's L1 pass.
+    Experts 0-4 with 1, 0, 2, 1, 1 m blocks, two per wave (waves {0, 1}, {2, 3}, {4}), 2 L1 and 1
+    L2 n blocks: L1(0), L1(1), L2(0), L1(2), L2(1), L2(2)."""
+    ctx = ScheduleContext(np.array([1, 0, 2, 1, 1]), l1_n_blocks=2, l2_n_blocks=1, experts_per_wave=2, num_sms=4)
+    rows = [tuple(r) for r in WaveLagScheduler().block_list(ctx).tolist()]
+    L1, L2 = 1, 2
+    assert rows == [(L1, 0, 0, 0, 0), (L1, 0, 0, 1, 0),
+                    (L1, 2, 0, 0, 1), (L1, 2, 0, 1, 1), (L1, 2, 1, 0, 1), (L1, 2, 1, 1, 1), (L1, 3, 0, 0, 1), (L1, 3, 0, 1, 1),
+                    (L2, 0, 0, 0, 0),
+                    (L1, 4, 0, 0, 2), (L1, 4, 0, 1, 2),
+                    (L2, 2, 0, 0, 1), (L2, 2, 1, 0, 1), (L2, 3, 0, 0, 1),
+                    (L2, 4, 0, 0, 2)]
+    # the same rows as MegaMoEScheduler's order; one wave: the same order
+    plain = [tuple(r) for r in WaveScheduler().block_list(ctx).tolist()]
+    assert sorted(plain) == sorted(rows) and plain != rows
+    one = ScheduleContext(np.array([1, 0, 2]), l1_n_blocks=2, l2_n_blocks=1, experts_per_wave=3, num_sms=4)
+    assert WaveLagScheduler().block_list(one).tolist() == WaveScheduler().block_list(one).tolist()
+    none = ScheduleContext(np.zeros(3, np.int64), l1_n_blocks=2, l2_n_blocks=1, experts_per_wave=1, num_sms=4)
+    assert WaveLagScheduler().block_list(none).shape == (0, 5)
 
 
 def test_adaptive_waves_uses_actual_counts():
@@ -140,3 +162,26 @@ def test_fixed_waves_is_refused_above_its_bounds_not_capped(capsys):
         "the pool of 70000 tokens at block_m 32), got 2"]
     sc = Scenario(shape="deepseek-v4-flash", tokens_per_rank=64, policies=["fixed-waves:32"])
     assert all(r.experts_per_wave == 32 for r in sc.plan(148, P.SM100_SMEM_CAPACITY).ranks)
+
+
+def test_sm90_plan_takes_the_wave_lag_order_where_blocks_go_by_ticket():
+    """megamoe-sm90 at two CTAs per SM (16 tokens on V4-Flash: block_m 16, 32 experts per wave,
+    blocks by ticket) lists its blocks in the wave-lag order (kernel v9.4); at one CTA (1024
+    tokens, block_m 32) in MegaMoEScheduler's; a scheduler policy still replaces either."""
+    from megamoe.design_sm90 import SMEM_LIMIT_SM90
+
+    def rank(tokens, **kw):
+        return Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=tokens, design="megamoe-sm90",
+                        hardware="h200", **kw).plan(132, SMEM_LIMIT_SM90).ranks[0]
+
+    two, one = rank(16), rank(1024)
+    for rp, lag in ((two, True), (one, False)):
+        assert (rp.block_tickets, rp.wave_lag) == (lag, lag)
+        ctx = ScheduleContext(rp.m_blocks_per_expert, rp.l1_n_blocks, rp.l2_n_blocks, rp.experts_per_wave, rp.num_sms)
+        want = (WaveLagScheduler() if lag else WaveScheduler()).block_list(ctx)
+        assert np.array_equal(rp.blocks()[:, :5], want)
+    assert two.num_waves == 8 and not np.array_equal(two.blocks()[:, :5], WaveScheduler().block_list(ScheduleContext(
+        two.m_blocks_per_expert, two.l1_n_blocks, two.l2_n_blocks, two.experts_per_wave, two.num_sms)))
+    forced = rank(16, policies=["wave-scheduler"])
+    assert forced.wave_lag and np.array_equal(forced.blocks()[:, :5], WaveScheduler().block_list(ScheduleContext(
+        forced.m_blocks_per_expert, forced.l1_n_blocks, forced.l2_n_blocks, forced.experts_per_wave, forced.num_sms)))
