@@ -129,6 +129,72 @@ def test_ticket_order_violation():
     assert ticket_order_violation({0: [(1, 1, 0, 0)]}, rows) == "CTA 0 ran (1, 1, 0, 0), which is not in the block list"
 
 
+def _lag_seek_port(counts, block_m, n1, n2, epw, t, c):
+    """A line-by-line port of the two-CTA producer's wave-lag cursor (``Producer::lag_seek`` in
+    csrc/megamoe/kernel_sm90.cu, kernel v9.4) and of the block the walk then returns
+    (``Scheduler::seek`` + ``next``): ticket ``t`` -> (phase, expert, m, n, pool block), or None
+    past the list; ``c`` the cursor dict, carried from the CTA's previous ticket."""
+    E = len(counts)
+    mb = [-(-x // block_m) for x in counts]
+
+    def wave_m_blocks(w0):
+        return sum(mb[w0:min(w0 + epw, E)])
+
+    while t >= c["hi"]:
+        if c["ph"] == 0:
+            nw, l1 = 0, True
+        elif c["ph"] == 1:
+            if c["w"] == 0 and epw < E:
+                nw, l1 = epw, True
+            else:
+                nw, l1 = (0 if c["w"] == 0 else c["w"] - epw), False
+        elif c["w"] + 2 * epw < E:
+            nw, l1 = c["w"] + 2 * epw, True
+        elif c["w"] + epw < E:
+            nw, l1 = c["w"] + epw, False
+        else:
+            return None
+        if l1:
+            c["pp"], c["pm"] = c["lp"], c["lm"]
+            c["lp"] = 0 if c["lw"] < 0 else c["lp"] + c["lm"]
+            c["lw"], c["lm"] = nw, wave_m_blocks(nw)
+            c["pool"], m = c["lp"], c["lm"] * n1
+        else:
+            last = nw == c["lw"]
+            c["pool"], m = (c["lp"], c["lm"] * n2) if last else (c["pp"], c["pm"] * n2)
+        c["ph"], c["w"], c["lo"], c["hi"] = (1 if l1 else 2), nw, c["hi"], c["hi"] + m
+    idx, num_n = t - c["lo"], (n1 if c["ph"] == 1 else n2)
+    first = 0  # m blocks of the wave's experts before the one holding idx
+    for e in range(c["w"], min(c["w"] + epw, E)):
+        if (first + mb[e]) * num_n > idx:
+            m = (idx - first * num_n) // num_n
+            return c["ph"], e, m, idx - first * num_n - m * num_n, c["pool"] + first + m
+        first += mb[e]
+    raise AssertionError("the cursor's pass does not hold the ticket")
+
+
+@pytest.mark.parametrize("epw", [1, 2, 3, 8])
+def test_wave_lag_cursor_port_takes_the_plans_rows(epw):
+    """Every ticket of the list, taken by CTAs in growing runs (each CTA's cursor only moves
+    forward), maps to the row of the plan's wave-lag list (megamoe.kernel.schedule.block_list,
+    wave_lag=True) and to that block's pool block (the expert's first pool block plus m); the
+    ticket after the last maps to none."""
+    from megamoe.kernel.schedule import block_list
+
+    rng = np.random.default_rng(epw)
+    counts = rng.integers(0, 40, 8).tolist()
+    counts[2] = 0  # an expert without rows (and, at epw 1, a wave without blocks)
+    rows = block_list(counts, 16, 4, 6, epw, 5, wave_lag=True)
+    first_pool = np.concatenate([[0], np.cumsum(-(-np.asarray(counts) // 16))])
+    for ctas in (1, 3, 7):
+        for cta in range(ctas):
+            c = dict(lo=0, hi=0, ph=0, w=0, pool=0, lw=-1, lp=0, lm=0, pp=0, pm=0)
+            for t in range(cta, len(rows), ctas):
+                ph, e, m, n, pool = _lag_seek_port(counts, 16, 4, 6, epw, t, c)
+                assert (ph, e, m, n) == rows[t] and pool == first_pool[e] + m, (t, rows[t])
+            assert _lag_seek_port(counts, 16, 4, 6, epw, len(rows) + cta, c) is None
+
+
 @pytest.mark.parametrize("epw", [1, 3, 8])
 def test_schedule_covers_every_block_once(epw):
     rng = np.random.default_rng(0)

@@ -9,7 +9,7 @@ from megamoe.kernel import cuda_available  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU with sm_90+")]
 
-from megamoe.design_sm90 import L1_X_FOLD_K
+from megamoe.design_sm90 import L1_X_FOLD_K, wave_lag
 from megamoe.kernel import MegaMoEKernel, prepare_weights, KernelError  # noqa: E402
 from megamoe.kernel.check import (make_weights, make_inputs, reference_sm90, reference_exact, compare,  # noqa: E402
                                   l2_pool_agreement, fold_x, REL_L2_TOL)
@@ -379,12 +379,17 @@ def test_trace_block_order():
     y, recs = k(x, xs, idx, tw, trace=True)
     des = k.last_design
     counts = torch.bincount(idx[idx >= 0].long(), minlength=256).tolist()
-    rows = block_list(counts, des.block_m, 2 * 2048 // 128, 4096 // 128, des.experts_per_wave, des.num_ctas)
+    rows = block_list(counts, des.block_m, 2 * 2048 // 128, 4096 // 128, des.experts_per_wave, des.num_ctas,
+                      wave_lag=wave_lag(des.ctas_per_sm))
     got = block_order(recs)
     assert k.last_trace_dropped == 0 and des.num_ctas == 2 * k.num_sms  # two CTAs per SM at 256 tokens
     # by ticket (kernel v9.3): every block once, each CTA's in list order; the faster CTA of an SM
     # takes more of them, so the CTAs' counts differ (the static deal gives 48 or 49 to each)
     assert ticket_order_violation(got, rows) is None, ticket_order_violation(got, rows)
+    # the list's order is the wave-lag order (kernel v9.4), not MegaMoEScheduler's: some CTA runs a
+    # wave's L2 block after a later wave's L1 block
+    plain = block_list(counts, des.block_m, 2 * 2048 // 128, 4096 // 128, des.experts_per_wave, des.num_ctas)
+    assert wave_lag(des.ctas_per_sm) and ticket_order_violation(got, plain) is not None
     per = sorted(len(v) for v in got.values())
     assert len(got) == des.num_ctas and per[-1] - per[0] > 2, per
     static = block_sequence(counts, des.block_m, 2 * 2048 // 128, 4096 // 128, des.experts_per_wave, des.num_ctas)
@@ -459,7 +464,7 @@ def test_plan_driven_launch():
     y, recs = k(x, xs, idx, tw, trace=True, design=design_from_plan(p))
     got = block_order(recs)
     assert p.ranks[0].num_sms == k.last_design.num_ctas == 2 * k.num_sms  # the plan's units are the CTAs
-    assert p.ranks[0].block_tickets  # the CTAs take the plan's rows by ticket
+    assert p.ranks[0].block_tickets and p.ranks[0].wave_lag  # the CTAs take the plan's rows by ticket
     rows = [tuple(map(int, r[:4])) for r in p.ranks[0].blocks()]
     assert ticket_order_violation(got, rows) is None, ticket_order_violation(got, rows)
     c = compare(y, reference_sm90(x, xs, idx, tw, *w, block_m=k.last_design.block_m))

@@ -562,22 +562,71 @@ struct Producer {
     // Two CTAs per SM (Params::ctas_per_sm 2, kernel v9.3): blocks by ticket. The next block is the
     // list's block t, t taken from the ticket counter (Params::expert_count[2E + 1]) by producer
     // lane 0 when the producer is ready for it, none ahead (one ahead: 1.066x v9.2's time at 16
-    // tokens, none ahead 0.999x; benchmarks/NOTES_kernel.md, session 38); the walk moves to it
-    // (its index, 0 before the first ticket, grows by the tickets' distance; next() adds num_sms
-    // after each block, which is taken back). The four producer warps read the ticket at named
-    // barrier 3 and leave together (the AND of their ok flags), so a warp whose wait gave up never
-    // strands the others there. Lane 0 logs each block's phase, and the end, for the consumers'
-    // error path (follow_block_log). TICKETS is true in the two-CTA instance only (its one-CTA
-    // instances carry no ticket code: 1.042x v9.2's time at 1024 tokens with the run-time test alone,
-    // session 38); the run-time test keeps fault bit 256 (the static deal) for experiments.
+    // tokens, none ahead 0.999x; benchmarks/NOTES_kernel.md, session 38). The four producer warps
+    // read the ticket at named barrier 3 and leave together (the AND of their ok flags), so a warp
+    // whose wait gave up never strands the others there. Lane 0 logs each block's phase, and the
+    // end, for the consumers' error path (follow_block_log). TICKETS is true in the two-CTA
+    // instance only (its one-CTA instances carry no ticket code: 1.042x v9.2's time at 1024 tokens
+    // with the run-time test alone, session 38); the run-time test keeps fault bit 256 (the static
+    // deal, in MegaMoEScheduler's order) for experiments.
+    // The list by ticket is in the wave-lag order (kernel v9.4; megamoe.policies.WaveLagScheduler,
+    // the plan's order at two CTAs per SM): L1(0), L1(1), L2(0), L1(2), L2(1), ..., L1(W-1),
+    // L2(W-2), L2(W-1), where L1(w) / L2(w) are wave w's passes. A wave's L2 blocks come after the
+    // next wave's L1 blocks, so the CTAs that take them find their L1 rows done instead of waiting
+    // at the masks while the next wave's L1 blocks wait behind them (at 16 tokens, eight short
+    // waves, the producers waited 52 us per CTA in v9.3.1's trace; v9.4: 0.896x its time). The
+    // cursor maps a ticket to (pass, index) and only moves forward (a CTA's tickets grow); each L1
+    // pass entered costs one reduction of its wave's m blocks; the walk is then put at the block.
+    struct LagCursor {
+        int lo = 0, hi = 0;            // the current pass's tickets [lo, hi)
+        int ph = kPhaseNone, w = 0;    // its phase and wave (first expert)
+        int pool = 0;                  // the wave's first pool block
+        int lw = -1, lp = 0, lm = 0;   // the last L1 pass's wave (-1: none yet), first pool block, m blocks
+        int pp = 0, pm = 0;            // the same for the L1 pass before it
+    };
+    // Moves c to the pass holding ticket t; false past the list's end.
+    __device__ __forceinline__ bool lag_seek(Scheduler<BM, WIDE>& sched, LagCursor& c, int t) {
+        const int epw = (int)p.experts_per_wave, E = sched.num_experts;
+        while (t >= c.hi) {
+            int nw;
+            bool l1;
+            if (c.ph == kPhaseNone) { nw = 0; l1 = true; }
+            else if (c.ph == kPhaseL1) {
+                if (c.w == 0 && epw < E) { nw = epw; l1 = true; }
+                else { nw = c.w == 0 ? 0 : c.w - epw; l1 = false; }
+            } else if (c.w + 2 * epw < E) { nw = c.w + 2 * epw; l1 = true; }
+            else if (c.w + epw < E) { nw = c.w + epw; l1 = false; }
+            else return false;
+            int m;
+            if (l1) {
+                c.pp = c.lp;
+                c.pm = c.lm;
+                c.lp = c.lw < 0 ? 0 : c.lp + c.lm;
+                c.lw = nw;
+                c.lm = sched.wave_m_blocks(nw);
+                c.pool = c.lp;
+                m = c.lm * sched.num_l1_n();
+            } else {
+                const bool last = nw == c.lw;
+                c.pool = last ? c.lp : c.pp;
+                m = (last ? c.lm : c.pm) * sched.num_l2_n();
+            }
+            c.ph = l1 ? kPhaseL1 : kPhaseL2;
+            c.w = nw;
+            c.lo = c.hi;
+            c.hi += m;
+        }
+        sched.seek(c.ph, c.w, c.pool, t - c.lo);
+        return true;
+    }
+
     __device__ void run_blocks() {
         Scheduler<BM, WIDE> sched(p);
+        LagCursor lag;
         const bool tk = TICKETS && p.ctas_per_sm == 2 && !(p.fault_inject & 256);
         unsigned long long* ticket_ctr = p.expert_count + 2 * p.num_experts + 1;
         volatile uint32_t* tk_slot = reinterpret_cast<volatile uint32_t*>(reinterpret_cast<uint8_t*>(full) + kTicketOffset);
-        uint32_t t_prev = 0;
         int jt = 0;  // blocks taken (by ticket)
-        if (tk) sched.block_idx = 0;
         bool ok = sched.fetch_counts(p, kRoleProducer);  // false: a wait gave up (error raised)
         if (!tk && !ok) return;
         const bool trace = p.trace_cap > 0 && ptid == 0;
@@ -591,12 +640,10 @@ struct Producer {
                     return;
                 }
                 const uint32_t t = tk_slot[jt & 1];
-                sched.block_idx += (int)(t - t_prev);
-                t_prev = t;
+                if (!lag_seek(sched, lag, (int)t)) sched.seek(kPhaseL1, sched.num_experts, 0, 0);  // past the end: none
             }
             const Block b = sched.next();
             if (tk) {
-                sched.block_idx -= (int)p.num_sms;
                 if (ptid == 0) log_block(full, jt, b.phase);
                 ++jt;
             }

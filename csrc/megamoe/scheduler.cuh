@@ -61,6 +61,30 @@ struct Scheduler {
         return v;
     }
 
+    // The m blocks of the wave whose first expert is w0 (whole warp; the wave-lag cursor of the
+    // two-CTA producer, kernel v9.4).
+    __device__ __forceinline__ int wave_m_blocks(int w0) const {
+        const int we = min(w0 + (int)prm.experts_per_wave, num_experts);
+        int total = 0;
+        for (int c0 = w0 & ~31; c0 < we; c0 += 32) {
+            const int e = c0 + (int)lane_id();
+            const int cnt = (e >= w0 && e < we) ? (int)lane_count(c0 >> 5) : 0;
+            total += (int)__reduce_add_sync(0xffffffffu, (unsigned)((cnt + BLOCK_M - 1) / BLOCK_M));
+        }
+        return total;
+    }
+
+    // Put the walk at block idx of pass (w0, ph), the wave starting at pool block pool: the next
+    // call of next() returns that block (when idx is below the pass's blocks).
+    __device__ __forceinline__ void seek(int ph, int w0, int pool, int idx) {
+        phase = ph;
+        wave = w0;
+        wave_pool = pool;
+        chunk = w0 & ~31;
+        mb_before = 0;
+        block_idx = idx;
+    }
+
     // Next block of this CTA; phase == kPhaseNone when done. Whole warp. In each (wave,
     // phase) the blocks are every expert's m x n blocks (m-major over the phase's n blocks),
     // experts in order; the block index skips num_sms blocks per call and carries over from
