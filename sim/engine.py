@@ -275,11 +275,21 @@ def sm90_walk_steps(rp) -> tuple[np.ndarray, np.ndarray]:
     (``sched_skip_ns``: one warp reduction) in a wave of more than one chunk where the kernel
     runs its wide-walk instance (:func:`megamoe.design_sm90.wide_walk`, kernel v8.7).
 
+    In the wave-lag order (``rp.wave_lag``, kernel v9.4: the two-CTA producer puts the walk at
+    the first chunk of each taken block's pass, ``Scheduler::seek``) a block's count is the chunks
+    of its own pass before its chunk, and the end's is zero: no walk carries from one block to the
+    next.
+
     Returns:
         int64 ``[N, 2]`` (scans, skips) from the start to each block, and int64 ``[2]`` the same
         to the end.
     """
     E, epw = len(rp.tokens_per_expert), rp.experts_per_wave
+    if rp.wave_lag:
+        blk = rp.blocks().astype(np.int64)
+        steps = np.zeros((len(blk), 2), np.int64)
+        steps[:, 0] = blk[:, 1] // SCHED_CHUNK - (blk[:, 1] // epw * epw) // SCHED_CHUNK
+        return steps, np.zeros(2, np.int64)
     w0 = np.arange(0, E, epw)
     w1 = np.minimum(w0 + epw, E)
     chunks = (w1 - 1) // SCHED_CHUNK - w0 // SCHED_CHUNK + 1  # chunks a wave's experts span
@@ -486,7 +496,7 @@ class _Engine:
             a += k
         return out
 
-    def _ticket_rows(self, r: int, c: int, cols: tuple, key: list, walked: list, share: float):
+    def _ticket_rows(self, r: int, c: int, cols: tuple, key: list, walked: list, share: float, seek: bool):
         """The rows unit ``c`` of rank ``r`` takes by ticket (``RankPlan.block_tickets``, kernel
         v9.3): each step takes the rank's next row of the block list from its counter (the caller
         has advanced the simulated time to the moment the unit's producer is ready for a row, so
@@ -499,7 +509,8 @@ class _Engine:
         global-memory round trip priced at ``tma_latency_ns`` (the copy-engine probe's measured
         round trip standing in for the atomic's, which is not measured separately).  Stops when
         the counter passes the end of the list; ``walked`` holds the steps to the unit's latest
-        row (the caller's end gap walks on from there)."""
+        row (the caller's end gap walks on from there). ``seek`` (``RankPlan.wave_lag``, kernel
+        v9.4): ``key`` counts each row's steps within its own pass, and ``walked`` stays at zero."""
         hw = self.hw
         ctr, ids = self.ticket[r], self.block_ids
         n = len(cols[0])
@@ -511,7 +522,8 @@ class _Engine:
             ctr[0] = i + 1
             k0, k1 = key[i]
             gap = fixed + scan * max(k0 - walked[0], 0) + skip * max(k1 - walked[1], 0)
-            walked[0], walked[1] = k0, k1
+            if not seek:  # the walk carries on from this row (in the wave-lag order it restarts)
+                walked[0], walked[1] = k0, k1
             ids[bid[i], 1] = c
             yield ph[i], nb[i], pb[i], kw[i], ka[i], kp[i], bid[i], gap
 
@@ -726,7 +738,7 @@ class _Engine:
         if tickets:  # kernel v9.3: the rank's rows in list order, each taken by the first unit ready
             cols = clusters[0]
             walked = [0, 0]  # chunk scans and skips from the list's start to the unit's latest row
-            rows = self._ticket_rows(r, c, cols, walks[0], walked, share)
+            rows = self._ticket_rows(r, c, cols, walks[0], walked, share, rp.wave_lag)
         else:
             cols = clusters[c]  # phase, n block, pool block, first-touch keys, block id per row
             # SM90: the scheduler's cost before each block and after the last (0 for SM100)
