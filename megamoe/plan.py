@@ -372,7 +372,12 @@ class RankPlan:
             :meth:`sm_blocks`).
         """
         if self._blocks is None:
-            from .policies import ScheduleContext, WaveLagScheduler, WaveScheduler, call_block_list
+            from .policies import (
+                ScheduleContext,
+                WaveLagScheduler,
+                WaveScheduler,
+                call_block_list,
+            )
 
             ctx = ScheduleContext(self.m_blocks_per_expert, self.l1_n_blocks, self.l2_n_blocks,
                                   self.experts_per_wave, self.num_sms)
@@ -604,7 +609,13 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
         require(cap > 0, "pool_tokens", "> 0", cap)
     pull = bytes_per_pull(hidden)
     counts, items = route_to_ranks(topk_idx, num_experts, num_ranks)
-    from .policies import BlockContext, Policies, WaveContext, call_block_config, call_wave
+    from .policies import (
+        BlockContext,
+        Policies,
+        WaveContext,
+        call_block_config,
+        call_wave,
+    )
 
     pol = policies or Policies()
     ranks = []

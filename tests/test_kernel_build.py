@@ -188,7 +188,7 @@ def test_wave_lag_cursor_port_takes_the_plans_rows(epw):
     first_pool = np.concatenate([[0], np.cumsum(-(-np.asarray(counts) // 16))])
     for ctas in (1, 3, 7):
         for cta in range(ctas):
-            c = dict(lo=0, hi=0, ph=0, w=0, pool=0, lw=-1, lp=0, lm=0, pp=0, pm=0)
+            c = {"lo": 0, "hi": 0, "ph": 0, "w": 0, "pool": 0, "lw": -1, "lp": 0, "lm": 0, "pp": 0, "pm": 0}
             for t in range(cta, len(rows), ctas):
                 ph, e, m, n, pool = _lag_seek_port(counts, 16, 4, 6, epw, t, c)
                 assert (ph, e, m, n) == rows[t] and pool == first_pool[e] + m, (t, rows[t])
