@@ -162,7 +162,7 @@ def add_scenario_args(p: argparse.ArgumentParser) -> None:
                         "--reserved-sms 100)")
     g.add_argument("--policy", action="append", default=[],
                    help="scheduler policy: built-in name (fixed-waves:N, adaptive-waves, block-m:N, "
-                        "rank-by-rank, interleaved, ...), module:Class or file.py:Class; repeatable")
+                        "rank-by-rank, wave-scheduler, wave-lag, interleaved, ...), module:Class or file.py:Class; repeatable")
 
 
 def scenario_from_args(a: argparse.Namespace):
@@ -225,7 +225,7 @@ def _print_summary(res) -> None:
               f"block_k={rp.config.block_k} experts/wave={rp.experts_per_wave} waves={rp.num_waves} "
               f"stages={rp.num_stages} SMs={plan.num_sms}"
               + (f" x {rp.ctas_per_sm} CTAs" if rp.ctas_per_sm > 1 else "")
-              + (" (blocks by ticket" + (", wave-lag order)" if rp.wave_lag else ")") if rp.block_tickets else "")
+              + (" (blocks by ticket" + (", wave-lag order)" if rp.wave_lag and rp.scheduler is None else ")") if rp.block_tickets else "")
               + f" pool={plan.pool_tokens} tokens "
               f"pull={plan.bytes_per_pull} B  blocks={len(rp.blocks())}"
               + (f"  k_split={rp.k_split} (what-if)" if rp.k_split > 1 else "")

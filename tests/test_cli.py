@@ -930,3 +930,17 @@ def test_sm90_pool_is_the_kernels_and_not_an_override(capsys):
     assert " pool=52992 tokens " in capsys.readouterr().out
     assert main([*base, "--max-tokens", "64"]) == 0
     assert " pool=4224 tokens " in capsys.readouterr().out
+
+
+def test_plan_line_names_the_wave_lag_order_only_when_it_is_the_list(capsys):
+    """At two CTAs per SM (V4-Flash EP1, 16 tokens on the H200: block_m 16) the SM90 plan's list
+    is the wave-lag order; a --policy that replaces the list must not be labelled with it."""
+    args = ["simulate", "--shape", "deepseek-v4-flash", "--ranks", "1", "--tokens", "16",
+            "--design", "megamoe-sm90", "--hardware", "h200"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "x 2 CTAs (blocks by ticket, wave-lag order)" in out
+    assert main([*args, "--policy", "wave-scheduler"]) == 0
+    out = capsys.readouterr().out
+    assert "x 2 CTAs (blocks by ticket)" in out and "wave-lag order" not in out
+    assert "policies: " in out and "wave-scheduler" in out
