@@ -421,17 +421,20 @@ def cmd_compare(a: argparse.Namespace) -> int:
     con = _console()
     con.print(f"{a.trace}: measured {report['makespan_measured_us']:.1f} us, simulated "
               f"{report['makespan_simulated_us']:.1f} us (the traced spans: launch not included), makespan error "
-              f"{100 * report['makespan_error']:+.1f}%, median kind error {100 * report['median_kind_error']:.1f}%")
+              f"{100 * report['makespan_error']:+.1f}%, median kind error {100 * report['median_kind_error']:.1f}% "
+              f"(distributions {100 * report['median_kind_quantile_error']:.1f}%)")
     if any(report["launch_skew_us"]):
         con.print("ranks' launch skew read off the trace (host launch jitter: an input of the model, which it "
                   "does not predict; simulated with it): "
                   + ", ".join(f"{v:.1f}" for v in report["launch_skew_us"]) + " us; makespan error without it "
                   f"{100 * report['makespan_error_no_skew']:+.1f}%")
-    t = Table(title="per-kind duration error (matched intervals)")
-    for c in ("kind", "matched", "median", "p90"):
+    t = Table(title="per-kind duration error (median, p90: matched intervals; distribution: quantiles)")
+    for c in ("kind", "matched", "median", "p90", "distribution"):
         t.add_column(c, justify="right")
     for k, v in report["kind_errors"].items():
-        t.add_row(k, str(v["matched"]), f"{100 * v['median']:.1f}%", f"{100 * v['p90']:.1f}%")
+        q = report["kind_quantile_errors"].get(k)
+        t.add_row(k, str(v["matched"]), f"{100 * v['median']:.1f}%", f"{100 * v['p90']:.1f}%",
+                  "-" if q is None else f"{100 * q:.1f}%")
     con.print(t)
     for role, err in report["busy_fraction_error"].items():
         con.print(f"busy {role}: measured {report['busy_fraction_measured'][role]:.2f}, simulated "

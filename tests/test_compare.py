@@ -300,3 +300,26 @@ def test_compare_traces_by_block_ignores_the_unit():
     assert r["matched_intervals"] == 2 and r["unmatched_block_work"] == 0
     k = r["kind_errors"]["l1_mma"]
     assert k["matched"] == 2 and k["median"] == pytest.approx((0.1 + 0.3) / 2)
+
+
+def test_kind_quantile_errors_compare_the_distributions():
+    """The distribution metric (sim.compare.QUANTILES = 10/25/50/75/90): two l1_mma blocks swapped
+    in duration between the sides (1000 / 3000 ns measured, 3000 / 1000 simulated) pair badly
+    block by block (|3000/1000 - 1| = 2, |1000/3000 - 1| = 2/3: median 4/3) but have the same
+    distribution (error 0). An l2_mma kind 20% slower everywhere reads 0.2 both ways. numpy's
+    linear percentiles of (1000, 3000) are 1200 / 1500 / 2000 / 2500 / 2800."""
+    rows_m = [(0, 0, "consumer", "l1_mma", 3, 0, 1, 0, 0.0, 1000.0, 0, 16),
+              (0, 1, "consumer", "l1_mma", 5, 0, 2, 0, 0.0, 3000.0, 0, 16),
+              (0, 0, "consumer", "l2_mma", 3, 0, 1, 0, 5000.0, 6000.0, 0, 16)]
+    rows_s = [(0, 0, "consumer", "l1_mma", 3, 0, 1, 0, 0.0, 3000.0, 0, 16),
+              (0, 1, "consumer", "l1_mma", 5, 0, 2, 0, 0.0, 1000.0, 0, 16),
+              (0, 0, "consumer", "l2_mma", 3, 0, 1, 0, 5000.0, 6200.0, 0, 16)]
+    r = compare_traces(Trace.from_rows(rows_m), Trace.from_rows(rows_s), 2)
+    assert r["kind_errors"]["l1_mma"]["median"] == pytest.approx((2 + 2 / 3) / 2)
+    assert r["kind_quantile_errors"]["l1_mma"] == pytest.approx(0.0)
+    assert r["kind_quantile_errors"]["l2_mma"] == pytest.approx(0.2)
+    assert r["median_kind_quantile_error"] == pytest.approx(0.1)  # median of (0, 0.2)
+    # a 3000 ns block against the measured (1000, 3000): quantiles 3000 / (1200 .. 2800)
+    one = compare_traces(Trace.from_rows(rows_m), Trace.from_rows([rows_s[0], rows_s[2]]), 2)
+    want = np.median([3000 / q - 1 for q in (1200, 1500, 2000, 2500, 2800)])
+    assert one["kind_quantile_errors"]["l1_mma"] == pytest.approx(want) == pytest.approx(0.5)

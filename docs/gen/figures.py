@@ -744,7 +744,8 @@ class Gen:
             rows.append([r["scenario"]["num_ranks"], T, ctas, f"{r['makespan_measured_us']:.1f}",
                          f"{r['makespan_simulated_us']:.1f}", f"{100 * r['makespan_error']:+.1f}%",
                          f"{skew:.0f} us, {100 * r['makespan_error_no_skew']:+.1f}%" if skew else "-",
-                         f"{100 * r['median_kind_error']:.1f}%", kinds])
+                         f"{100 * r['median_kind_error']:.1f}%", f"{100 * r['median_kind_quantile_error']:.1f}%",
+                         kinds])
             if T == 512 and r["scenario"]["num_ranks"] == 1 and "one_cta" not in path.name:
                 p = Path(tempfile.mkdtemp()) / "overlay.png"
                 plot_overlay(measured, res.trace, str(p), sms=6)
@@ -753,8 +754,8 @@ class Gen:
             self.files["generated/h200_overlay_t512.png"] = overlay
         self.snippets["h200_compare_table"] = _md_table(
             ["EP", "tokens per rank", "CTAs per SM", "measured us", "simulated us", "makespan error",
-             "launch skew read off the trace, error without it", "median per-kind error",
-             "median error per kind"], rows) if rows else "*(no committed kernel traces)*"
+             "launch skew read off the trace, error without it", "median per-kind error (block by block)",
+             "median per-kind error (distributions)", "median error per kind"], rows) if rows else "*(no committed kernel traces)*"
         choices = root / "benchmarks" / "results" / "compare_h200.json"
         if choices.exists():
             pairs = json.loads(choices.read_text())["plan_choices"]
