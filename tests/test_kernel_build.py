@@ -4,6 +4,7 @@ import csv
 import ctypes
 import dataclasses
 import importlib.util
+import math
 import re
 import shutil
 import subprocess
@@ -88,8 +89,8 @@ def test_two_ctas_per_sm_at_block_m_16():
     assert d.design_for(64, 4096, 2048, 256, 6, num_stages=9).num_stages == 9
     with pytest.raises(InputError, match=r"^num_stages: expected an integer in \[4, 9\]"):
         d.design_for(64, 4096, 2048, 256, 6, num_stages=10)
-    # one CTA per SM: the wide walk (1-12 tokens), block_m >= 32, EP > 1, or asked for
-    for kw in ({"num_tokens": 12}, {"num_tokens": 1024}, {"num_tokens": 64, "ranks": 2}, {"num_tokens": 64, "ctas_per_sm": 1},
+    # one CTA per SM: the wide walk (1-5 tokens), block_m >= 32, EP > 1, or asked for
+    for kw in ({"num_tokens": 5}, {"num_tokens": 1}, {"num_tokens": 1024}, {"num_tokens": 64, "ranks": 2}, {"num_tokens": 64, "ctas_per_sm": 1},
                {"num_tokens": 64, "experts_per_wave": 64}):
         kw = {"hidden": 4096, "inter": 2048, "num_experts": 256, "topk": 6, **kw}
         des = d.design_for(**kw)
@@ -100,8 +101,36 @@ def test_two_ctas_per_sm_at_block_m_16():
         d.design_for(1024, 4096, 2048, 256, 6, ctas_per_sm=2)
     with pytest.raises(InputError, match=r"^ctas_per_sm: expected 1 or 2 \(or none: the kernel's rule\), got 3$"):
         d.design_for(64, 4096, 2048, 256, 6, ctas_per_sm=3)
-    assert [d.ctas_per_sm(16, w, r) for w, r in ((32, 1), (33, 1), (32, 2))] == [2, 1, 1]
+    assert [d.ctas_per_sm(16, w, r) for w, r in ((32, 1), (64, 1), (128, 1), (32, 2))] == [2, 2, 1, 1]
     assert [d.ctas_per_sm(bm, 8, 1) for bm in (32, 64, 128)] == [1, 1, 1]
+    assert [d.pair_fits(16, w, r) for w, r in ((32, 1), (33, 1), (32, 2))] == [True, False, False]
+    assert not any(d.pair_fits(bm, 8, 1) for bm in (32, 64, 128))
+
+
+def test_two_ctas_from_a_one_cta_wave_of_64_experts():
+    """The switch to two CTAs per SM (session 40: design_sm90.PAIR_MAX_ONE_CTA_WAVE = 64) on
+    V4-Flash EP1, by hand. The one-CTA wave rule takes the smallest divisor w of 256 with
+    w x (1 - exp(-6T/256)) x 32 L1 n blocks >= 2 x 132: T = 5: 264 / (32 x 0.110582) = 74.6 ->
+    128 experts, one CTA (the wide walk, the local count); T = 6: 264 / (32 x 0.131185) = 62.9
+    -> 64, two CTAs, whose waves follow the two-CTA rule: 528 / (32 x 0.131185) = 125.8 -> 128,
+    capped at 32. Two CTAs may still be asked for at 1 token (their waves 32 experts); a given
+    wave over 32 experts (the wide walk) refuses them."""
+    kw = {"hidden": 4096, "inter": 2048, "num_experts": 256, "topk": 6}
+    assert math.isclose(-math.expm1(-30 / 256), 0.110582, abs_tol=1e-6)
+    assert math.isclose(-math.expm1(-36 / 256), 0.131185, abs_tol=1e-6)
+    five, six = d.design_for(5, **kw), d.design_for(6, **kw)
+    assert (five.ctas_per_sm, five.experts_per_wave, five.num_stages) == (1, 128, 16)
+    assert d.local_count(five.block_m, five.experts_per_wave, 1)
+    assert (six.ctas_per_sm, six.experts_per_wave, six.num_stages) == (2, 32, 8)
+    assert not d.local_count(six.block_m, six.experts_per_wave, 1)
+    assert [d.design_for(T, **kw).ctas_per_sm for T in range(1, 17)] == [1] * 5 + [2] * 11
+    forced = d.design_for(1, **kw, ctas_per_sm=2)
+    assert (forced.ctas_per_sm, forced.experts_per_wave, forced.num_ctas) == (2, 32, 264)
+    with pytest.raises(InputError, match=r"^ctas_per_sm: expected 1 at block_m 16, 64 experts per wave and 1 "
+                                         r"rank\(s\) \(64 experts per wave > 32 is the wide walk"):
+        d.design_for(8, **kw, experts_per_wave=64, ctas_per_sm=2)
+    # a given wave the two-CTA instance cannot run keeps one CTA under the rule
+    assert d.design_for(8, **kw, experts_per_wave=64).ctas_per_sm == 1
 
 
 def _all_blocks(counts, bm, n1, n2):
