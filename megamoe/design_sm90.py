@@ -7,8 +7,8 @@ re-derives it. Shared-memory formulas mirror ``csrc/megamoe/kernel_sm90.cu`` exa
 
 Design, in one paragraph: one persistent CTA per SM (the pipeline ring needs more than half
 of the 227 KB of shared memory, so two CTAs would halve the stages; one CTA also keeps the
-dispatch warps and the grid sync simple) except at block_m 16 and one rank from 64-expert
-one-CTA waves down (6-600 tokens on V4-Flash), where two CTAs share each SM (kernel v9.2,
+dispatch warps and the grid sync simple) except at block_m 16 and one rank from 128-expert
+one-CTA waves down (3-600 tokens on V4-Flash; the wide walk too since kernel v9.5), where two CTAs share each SM (kernel v9.2,
 :func:`ctas_per_sm`: that instance needs 76
 registers, and four consumer warps per scheduler hide its K loop's latency: 0.89x the time at
 64-512 tokens on the H200), 512 threads in three warp-specialized roles —
@@ -190,36 +190,37 @@ def wide_walk(block_m: int, experts_per_wave: int) -> bool:
 
 
 #: The widest wave of the one-CTA rule (:func:`experts_per_wave_for` over one CTA per SM) at which a
-#: launch still takes two CTAs per SM (:func:`ctas_per_sm`); 64 experts on V4-Flash EP1 is 6-12
-#: tokens. Measured on the H200 (one build, the rule's one-CTA wide launch against two CTAs with
-#: 32-expert waves, CUPTI kernel time, 8 ABBA rounds, outputs bitwise; the model predicted each
-#: ratio first): 1.278 / 1.333 / 1.095 / 1.031 at 1 / 2 / 4 / 5 tokens (128-256 experts per wave),
-#: 0.977 / 0.962 / 0.933 / 0.887 / 0.852 at 6 / 7 / 8 / 10 / 12 (64) (benchmarks/NOTES.md,
-#: session 40).
-PAIR_MAX_ONE_CTA_WAVE = 64
+#: launch still takes two CTAs per SM (:func:`ctas_per_sm`); 128 experts on V4-Flash EP1 is 3-5
+#: tokens (256 at 1-2). Measured on the H200 (CUPTI kernel time, 8 ABBA rounds, outputs bitwise;
+#: the model predicted each ratio first; benchmarks/NOTES.md, session 40): kernel v9.5's two-CTA
+#: wide instance (the rule's waves over 264 CTAs) took 1.155 / 1.039 of the one-CTA wide launch's
+#: time at 1 / 2 tokens and 0.943 / 0.920 / 0.891 at 3 / 4 / 5; before v9.5 (waves capped at 32
+#: experts) two CTAs took 1.095-1.333 at 1-5 tokens and 0.977-0.852 at 6-12, and the switch was at
+#: 64 experts (6 tokens; 13 until session 40's first rule change).
+PAIR_MAX_ONE_CTA_WAVE = 128
 
 
-def pair_fits(block_m: int, experts_per_wave: int, num_ranks: int) -> bool:
-    """Whether the two-CTA instance (kernel v9.2; ``CTAS`` = 2 in ``csrc/megamoe/kernel_sm90.cu``,
-    checked by ``megamoe_sm90_launch``, code -11) can run a launch: block_m 16, waves without the
-    wide walk (:func:`wide_walk`), one rank. That instance's whole kernel needs 76 registers, so
-    two CTAs of 512 threads fit an SM at 64 per thread (:data:`PAIR_REGS`), and two of
-    :data:`PAIR_STAGES` 11 KB stages fit its shared memory; the wide instance (107 registers) and
-    block_m >= 32 (129-189) do not fit 64 registers; EP > 1 keeps one CTA (its NVLink paths were
-    not measured at two)."""
-    return block_m == 16 and num_ranks == 1 and not wide_walk(block_m, experts_per_wave)
+def pair_fits(block_m: int, num_ranks: int) -> bool:
+    """Whether a two-CTA instance (kernel v9.2; ``CTAS`` = 2 in ``csrc/megamoe/kernel_sm90.cu``,
+    checked by ``megamoe_sm90_launch``, code -11) can run a launch: block_m 16 and one rank, with
+    or without the wide walk (:func:`wide_walk`; the two-CTA wide instance since kernel v9.5,
+    which keeps the count barrier and the one-slot combine: :func:`local_count`). Those
+    instances fit 64 registers per thread, so two CTAs of 512 threads fit an SM
+    (:data:`PAIR_REGS`), and two of :data:`PAIR_STAGES` 11 KB stages fit its shared memory;
+    block_m >= 32 (129-189 registers) does not; EP > 1 keeps one CTA (its NVLink paths were not
+    measured at two)."""
+    return block_m == 16 and num_ranks == 1
 
 
 def ctas_per_sm(block_m: int, one_cta_wave: int, num_ranks: int) -> int:
     """CTAs per SM of a launch (the rule): two at block_m 16 and one rank where the one-CTA wave rule
     gives at most :data:`PAIR_MAX_ONE_CTA_WAVE` experts per wave (``one_cta_wave``; the launch's own
-    waves then follow the two-CTA rule, at most :data:`SCHED_CHUNK` experts, so :func:`pair_fits`
-    holds), else one. Each SM then has four consumer warps per scheduler instead of two, which
+    waves then follow the same rule over the two-CTA grid), else one. Each SM then has four consumer warps per scheduler instead of two, which
     hides the latency of the block_m 16 K loop (issue slots were 54% busy at one CTA, ncu, session
     22). Measured on the H200 (CUPTI kernel time, 8 rounds): 0.925 / 0.889 / 0.889 / 0.893 of the
     one-CTA time at 16 / 64 / 256 / 512 tokens, outputs bitwise equal; block_m 16 at two CTAs
     instead of 32 / 64 at one: 1.14-1.99x at 768-2048 tokens (benchmarks/NOTES_kernel.md, session
-    37). Below 64 experts per one-CTA wave (1-5 tokens on V4-Flash) the one-CTA wide instance is
+    37). Past 128 experts per one-CTA wave (1-2 tokens on V4-Flash) the one-CTA wide instance is
     faster: it counts locally, with no count barrier (:func:`local_count`), and a few hundred
     blocks do not keep 264 CTAs busy (:data:`PAIR_MAX_ONE_CTA_WAVE`). Until session 40 the switch
     was at 32 experts (13 tokens)."""
@@ -274,47 +275,42 @@ def ctas_and_experts_per_wave(block_m: int, local_experts: int, expected_tokens_
                               ctas: int | None = None) -> tuple[int, int]:
     """The CTAs per SM and the experts per wave of a launch (one rule for ``design_for`` and
     ``megamoe.plan``): :func:`experts_per_wave_for` over the ``num_sms`` CTAs of one per SM
-    decides :func:`ctas_per_sm` (and at one CTA the waves, so the wide walk); at two CTAs per SM the waves follow the same
-    rule over the ``2 num_sms`` CTAs, at most :data:`SCHED_CHUNK` experts (the two-CTA instance
-    has no wide walk; measured 0.916 against 0.947 with the one-CTA rule's waves at 64 tokens,
-    session 37). ``experts_per_wave`` and ``ctas`` override the rules.
+    decides :func:`ctas_per_sm` (and at one CTA the waves); at two CTAs per SM the waves follow
+    the same rule over the ``2 num_sms`` CTAs (measured 0.916 against 0.947 with the one-CTA rule's
+    waves at 64 tokens, session 37; until kernel v9.5 capped at :data:`SCHED_CHUNK` experts, the
+    two-CTA instance having no wide walk). ``experts_per_wave`` and ``ctas`` override the rules.
 
     Raises:
-        InputError: ``ctas`` not None, 1 or 2, or 2 where the two-CTA instance cannot run the
-            launch (:func:`pair_fits` of block_m, the given ``experts_per_wave`` or the two-CTA
-            rule's, and ``num_ranks``).
+        InputError: ``ctas`` not None, 1 or 2, or 2 where no two-CTA instance runs the launch
+            (:func:`pair_fits`: block_m other than 16, or more than one rank).
     """
     require(ctas is None or (is_int(ctas) and ctas in (1, 2)), "ctas_per_sm", "1 or 2 (or none: the kernel's rule)",
             repr(ctas) if isinstance(ctas, str) else ctas)
     one_cta_wave = experts_per_wave_for(local_experts, expected_tokens_per_expert, block_m, inter, num_sms)
     epw = experts_per_wave if experts_per_wave is not None else one_cta_wave
-    # the two-CTA instance's waves: a given width as given, else the two-CTA rule's (at most SCHED_CHUNK)
-    pair_wave = experts_per_wave if experts_per_wave is not None else min(SCHED_CHUNK, local_experts)
-    fits = pair_fits(block_m, pair_wave, num_ranks)
+    fits = pair_fits(block_m, num_ranks)
     c = (ctas_per_sm(block_m, one_cta_wave, num_ranks) if fits else 1) if ctas is None else ctas
-    why = ("block_m is not 16" if block_m != 16 else
-           f"{epw} experts per wave > {SCHED_CHUNK} is the wide walk" if wide_walk(block_m, pair_wave) else "not one rank")
     require(c == 1 or fits, "ctas_per_sm",
-            f"1 at block_m {block_m}, {epw} experts per wave and {num_ranks} rank(s) ({why}; two CTAs per SM only "
-            "at block_m 16 without the wide walk and one rank)", c)
+            f"1 at block_m {block_m}, {num_ranks} rank(s) ({'block_m is not 16' if block_m != 16 else 'not one rank'}; "
+            "two CTAs per SM only at block_m 16 and one rank)", c)
     if c == 2 and experts_per_wave is None:
-        epw = min(experts_per_wave_for(local_experts, expected_tokens_per_expert, block_m, inter, 2 * num_sms),
-                  SCHED_CHUNK, local_experts)
+        epw = experts_per_wave_for(local_experts, expected_tokens_per_expert, block_m, inter, 2 * num_sms)
     return c, epw
 
 
-def local_count(block_m: int, experts_per_wave: int, num_ranks: int) -> bool:
+def local_count(block_m: int, experts_per_wave: int, num_ranks: int, ctas_per_sm: int = 1) -> bool:
     """Whether the EP1 dispatch counts every item in every CTA, with no count barrier (kernel
     v8.9; ``dispatch_pull``'s ``LOCAL`` in ``csrc/megamoe/roles_shared.cuh``,
-    ``megamoe_sm90_local_count``): the wide instance (:func:`wide_walk`, 1-5 tokens on
-    V4-Flash) at one rank.  Each CTA's 128 dispatch threads count all ``T k`` items with
+    ``megamoe_sm90_local_count_at``): the wide instance (:func:`wide_walk`) at one rank and one
+    CTA per SM (1-2 tokens on V4-Flash; the two-CTA wide instance of kernel v9.5 keeps the count
+    barrier: its dispatch warps have 32 registers).  Each CTA's 128 dispatch threads count all ``T k`` items with
     shared-memory atomics, CTA 0 hands the totals to the schedulers, and an item's pool row is
     its rank among its expert's items in item order.  Elsewhere each CTA counts its share of
     the items, adds it to per-expert sums in global memory and waits at the count barrier; at
     EP > 1 the counts go over NVLink.  In v8.8's 1-token trace on the H200 the count and its
     barrier ended at ~5.1 us, before which no weight moves (benchmarks/NOTES_kernel.md,
     session 34)."""
-    return wide_walk(block_m, experts_per_wave) and num_ranks == 1
+    return wide_walk(block_m, experts_per_wave) and num_ranks == 1 and ctas_per_sm == 1
 
 
 def cta_item_starts(num_items: int, num_ctas: int) -> np.ndarray:

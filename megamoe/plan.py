@@ -652,8 +652,6 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
             epw = call_wave(pol.wave, WaveContext(
                 e_local, tokens_per_rank[r], top_k, hidden, intermediate, cfg.block_m, cfg.block_n,
                 num_sms * ctas, cap, max_tokens_per_rank, num_ranks, tpe, max_epw))
-            if sm90:  # a policy's waves wide enough for the wide walk run one CTA per SM
-                ctas = min(ctas, design_sm90.ctas_per_sm(cfg.block_m, epw, num_ranks))
         if experts_per_wave is not None:
             epw = experts_per_wave
         if sm90:
@@ -673,7 +671,7 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
                       wave_lag=sm90 and design_sm90.wave_lag(ctas), l1_n_blocks=2 * intermediate // cfg.block_n,
                       l2_n_blocks=hidden // cfg.block_n, pull_policy=pol.pull_order,
                       scheduler=pol.scheduler, k_split=ks, combine_relay=bool(combine_relay),
-                      local_count=sm90 and design_sm90.local_count(cfg.block_m, epw, num_ranks))
+                      local_count=sm90 and design_sm90.local_count(cfg.block_m, epw, num_ranks, ctas))
         used = int(rp.pool_block_offset[-1]) * cfg.block_m
         if pool_tokens is None:
             assert used <= cap, (used, cap)  # guaranteed by the capacity formula

@@ -74,14 +74,15 @@ def test_experts_per_wave_counts_only_experts_with_tokens():
 
 
 def test_two_ctas_per_sm_at_block_m_16():
-    """Kernel v9.2: block_m 16 without the wide walk at one rank runs 2 x 132 CTAs. Their waves
-    follow the same rule over 264 CTAs, at most 32 experts (no wide walk at two CTAs):
-    T = 16: w >= 2 x 264 / (32 x 0.312711) = 52.8 -> 64 -> 32; T = 64: 528 / (32 x 0.776870) =
-    21.2 -> 32; T = 512: 528 / (32 x 0.999994) = 16.5 -> 32. Stages: half of 233472 less the
-    1024-B reserve = 115712 B per CTA, (115712 - 6144) // 11264 = 9 fit, 8 by default."""
+    """Kernel v9.2: block_m 16 at one rank runs 2 x 132 CTAs where the one-CTA wave rule gives at
+    most 128 experts per wave (design_sm90.PAIR_MAX_ONE_CTA_WAVE). Their waves follow the same
+    rule over 264 CTAs (uncapped since kernel v9.5, whose two-CTA instances have the wide walk):
+    T = 16: w >= 2 x 264 / (32 x 0.312711) = 52.8 -> 64; T = 64: 528 / (32 x 0.776870) = 21.2 ->
+    32; T = 512: 528 / (32 x 0.999994) = 16.5 -> 32. Stages: half of 233472 less the 1024-B
+    reserve = 115712 B per CTA, (115712 - 6144) // 11264 = 9 fit, 8 by default."""
     assert d.pair_smem_limit() == 115712
     assert d.fixed_bytes(16, 256) == 6144 and d.stage_bytes(16) == 11264
-    for T, w in [(16, 32), (64, 32), (512, 32)]:
+    for T, w in [(16, 64), (64, 32), (512, 32)]:
         des = d.design_for(T, 4096, 2048, 256, 6)
         assert (des.block_m, des.ctas_per_sm, des.num_sms, des.num_ctas) == (16, 2, 132, 264), T
         assert (des.experts_per_wave, des.num_stages) == (w, 8), T
@@ -89,48 +90,49 @@ def test_two_ctas_per_sm_at_block_m_16():
     assert d.design_for(64, 4096, 2048, 256, 6, num_stages=9).num_stages == 9
     with pytest.raises(InputError, match=r"^num_stages: expected an integer in \[4, 9\]"):
         d.design_for(64, 4096, 2048, 256, 6, num_stages=10)
-    # one CTA per SM: the wide walk (1-5 tokens), block_m >= 32, EP > 1, or asked for
-    for kw in ({"num_tokens": 5}, {"num_tokens": 1}, {"num_tokens": 1024}, {"num_tokens": 64, "ranks": 2}, {"num_tokens": 64, "ctas_per_sm": 1},
-               {"num_tokens": 64, "experts_per_wave": 64}):
+    # one CTA per SM: 256-expert one-CTA waves (1-2 tokens), block_m >= 32, EP > 1, or asked for
+    for kw in ({"num_tokens": 2}, {"num_tokens": 1}, {"num_tokens": 1024}, {"num_tokens": 64, "ranks": 2},
+               {"num_tokens": 64, "ctas_per_sm": 1}):
         kw = {"hidden": 4096, "inter": 2048, "num_experts": 256, "topk": 6, **kw}
         des = d.design_for(**kw)
         assert des.ctas_per_sm == 1 and des.num_ctas == 132, kw
     assert d.design_for(64, 4096, 2048, 256, 6, ctas_per_sm=1).experts_per_wave == 16  # the one-CTA rule
     assert d.design_for(64, 4096, 2048, 256, 6, ctas_per_sm=1).num_stages == 16
-    with pytest.raises(InputError, match=r"^ctas_per_sm: expected 1 at block_m 32, 16 experts per wave"):
+    with pytest.raises(InputError, match=r"^ctas_per_sm: expected 1 at block_m 32, 1 rank\(s\) \(block_m is not 16"):
         d.design_for(1024, 4096, 2048, 256, 6, ctas_per_sm=2)
+    with pytest.raises(InputError, match=r"^ctas_per_sm: expected 1 at block_m 16, 2 rank\(s\) \(not one rank"):
+        d.design_for(64, 4096, 2048, 256, 6, ranks=2, ctas_per_sm=2)
     with pytest.raises(InputError, match=r"^ctas_per_sm: expected 1 or 2 \(or none: the kernel's rule\), got 3$"):
         d.design_for(64, 4096, 2048, 256, 6, ctas_per_sm=3)
-    assert [d.ctas_per_sm(16, w, r) for w, r in ((32, 1), (64, 1), (128, 1), (32, 2))] == [2, 2, 1, 1]
+    assert [d.ctas_per_sm(16, w, r) for w, r in ((32, 1), (128, 1), (256, 1), (32, 2))] == [2, 2, 1, 1]
     assert [d.ctas_per_sm(bm, 8, 1) for bm in (32, 64, 128)] == [1, 1, 1]
-    assert [d.pair_fits(16, w, r) for w, r in ((32, 1), (33, 1), (32, 2))] == [True, False, False]
-    assert not any(d.pair_fits(bm, 8, 1) for bm in (32, 64, 128))
+    assert [d.pair_fits(16, r) for r in (1, 2)] == [True, False]
+    assert not any(d.pair_fits(bm, 1) for bm in (32, 64, 128))
 
 
-def test_two_ctas_from_a_one_cta_wave_of_64_experts():
-    """The switch to two CTAs per SM (session 40: design_sm90.PAIR_MAX_ONE_CTA_WAVE = 64) on
+def test_two_ctas_from_a_one_cta_wave_of_128_experts():
+    """The switch to two CTAs per SM (session 40: design_sm90.PAIR_MAX_ONE_CTA_WAVE = 128) on
     V4-Flash EP1, by hand. The one-CTA wave rule takes the smallest divisor w of 256 with
-    w x (1 - exp(-6T/256)) x 32 L1 n blocks >= 2 x 132: T = 5: 264 / (32 x 0.110582) = 74.6 ->
-    128 experts, one CTA (the wide walk, the local count); T = 6: 264 / (32 x 0.131185) = 62.9
-    -> 64, two CTAs, whose waves follow the two-CTA rule: 528 / (32 x 0.131185) = 125.8 -> 128,
-    capped at 32. Two CTAs may still be asked for at 1 token (their waves 32 experts); a given
-    wave over 32 experts (the wide walk) refuses them."""
+    w x (1 - exp(-6T/256)) x 32 L1 n blocks >= 2 x 132: T = 2: 264 / (32 x 0.045793) = 180.2 ->
+    256 experts, one CTA (the wide walk, the local count); T = 3: 264 / (32 x 0.067898) = 121.5
+    -> 128, two CTAs, whose waves follow the rule over 264 CTAs: 528 / (32 x 0.067898) = 243.0 ->
+    256, the wide walk at two CTAs (kernel v9.5) with the count barrier; T = 6: 528 / (32 x
+    0.131185) = 125.8 -> 128. Two CTAs may be asked for at 1 token, with any wave."""
     kw = {"hidden": 4096, "inter": 2048, "num_experts": 256, "topk": 6}
-    assert math.isclose(-math.expm1(-30 / 256), 0.110582, abs_tol=1e-6)
+    assert math.isclose(-math.expm1(-12 / 256), 0.045793, abs_tol=1e-6)
+    assert math.isclose(-math.expm1(-18 / 256), 0.067898, abs_tol=1e-6)
     assert math.isclose(-math.expm1(-36 / 256), 0.131185, abs_tol=1e-6)
-    five, six = d.design_for(5, **kw), d.design_for(6, **kw)
-    assert (five.ctas_per_sm, five.experts_per_wave, five.num_stages) == (1, 128, 16)
-    assert d.local_count(five.block_m, five.experts_per_wave, 1)
-    assert (six.ctas_per_sm, six.experts_per_wave, six.num_stages) == (2, 32, 8)
-    assert not d.local_count(six.block_m, six.experts_per_wave, 1)
-    assert [d.design_for(T, **kw).ctas_per_sm for T in range(1, 17)] == [1] * 5 + [2] * 11
+    two, three, six = d.design_for(2, **kw), d.design_for(3, **kw), d.design_for(6, **kw)
+    assert (two.ctas_per_sm, two.experts_per_wave, two.num_stages) == (1, 256, 16)
+    assert d.local_count(two.block_m, two.experts_per_wave, 1, two.ctas_per_sm)
+    assert (three.ctas_per_sm, three.experts_per_wave, three.num_stages) == (2, 256, 8)
+    assert d.wide_walk(three.block_m, three.experts_per_wave)
+    assert not d.local_count(three.block_m, three.experts_per_wave, 1, three.ctas_per_sm)
+    assert (six.ctas_per_sm, six.experts_per_wave) == (2, 128)
+    assert [d.design_for(T, **kw).ctas_per_sm for T in range(1, 17)] == [1] * 2 + [2] * 14
     forced = d.design_for(1, **kw, ctas_per_sm=2)
-    assert (forced.ctas_per_sm, forced.experts_per_wave, forced.num_ctas) == (2, 32, 264)
-    with pytest.raises(InputError, match=r"^ctas_per_sm: expected 1 at block_m 16, 64 experts per wave and 1 "
-                                         r"rank\(s\) \(64 experts per wave > 32 is the wide walk"):
-        d.design_for(8, **kw, experts_per_wave=64, ctas_per_sm=2)
-    # a given wave the two-CTA instance cannot run keeps one CTA under the rule
-    assert d.design_for(8, **kw, experts_per_wave=64).ctas_per_sm == 1
+    assert (forced.ctas_per_sm, forced.experts_per_wave, forced.num_ctas) == (2, 256, 264)
+    assert d.design_for(8, **kw, experts_per_wave=32, ctas_per_sm=2).experts_per_wave == 32
 
 
 def _all_blocks(counts, bm, n1, n2):
@@ -304,9 +306,11 @@ def test_build_sm90a_and_resources():
     r = kbuild.build("sm_90a")
     assert r.path.exists()
     # each block_m twice: the timed instance and the profile one (fault_inject bit 32); block_m 16
-    # twice more with the wide walk (Scheduler's WIDE) and twice at two CTAs per SM (CTAS = 2)
+    # twice more with the wide walk (Scheduler's WIDE), twice at two CTAs per SM (CTAS = 2) and
+    # twice at two CTAs with the wide walk (kernel v9.5)
     assert set(r.resources) == ({f"block_m={b}{p}" for b in d.BLOCK_MS for p in ("", ",profile")}
-                                | {"block_m=16,wide", "block_m=16,wide,profile", "block_m=16,pair", "block_m=16,pair,profile"})
+                                | {"block_m=16,wide", "block_m=16,wide,profile", "block_m=16,pair", "block_m=16,pair,profile",
+                                   "block_m=16,wide,pair", "block_m=16,wide,pair,profile"})
     # whole-kernel spills stay under the caps (the hot loop itself is checked on the SASS): the
     # one-CTA instances under SPILL_LIMIT_BYTES, the two-CTA ones (64 registers at launch, the
     # dispatch warps on 32) under PAIR_SPILL_LIMIT_BYTES, and they do spill (else their split
@@ -349,6 +353,11 @@ def test_build_sm90a_and_resources():
         == {(bm, w, r): int(d.local_count(bm, w, r)) for bm in d.BLOCK_MS for w in (32, 33) for r in (1, 2)}
     assert lib.megamoe_sm90_local_count(16, 33, 1) == 1 and lib.megamoe_sm90_local_count(16, 33, 2) == 0
     assert lib.megamoe_sm90_local_count(48, 64, 1) == -1
+    # kernel v9.5: the two-CTA wide instance keeps the count barrier
+    assert {(w, r, c): lib.megamoe_sm90_local_count_at(16, w, r, c) for w in (32, 33) for r in (1, 2) for c in (1, 2)} \
+        == {(w, r, c): int(d.local_count(16, w, r, c)) for w in (32, 33) for r in (1, 2) for c in (1, 2)}
+    assert lib.megamoe_sm90_local_count_at(16, 33, 1, 1) == 1 and lib.megamoe_sm90_local_count_at(16, 33, 1, 2) == 0
+    assert lib.megamoe_sm90_local_count_at(16, 33, 1, 3) == -1 and lib.megamoe_sm90_local_count_at(48, 33, 1, 1) == -1
     assert {bm: lib.megamoe_sm90_producer_warps(bm) for bm in d.BLOCK_MS} == d.PRODUCER_ISSUE_WARPS
     assert lib.megamoe_sm90_producer_warps(48) == -1
     regs = [lib.megamoe_sm90_role_registers(i) for i in range(4)]
@@ -606,7 +615,7 @@ def test_sanitizer_launches_cover_the_ring_wrap_and_the_wide_instance(tmp_path):
     spec = importlib.util.spec_from_file_location("sanitize_small", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    assert set(mod.CASES) == {"small", "wide", "ring", "pair", "pair_ring"}
+    assert set(mod.CASES) == {"small", "wide", "wide_pair", "ring", "pair", "pair_ring"}
     most = {}
     for name, (E, K, H, I, T, opts, _) in mod.CASES.items():
         des = d.design_for(T, H, I, E, K, **{"num_sms": 132, **opts})  # pair: the H200's 132 SMs
@@ -615,7 +624,7 @@ def test_sanitizer_launches_cover_the_ring_wrap_and_the_wide_instance(tmp_path):
         seq = block_sequence(counts, des.block_m, 2 * I // 128, H // 128, des.experts_per_wave, des.num_ctas)
         kb = [sum(H // 128 if ph == 1 else I // 128 for ph, *_ in blocks) for blocks in seq.values()]
         most[name] = (max(kb), des.num_stages, d.wide_walk(des.block_m, des.experts_per_wave))
-        assert des.ctas_per_sm == (2 if name.startswith("pair") else 1), name
+        assert des.ctas_per_sm == (2 if "pair" in name else 1), name
     # pair: 264 CTAs, more than the SMs, so CTAs share SMs; pair_ring: 64 tokens on 2 SMs x 2 CTAs:
     # >= 8 x (2 x 8 + 8 x 1) / 4 = 48 K blocks per CTA, over twice its 8 stages (by ticket, kernel
     # v9.3, a CTA runs whichever blocks it takes: the busiest at least that mean)
@@ -627,7 +636,8 @@ def test_sanitizer_launches_cover_the_ring_wrap_and_the_wide_instance(tmp_path):
     # ring: 128 items on 8 experts (at least one m block each): >= 8 x (2 x 8 + 8 x 1) / 2 = 96
     assert most["ring"][0] >= 96 > 2 * most["ring"][1] and not most["ring"][2]
     assert most["wide"][0] > most["wide"][1] and most["wide"][2], most
-    assert re.match(r"sanitize_small.py: error: CASE: expected small, wide, ring, pair, pair_ring, got nosuch$",
+    assert most["wide_pair"][2], most  # the two-CTA wide instance (kernel v9.5)
+    assert re.match(r"sanitize_small.py: error: CASE: expected small, wide, wide_pair, ring, pair, pair_ring, got nosuch$",
                     _device_script_error(tmp_path, "sanitize_small.py", "nosuch", "small"))
     from megamoe.kernel import cuda_available
 

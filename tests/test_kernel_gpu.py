@@ -104,17 +104,17 @@ def test_v4_flash_zipf_masked():
 
 
 def test_wide_instance_skips_the_stale_rows_of_masked_slots():
-    """At 5 tokens (V4-Flash) the launch runs the wide instance (design_sm90.wide_walk), whose
+    """At 2 tokens (V4-Flash) the launch runs the one-CTA wide instance (design_sm90.wide_walk), whose
     combine loads every slot's row before it knows the slot's index (kernel v8.8): the rows of
     masked slots hold the previous call's values and must not be added. The first call, with no
     slot masked, leaves a row in every slot; the second masks 30%; both bit for bit against the
     reference (in _check)."""
     from megamoe.design_sm90 import COMBINE_SLOTS_WIDE, wide_walk
 
-    k, _, _ = _check(FLASH, 5, seed=21)
-    assert wide_walk(k.last_design.block_m, k.last_design.experts_per_wave)
+    k, _, _ = _check(FLASH, 2, seed=21)
+    assert wide_walk(k.last_design.block_m, k.last_design.experts_per_wave) and k.last_design.ctas_per_sm == 1
     assert COMBINE_SLOTS_WIDE >= FLASH["K"]  # one round of loads covers a token's slots
-    _, (x, xs, idx, tw), _ = _check(FLASH, 5, mask_frac=0.3, seed=22)
+    _, (x, xs, idx, tw), _ = _check(FLASH, 2, mask_frac=0.3, seed=22)
     assert bool((idx < 0).any())
     # every slot masked: each token sums to zero, whatever its slots' stale rows hold
     y = k(x, xs, idx.clone().fill_(-1), tw)
@@ -122,19 +122,20 @@ def test_wide_instance_skips_the_stale_rows_of_masked_slots():
     assert bool((y.float() == 0).all())
 
 
-@pytest.mark.parametrize("T,mask_frac", [(1, 0.0), (3, 0.3), (5, 0.0)])
+@pytest.mark.parametrize("T,mask_frac", [(1, 0.0), (2, 0.3), (2, 0.0)])
 def test_local_count_places_each_experts_items_in_item_order(T, mask_frac):
     """In the wide instance at one rank the dispatch counts every item in every CTA, with no
     count barrier (design_sm90.local_count, kernel v8.9): expert e's rows start at its first
     pool block (experts in order, each ceil(c_e / block_m) blocks) and hold its items in item
     order (token, then slot), the padding rows none. Built on the host from the routing; until
     v8.9 an expert's rows came in the order the CTAs' atomics landed. Masked slots (-1) get no
-    row (at 3 tokens, 30% of the slots masked)."""
+    row (at 2 tokens, 30% of the slots masked). Since kernel v9.5 only the one-CTA wide instance
+    counts locally (1-2 tokens on V4-Flash)."""
     from megamoe.design_sm90 import local_count
 
     k, (x, xs, idx, tw), y = _check(FLASH, T, mask_frac=mask_frac, seed=40 + T)
     d = k.last_design
-    assert local_count(d.block_m, d.experts_per_wave, 1)
+    assert local_count(d.block_m, d.experts_per_wave, 1, d.ctas_per_sm)
     k.forget_pool_rows()
     assert torch.equal(k(x, xs, idx, tw).view(torch.int16), y.view(torch.int16))
     k.check()
@@ -504,7 +505,7 @@ def test_fewest_stages():
 
 
 def test_two_ctas_per_sm_equal_one():
-    """Kernel v9.2: at block_m 16 (not the wide walk) two CTAs share each SM (design_sm90.ctas_per_sm),
+    """Kernel v9.2: at block_m 16 two CTAs share each SM (the wide walk too since v9.5) (design_sm90.ctas_per_sm),
     264 on the H200, and take their blocks by ticket (v9.3). Each output row's arithmetic does not
     depend on the CTA that runs it, so the output is bit for bit the one-CTA launch's (same stages
     and waves given to both), whichever CTA took which block. The launcher
@@ -514,7 +515,10 @@ def test_two_ctas_per_sm_equal_one():
 
     two, _ = _kernel(FLASH, 512)
     one, _ = _kernel(FLASH, 512, ctas_per_sm=1)
-    for T in (6, 13, 64, 512):  # from 6 tokens on V4-Flash (design_sm90.PAIR_MAX_ONE_CTA_WAVE, session 40)
+    # from 3 tokens on V4-Flash (design_sm90.PAIR_MAX_ONE_CTA_WAVE, session 40); at 3 and 6 the
+    # two-CTA wide instance (kernel v9.5: 256 / 128 experts per wave, the count barrier) against
+    # the one-CTA wide one (the local count)
+    for T in (3, 6, 13, 64, 512):
         inp = make_inputs(T, 256, 6, 4096, "cuda", seed=T, mask_frac=0.05)
         des = two.design(T)
         assert (des.block_m, des.ctas_per_sm, des.num_ctas) == (16, 2, 2 * two.num_sms), T

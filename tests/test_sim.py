@@ -95,12 +95,13 @@ def test_sm90_wide_instance_counts_locally_with_no_count_barrier():
     waves of 32 experts (no wide instance) keeps the count barrier, and at the same block_m that
     is the only change: its pull starts (sm90_count_ns + share x sm90_count_item_ns +
     grid_sync_ns) - sm90_local_count_ns later. The decision is the plan's (RankPlan.local_count,
-    shown in `megamoe simulate`'s plan line and its JSON)."""
+    shown in `megamoe simulate`'s plan line and its JSON). Kernel v9.5's two-CTA wide instance
+    keeps the count barrier."""
     from megamoe.design_sm90 import local_count
 
-    def run(epw):
+    def run(epw, ctas=1):
         sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=4, hardware="h200",
-                      design="megamoe-sm90", experts_per_wave=epw, block_m=16)
+                      design="megamoe-sm90", experts_per_wave=epw, block_m=16, ctas_per_sm=ctas)
         res = simulate(sc)
         rp = res.plan.ranks[0]
         rows = res.trace.where(role="dispatch")
@@ -109,7 +110,7 @@ def test_sm90_wide_instance_counts_locally_with_no_count_barrier():
         return res.hardware, rp, pull_start, before
 
     hw, rp, start, before = run(256)
-    assert local_count(rp.config.block_m, rp.experts_per_wave, 1) and rp.local_count  # the plan carries it
+    assert local_count(rp.config.block_m, rp.experts_per_wave, 1, 1) and rp.local_count  # the plan carries it
     assert before == [KIND["count"]]
     assert start == pytest.approx(hw.launch_ns + hw.sm90_local_count_ns)
     hw, rp, start32, before32 = run(32)
@@ -117,6 +118,8 @@ def test_sm90_wide_instance_counts_locally_with_no_count_barrier():
     assert before32 == [KIND["count"], KIND["grid_sync"]]
     share = -(-4 * 6 // hw.num_sms)  # ceil(24 / 132) = 1
     assert start32 == pytest.approx(hw.launch_ns + hw.sm90_count_ns + share * hw.sm90_count_item_ns + hw.grid_sync_ns)
+    _, rp, _, before2 = run(256, ctas=2)  # the wide walk at two CTAs: the count barrier
+    assert rp.ctas_per_sm == 2 and not rp.local_count and before2 == [KIND["count"], KIND["grid_sync"]]
 
 
 def test_k_loop_and_combine_durations():

@@ -1151,7 +1151,11 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
 // ------------------------------------------------------------------ the kernel
 template <int BM, bool PROF, bool WIDE, int CTAS>
 __global__ void __launch_bounds__(kThreads, 1) __maxnreg__((kRegsEven / CTAS)) megamoe_sm90_kernel(const __grid_constant__ Sm90Args args) {
-    static_assert(CTAS == 1 || (CTAS == 2 && BM == 16 && !WIDE), "two CTAs per SM only at block_m 16 without the wide walk");
+    static_assert(CTAS == 1 || (CTAS == 2 && BM == 16), "two CTAs per SM only at block_m 16");
+    // The wide instance's local count and its combine of a token's slots at once (kernel v8.8 /
+    // v8.9) are one-CTA features: at two CTAs the dispatch warps have 32 registers. The wide walk
+    // itself (the scheduler's WIDE) runs at two CTAs too (kernel v9.5).
+    constexpr bool kWideOne = WIDE && CTAS == 1;
     using Regs = RegSplit<CTAS>;
     const Params& p = args.p;
     extern __shared__ __align__(1024) uint8_t smem[];
@@ -1191,7 +1195,7 @@ __global__ void __launch_bounds__(kThreads, 1) __maxnreg__((kRegsEven / CTAS)) m
     if (warp < 4) {
         setmaxnreg_dec<Regs::dispatch>();
         if (p.num_ranks > 1) dispatch_role_ep(p, BM, hist, cta_base, off_blk, scan);
-        else dispatch_pull<BM, IdentitySfRow, true, WIDE>(p, hist, cta_base, off_blk, scan, IdentitySfRow{p.pool_rows}, (int)p.hidden);  // whole rows, folded
+        else dispatch_pull<BM, IdentitySfRow, true, kWideOne>(p, hist, cta_base, off_blk, scan, IdentitySfRow{p.pool_rows}, (int)p.hidden);  // whole rows, folded
         __syncwarp();
         if (threadIdx.x == 0) {
             progress(p, 0, 0xD0);
@@ -1224,8 +1228,8 @@ __global__ void __launch_bounds__(kThreads, 1) __maxnreg__((kRegsEven / CTAS)) m
     if (warp < 8) setmaxnreg_inc<Regs::even>();
 
     // Grid sync (EP: NVLink barrier 2), then combine and clean up (roles_shared.cuh).
-    // (the wide instance, 1-12 tokens: every slot of a token loaded at once, kernel v8.8)
-    if constexpr (WIDE) combine_and_clean<BM, kCombineSlotsWide>(p, kThreads);
+    // (the one-CTA wide instance, 1-2 tokens on V4-Flash: every slot of a token loaded at once, kernel v8.8)
+    if constexpr (kWideOne) combine_and_clean<BM, kCombineSlotsWide>(p, kThreads);
     else combine_and_clean<BM>(p, kThreads);
 }
 
@@ -1378,11 +1382,16 @@ int megamoe_sm90_wide_walk(int block_m, int experts_per_wave) {
 
 // Whether a launch's EP1 dispatch counts every item in every CTA, with no count barrier
 // (dispatch_pull's LOCAL, kernel v8.9; mirrored by megamoe.design_sm90.local_count): the wide
-// instance at one rank, 1 or 0; -1 for an unsupported block_m. (EP > 1 exchanges its counts over
+// instance at one rank and one CTA per SM (kernel v9.5: the two-CTA wide instance keeps the count
+// barrier), 1 or 0; -1 for an unsupported block_m or CTA count. (EP > 1 exchanges its counts over
 // NVLink: dispatch_role_ep.)
-int megamoe_sm90_local_count(int block_m, int experts_per_wave, int num_ranks) {
+int megamoe_sm90_local_count_at(int block_m, int experts_per_wave, int num_ranks, int ctas_per_sm) {
     const int wide = megamoe_sm90_wide_walk(block_m, experts_per_wave);
-    return wide < 0 ? -1 : (wide == 1 && num_ranks == 1 ? 1 : 0);
+    if (wide < 0 || ctas_per_sm < 1 || ctas_per_sm > 2) return -1;
+    return wide == 1 && num_ranks == 1 && ctas_per_sm == 1 ? 1 : 0;
+}
+int megamoe_sm90_local_count(int block_m, int experts_per_wave, int num_ranks) {
+    return megamoe_sm90_local_count_at(block_m, experts_per_wave, num_ranks, 1);
 }
 
 // k32 WGMMAs a consumer warpgroup keeps in flight per K block at this block_m
@@ -1421,7 +1430,7 @@ int megamoe_sm90_role_registers(int which) { return megamoe_sm90_role_registers_
 // Returns 0 or a cudaError_t; -1 bad block_m, -2 too many CTAs, -3 does not fit ctas_per_sm CTAs/SM,
 // -4 shared memory over the device limit, -5 shape not supported, -6 bad EP parameters,
 // -7 / -8 TMA descriptor encoding (pool_map), -9 no weight fold tables, -10 no FP32 token-scale
-// pools, -11 two CTAs per SM where no instance runs them.
+// pools, -11 two CTAs per SM where no instance runs them (block_m other than 16, or EP > 1).
 int megamoe_sm90_launch(const Params* p_in, void* stream) {
     // Callers that zero the EP fields (an older mirror of Params) get the EP=1 meaning.
     Params q = *p_in;
@@ -1445,9 +1454,9 @@ int megamoe_sm90_launch(const Params* p_in, void* stream) {
     sms = g_dev[dev].sms;
     max_smem = g_dev[dev].max_smem;
     if (p->num_sms < 1 || p->num_sms > p->ctas_per_sm * sms) return -2;
-    // two CTAs per SM: the CTAS = 2 instance only (block_m 16, not the wide walk, one rank)
+    // two CTAs per SM: the CTAS = 2 instances only (block_m 16, one rank; with or without the wide walk)
     const bool wide16 = p->block_m == 16 && megamoe_sm90_wide_walk(16, (int)p->experts_per_wave) == 1;
-    if (p->ctas_per_sm > 2 || (p->ctas_per_sm == 2 && (p->block_m != 16 || wide16 || p->num_ranks != 1))) return -11;
+    if (p->ctas_per_sm > 2 || (p->ctas_per_sm == 2 && (p->block_m != 16 || p->num_ranks != 1))) return -11;
     // at least one stage per producer warp (megamoe.design_sm90.min_stages: the warps' parity
     // waits on the empty barriers alias with fewer, and the ring is overwritten in use)
     const int min_stages = megamoe_sm90_producer_warps((int)p->block_m);
@@ -1470,10 +1479,12 @@ int megamoe_sm90_launch(const Params* p_in, void* stream) {
     const bool prof = p->fault_inject & 32;  // the profile instance (consumer_role's PROF)
     switch (p->block_m) {
         case 16:
-            if (wide16)  // waves over several 32-expert chunks
-                return prof ? launch_bm<16, true, true>(p, s, smem, dev) : launch_bm<16, false, true>(p, s, smem, dev);
+            if (p->ctas_per_sm == 2 && wide16)  // kernel v9.5
+                return prof ? launch_bm<16, true, true, 2>(p, s, smem, dev) : launch_bm<16, false, true, 2>(p, s, smem, dev);
             if (p->ctas_per_sm == 2)
                 return prof ? launch_bm<16, true, false, 2>(p, s, smem, dev) : launch_bm<16, false, false, 2>(p, s, smem, dev);
+            if (wide16)  // waves over several 32-expert chunks
+                return prof ? launch_bm<16, true, true>(p, s, smem, dev) : launch_bm<16, false, true>(p, s, smem, dev);
             return prof ? launch_bm<16, true>(p, s, smem, dev) : launch_bm<16, false>(p, s, smem, dev);
         case 32: return prof ? launch_bm<32, true>(p, s, smem, dev) : launch_bm<32, false>(p, s, smem, dev);
         case 64: return prof ? launch_bm<64, true>(p, s, smem, dev) : launch_bm<64, false>(p, s, smem, dev);
@@ -1488,7 +1499,7 @@ const char* megamoe_sm90_error_string(int code) {
         case -2: return "num_sms (CTAs) must be between 1 and the device's SM count times ctas_per_sm";
         case -3: return "kernel does not fit ctas_per_sm CTAs per SM";
         case -4: return "shared memory for these stages exceeds the device limit (per CTA, or per SM for two CTAs)";
-        case -11: return "ctas_per_sm must be 1, or 2 at block_m 16 without the wide walk and with one rank";
+        case -11: return "ctas_per_sm must be 1, or 2 at block_m 16 with one rank";
         case -5: return "unsupported shape (hidden, inter multiples of 128; 2*inter/128 <= 64; E <= 512; producer warps (4 at block_m 16-64, 2 at 128) <= stages <= 16)";
         case -7: return "cuTensorMapEncodeTiled not available from the CUDA driver (TMA descriptors need driver 12.0+)";
         case -8: return "the driver refused a TMA descriptor (pool address not 16-byte aligned, or hidden/inter/pool_rows out of range)";
