@@ -11,7 +11,9 @@ every round.
 Usage: python benchmarks/device/ab_plan.py OUT.json --tokens 1,4,8,12 --override
 '{"experts_per_wave": 32, "ctas_per_sm": 2}' [--rounds 8]
 
-Prints one line per token count and writes every round's times to OUT.json.
+Prints one line per token count and writes every round's times, and the routing each count ran
+(``topk_idx``: ``make_inputs`` draws it on the GPU, which the CPU cannot replay; for the model), to
+OUT.json.
 """
 import json
 import statistics
@@ -79,7 +81,8 @@ def main() -> int:
                "rule_us": statistics.median(r["rule"] for r in per_round),
                "override_us": statistics.median(r["override"] for r in per_round),
                "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
-               "outputs_bitwise": bitwise, "rounds": per_round}
+               "outputs_bitwise": bitwise, "rounds": per_round,
+               "topk_idx": idx.cpu().tolist()}  # the routing it ran (a CUDA generator's draw)
         rows.append(row)
         print(f"T={T:5d} rule {row['rule']} {row['rule_us']:8.1f} us | override {row['override']} "
               f"{row['override_us']:8.1f} us | ratio {row['ratio_median']:.3f} ({row['ratio_min']:.3f}-"
