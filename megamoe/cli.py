@@ -149,8 +149,9 @@ def add_scenario_args(p: argparse.ArgumentParser) -> None:
                         "without it (default: no split)")
     g.add_argument("--ctas-per-sm", type=_positive, default=None,
                    help="megamoe-sm90: CTAs sharing one SM, 1 or 2 (default: the kernel's rule, two at block_m 16 "
-                        "without the wide walk at one rank, kernel v9.2, taking their blocks by ticket since "
-                        "v9.3; 2 elsewhere is an error)")
+                        "and one rank where the one-CTA wave rule gives at most 128 experts per wave, 3-682 "
+                        "tokens on V4-Flash; kernel v9.2, taking their blocks by ticket since v9.3, with the "
+                        "wide walk since v9.5; 2 at another block_m or rank count is an error)")
     g.add_argument("--combine-relay", choices=("on", "off"), default=None,
                    help="megamoe-sm90 what-if, one rank: on = each token's 128-column slice is summed by the "
                         "dispatch warps while the GEMMs run and the call ends without a grid sync; off = the "
@@ -428,7 +429,8 @@ def cmd_compare(a: argparse.Namespace) -> int:
                   "does not predict; simulated with it): "
                   + ", ".join(f"{v:.1f}" for v in report["launch_skew_us"]) + " us; makespan error without it "
                   f"{100 * report['makespan_error_no_skew']:+.1f}%")
-    t = Table(title="per-kind duration error (median, p90: matched intervals; distribution: quantiles)")
+    t = Table(title="per-kind duration error",
+              caption="median, p90: matched intervals; distribution: the kind's 10th-90th percentiles")
     for c in ("kind", "matched", "median", "p90", "distribution"):
         t.add_column(c, justify="right")
     for k, v in report["kind_errors"].items():

@@ -8,7 +8,7 @@ re-derives it. Shared-memory formulas mirror ``csrc/megamoe/kernel_sm90.cu`` exa
 Design, in one paragraph: one persistent CTA per SM (the pipeline ring needs more than half
 of the 227 KB of shared memory, so two CTAs would halve the stages; one CTA also keeps the
 dispatch warps and the grid sync simple) except at block_m 16 and one rank from 128-expert
-one-CTA waves down (3-600 tokens on V4-Flash; the wide walk too since kernel v9.5), where two CTAs share each SM (kernel v9.2,
+one-CTA waves down (3-682 tokens on V4-Flash; the wide walk too since kernel v9.5), where two CTAs share each SM (kernel v9.2,
 :func:`ctas_per_sm`: that instance needs 76
 registers, and four consumer warps per scheduler hide its K loop's latency: 0.89x the time at
 64-512 tokens on the H200), 512 threads in three warp-specialized roles —
@@ -284,15 +284,15 @@ def ctas_and_experts_per_wave(block_m: int, local_experts: int, expected_tokens_
         InputError: ``ctas`` not None, 1 or 2, or 2 where no two-CTA instance runs the launch
             (:func:`pair_fits`: block_m other than 16, or more than one rank).
     """
-    require(ctas is None or (is_int(ctas) and ctas in (1, 2)), "ctas_per_sm", "1 or 2 (or none: the kernel's rule)",
+    require(ctas is None or (is_int(ctas) and ctas in (1, 2)), "ctas_per_sm", "1 or 2 (or unset: the kernel's rule)",
             repr(ctas) if isinstance(ctas, str) else ctas)
     one_cta_wave = experts_per_wave_for(local_experts, expected_tokens_per_expert, block_m, inter, num_sms)
     epw = experts_per_wave if experts_per_wave is not None else one_cta_wave
     fits = pair_fits(block_m, num_ranks)
     c = (ctas_per_sm(block_m, one_cta_wave, num_ranks) if fits else 1) if ctas is None else ctas
+    why = "; ".join(w for w, bad in (("block_m is not 16", block_m != 16), ("not one rank", num_ranks != 1)) if bad)
     require(c == 1 or fits, "ctas_per_sm",
-            f"1 at block_m {block_m}, {num_ranks} rank(s) ({'block_m is not 16' if block_m != 16 else 'not one rank'}; "
-            "two CTAs per SM only at block_m 16 and one rank)", c)
+            f"1 at block_m {block_m}, {num_ranks} rank(s) ({why}; two CTAs per SM only at block_m 16 and one rank)", c)
     if c == 2 and experts_per_wave is None:
         epw = experts_per_wave_for(local_experts, expected_tokens_per_expert, block_m, inter, 2 * num_sms)
     return c, epw

@@ -308,8 +308,8 @@ class RankPlan:
             kernel v9.4, :func:`megamoe.design_sm90.wave_lag`,
             :class:`megamoe.policies.WaveLagScheduler`) instead of ``MegaMoEScheduler``'s.
         ctas_per_sm: ``megamoe-sm90``: CTAs sharing one SM (kernel v9.2,
-            :func:`megamoe.design_sm90.ctas_per_sm`: 2 at block_m 16 without the wide walk at one
-            rank, else 1); 1 for the reference design.
+            :func:`megamoe.design_sm90.ctas_per_sm`: 2 at block_m 16 and one rank where the one-CTA
+            wave rule gives at most 128 experts per wave, else 1); 1 for the reference design.
         local_count: ``megamoe-sm90`` at one rank, where the kernel runs its wide instance
             (:func:`megamoe.design_sm90.local_count`, kernel v8.9): every CTA counts all items
             itself and the pulls start with no count barrier; False elsewhere (a count barrier,
@@ -563,7 +563,7 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
             explicit overrides above still win).
         ctas_per_sm: ``megamoe-sm90`` only: None (the rule,
             :func:`megamoe.design_sm90.ctas_and_experts_per_wave`), 1, or 2 where the kernel has
-            the two-CTA instance (block_m 16 without the wide walk, one rank).
+            a two-CTA instance (block_m 16, one rank; with the wide walk since kernel v9.5).
 
     Raises:
         InputError: any inconsistent input (named field, expected, got).

@@ -93,8 +93,9 @@ class Scenario:
             no split, as the kernel is built. An integer >= 1 dividing ``hidden / 128`` and
             ``intermediate / 128`` (checked by :meth:`plan`).
         ctas_per_sm: ``megamoe-sm90``: CTAs sharing one SM, None (the rule,
-            :func:`megamoe.design_sm90.ctas_per_sm`: two at block_m 16 without the wide walk and one
-            rank, kernel v9.2), 1, or 2 where the kernel has that instance.
+            :func:`megamoe.design_sm90.ctas_per_sm`: two at block_m 16 and one rank where the one-CTA
+            wave rule gives at most 128 experts per wave, kernel v9.2), 1, or 2 where the kernel has
+            that instance (block_m 16, one rank).
         combine_relay: ``megamoe-sm90`` what-if with one rank: True sums each token's 128-column
             slice while the GEMMs run and ends the call without a grid sync
             (:class:`megamoe.plan.RankPlan`); None or False: the combine after the final barrier,
@@ -231,7 +232,7 @@ class Scenario:
         require(self.combine_relay in (None, False, True), "combine_relay", "None, False or True",
                 shown(self.combine_relay))
         require(self.ctas_per_sm is None or (is_int(self.ctas_per_sm) and self.ctas_per_sm in (1, 2)), "ctas_per_sm",
-                "1 or 2 (or none: the kernel's rule)", shown(self.ctas_per_sm))
+                "1 or 2 (or unset: the kernel's rule)", shown(self.ctas_per_sm))
         # checked integers: a numpy integer is kept as the same Python int (JSON-able in to_dict)
         for name in ("num_ranks", "seed", "max_tokens_per_rank", "reserved_sms", "experts_per_wave", "block_m",
                      "pool_tokens", "num_stages", "k_split", "ctas_per_sm"):

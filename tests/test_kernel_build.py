@@ -102,7 +102,7 @@ def test_two_ctas_per_sm_at_block_m_16():
         d.design_for(1024, 4096, 2048, 256, 6, ctas_per_sm=2)
     with pytest.raises(InputError, match=r"^ctas_per_sm: expected 1 at block_m 16, 2 rank\(s\) \(not one rank"):
         d.design_for(64, 4096, 2048, 256, 6, ranks=2, ctas_per_sm=2)
-    with pytest.raises(InputError, match=r"^ctas_per_sm: expected 1 or 2 \(or none: the kernel's rule\), got 3$"):
+    with pytest.raises(InputError, match=r"^ctas_per_sm: expected 1 or 2 \(or unset: the kernel's rule\), got 3$"):
         d.design_for(64, 4096, 2048, 256, 6, ctas_per_sm=3)
     assert [d.ctas_per_sm(16, w, r) for w, r in ((32, 1), (128, 1), (256, 1), (32, 2))] == [2, 2, 1, 1]
     assert [d.ctas_per_sm(bm, 8, 1) for bm in (32, 64, 128)] == [1, 1, 1]
@@ -971,3 +971,22 @@ def test_device_scripts_refuse_a_folder_as_their_json(tmp_path, script, pre):
     last = _device_script_error(tmp_path, script, *[str(lib) if x == "LIB" else x for x in pre], str(folder))
     assert re.match(rf"{re.escape(script)}: error: out: expected a file path \(not a folder\)", last), last
     assert not list(folder.iterdir())
+
+
+@pytest.mark.parametrize("extra,want", [
+    (["--override", '{"bad": 1}'], ("error: override: expected a JSON object of some of block_m, experts_per_wave, "
+                                     "num_stages, ctas_per_sm, got '{\"bad\": 1}'")),
+    (["--override", "notjson"], ("error: override: expected a JSON object of some of block_m, experts_per_wave, "
+                                 "num_stages, ctas_per_sm, got 'notjson'")),
+    (["--override", '{"ctas_per_sm": 3}'], "error: ctas_per_sm: expected 1 or 2 (or unset: the kernel's rule), got 3"),
+    (["--override", '{"ctas_per_sm": 2, "block_m": 32}'],
+     ("error: ctas_per_sm: expected 1 at block_m 32, 1 rank(s) (block_m is not 16; two CTAs per SM only at block_m 16 "
+      "and one rank), got 2")),
+    (["--override", '{"ctas_per_sm": 2}', "--rounds", "1"], "error: rounds: expected an integer >= 2, got '1'"),
+    (["--override", '{"ctas_per_sm": 2}', "--tokens", "0"],
+     "error: tokens: expected comma-separated integers >= 1, got '0'"),
+])
+def test_ab_plan_refuses_bad_arguments_before_the_gpu(tmp_path, extra, want):
+    """benchmarks/device/ab_plan.py checks its override with the design rule on the CPU (one line,
+    exit 2) before it needs torch or a GPU."""
+    assert _device_script_error(tmp_path, "ab_plan.py", str(tmp_path / "o.json"), *extra) == want

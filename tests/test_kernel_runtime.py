@@ -205,7 +205,7 @@ def test_design_for_is_cached_by_argument_and_still_checks():
         ({"experts_per_wave": E + 1}, rf"^experts_per_wave: expected at most the rank's {E} local experts, got {E + 1}$"),
         # (two CTAs per SM here, block_m 16: (115712 - 3072) // 11264 = 10 stages fit half an SM)
         ({"num_stages": 8.0}, r"^num_stages: expected an integer in \[4, 10\] .*, got 8\.0$"),
-        ({"ctas_per_sm": 2.0}, r"^ctas_per_sm: expected 1 or 2 \(or none: the kernel's rule\), got 2\.0$"),
+        ({"ctas_per_sm": 2.0}, r"^ctas_per_sm: expected 1 or 2 \(or unset: the kernel's rule\), got 2\.0$"),
         ({"ctas_per_sm": 2, "block_m": 32}, r"^ctas_per_sm: expected 1 at block_m 32, .*got 2$"),
     ]
     args = {"num_tokens": 5, "hidden": H, "inter": I, "num_experts": E, "topk": K, "num_sms": 6}

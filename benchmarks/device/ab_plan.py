@@ -20,13 +20,10 @@ import statistics
 import sys
 
 sys.path.insert(0, ".")
-import torch
 
 from megamoe import design_sm90
 from megamoe.errors import InputError, OneLineArgumentParser
-from megamoe.kernel import MegaMoEKernel, prepare_weights
-from megamoe.kernel.check import make_inputs, make_weights
-from megamoe.kernel.timing import alternating_rounds, int_at_least, kernel_durations_us, token_counts
+from megamoe.kernel.timing import int_at_least, token_counts
 from megamoe.outputs import check_output_path
 
 E, K, H, I = 256, 6, 4096, 2048
@@ -53,11 +50,24 @@ def main() -> int:
     try:
         tokens = token_counts(a.tokens)
         over = _overrides(a.override)
+        for T in tokens:  # the override's values, checked on the CPU before any GPU work
+            design_sm90.design_for(T, H, I, E, K, **over)
         rounds = int_at_least(a.rounds, "rounds", 2)
         check_output_path("out", a.out)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    from megamoe.kernel import cuda_available
+
+    if not cuda_available():
+        print("error: device: expected a CUDA GPU with sm_90+ visible to torch, got none", file=sys.stderr)
+        return 2
+    import torch
+
+    from megamoe.kernel import MegaMoEKernel, prepare_weights
+    from megamoe.kernel.check import make_inputs, make_weights
+    from megamoe.kernel.timing import alternating_rounds, kernel_durations_us
+
     w = make_weights(E, H, I, "cuda", seed=0)
     kern = MegaMoEKernel(E, K, H, I, max(tokens), prepare_weights(*w))
     rows = []
