@@ -46,10 +46,14 @@ CONSUMER_WARPS = 8
 CTAS_PER_SM = 1
 #: Registers per thread of the dispatch, producer and consumer warpgroups at two CTAs per SM (kernel
 #: v9.2; ``kRegsPair*`` in ``csrc/megamoe/kernel_sm90.cu``, ``megamoe_sm90_role_registers_at``): 64
-#: per thread at launch (``__maxnreg__``), 32768 per CTA. Chosen by timing on the H200 against
-#: 48 / 48 / 80 (0.6% slower at 64-256 tokens) and 40 / 40 / 88 (most of the gain lost to the
-#: producer's spills; benchmarks/NOTES_kernel.md, session 37).
-PAIR_REGS = (32, 64, 80)
+#: per thread at launch (``__maxnreg__``), 32768 per CTA. 48 / 48 / 80 since kernel v9.6: the
+#: dispatch warps' pull spilled on 32 (a one-item pull took 5-9 us at two CTAs against 3.2 at
+#: one); measured on the H200 against 32 / 64 / 80 (CUPTI kernel time, crossover A/B, 8 rounds,
+#: outputs bitwise): 0.978 / 0.981 / 0.990 / 0.990 / 0.997 / 0.997 at 3 / 6 / 12 / 16 / 64 / 256
+#: tokens; 40 / 56 / 80 0.985 at 3 tokens, 1.003-1.004 at 64-256 (benchmarks/NOTES_kernel.md,
+#: session 40). Session 37 had chosen 32 / 64 / 80 over 48 / 48 / 80 (then 0.6% slower at 64-256)
+#: and 40 / 40 / 88 (most of the gain lost to the producer's spills) on kernel v9.2.
+PAIR_REGS = (48, 48, 80)
 #: Stages per CTA at two CTAs per SM. Nine fit (:func:`pair_smem_limit`); measured on the H200
 #: (CUPTI kernel time against one CTA per SM with 16 stages, session 37): 9 stages 0.947, 8 stages
 #: 0.917, 7 0.900-0.932, 6 0.900-0.933 at 16-512 tokens (8 and 7 alike, 6 slower by 0.5-1%).
@@ -303,7 +307,7 @@ def local_count(block_m: int, experts_per_wave: int, num_ranks: int, ctas_per_sm
     v8.9; ``dispatch_pull``'s ``LOCAL`` in ``csrc/megamoe/roles_shared.cuh``,
     ``megamoe_sm90_local_count_at``): the wide instance (:func:`wide_walk`) at one rank and one
     CTA per SM (1-2 tokens on V4-Flash; the two-CTA wide instance of kernel v9.5 keeps the count
-    barrier: its dispatch warps have 32 registers).  Each CTA's 128 dispatch threads count all ``T k`` items with
+    barrier: its dispatch warps have 48 registers, not 64).  Each CTA's 128 dispatch threads count all ``T k`` items with
     shared-memory atomics, CTA 0 hands the totals to the schedulers, and an item's pool row is
     its rank among its expert's items in item order.  Elsewhere each CTA counts its share of
     the items, adds it to per-expert sums in global memory and waits at the count barrier; at

@@ -63,11 +63,12 @@ static_assert(kRegsDispatch + kRegsProducer + 2 * kRegsConsumer == 4 * kRegsEven
 // registers at the consumers' 192, so two CTAs of 512 threads fit one SM's 65536 registers at 64
 // per thread. __maxnreg__(64) keeps the block_m 16 K loop's SASS (152 instructions); the
 // __launch_bounds__(512, 2) form of the same cap took the shared base out of the uniform
-// registers (170). The split 32 / 64 / 80 keeps the producer's spills at the one-CTA instance's
-// (a 48-register producer cost 0.6%, a 40-register one most of the gain; benchmarks/NOTES_kernel.md,
-// session 37). Twice the consumer warps per scheduler hide the K loop's latency: 0.89x the
-// one-CTA time at 64-512 tokens on the H200.
-constexpr uint32_t kRegsPairDispatch = 32, kRegsPairProducer = 64, kRegsPairConsumer = 80;
+// registers (170). The split 48 / 48 / 80 (kernel v9.6; 32 / 64 / 80 until v9.5, where the
+// dispatch warps' pull spilled and a one-item pull took 5-9 us against 3.2 at one CTA): 0.978 /
+// 0.981 / 0.990 / 0.997 of v9.5's time at 3 / 6 / 12-16 / 64-256 tokens on the H200
+// (benchmarks/NOTES_kernel.md, session 40). Twice the consumer warps per scheduler hide the K
+// loop's latency: 0.89x the one-CTA time at 64-512 tokens on the H200.
+constexpr uint32_t kRegsPairDispatch = 48, kRegsPairProducer = 48, kRegsPairConsumer = 80;
 template <int CTAS> struct RegSplit {
     static constexpr uint32_t even = kRegsEven / CTAS;
     static constexpr uint32_t dispatch = CTAS == 1 ? kRegsDispatch : kRegsPairDispatch;
@@ -1153,7 +1154,7 @@ template <int BM, bool PROF, bool WIDE, int CTAS>
 __global__ void __launch_bounds__(kThreads, 1) __maxnreg__((kRegsEven / CTAS)) megamoe_sm90_kernel(const __grid_constant__ Sm90Args args) {
     static_assert(CTAS == 1 || (CTAS == 2 && BM == 16), "two CTAs per SM only at block_m 16");
     // The wide instance's local count and its combine of a token's slots at once (kernel v8.8 /
-    // v8.9) are one-CTA features: at two CTAs the dispatch warps have 32 registers. The wide walk
+    // v8.9) are one-CTA features: at two CTAs the dispatch warps have 48 registers (32 until v9.6). The wide walk
     // itself (the scheduler's WIDE) runs at two CTAs too (kernel v9.5).
     constexpr bool kWideOne = WIDE && CTAS == 1;
     using Regs = RegSplit<CTAS>;
