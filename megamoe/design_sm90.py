@@ -228,7 +228,7 @@ def ctas_per_sm(block_m: int, one_cta_wave: int, num_ranks: int) -> int:
     faster: it counts locally, with no count barrier (:func:`local_count`), and a few hundred
     blocks do not keep 264 CTAs busy (:data:`PAIR_MAX_ONE_CTA_WAVE`). Until session 40 the switch
     was at 32 experts (13 tokens)."""
-    return 2 if block_m == 16 and num_ranks == 1 and one_cta_wave <= PAIR_MAX_ONE_CTA_WAVE else 1
+    return 2 if pair_fits(block_m, num_ranks) and one_cta_wave <= PAIR_MAX_ONE_CTA_WAVE else 1
 
 
 def block_tickets(ctas_per_sm: int) -> bool:
@@ -293,7 +293,7 @@ def ctas_and_experts_per_wave(block_m: int, local_experts: int, expected_tokens_
     one_cta_wave = experts_per_wave_for(local_experts, expected_tokens_per_expert, block_m, inter, num_sms)
     epw = experts_per_wave if experts_per_wave is not None else one_cta_wave
     fits = pair_fits(block_m, num_ranks)
-    c = (ctas_per_sm(block_m, one_cta_wave, num_ranks) if fits else 1) if ctas is None else ctas
+    c = ctas_per_sm(block_m, one_cta_wave, num_ranks) if ctas is None else ctas
     why = "; ".join(w for w, bad in (("block_m is not 16", block_m != 16), ("not one rank", num_ranks != 1)) if bad)
     require(c == 1 or fits, "ctas_per_sm",
             f"1 at block_m {block_m}, {num_ranks} rank(s) ({why}; two CTAs per SM only at block_m 16 and one rank)", c)
