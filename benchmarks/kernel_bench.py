@@ -34,7 +34,7 @@ from megamoe.kernel.check import make_weights, make_inputs, reference_sm90, comp
 from megamoe.errors import OneLineArgumentParser
 from megamoe.outputs import check_output_path
 from megamoe.kernel.timing import (alternating_rounds, cuda_graph_replay, cuda_steady_us, cuda_times_us,  # noqa: E402
-                                   kernel_durations_us, token_counts)
+                                   median_kernel_us, token_counts)
 
 E, K, H, I = 256, 6, 4096, 2048
 
@@ -289,7 +289,7 @@ def main():
         call = (x, xs, idx, tw)
         med, best = time_fn(lambda a=call: kern(*a), reps=args.reps)
         steady = steady_fn(lambda a=call: kern(*a), calls)
-        us_kernel = statistics.median(kernel_durations_us(lambda a=call: kern(*a), 10, "megamoe_sm90_kernel"))
+        us_kernel = median_kernel_us(lambda a=call: kern(*a), 10)
         host = host_us(lambda a=call: kern(*a))
         kern.check()
         g = kern.capture(T)  # the same call as a CUDA graph: no host work per call
@@ -358,7 +358,7 @@ def main():
         kern(x, xs, idx, tw, trace="device")
 
     rounds = alternating_rounds({"off": lambda: kern(x, xs, idx, tw), "on": traced}, 6,
-                                lambda fn: statistics.median(kernel_durations_us(fn, 5, "megamoe_sm90_kernel")))
+                                median_kernel_us)
     off = statistics.median(p["off"] for p in rounds)
     on = statistics.median(p["on"] for p in rounds)
     overhead = statistics.median(p["on"] / p["off"] - 1 for p in rounds)

@@ -226,7 +226,7 @@ def _print_summary(res) -> None:
               f"block_k={rp.config.block_k} experts/wave={rp.experts_per_wave} waves={rp.num_waves} "
               f"stages={rp.num_stages} SMs={plan.num_sms}"
               + (f" x {rp.ctas_per_sm} CTAs" if rp.ctas_per_sm > 1 else "")
-              + (" (blocks by ticket" + (", wave-lag order)" if rp.wave_lag and rp.scheduler is None else ")") if rp.block_tickets else "")
+              + (" (blocks by ticket" + (", wave-lag order)" if rp.wave_lag and rp.scheduler is None and rp.num_waves > 1 else ")") if rp.block_tickets else "")
               + f" pool={plan.pool_tokens} tokens "
               f"pull={plan.bytes_per_pull} B  blocks={len(rp.blocks())}"
               + (f"  k_split={rp.k_split} (what-if)" if rp.k_split > 1 else "")

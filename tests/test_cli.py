@@ -944,3 +944,8 @@ def test_plan_line_names_the_wave_lag_order_only_when_it_is_the_list(capsys):
     out = capsys.readouterr().out
     assert "x 2 CTAs (blocks by ticket)" in out and "wave-lag order" not in out
     assert "policies: " in out and "wave-scheduler" in out
+    # at 3 tokens the two-CTA plan has one wave (block_m 16, 256 experts a wave), where the
+    # wave-lag order is the plain one: not named
+    assert main([a if a != "16" else "3" for a in args]) == 0
+    out = capsys.readouterr().out
+    assert "waves=1 " in out and "x 2 CTAs (blocks by ticket)" in out and "wave-lag order" not in out

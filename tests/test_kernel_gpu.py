@@ -1,6 +1,5 @@
 """GPU tests of the SM90 mega-kernel (skipped without an sm_90 GPU)."""
 
-import math
 
 import pytest
 

@@ -50,11 +50,13 @@ def test_steady_time_is_one_event_pair_around_back_to_back_calls(monkeypatch):
     from megamoe.kernel.timing import cuda_steady_us
 
     log = []
-    # one warm-up call, then two rounds of three calls: 1+2+3 ms and 3+3+3 ms
-    fn = _fake_events(monkeypatch, [9.0, 1.0, 2.0, 3.0, 3.0, 3.0, 3.0], log)
+    # one warm-up call, then two rounds, each a lead-in call (50 ms: the host's start-up latency
+    # and the first call, outside the window) and three timed calls: 1+2+3 ms and 3+3+3 ms
+    fn = _fake_events(monkeypatch, [9.0, 50.0, 1.0, 2.0, 3.0, 50.0, 3.0, 3.0, 3.0], log)
     assert cuda_steady_us(fn, calls=3, rounds=2, before_each=lambda: log.append("barrier")) == [2000.0, 3000.0]
-    # every round: device sync and barrier outside the events, then the calls between one pair
-    assert log == ["fn"] + ["sync-device", "barrier", "record", "fn", "fn", "fn", "record", "sync-event"] * 2
+    # every round: device sync and barrier outside the events, the lead-in, then the calls
+    # between one pair
+    assert log == ["fn"] + ["sync-device", "barrier", "fn", "record", "fn", "fn", "fn", "record", "sync-event"] * 2
     with pytest.raises(ValueError, match="calls and rounds"):
         cuda_steady_us(fn, calls=0)
 
@@ -125,3 +127,19 @@ def test_crossover_ratios_cancel_the_objects_difference():
         crossover_ratios([{"new@0": 1.0, "old@1": 1.0, "new@1": 1.0}])
     with pytest.raises(ValueError, match=r"rounds\[1\]: expected positive times"):
         crossover_ratios([r, {**r, "old@0": 0.0}])
+
+
+def test_median_kernel_time_is_the_median_of_the_named_kernels(monkeypatch):
+    import megamoe.kernel.timing as timing
+
+    seen = {}
+
+    def fake_durations(fn, calls, name):
+        seen.update(calls=calls, name=name)
+        return [5.0, 1.0, 4.0, 2.0, 30.0][:calls]
+
+    monkeypatch.setattr(timing, "kernel_durations_us", fake_durations)
+    assert timing.median_kernel_us(lambda: None) == 4.0  # sorted 1, 2, 4, 5, 30
+    assert seen == {"calls": 5, "name": "megamoe_sm90_kernel"}
+    assert timing.median_kernel_us(lambda: None, 4, "other") == 3.0  # (2 + 4) / 2
+    assert seen == {"calls": 4, "name": "other"}

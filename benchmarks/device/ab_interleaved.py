@@ -35,7 +35,7 @@ memory for the first block_m, then memory the caching allocator reuses when a to
 changes the block_m (session 23: v8.2 took 0.971x v8.1's time at 4096 tokens so).
 
 ``--kernel-time`` times each build by its kernel's own GPU durations (CUPTI through
-``torch.profiler``, the median of five calls: ``megamoe.kernel.timing.kernel_durations_us``)
+``torch.profiler``, the median of five calls: ``megamoe.kernel.timing.median_kernel_us``)
 instead of five calls back to back between one event pair. The eager 1-token call is bound by
 the host's ~64 us per launch, above the kernel's ~54-56 us, so the default timing cannot see a
 1-token kernel change (sessions 28-29: benchmarks/NOTES_kernel.md).
@@ -67,7 +67,7 @@ from megamoe.kernel.timing import (
     alternating_rounds,
     crossover_ratios,
     cuda_steady_us,
-    kernel_durations_us,
+    median_kernel_us,
     token_counts,
 )
 from megamoe.outputs import check_output_path
@@ -146,7 +146,7 @@ def main() -> int:
 
     def measure(fn):
         if a.kernel_time:
-            return statistics.median(kernel_durations_us(fn, 5, "megamoe_sm90_kernel"))
+            return median_kernel_us(fn)
         return cuda_steady_us(fn, 5, rounds=1)[0]
 
     for T in tokens:

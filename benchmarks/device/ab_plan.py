@@ -4,7 +4,7 @@
 V4-Flash shape, EP1, one kernel object (one set of buffers, so no object bias): per token count
 the two launches alternate in ABBA rounds (``megamoe.kernel.timing.alternating_rounds``), each
 timed by its kernel's own GPU durations (CUPTI through ``torch.profiler``, the median of five
-calls: ``kernel_durations_us``), and their outputs are compared bit for bit (a plan choice moves
+calls: ``median_kernel_us``), and their outputs are compared bit for bit (a plan choice moves
 blocks between CTAs, never an output row's arithmetic). The kernel's error word is checked after
 every round.
 
@@ -66,7 +66,7 @@ def main() -> int:
 
     from megamoe.kernel import MegaMoEKernel, prepare_weights
     from megamoe.kernel.check import make_inputs, make_weights
-    from megamoe.kernel.timing import alternating_rounds, kernel_durations_us
+    from megamoe.kernel.timing import alternating_rounds, median_kernel_us
 
     w = make_weights(E, H, I, "cuda", seed=0)
     kern = MegaMoEKernel(E, K, H, I, max(tokens), prepare_weights(*w))
@@ -82,7 +82,7 @@ def main() -> int:
         bitwise = bool(torch.equal(ya.view(torch.int16), yb.view(torch.int16)))
         per_round = alternating_rounds(
             {"rule": lambda: kern(x, xs, idx, tw, design=rule), "override": lambda: kern(x, xs, idx, tw, design=alt)},
-            rounds, lambda fn: statistics.median(kernel_durations_us(fn, 5, "megamoe_sm90_kernel")), kern.check)
+            rounds, median_kernel_us, kern.check)
         ratios = [r["override"] / r["rule"] for r in per_round]
         row = {"tokens": T, "rule": {"block_m": rule.block_m, "experts_per_wave": rule.experts_per_wave,
                                       "ctas_per_sm": rule.ctas_per_sm, "num_stages": rule.num_stages},

@@ -16,7 +16,7 @@ import torch
 from megamoe.kernel import MegaMoEKernel, prepare_weights
 from megamoe.kernel.build import library_path
 from megamoe.kernel.check import make_inputs, make_weights
-from megamoe.kernel.timing import alternating_rounds, kernel_durations_us
+from megamoe.kernel.timing import alternating_rounds, median_kernel_us
 
 E, K, H, I = 256, 6, 4096, 2048
 w = make_weights(E, H, I, "cuda", seed=11)
@@ -39,7 +39,7 @@ for T in (64, 4096, 8192):
         k(*a, trace="device")
 
     per_round = alternating_rounds({"off": off, "on": on}, 8,
-                                   lambda fn: statistics.median(kernel_durations_us(fn, 5, "megamoe_sm90_kernel")),
+                                   median_kernel_us,
                                    after_round=k.fetch_trace)
     rows = [(t["off"], t["on"], t["on"] / t["off"] - 1) for t in per_round]
     ov = [r[2] for r in rows]

@@ -41,7 +41,13 @@ def cuda_steady_us(fn, calls: int, rounds: int = 1, warmup: int = 1, before_each
     (Python, argument checks, the launch itself) is inside its event pair: for the SM90 kernel
     68 us at 1 token and ~100 us at 64 tokens on the H200 (benchmarks/NOTES_kernel.md,
     fifteenth session). Back to back, the host enqueues the next call while the GPU runs this
-    one, so what is left is the GPU's time plus the gap between launches.
+    one, so what is left is the GPU's time plus the gap between launches (or the host's time
+    per call, where the host cannot keep ahead).
+
+    Each round starts with one untimed lead-in call, and the window opens when the lead-in
+    ends on the GPU. Without it (until the forty-first session) every round's window held the
+    first call's host latency too (an idle GPU waiting for the host), which added 1/``calls`` of
+    it to every call (benchmarks/NOTES_kernel.md, forty-first session).
 
     ``before_each`` is called before every round, after the device is synchronized and outside
     the events (e.g. ``torch.distributed.barrier`` so that all ranks start together).
@@ -61,6 +67,7 @@ def cuda_steady_us(fn, calls: int, rounds: int = 1, warmup: int = 1, before_each
         if before_each is not None:
             before_each()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        fn()  # the lead-in: the window opens when it ends on the GPU, with the host already ahead
         a.record()
         for _ in range(calls):
             fn()
@@ -115,6 +122,18 @@ def kernel_durations_us(fn, calls: int, name_contains: str) -> list[float]:
     if not times:
         raise RuntimeError(f"kernel_durations_us: no CUDA kernel named like {name_contains!r} was recorded")
     return times
+
+
+def median_kernel_us(fn, calls: int = 5, name_contains: str = "megamoe_sm90_kernel") -> float:
+    """The median of :func:`kernel_durations_us` over ``calls`` calls of ``fn``: one call's GPU
+    time (us) for the A/B scripts and benchmarks, by default the SM90 mega-kernel's.
+
+    Raises:
+        RuntimeError: as :func:`kernel_durations_us`.
+    """
+    import statistics
+
+    return statistics.median(kernel_durations_us(fn, calls, name_contains))
 
 
 def device_times_of(events, name_contains: str) -> list[float]:
