@@ -990,3 +990,19 @@ def test_ab_plan_refuses_bad_arguments_before_the_gpu(tmp_path, extra, want):
     """benchmarks/device/ab_plan.py checks its override with the design rule on the CPU (one line,
     exit 2) before it needs torch or a GPU."""
     assert _device_script_error(tmp_path, "ab_plan.py", str(tmp_path / "o.json"), *extra) == want
+
+
+def test_traces_script_keeps_the_median_call(tmp_path):
+    """benchmarks/device/traces.py keeps, of its ``--calls`` traced calls, the one whose makespan
+    is the median (the lower middle one for an even count), and refuses ``--calls 0`` with one line
+    before it touches the GPU."""
+    pytest.importorskip("torch")
+    spec = importlib.util.spec_from_file_location(
+        "traces_script", Path(__file__).resolve().parents[1] / "benchmarks" / "device" / "traces.py")
+    ns = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ns)
+    assert ns.median_index([53.6, 52.1, 55.0]) == 0  # 52.1 < 53.6 < 55.0
+    assert ns.median_index([4.0, 1.0, 3.0, 2.0]) == 3  # sorted 1, 2, 3, 4: the lower middle, 2.0
+    assert ns.median_index([7.0]) == 0
+    err = _device_script_error(tmp_path, "traces.py", "1", "--calls", "0")
+    assert err.endswith("calls: expected an integer >= 1, got 0"), err
