@@ -243,7 +243,7 @@ def main():
     ap.add_argument("--reps", type=int, default=20, help="single calls timed per implementation and size (>= 1)")
     ap.add_argument("--no-peer", action="store_true", help="skip the unfused torch path")
     ap.add_argument("--no-flaggems", action="store_true", help="skip FlagGems' Triton fused MoE")
-    ap.add_argument("--steady-calls", type=int, default=10, help="back-to-back calls per round (default 10)")
+    ap.add_argument("--steady-calls", type=int, default=50, help="back-to-back calls per round (default 50)")
     args = ap.parse_args()
     if args.steady_calls < 1:
         ap.error(f"steady-calls: expected an integer >= 1, got {args.steady_calls}")
@@ -256,7 +256,7 @@ def main():
     if not cuda_available():
         ap.error("device: expected a CUDA GPU of compute capability 9.0 (the SM90 kernel), got none")
     res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, shape=dict(E=E, K=K, H=H, I=I),
-               date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), steady_calls=calls, rows=[])
+               date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), steady_calls=calls, steady_lead_in=True, rows=[])
     from megamoe.kernel.build import library_path
     res["build"] = library_path("sm_90a").parent.name  # the source hash the library is cached under
     print(f"kernel build {res['build']}", flush=True)

@@ -1015,8 +1015,9 @@ class Gen:
                 extra.append(f"measured FP8 GEMM {d['fp8_gemm_tflops']:.0f} TFLOP/s"
                              + (f" ({d['fp8_gemm_tflops_steady']:.0f} back to back)" if "fp8_gemm_tflops_steady" in d else ""))
             how = (" Times per call: one call from an idle GPU (CUDA events around it, so the host's work before "
-                   f"the launch is inside), back to back (one event pair around {d.get('steady_calls', 10)} calls, divided: "
-                   "the GPU's time "
+                   f"the launch is inside), back to back (one event pair around {d.get('steady_calls', 10)} calls, divided"
+                   + (", opened after one untimed lead-in call so that the first call's host work is outside"
+                      if d.get("steady_lead_in") else "") + ": the GPU's time "
                    "per call while the host runs ahead) and, for this kernel, its own GPU duration (CUPTI)."
                    if steady else "")
             how += (" As a CUDA graph: the call captured once and replayed back to back in the same way (no host "
