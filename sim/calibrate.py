@@ -840,22 +840,18 @@ def calibrated_toml(base: str, measured: dict, kernel: dict | None = None, date:
 #: The committed kernel traces and per-role profile the H200 model's SM90 figures are fitted
 #: to (paths from the repository root): one CTA per SM at 64 and 512 tokens (block_m 16, the plan
 #: with ``ctas_per_sm=1``, the instance EP > 1 runs) and 4096 (block_m 128); the other EP1 traces
-#: (1, 16, 64, 256, 512, 1024 and 8192 tokens, two CTAs per SM at 16-512) are left out, as checks
+#: (1, 3, 6, 8, 12, 16, 64, 256, 512, 1024 and 8192 tokens, two CTAs per SM at 3-512) are left out, as checks
 #: of the fit.
 SM90_FIT_TRACES = ("benchmarks/traces/kernel_flash_ep1_one_cta_t64.npz",
                    "benchmarks/traces/kernel_flash_ep1_one_cta_t512.npz",
                    "benchmarks/traces/kernel_flash_ep1_t4096.npz")
 #: The two-CTA trace ``sm90_pair_share_first`` and ``sm90_pair_share`` are fitted to
 #: (:func:`fit_sm90_pair_share`), each against the one-CTA trace of the same token count
-#: (:data:`SM90_PAIR_ONE_CTA_TRACES`): kernel v9.4 at 64 tokens (blocks by ticket in the wave-lag
-#: order: RankPlan.block_tickets, RankPlan.wave_lag); its traces at 16, 256 and 512 tokens are
-#: left out, as checks. (v9.4's one-CTA instances are v9.3.1's instruction for instruction, so the
-#: one-CTA traces stay v9.3.1's.)
+#: (:data:`SM90_PAIR_ONE_CTA_TRACES`): 64 tokens (blocks by ticket in the wave-lag order:
+#: RankPlan.block_tickets, RankPlan.wave_lag); the two-CTA traces at 3-16, 256 and 512 tokens
+#: are left out, as checks.
 SM90_PAIR_FIT_TRACES = ("benchmarks/traces/kernel_flash_ep1_t64.npz",)
 SM90_PAIR_ONE_CTA_TRACES = ("benchmarks/traces/kernel_flash_ep1_one_cta_t64.npz",)
-SM90_PAIR_FIT_KERNEL = ("FP8 WGMMA v9.4, build 3558f1bc (v9.3.1, whose one-CTA instances it keeps instruction for "
-                        "instruction, with the two-CTA producer taking its tickets in the wave-lag order: each wave's "
-                        "L2 pass after the next wave's L1 pass; benchmarks/NOTES_kernel.md)")
 #: The committed EP2 traces (two H200s) the expert-parallel figures (``nvlink_latency_ns``,
 #: ``l2_epilogue_ep_ns``) are fitted to; EP2 at 1 and 8192 tokens per rank are left out, as
 #: checks of the fit.
@@ -863,16 +859,16 @@ SM90_EP_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep2_t{t}.npz" for t 
 SM90_EP_FIT_DEVICE = "two lent H200s (EP2, NV18)"
 SM90_FIT_PROFILE = "benchmarks/results/kernel_profile_stages_h200.json"
 SM90_FIT_DATE = "2026-12-04"
-SM90_FIT_KERNEL = ("FP8 WGMMA v9.3.1, build b994df31 (TMA loads, E2M1 decoded into WGMMA registers through the weight "
-                   "fold's table, four producer warps, the wide instance at 1-12 tokens, the consumers' walk inside "
+SM90_FIT_KERNEL = ("FP8 WGMMA v9.6, build 36fbfb55 (TMA loads, E2M1 decoded into WGMMA registers through the weight "
+                   "fold's table, four producer warps, the wide instance at 1-2 tokens, the consumers' walk inside "
                    "the epilogue at block_m >= 32, the producer's block descriptors at block_m 16, two CTAs per SM at "
-                   "block_m 16 without the wide walk taking the plan's blocks by ticket; every version's change: "
-                   "docs/kernel.md, benchmarks/NOTES_kernel.md)")
+                   "block_m 16 from 3 tokens taking the plan's blocks by ticket in the wave-lag order, with the "
+                   "register split 48 / 48 / 80; every version's change: docs/kernel.md, benchmarks/NOTES_kernel.md)")
 SM90_PROFILE_KERNEL = "FP8 WGMMA v8.6 kernel (its profile instance)"
 #: The committed trace ``sched_skip_ns`` and ``sm90_local_count_ns`` are fitted to
 #: (:func:`fit_sm90_walk_skip`, :func:`fit_sm90_local_count`): 1 token, the only traced size whose
 #: plan runs the wide instance (block_m 16, one wave of 256 experts); the same kernel build as
-#: the other EP1 traces (all recorded on v9.3.1, benchmarks/NOTES_kernel.md, session 39).
+#: the other EP1 traces (all recorded on v9.6, benchmarks/NOTES_kernel.md, session 41).
 SM90_SKIP_FIT_TRACE = "benchmarks/traces/kernel_flash_ep1_t1.npz"
 SM90_SKIP_FIT_KERNEL = SM90_FIT_KERNEL
 SM90_SKIP_FIT_DATE = SM90_FIT_DATE
@@ -1015,8 +1011,8 @@ def refit_h200(root: str | None = None, toml_path: str | None = None) -> dict:
     fit.update(sm90_fit_sources(fit_sm90_pair_share([str(base / p) for p in SM90_PAIR_FIT_TRACES],
                                                     [str(base / p) for p in SM90_PAIR_ONE_CTA_TRACES], hw),
                                 traces=SM90_PAIR_FIT_TRACES, profile_path=None, date=SM90_FIT_DATE,
-                                kernel=SM90_PAIR_FIT_KERNEL + " against the one-CTA trace of the same token count, "
-                                + SM90_FIT_KERNEL,
+                                kernel=SM90_FIT_KERNEL + ", two CTAs per SM against the one-CTA trace of the same "
+                                "token count",
                                 fitter="fit_sm90_pair_share"))
     path = Path(toml_path) if toml_path else PRESET_DIR / "h200.toml"
     text = path.read_text()

@@ -794,8 +794,11 @@ class _Engine:
             t_epi1 = (hw.l1_epilogue_thread_ns_per_elem * bm * bn / epi_threads + hw.block_overhead_ns) * f
             # SM90: the producer issues one K block's loads in t_iss (its stage already free), so a
             # block's last copy issue comes no earlier than kb x t_iss after its first, and no
-            # earlier than t_iss after the consumers free the stage a ring back
-            t_iss = hw.sm90_issue_kblock_ns * f if sm90 else 0.0
+            # earlier than t_iss after the consumers free the stage a ring back. Not scaled by the
+            # share f (until the forty-first session it was): the figure is read off one-CTA
+            # traces where the ring, i.e. the consumers, already paces the issues, and the ring's
+            # pacing at a share is priced apart (the K loop's prefetch term below)
+            t_iss = hw.sm90_issue_kblock_ns if sm90 else 0.0
             return (t_k, t_k1, t_epi1, kb1 * t_k1, kb2 * t_k, min(stages, kb1) * t_k1, min(stages, kb2) * t_k,
                     [i * t_k for i in range(kb2)], t_iss, kb1 * t_iss, kb2 * t_iss, f)
 
@@ -1044,8 +1047,11 @@ class _Engine:
                     last_write = fin
             prev_prefetch = pre1 if phase == L1 else pre2
             if sm90:  # the producer's last copy issue (paced, or a ring ahead of the K loop's end) and
-                # the consumers' block start (after their scheduler walk) instead
-                record((bid, issue_end, c_start, mma_end, epi_start, epi_end, dep, first, free))
+                # the consumers' block start (after their scheduler walk) instead; where they read
+                # the block from its first stage's descriptor (BLOCK_DESCRIPTORS, kernel v9.1) they
+                # know the block, and the kernel records its start, only once that stage is full
+                c_rec = c_start if not c_desc or c_start >= load_start + lat else load_start + lat
+                record((bid, issue_end, c_rec, mma_end, epi_start, epi_end, dep, first, free))
                 prev_issue = issue_end
             else:
                 record((bid, load_start, mma_start, mma_end, epi_start, epi_end, dep, first, free))
