@@ -85,8 +85,11 @@ def main() -> None:
     ok = all(p["same_order"] for p in pairs if p["must_agree"])
     print(f"plan choices apart by more than 5% ordered like the kernel: {ok}")
     with open(out, "w") as f:
-        json.dump({"kernel": "EP1: FP8 WGMMA v9.0 (2026-12-03, build 8b6ff5f6); EP2: v6.4 (2026-12-01, build fbc2931d)",
-                   "plan_choices_kernel": "FP8 WGMMA v8.6 (2026-12-02, build 94b176d2)",
+        builds: dict[str, set] = {}
+        for x in rows:  # the kernel builds of the traces, from each trace's meta
+            builds.setdefault(f"EP{x['ranks']}", set()).add(str(x["kernel_build"])[:8])
+        json.dump({"kernel": "; ".join(f"{ep}: build {', '.join(sorted(b))}" for ep, b in sorted(builds.items())),
+                   "plan_choices_kernel": "FP8 WGMMA v9.3.1 (2026-12-04, build b994df31)",
                    "traces": rows, "plan_choices": pairs, "ranking_ok": ok}, f, indent=1)
     print(f"wrote {out}")
 

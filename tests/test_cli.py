@@ -934,7 +934,8 @@ def test_sm90_pool_is_the_kernels_and_not_an_override(capsys):
 
 def test_plan_line_names_the_wave_lag_order_only_when_it_is_the_list(capsys):
     """At two CTAs per SM (V4-Flash EP1, 16 tokens on the H200: block_m 16) the SM90 plan's list
-    is the wave-lag order; a --policy that replaces the list must not be labelled with it."""
+    is the wave-lag order; a --policy that replaces the list with another must not be labelled
+    with it, the wave-lag scheduler as a policy is."""
     args = ["simulate", "--shape", "deepseek-v4-flash", "--ranks", "1", "--tokens", "16",
             "--design", "megamoe-sm90", "--hardware", "h200"]
     assert main(args) == 0
@@ -944,6 +945,10 @@ def test_plan_line_names_the_wave_lag_order_only_when_it_is_the_list(capsys):
     out = capsys.readouterr().out
     assert "x 2 CTAs (blocks by ticket)" in out and "wave-lag order" not in out
     assert "policies: " in out and "wave-scheduler" in out
+    # the wave-lag scheduler as a policy gives the same list: named so
+    assert main([*args, "--policy", "wave-lag"]) == 0
+    out = capsys.readouterr().out
+    assert "x 2 CTAs (blocks by ticket, wave-lag order)" in out and "scheduler=wave-lag" in out
     # at 3 tokens the two-CTA plan has one wave (block_m 16, 256 experts a wave), where the
     # wave-lag order is the plain one: not named
     assert main([a if a != "16" else "3" for a in args]) == 0

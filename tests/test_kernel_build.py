@@ -994,8 +994,9 @@ def test_ab_plan_refuses_bad_arguments_before_the_gpu(tmp_path, extra, want):
 
 def test_traces_script_keeps_the_median_call(tmp_path):
     """benchmarks/device/traces.py keeps, of its ``--calls`` traced calls, the one whose makespan
-    is the median (the lower middle one for an even count), and refuses ``--calls 0`` with one line
-    before it touches the GPU."""
+    is the median (the lower middle one for an even count), and refuses ``--calls 0``, a token
+    count that is not an integer >= 1 and a ``--max-tokens`` below the largest count with one
+    line before it touches the GPU."""
     pytest.importorskip("torch")
     spec = importlib.util.spec_from_file_location(
         "traces_script", Path(__file__).resolve().parents[1] / "benchmarks" / "device" / "traces.py")
@@ -1006,3 +1007,7 @@ def test_traces_script_keeps_the_median_call(tmp_path):
     assert ns.median_index([7.0]) == 0
     err = _device_script_error(tmp_path, "traces.py", "1", "--calls", "0")
     assert err.endswith("calls: expected an integer >= 1, got 0"), err
+    err = _device_script_error(tmp_path, "traces.py", "1,abc")
+    assert err.endswith("tokens: expected comma-separated integers >= 1, got '1,abc'"), err
+    err = _device_script_error(tmp_path, "traces.py", "64", "--max-tokens", "0")
+    assert err.endswith("max-tokens: expected an integer >= the largest token count (64), got 0"), err

@@ -23,10 +23,15 @@ import statistics
 import torch
 
 from megamoe.errors import OneLineArgumentParser
-from megamoe.kernel import MegaMoEKernel, design_from_plan, prepare_weights
+from megamoe.kernel import (
+    MegaMoEKernel,
+    cuda_available,
+    design_from_plan,
+    prepare_weights,
+)
 from megamoe.kernel.build import library_path
 from megamoe.kernel.check import make_inputs, make_weights
-from megamoe.kernel.timing import cuda_times_us
+from megamoe.kernel.timing import cuda_times_us, token_counts
 from megamoe.kernel.trace import to_schema
 from megamoe.scenario import Scenario
 from sim.calibrate import calibrated_toml, from_kernel_trace, measure
@@ -53,8 +58,13 @@ def main() -> None:
     a = ap.parse_args()
     if a.calls < 1:
         ap.error(f"calls: expected an integer >= 1, got {a.calls}")
-    tokens = [int(t) for t in a.tokens.split(",")]
-    max_tokens = a.max_tokens or max(tokens)
+    with ap.input_errors():
+        tokens = token_counts(a.tokens)
+    max_tokens = max(tokens) if a.max_tokens is None else a.max_tokens
+    if max_tokens < max(tokens):
+        ap.error(f"max-tokens: expected an integer >= the largest token count ({max(tokens)}), got {max_tokens}")
+    if not cuda_available():
+        ap.error("device: expected a CUDA GPU of compute capability 9.0 (the SM90 kernel), got none")
     stem = "kernel_flash_ep1_one_cta" if a.ctas_per_sm == 1 else "kernel_flash_ep1"
     os.makedirs(OUT, exist_ok=True)
     w = make_weights(E, H, I, "cuda", seed=0)
