@@ -5,7 +5,8 @@ Prints two tables and writes benchmarks/results/compare_h200.json.  Runs on any 
 traces (benchmarks/traces/*.npz) and the kernel's plan-choice times
 (results/kernel_plan_choices_h200.json) were measured on the lent H200s: the EP1 traces and
 plan choices on one H200, the traces with the FP8 WGMMA kernel v9.6 (build 36fbfb55, 2026-12-04),
-the plan choices with v9.3.1 (build b994df31, the same day; not re-run on v9.6),
+the plan choices with v9.6 too (forty-first session; kernel time by CUPTI, until then one call's
+CUDA-event time),
 the EP2 traces on two (NV18) with v6.4 (build fbc2931d, 2026-12-01; the two-GPU machine
 was not lent when v6.5-v9.6 were recorded). EP traces are simulated with the ranks' launch skew read off the trace (host jitter; the column
 without it is shown too).
@@ -85,11 +86,13 @@ def main() -> None:
     ok = all(p["same_order"] for p in pairs if p["must_agree"])
     print(f"plan choices apart by more than 5% ordered like the kernel: {ok}")
     with open(out, "w") as f:
+        with open(os.path.join(HERE, "results", "kernel_plan_choices_h200.json")) as g:
+            plan_builds = {m.get("kernel_build", "not recorded") for m in json.load(g)}
         builds: dict[str, set] = {}
         for x in rows:  # the kernel builds of the traces, from each trace's meta
             builds.setdefault(f"EP{x['ranks']}", set()).add(str(x["kernel_build"])[:8])
         json.dump({"kernel": "; ".join(f"{ep}: build {', '.join(sorted(b))}" for ep, b in sorted(builds.items())),
-                   "plan_choices_kernel": "FP8 WGMMA v9.3.1 (2026-12-04, build b994df31)",
+                   "plan_choices_kernel": "; ".join(sorted({f"build {str(b)[:8]}" for b in plan_builds})),
                    "traces": rows, "plan_choices": pairs, "ranking_ok": ok}, f, indent=1)
     print(f"wrote {out}")
 

@@ -20,7 +20,7 @@ ranks' launch skew read off the trace (host jitter, not modelled;
 (``KIND_LIMIT``); every block's work on the same SM in both; the kernel's block order per
 CTA equal to the plan's; the simulator ordering two plan choices like the kernel whenever
 the kernel's times differ by more than 5% (closer pairs are not asserted). The plan-choice times
-(results/kernel_plan_choices_h200.json) were measured on the same kernel in the same run.
+(results/kernel_plan_choices_h200.json, CUPTI kernel time) were measured on v9.6 as well.
 """
 
 import json
@@ -137,9 +137,10 @@ def test_plan_choices_ranked_like_the_kernel():
                                  **m["override"])).trace.makespan_ns for m in (a, b)]
         assert (a["kernel_us"] < b["kernel_us"]) == (sim[0] < sim[1]), (a, b, sim)
         asserted += 1
-    # block_m pairs at 64, 512, 1024, 4096 and 8192 tokens (11-30% apart); the experts-per-wave
-    # pairs are within 5% on the kernel
-    assert asserted >= 5
+    # kernel v9.6, CUPTI kernel time (forty-first session): the block_m pairs at 64, 512, 1024, 4096
+    # and 8192 tokens (13-39% apart) and the experts-per-wave pairs at 512 and 4096 (11% / 8%; within
+    # 5% when one call's CUDA-event time, host latency included, was the measure)
+    assert asserted == 7
 
 
 def test_plan_choices_at_few_tokens_ranked_like_the_kernel():

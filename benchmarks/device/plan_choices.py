@@ -1,7 +1,10 @@
 """Device run for issue 7: does the simulator rank plan choices like the kernel does?
 
 V4-Flash EP1, the SM90 kernel with plan overrides (block_m, experts per wave) at a few token
-counts (pairs: consecutive cases); prints kernel medians (CUDA events, 5 runs) as JSON to $OUT/plan_choices.json.
+counts (pairs: consecutive cases); writes each case's kernel time to $OUT/plan_choices.json:
+``kernel_us``, the kernel's own GPU duration (CUPTI, median of 5 calls, ``median_kernel_us``; since
+the forty-first session, until then the CUDA-event time of one call from an idle GPU, host latency
+included, which is kept as ``event_us``), and the kernel build.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ import torch
 
 from megamoe.kernel import MegaMoEKernel, design_from_plan, prepare_weights
 from megamoe.kernel.check import make_inputs, make_weights
-from megamoe.kernel.timing import cuda_times_us
+from megamoe.kernel.build import library_path
+from megamoe.kernel.timing import cuda_times_us, median_kernel_us
 from megamoe.scenario import Scenario
 
 OUT = os.environ.get("OUT", "/tmp/out")
@@ -41,10 +45,12 @@ def main() -> None:
         kern(x, xs, idx, tw, design=d)
         kern.check()
         ts = cuda_times_us(lambda: kern(x, xs, idx, tw, design=d), 5)
+        ku = median_kernel_us(lambda: kern(x, xs, idx, tw, design=d))
         kern.check()
         rp = plan.ranks[0]
         out.append({"tokens": T, "max_tokens": mt, "override": over, "block_m": rp.config.block_m,
-                    "experts_per_wave": rp.experts_per_wave, "kernel_us": statistics.median(ts)})
+                    "experts_per_wave": rp.experts_per_wave, "ctas_per_sm": rp.ctas_per_sm, "kernel_us": ku,
+                    "event_us": statistics.median(ts), "kernel_build": library_path("sm_90a").parent.name})
         print(out[-1], flush=True)
     with open(f"{OUT}/plan_choices.json", "w") as f:
         json.dump(out, f, indent=1)
