@@ -26,7 +26,10 @@ import sys
 import time
 from pathlib import Path
 
-import torch
+try:
+    import torch
+except ImportError:  # refused in main() after the arguments are checked (one line, exit 2)
+    torch = None
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from megamoe.kernel import MegaMoEKernel, cuda_available, prepare_weights  # noqa: E402
@@ -253,6 +256,8 @@ def main():
         tokens = token_counts(args.tokens)
         check_output_path("out", args.out)
     calls = args.steady_calls
+    if torch is None:
+        ap.error("torch: expected it importable (pip install torch), got missing")
     if not cuda_available():
         ap.error("device: expected a CUDA GPU of compute capability 9.0 (the SM90 kernel), got none")
     res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, shape=dict(E=E, K=K, H=H, I=I),

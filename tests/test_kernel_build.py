@@ -1011,3 +1011,21 @@ def test_traces_script_keeps_the_median_call(tmp_path):
     assert err.endswith("tokens: expected comma-separated integers >= 1, got '1,abc'"), err
     err = _device_script_error(tmp_path, "traces.py", "64", "--max-tokens", "0")
     assert err.endswith("max-tokens: expected an integer >= the largest token count (64), got 0"), err
+
+
+@pytest.mark.parametrize("script, args, want", [
+    ("benchmarks/device/traces.py", ["1", "--calls", "0"], "traces.py: error: calls: expected an integer >= 1, got 0"),
+    ("benchmarks/device/traces.py", ["1"], "traces.py: error: torch: expected it importable (pip install torch), got missing"),
+    ("benchmarks/kernel_bench.py", ["--tokens", "abc"],
+     "kernel_bench.py: error: tokens: expected comma-separated integers >= 1, got 'abc'"),
+    ("benchmarks/kernel_bench.py", [], "kernel_bench.py: error: torch: expected it importable (pip install torch), got missing"),
+])
+def test_device_scripts_without_torch_answer_in_one_line(tmp_path, script, args, want):
+    """The benchmark and trace scripts check their arguments before they need torch, and without
+    torch (here hidden from the import system) say so in one line, exit code 2, no traceback."""
+    root = Path(__file__).resolve().parents[1]
+    code = ("import sys, runpy; sys.modules['torch'] = None; sys.argv = [%r] + %r; "
+            "runpy.run_path(%r, run_name='__main__')" % (script, args, str(root / script)))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                       check=False)
+    assert p.returncode == 2 and p.stderr.strip() == want, p.stderr

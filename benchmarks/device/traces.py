@@ -20,7 +20,10 @@ import json
 import os
 import statistics
 
-import torch
+try:
+    import torch
+except ImportError:  # refused in main() after the arguments are checked (one line, exit 2)
+    torch = None
 
 from megamoe.errors import OneLineArgumentParser
 from megamoe.kernel import (
@@ -63,6 +66,8 @@ def main() -> None:
     max_tokens = max(tokens) if a.max_tokens is None else a.max_tokens
     if max_tokens < max(tokens):
         ap.error(f"max-tokens: expected an integer >= the largest token count ({max(tokens)}), got {max_tokens}")
+    if torch is None:
+        ap.error("torch: expected it importable (pip install torch), got missing")
     if not cuda_available():
         ap.error("device: expected a CUDA GPU of compute capability 9.0 (the SM90 kernel), got none")
     stem = "kernel_flash_ep1_one_cta" if a.ctas_per_sm == 1 else "kernel_flash_ep1"
