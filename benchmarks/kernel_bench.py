@@ -32,12 +32,12 @@ except ImportError:  # refused in main() after the arguments are checked (one li
     torch = None
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from megamoe.kernel import MegaMoEKernel, cuda_available, prepare_weights  # noqa: E402
+from megamoe.kernel import MegaMoEKernel, prepare_weights  # noqa: E402
 from megamoe.kernel.check import make_weights, make_inputs, reference_sm90, compare  # noqa: E402
 from megamoe.errors import OneLineArgumentParser
 from megamoe.outputs import check_output_path
 from megamoe.kernel.timing import (alternating_rounds, cuda_graph_replay, cuda_steady_us, cuda_times_us,  # noqa: E402
-                                   median_kernel_us, token_counts)
+                                   median_kernel_us, require_sm90_gpu, token_counts)
 
 E, K, H, I = 256, 6, 4096, 2048
 
@@ -225,8 +225,7 @@ def flaggems_peer(ap, out: Path) -> FlagGemsFP8:
     error of ``ap`` (one field, exit 2, before any CUDA work); returns the FlagGems peer."""
     with ap.input_errors():
         check_output_path("out", out)
-    if not cuda_available():
-        ap.error("device: expected a CUDA GPU of compute capability 9.0 (the SM90 kernel), got none")
+    require_sm90_gpu(ap)
     try:
         return FlagGemsFP8()
     except ImportError as e:
@@ -256,10 +255,7 @@ def main():
         tokens = token_counts(args.tokens)
         check_output_path("out", args.out)
     calls = args.steady_calls
-    if torch is None:
-        ap.error("torch: expected it importable (pip install torch), got missing")
-    if not cuda_available():
-        ap.error("device: expected a CUDA GPU of compute capability 9.0 (the SM90 kernel), got none")
+    require_sm90_gpu(ap)
     res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, shape=dict(E=E, K=K, H=H, I=I),
                date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), steady_calls=calls, steady_lead_in=True, rows=[])
     from megamoe.kernel.build import library_path

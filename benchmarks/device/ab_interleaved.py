@@ -60,7 +60,7 @@ import torch
 
 from megamoe import design_sm90
 from megamoe.errors import OneLineArgumentParser
-from megamoe.kernel import KernelError, MegaMoEKernel, cuda_available, prepare_weights
+from megamoe.kernel import KernelError, MegaMoEKernel, prepare_weights
 from megamoe.kernel.check import make_inputs, make_weights
 from megamoe.kernel.runtime import load_library_file
 from megamoe.kernel.timing import (
@@ -68,6 +68,7 @@ from megamoe.kernel.timing import (
     crossover_ratios,
     cuda_steady_us,
     median_kernel_us,
+    require_sm90_gpu,
     token_counts,
 )
 from megamoe.outputs import check_output_path
@@ -114,8 +115,7 @@ def main() -> int:
                  f"[{design_sm90.min_stages(128)}, {design_sm90.MAX_STAGES}] at "
                  "128, one per issuing producer warp at least, and no more than the old build's shared memory "
                  f"holds: its launcher refuses those), got {a.old_stages!r}")
-    if not cuda_available():
-        ap.error("device: expected a CUDA GPU of compute capability 9.0 (the SM90 kernel), got none")
+    require_sm90_gpu(ap)
     old_lib, out, rounds = str(a.old_lib), a.out, a.rounds
     try:
         lib = load_library_file(old_lib, older_prefix=True)  # fields appended since are ignored by it

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from megamoe.errors import OneLineArgumentParser
-from megamoe.kernel.timing import token_counts
+from megamoe.kernel.timing import require_sm90_gpu, token_counts
 from megamoe.outputs import check_output_path
 
 E, K, H, I = 256, 6, 4096, 2048
@@ -36,9 +36,8 @@ def main() -> int:
     with ap.input_errors():
         tokens = token_counts(a.tokens)
         check_output_path("out", a.out)
-    from megamoe.kernel import MegaMoEKernel, cuda_available, prepare_weights
-    if not cuda_available():
-        ap.error("device: expected a CUDA GPU of compute capability 9.0 (the SM90 kernel), got none")
+    require_sm90_gpu(ap)
+    from megamoe.kernel import MegaMoEKernel, prepare_weights
     import torch
 
     from megamoe.kernel.check import make_inputs, make_weights

@@ -87,10 +87,9 @@ def main() -> int:
     if a.redispatch is not None and not isinstance(getattr(torch._C.DispatchKey, a.redispatch, None),
                                                    torch._C.DispatchKey):
         ap.error(f"redispatch: expected a torch dispatch key name (e.g. CPU), got {a.redispatch!r}")
-    from megamoe.kernel.runtime import cuda_available
+    from megamoe.kernel.timing import require_sm90_gpu
 
-    if not cuda_available():
-        ap.error("device: expected a CUDA GPU of compute capability 9.0 (the SM90 kernel), got none")
+    require_sm90_gpu(ap)
 
     res = {"steps": {}, "tokens": {}, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "torch": torch.__version__, "shape": {"E": E, "K": K, "H": H, "I": I}, "rounds": a.rounds}

@@ -26,15 +26,10 @@ except ImportError:  # refused in main() after the arguments are checked (one li
     torch = None
 
 from megamoe.errors import OneLineArgumentParser
-from megamoe.kernel import (
-    MegaMoEKernel,
-    cuda_available,
-    design_from_plan,
-    prepare_weights,
-)
+from megamoe.kernel import MegaMoEKernel, design_from_plan, prepare_weights
 from megamoe.kernel.build import library_path
 from megamoe.kernel.check import make_inputs, make_weights
-from megamoe.kernel.timing import cuda_times_us, token_counts
+from megamoe.kernel.timing import cuda_times_us, require_sm90_gpu, token_counts
 from megamoe.kernel.trace import to_schema
 from megamoe.scenario import Scenario
 from sim.calibrate import calibrated_toml, from_kernel_trace, measure
@@ -66,10 +61,7 @@ def main() -> None:
     max_tokens = max(tokens) if a.max_tokens is None else a.max_tokens
     if max_tokens < max(tokens):
         ap.error(f"max-tokens: expected an integer >= the largest token count ({max(tokens)}), got {max_tokens}")
-    if torch is None:
-        ap.error("torch: expected it importable (pip install torch), got missing")
-    if not cuda_available():
-        ap.error("device: expected a CUDA GPU of compute capability 9.0 (the SM90 kernel), got none")
+    require_sm90_gpu(ap)
     stem = "kernel_flash_ep1_one_cta" if a.ctas_per_sm == 1 else "kernel_flash_ep1"
     os.makedirs(OUT, exist_ok=True)
     w = make_weights(E, H, I, "cuda", seed=0)

@@ -193,6 +193,21 @@ def crossover_ratios(rounds: list[dict[str, float]]) -> tuple[list[float], list[
     return builds, objs
 
 
+def require_sm90_gpu(ap) -> None:
+    """For the device scripts, after their arguments are checked: an error of the argparse parser
+    ``ap`` (one line, exit code 2, e.g. :class:`megamoe.errors.OneLineArgumentParser`) when torch
+    does not import, or when no CUDA GPU of compute capability 9.0 or more is visible to it
+    (:func:`megamoe.kernel.runtime.cuda_available`)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        ap.error("torch: expected it importable (pip install torch), got missing")
+    from .runtime import cuda_available
+
+    if not cuda_available():
+        ap.error("device: expected a CUDA GPU of compute capability 9.0 (the SM90 kernel), got none")
+
+
 def int_at_least(text: str, field: str, lo: int) -> int:
     """A benchmark script's integer argument ``text`` (the option named ``field``), at least ``lo``.
 
