@@ -60,6 +60,7 @@ def ranking_rows() -> list[dict]:
         a, b = meas[i], meas[i + 1]
         diff = abs(a["kernel_us"] / b["kernel_us"] - 1)
         pairs.append({"tokens": a["tokens"], "a": a["override"], "b": b["override"],
+                      "kernel_build": a.get("kernel_build", "not recorded"),
                       "kernel_us": [a["kernel_us"], b["kernel_us"]], "simulated_us": [a["simulated_us"], b["simulated_us"]],
                       "kernel_diff": diff, "must_agree": diff > 0.05,
                       "same_order": (a["kernel_us"] < b["kernel_us"]) == (a["simulated_us"] < b["simulated_us"])})
@@ -86,13 +87,11 @@ def main() -> None:
     ok = all(p["same_order"] for p in pairs if p["must_agree"])
     print(f"plan choices apart by more than 5% ordered like the kernel: {ok}")
     with open(out, "w") as f:
-        with open(os.path.join(HERE, "results", "kernel_plan_choices_h200.json")) as g:
-            plan_builds = {m.get("kernel_build", "not recorded") for m in json.load(g)}
         builds: dict[str, set] = {}
         for x in rows:  # the kernel builds of the traces, from each trace's meta
             builds.setdefault(f"EP{x['ranks']}", set()).add(str(x["kernel_build"])[:8])
         json.dump({"kernel": "; ".join(f"{ep}: build {', '.join(sorted(b))}" for ep, b in sorted(builds.items())),
-                   "plan_choices_kernel": "; ".join(sorted({f"build {str(b)[:8]}" for b in plan_builds})),
+                   "plan_choices_kernel": "; ".join(sorted({f"build {str(p['kernel_build'])[:8]}" for p in pairs})),
                    "traces": rows, "plan_choices": pairs, "ranking_ok": ok}, f, indent=1)
     print(f"wrote {out}")
 
