@@ -210,16 +210,6 @@ def _fmt_overlap(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.2f}"
 
 
-
-def _wave_lag_list(rp) -> bool:
-    """Whether rank plan ``rp``'s block list is the wave-lag order with more than one wave (one
-    wave's wave-lag order is the plain one): the plan's own list where it is that order
-    (``RankPlan.wave_lag``), or a ``--policy`` scheduler that is :class:`megamoe.policies.WaveLagScheduler`."""
-    from .policies import WaveLagScheduler
-
-    lag = rp.wave_lag if rp.scheduler is None else isinstance(rp.scheduler, WaveLagScheduler)
-    return lag and rp.num_waves > 1
-
 def _print_summary(res) -> None:
     from rich.table import Table
 
@@ -236,7 +226,7 @@ def _print_summary(res) -> None:
               f"block_k={rp.config.block_k} experts/wave={rp.experts_per_wave} waves={rp.num_waves} "
               f"stages={rp.num_stages} SMs={plan.num_sms}"
               + (f" x {rp.ctas_per_sm} CTAs" if rp.ctas_per_sm > 1 else "")
-              + (" (blocks by ticket" + (", wave-lag order)" if _wave_lag_list(rp) else ")") if rp.block_tickets else "")
+              + (" (blocks by ticket" + (", wave-lag order)" if rp.lists_wave_lag else ")") if rp.block_tickets else "")
               + f" pool={plan.pool_tokens} tokens "
               f"pull={plan.bytes_per_pull} B  blocks={len(rp.blocks())}"
               + (f"  k_split={rp.k_split} (what-if)" if rp.k_split > 1 else "")

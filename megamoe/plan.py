@@ -357,6 +357,17 @@ class RankPlan:
     def num_waves(self) -> int:
         return ceil_div(len(self.recv_counts), self.experts_per_wave)
 
+    @property
+    def lists_wave_lag(self) -> bool:
+        """Whether :meth:`blocks` lists the wave-lag order and it differs from the plain one (more
+        than one wave): the plan's own list where ``wave_lag``, or a scheduler policy that is
+        :class:`megamoe.policies.WaveLagScheduler` (a policy that replaces the list with another
+        order does not)."""
+        from .policies import WaveLagScheduler
+
+        lag = self.wave_lag if self.scheduler is None else isinstance(self.scheduler, WaveLagScheduler)
+        return lag and self.num_waves > 1
+
     def blocks(self) -> np.ndarray:
         """The rank's global block list (``MegaMoEScheduler`` order, or the wave-lag order where
         ``wave_lag``, unless a scheduler policy replaces it).
