@@ -1050,7 +1050,7 @@ class _Engine:
                 # the consumers' block start (after their scheduler walk) instead; where they read
                 # the block from its first stage's descriptor (BLOCK_DESCRIPTORS, kernel v9.1) they
                 # know the block, and the kernel records its start, only once that stage is full
-                c_rec = c_start if not c_desc or c_start >= load_start + lat else load_start + lat
+                c_rec = max(c_start, load_start + lat) if c_desc else c_start
                 record((bid, issue_end, c_rec, mma_end, epi_start, epi_end, dep, first, free))
                 prev_issue = issue_end
             else:
