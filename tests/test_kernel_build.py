@@ -646,12 +646,17 @@ def test_sanitizer_launches_cover_the_ring_wrap_and_the_wide_instance(tmp_path):
             "sanitize_small.py: error: device: expected a CUDA GPU with sm_90+ visible to torch, got none")
 
 
-def _device_script_error(tmp_path, script, *args) -> str:
-    """Run ``benchmarks/device/<script> args``: it must exit 2 with one line on stderr (no usage
-    dump, no traceback: megamoe.errors.OneLineArgumentParser) and without writing
-    ``tmp_path/o.json``; returns that line."""
-    p = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "benchmarks" / "device" / script),
-                        *args], capture_output=True, text=True, timeout=120, check=False)
+def _device_script_error(tmp_path, script, *args, hide_torch: bool = False) -> str:
+    """Run ``benchmarks/device/<script> args`` (``script`` may name a folder above, e.g.
+    ``../kernel_bench.py``), with torch hidden from the import system if ``hide_torch``: it must
+    exit 2 with one line on stderr (no usage dump, no traceback: megamoe.errors.OneLineArgumentParser)
+    and without writing ``tmp_path/o.json``; returns that line."""
+    path = str((Path(__file__).resolve().parents[1] / "benchmarks" / "device" / script).resolve())
+    cmd = [sys.executable, path, *args]
+    if hide_torch:
+        cmd = [sys.executable, "-c", "import sys, runpy; sys.modules['torch'] = None; sys.argv = %r; "
+               "runpy.run_path(%r, run_name='__main__')" % ([Path(path).name, *args], path)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
     assert p.returncode == 2, p.stderr
     assert len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert "Traceback" not in p.stderr and not (tmp_path / "o.json").exists()
@@ -1014,18 +1019,13 @@ def test_traces_script_keeps_the_median_call(tmp_path):
 
 
 @pytest.mark.parametrize("script, args, want", [
-    ("benchmarks/device/traces.py", ["1", "--calls", "0"], "traces.py: error: calls: expected an integer >= 1, got 0"),
-    ("benchmarks/device/traces.py", ["1"], "traces.py: error: torch: expected it importable (pip install torch), got missing"),
-    ("benchmarks/kernel_bench.py", ["--tokens", "abc"],
+    ("traces.py", ["1", "--calls", "0"], "traces.py: error: calls: expected an integer >= 1, got 0"),
+    ("traces.py", ["1"], "traces.py: error: torch: expected it importable (pip install torch), got missing"),
+    ("../kernel_bench.py", ["--tokens", "abc"],
      "kernel_bench.py: error: tokens: expected comma-separated integers >= 1, got 'abc'"),
-    ("benchmarks/kernel_bench.py", [], "kernel_bench.py: error: torch: expected it importable (pip install torch), got missing"),
+    ("../kernel_bench.py", [], "kernel_bench.py: error: torch: expected it importable (pip install torch), got missing"),
 ])
 def test_device_scripts_without_torch_answer_in_one_line(tmp_path, script, args, want):
     """The benchmark and trace scripts check their arguments before they need torch, and without
     torch (here hidden from the import system) say so in one line, exit code 2, no traceback."""
-    root = Path(__file__).resolve().parents[1]
-    code = ("import sys, runpy; sys.modules['torch'] = None; sys.argv = [%r] + %r; "
-            "runpy.run_path(%r, run_name='__main__')" % (script, args, str(root / script)))
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                       check=False)
-    assert p.returncode == 2 and p.stderr.strip() == want, p.stderr
+    assert _device_script_error(tmp_path, script, *args, hide_torch=True) == want
