@@ -208,7 +208,7 @@ def pair_fits(block_m: int, num_ranks: int) -> bool:
     """Whether a two-CTA instance (kernel v9.2; ``CTAS`` = 2 in ``csrc/megamoe/kernel_sm90.cu``,
     checked by ``megamoe_sm90_launch``, code -11) can run a launch: block_m 16 and one rank, with
     or without the wide walk (:func:`wide_walk`; the two-CTA wide instance since kernel v9.5,
-    which keeps the count barrier and the one-slot combine: :func:`local_count`). Those
+    which keeps the one-slot combine and, until v9.7, the count barrier: :func:`local_count`). Those
     instances fit 64 registers per thread, so two CTAs of 512 threads fit an SM
     (:data:`PAIR_REGS`), and two of :data:`PAIR_STAGES` 11 KB stages fit its shared memory;
     block_m >= 32 (129-189 registers) does not; EP > 1 keeps one CTA (its NVLink paths were not
@@ -302,19 +302,20 @@ def ctas_and_experts_per_wave(block_m: int, local_experts: int, expected_tokens_
     return c, epw
 
 
-def local_count(block_m: int, experts_per_wave: int, num_ranks: int, ctas_per_sm: int = 1) -> bool:
+def local_count(block_m: int, experts_per_wave: int, num_ranks: int) -> bool:
     """Whether the EP1 dispatch counts every item in every CTA, with no count barrier (kernel
     v8.9; ``dispatch_pull``'s ``LOCAL`` in ``csrc/megamoe/roles_shared.cuh``,
-    ``megamoe_sm90_local_count_at``): the wide instance (:func:`wide_walk`) at one rank and one
-    CTA per SM (1-2 tokens on V4-Flash; the two-CTA wide instance of kernel v9.5 keeps the count
-    barrier: its dispatch warps have 48 registers, not 64).  Each CTA's 128 dispatch threads count all ``T k`` items with
-    shared-memory atomics, CTA 0 hands the totals to the schedulers, and an item's pool row is
-    its rank among its expert's items in item order.  Elsewhere each CTA counts its share of
-    the items, adds it to per-expert sums in global memory and waits at the count barrier; at
-    EP > 1 the counts go over NVLink.  In v8.8's 1-token trace on the H200 the count and its
-    barrier ended at ~5.1 us, before which no weight moves (benchmarks/NOTES_kernel.md,
-    session 34)."""
-    return wide_walk(block_m, experts_per_wave) and num_ranks == 1 and ctas_per_sm == 1
+    ``megamoe_sm90_local_count``): the wide instances (:func:`wide_walk`) at one rank, at one CTA
+    per SM (1-2 tokens on V4-Flash) and, since kernel v9.7, at two (3-24 tokens). Each CTA's 128
+    dispatch threads count all ``T k`` items with shared-memory atomics, CTA 0 hands the totals to
+    the schedulers, and an item's pool row is its rank among its expert's items in item order.
+    Elsewhere each CTA counts its share of the items, adds it to per-expert sums in global memory
+    and waits at the count barrier; at EP > 1 the counts go over NVLink.  In v8.8's 1-token trace
+    on the H200 the count and its barrier ended at ~5.1 us, before which no weight moves
+    (benchmarks/NOTES_kernel.md, session 34). At two CTAs the local count took 0.978 / 0.988 /
+    0.985 / 0.990 / 0.984 of v9.6's count-barrier time at 4 / 6 / 8 / 12 / 16 tokens (0.997 at 3;
+    CUPTI kernel time, 8 crossover rounds, outputs bitwise; session 42)."""
+    return wide_walk(block_m, experts_per_wave) and num_ranks == 1
 
 
 def cta_item_starts(num_items: int, num_ctas: int) -> np.ndarray:

@@ -682,7 +682,7 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
                       wave_lag=sm90 and design_sm90.wave_lag(ctas), l1_n_blocks=2 * intermediate // cfg.block_n,
                       l2_n_blocks=hidden // cfg.block_n, pull_policy=pol.pull_order,
                       scheduler=pol.scheduler, k_split=ks, combine_relay=bool(combine_relay),
-                      local_count=sm90 and design_sm90.local_count(cfg.block_m, epw, num_ranks, ctas))
+                      local_count=sm90 and design_sm90.local_count(cfg.block_m, epw, num_ranks))
         used = int(rp.pool_block_offset[-1]) * cfg.block_m
         if pool_tokens is None:
             assert used <= cap, (used, cap)  # guaranteed by the capacity formula

@@ -116,7 +116,7 @@ def test_two_ctas_from_a_one_cta_wave_of_128_experts():
     w x (1 - exp(-6T/256)) x 32 L1 n blocks >= 2 x 132: T = 2: 264 / (32 x 0.045793) = 180.2 ->
     256 experts, one CTA (the wide walk, the local count); T = 3: 264 / (32 x 0.067898) = 121.5
     -> 128, two CTAs, whose waves follow the rule over 264 CTAs: 528 / (32 x 0.067898) = 243.0 ->
-    256, the wide walk at two CTAs (kernel v9.5) with the count barrier; T = 6: 528 / (32 x
+    256, the wide walk at two CTAs (kernel v9.5), which counts locally too since v9.7; T = 6: 528 / (32 x
     0.131185) = 125.8 -> 128. Two CTAs may be asked for at 1 token, with any wave."""
     kw = {"hidden": 4096, "inter": 2048, "num_experts": 256, "topk": 6}
     assert math.isclose(-math.expm1(-12 / 256), 0.045793, abs_tol=1e-6)
@@ -124,10 +124,10 @@ def test_two_ctas_from_a_one_cta_wave_of_128_experts():
     assert math.isclose(-math.expm1(-36 / 256), 0.131185, abs_tol=1e-6)
     two, three, six = d.design_for(2, **kw), d.design_for(3, **kw), d.design_for(6, **kw)
     assert (two.ctas_per_sm, two.experts_per_wave, two.num_stages) == (1, 256, 16)
-    assert d.local_count(two.block_m, two.experts_per_wave, 1, two.ctas_per_sm)
+    assert d.local_count(two.block_m, two.experts_per_wave, 1)
     assert (three.ctas_per_sm, three.experts_per_wave, three.num_stages) == (2, 256, 8)
     assert d.wide_walk(three.block_m, three.experts_per_wave)
-    assert not d.local_count(three.block_m, three.experts_per_wave, 1, three.ctas_per_sm)
+    assert d.local_count(three.block_m, three.experts_per_wave, 1)
     assert (six.ctas_per_sm, six.experts_per_wave) == (2, 128)
     assert [d.design_for(T, **kw).ctas_per_sm for T in range(1, 17)] == [1] * 2 + [2] * 14
     forced = d.design_for(1, **kw, ctas_per_sm=2)
@@ -353,11 +353,6 @@ def test_build_sm90a_and_resources():
         == {(bm, w, r): int(d.local_count(bm, w, r)) for bm in d.BLOCK_MS for w in (32, 33) for r in (1, 2)}
     assert lib.megamoe_sm90_local_count(16, 33, 1) == 1 and lib.megamoe_sm90_local_count(16, 33, 2) == 0
     assert lib.megamoe_sm90_local_count(48, 64, 1) == -1
-    # kernel v9.5: the two-CTA wide instance keeps the count barrier
-    assert {(w, r, c): lib.megamoe_sm90_local_count_at(16, w, r, c) for w in (32, 33) for r in (1, 2) for c in (1, 2)} \
-        == {(w, r, c): int(d.local_count(16, w, r, c)) for w in (32, 33) for r in (1, 2) for c in (1, 2)}
-    assert lib.megamoe_sm90_local_count_at(16, 33, 1, 1) == 1 and lib.megamoe_sm90_local_count_at(16, 33, 1, 2) == 0
-    assert lib.megamoe_sm90_local_count_at(16, 33, 1, 3) == -1 and lib.megamoe_sm90_local_count_at(48, 33, 1, 1) == -1
     assert {bm: lib.megamoe_sm90_producer_warps(bm) for bm in d.BLOCK_MS} == d.PRODUCER_ISSUE_WARPS
     assert lib.megamoe_sm90_producer_warps(48) == -1
     regs = [lib.megamoe_sm90_role_registers(i) for i in range(4)]

@@ -1153,9 +1153,11 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
 template <int BM, bool PROF, bool WIDE, int CTAS>
 __global__ void __launch_bounds__(kThreads, 1) __maxnreg__((kRegsEven / CTAS)) megamoe_sm90_kernel(const __grid_constant__ Sm90Args args) {
     static_assert(CTAS == 1 || (CTAS == 2 && BM == 16), "two CTAs per SM only at block_m 16");
-    // The wide instance's local count and its combine of a token's slots at once (kernel v8.8 /
-    // v8.9) are one-CTA features: at two CTAs the dispatch warps have 48 registers (32 until v9.6). The wide walk
-    // itself (the scheduler's WIDE) runs at two CTAs too (kernel v9.5).
+    // The wide instances count locally (dispatch_pull's LOCAL: kernel v8.9 at one CTA, v9.7 at two,
+    // where the dispatch warps have had 48 registers since v9.6: 0.978-0.990 of v9.6's count-barrier
+    // time at 4-16 tokens on the H200, benchmarks/NOTES_kernel.md, session 42). The combine of a
+    // token's slots at once (v8.8) stays a one-CTA feature. The wide walk itself (the scheduler's
+    // WIDE) runs at two CTAs since v9.5.
     constexpr bool kWideOne = WIDE && CTAS == 1;
     using Regs = RegSplit<CTAS>;
     const Params& p = args.p;
@@ -1196,7 +1198,7 @@ __global__ void __launch_bounds__(kThreads, 1) __maxnreg__((kRegsEven / CTAS)) m
     if (warp < 4) {
         setmaxnreg_dec<Regs::dispatch>();
         if (p.num_ranks > 1) dispatch_role_ep(p, BM, hist, cta_base, off_blk, scan);
-        else dispatch_pull<BM, IdentitySfRow, true, kWideOne>(p, hist, cta_base, off_blk, scan, IdentitySfRow{p.pool_rows}, (int)p.hidden);  // whole rows, folded
+        else dispatch_pull<BM, IdentitySfRow, true, WIDE>(p, hist, cta_base, off_blk, scan, IdentitySfRow{p.pool_rows}, (int)p.hidden);  // whole rows, folded
         __syncwarp();
         if (threadIdx.x == 0) {
             progress(p, 0, 0xD0);
@@ -1383,16 +1385,11 @@ int megamoe_sm90_wide_walk(int block_m, int experts_per_wave) {
 
 // Whether a launch's EP1 dispatch counts every item in every CTA, with no count barrier
 // (dispatch_pull's LOCAL, kernel v8.9; mirrored by megamoe.design_sm90.local_count): the wide
-// instance at one rank and one CTA per SM (kernel v9.5: the two-CTA wide instance keeps the count
-// barrier), 1 or 0; -1 for an unsupported block_m or CTA count. (EP > 1 exchanges its counts over
-// NVLink: dispatch_role_ep.)
-int megamoe_sm90_local_count_at(int block_m, int experts_per_wave, int num_ranks, int ctas_per_sm) {
-    const int wide = megamoe_sm90_wide_walk(block_m, experts_per_wave);
-    if (wide < 0 || ctas_per_sm < 1 || ctas_per_sm > 2) return -1;
-    return wide == 1 && num_ranks == 1 && ctas_per_sm == 1 ? 1 : 0;
-}
+// instances at one rank, one CTA per SM or two (kernel v9.7; until then only one), 1 or 0; -1 for
+// an unsupported block_m. (EP > 1 exchanges its counts over NVLink: dispatch_role_ep.)
 int megamoe_sm90_local_count(int block_m, int experts_per_wave, int num_ranks) {
-    return megamoe_sm90_local_count_at(block_m, experts_per_wave, num_ranks, 1);
+    const int wide = megamoe_sm90_wide_walk(block_m, experts_per_wave);
+    return wide < 0 ? -1 : wide == 1 && num_ranks == 1 ? 1 : 0;
 }
 
 // k32 WGMMAs a consumer warpgroup keeps in flight per K block at this block_m
