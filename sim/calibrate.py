@@ -201,8 +201,8 @@ def _mask_seen(t) -> list:
 
 def fit_sm90_local_count(path: str) -> dict:
     """``sm90_local_count_ns``, the EP1 dispatch's time from the kernel's start to its first pull
-    when every CTA counts all items itself (kernel v8.9's wide instance,
-    :func:`megamoe.design_sm90.local_count`), read off one trace whose plan counts so
+    when every CTA counts all items itself (the wide instances: kernel v8.9 at one CTA per SM, v9.7
+    at two; :func:`megamoe.design_sm90.local_count`), read off one trace whose plan counts so
     (:data:`SM90_SKIP_FIT_TRACE`, 1 token): the median over the CTAs of the pull records' start
     (the trace's clock starts at its first record, the count's start), as ``sm90_count_ns`` is
     read off the other traces (which add the count barrier).
@@ -859,16 +859,18 @@ SM90_EP_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep2_t{t}.npz" for t 
 SM90_EP_FIT_DEVICE = "two lent H200s (EP2, NV18)"
 SM90_FIT_PROFILE = "benchmarks/results/kernel_profile_stages_h200.json"
 SM90_FIT_DATE = "2026-12-04"
-SM90_FIT_KERNEL = ("FP8 WGMMA v9.6, build 36fbfb55 (TMA loads, E2M1 decoded into WGMMA registers through the weight "
+SM90_FIT_KERNEL = ("FP8 WGMMA v9.7, build f0d9e559 (TMA loads, E2M1 decoded into WGMMA registers through the weight "
                    "fold's table, four producer warps, the wide instance at 1-2 tokens, the consumers' walk inside "
                    "the epilogue at block_m >= 32, the producer's block descriptors at block_m 16, two CTAs per SM at "
                    "block_m 16 from 3 tokens taking the plan's blocks by ticket in the wave-lag order, with the "
-                   "register split 48 / 48 / 80; every version's change: docs/kernel.md, benchmarks/NOTES_kernel.md)")
+                   "register split 48 / 48 / 80, the wide instances counting locally at one CTA per SM and at two; "
+                   "every version's change: docs/kernel.md, benchmarks/NOTES_kernel.md)")
 SM90_PROFILE_KERNEL = "FP8 WGMMA v8.6 kernel (its profile instance)"
 #: The committed trace ``sched_skip_ns`` and ``sm90_local_count_ns`` are fitted to
 #: (:func:`fit_sm90_walk_skip`, :func:`fit_sm90_local_count`): 1 token, the only traced size whose
-#: plan runs the wide instance (block_m 16, one wave of 256 experts); the same kernel build as
-#: the other EP1 traces (all recorded on v9.6, benchmarks/NOTES_kernel.md, session 41).
+#: plan runs the one-CTA wide instance (block_m 16, one wave of 256 experts; the two-CTA wide
+#: instance of 3-16 tokens also counts locally since v9.7, two CTAs to an SM); the same kernel build as
+#: the other EP1 traces (all recorded on v9.7, benchmarks/NOTES_kernel.md, session 42).
 SM90_SKIP_FIT_TRACE = "benchmarks/traces/kernel_flash_ep1_t1.npz"
 SM90_SKIP_FIT_KERNEL = SM90_FIT_KERNEL
 SM90_SKIP_FIT_DATE = SM90_FIT_DATE

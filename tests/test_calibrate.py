@@ -84,14 +84,15 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
         assert getattr(hw, key) == value and hw.sources[key] == src, key
         assert fit[key][1] in src and SM90_FIT_DATE in src and SM90_FIT_KERNEL in src, key
         assert "kernel_flash_ep1_{one_cta_t64,one_cta_t512,t4096}.npz" in src, key
-    # the slope: K blocks with two promotions of 331.5 / 331 ns at block_m 16 (the mean of the
-    # median L1 K loop / 32 and L2 K loop / 16: T=64 (10400 / 32 + 5408 / 16) / 2 = (325 + 338) / 2,
-    # T=512 (10368 / 32 + 5408 / 16) / 2 = (324 + 338) / 2) and 806 ns at block_m 128 (T=4096: the
-    # L2 K loop, 12896 / 16; the L1 K block there is promoted once, 22112 / 32 = 691 ns); least
+    # the slope: K blocks with two promotions of 330.5 / 330 ns at block_m 16 (the mean of the
+    # median L1 K loop / 32 and L2 K loop / 16: T=64 (10400 / 32 + 5376 / 16) / 2 = (325 + 336) / 2,
+    # T=512 (10368 / 32 + 5376 / 16) / 2 = (324 + 336) / 2) and 804 ns at block_m 128 (T=4096: the
+    # L2 K loop, 12864 / 16; the L1 K block there is promoted once, 22144 / 32 = 692 ns); least
     # squares over x = 16, 16, 128 puts the line through the mean of the block_m 16 points:
-    # (806 - 331.25) / 112 = 4.239 ns per block_m row and K block; 128 weight rows x 128 K x 2 =
-    # 32768 FLOP per row and K block -> 7.73 TFLOP/s per SM, 1020 TFLOP/s on 132 SMs, 71.9% of
-    # 1419 TFLOP/s (kernel v9.6's traces; v9.3.1's: 330 / 804 ns (10368 / 32, 5376 / 16, 12864 / 16,
+    # (804 - 330.25) / 112 = 4.230 ns per block_m row and K block; 128 weight rows x 128 K x 2 =
+    # 32768 FLOP per row and K block -> 7.75 TFLOP/s per SM, 1023 TFLOP/s on 132 SMs, 72.1% of
+    # 1419 TFLOP/s (kernel v9.7's traces; v9.6's: 331.5 / 331 / 806 ns (10400 / 32, 5408 / 16, 10368 / 32,
+    # 12896 / 16, 22112 / 32), 71.9%; v9.3.1's: 330 / 804 ns (10368 / 32, 5376 / 16, 12864 / 16,
     # 22144 / 32), 72.0%; v9.1's:
     # 329 / 798 ns (10304 / 32, 12768 / 16, 22016 / 32), 72.8%, its
     # block_m 16 K blocks 27 ns shorter than v9.0's, whose 356 / 800 ns gave 76.9%; v8.6's: 357 / 832 ns (T=512 (11296 / 32
@@ -107,9 +108,10 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
     # 379 / 960 ns, 58.9%; v7.3's: 378 / 378.5 / 888.5 ns, 66.9%; v7.2's, from warpgroup 0:
     # 406.25 / 886.5 ns, 71.1%; v6.7's: 39.4%; v6.5's: 36.0%; v6.4's: 33.7%)
     assert fit["sm90_mma_fraction"][0] == pytest.approx(
-        32768 / ((12896 / 16 - ((10400 / 32 + 5408 / 16) / 2 + (10368 / 32 + 5408 / 16) / 2) / 2) / 112 * 1e-9)
+        32768 / ((12864 / 16 - ((10400 / 32 + 5376 / 16) / 2 + (10368 / 32 + 5376 / 16) / 2) / 2) / 112 * 1e-9)
         * 132 / 1419e12, rel=1e-4)  # (the preset's FP8 GEMM rate is 1418.9 TFLOP/s, rounded here)
-    # one promotion per block_m row: (806 - 691) / 128 = 0.898 ns (v9.6's traces; v9.3.1's: (804 - 692) / 128
+    # one promotion per block_m row: (804 - 692) / 128 = 0.875 ns (v9.7's traces; v9.6's: (806 - 691) / 128
+    # = 0.898 ns; v9.3.1's: (804 - 692) / 128
     # = 0.875 ns; v9.1's: (798 - 688) / 128
     # = 0.859 ns; v9.0's: (800 - 693) / 128
     # = 0.836 ns; v8.6's: (832 - 684)
@@ -120,24 +122,25 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
     # = 1.359 ns; v8.1's: (922 - 739) / 128 = 1.430 ns; v8.0's: (916 - 732) /
     # 128 = 1.4375 ns; v7.9's: (922 - 740) / 128 = 1.422 ns; v7.8's: (920 - 743) / 128 = 1.383 ns;
     # v7.6's: (894 - 797) / 128 = 0.758 ns)
-    assert fit["sm90_promotion_ns_per_row"][0] == pytest.approx((12896 / 16 - 22112 / 32) / 128, rel=1e-9)
+    assert fit["sm90_promotion_ns_per_row"][0] == pytest.approx((12864 / 16 - 22144 / 32) / 128, rel=1e-9)
     # the scheduler's walk (sched_block_ns, sched_step_ns: 690 + 292 ns on v9.0's traces; v8.6's,
     # 860 + 283 ns; v7.2's 873 + 287) is no longer fitted: since v9.1 no trace's consumers walk
     # between the blocks (test_walk_figures_are_kept_from_kernel_v9_0)
     # the producer's copy issues in each CTA's first L1 block (ring empty): ~300 ns per K block
     # at T=64 and 512 (block_m 16, 16 stages), ~0.7-0.8 us at 4096 (block_m 128, 8 stages; kernel
-    # v9.6's traces: 332 ns the smallest (T=64; 334 at T=512); v9.3.1's: 308 ns; v9.1's: 332 ns; v9.0's: 294, 322 and 674 ns, the last issue 14.1, 14.6 and 8.4 K blocks before the
+    # v9.7's traces: 321 ns the smallest (T=64; 328 at T=512); v9.6's: 332 ns (T=64; 334 at T=512); v9.3.1's: 308 ns; v9.1's: 332 ns; v9.0's: 294, 322 and 674 ns, the last issue 14.1, 14.6 and 8.4 K blocks before the
     # consumers' K loop ends; v8.6's traces: 293.5 ns at T=64; v8.5's: 296, 360 and 711 ns, the last issue 12.9, 11.2 and 8.8 K blocks before
     # the consumers' K loop ends; v8.4's: 300, 339 and 696 ns; v8.3's: 303, 342 and 770 ns; v8.2's: 301, 336 and 788 ns; v8.1's: 297, 339 and 806 ns; v8.0's: 296, 343 and 784 ns; v7.9's: 298, 350 and 804 ns; v7.8's:
     # 293, 319 and 710 ns), about a full ring everywhere
     # (four producer warps issue faster than the consumers free stages), so the figure is the
     # smallest, an upper bound
-    assert fit["sm90_issue_kblock_ns"][0] == pytest.approx(332, abs=5)
+    assert fit["sm90_issue_kblock_ns"][0] == pytest.approx(321, abs=5)
     assert "upper bound" in fit["sm90_issue_kblock_ns"][1]
     assert re.search(r"T=4096 \(block_m 128\) [6-9]\d\d ns", fit["sm90_issue_kblock_ns"][1])
     # the combine round, fitted where the kernel loads a token's slots four at a time
     # (design_sm90.COMBINE_SLOTS, block_m >= 32; kernel v8.0): T=4096's slowest CTA 81760 ns over
-    # ceil(4096 x 4096 / 8 / (132 x 512)) = ceil(31.03) = 32 rounds = 2554 ns (v9.6's trace; v9.3.1's:
+    # ceil(4096 x 4096 / 8 / (132 x 512)) = ceil(31.03) = 32 rounds = 2558 ns (v9.7's trace; v9.6's:
+    # 81728 ns, 2554; v9.3.1's:
     # 81760 ns, 2555; v9.1's:
     # 81920 ns, 2560; v9.0's: 81056 ns, 2533; v8.6's:
     # 80320 ns, 2510; v8.5's:
@@ -147,13 +150,14 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
     # ns, 2473; v8.1's: 76992
     # ns, 2406; v8.0's: 77696 ns, 2428; v7.9, one slot at a time everywhere: 3660 ns, the median of T=512 and 4096); T=512
     # (block_m 16, one at a time) is named, not fitted
-    assert fit["combine_round_ns"][0] == 81728 / 32
+    assert fit["combine_round_ns"][0] == 81856 / 32
     assert "not fitted, one slot at a time: T=512 (block_m 16)" in fit["combine_round_ns"][1]
 
 
 def test_dispatch_start_line_is_least_squares_over_the_pull_starts():
     """sm90_count_ns / sm90_count_item_ns: the first pull's start (median over the 132 CTAs'
-    pull records, read from the v9.6 traces: T=64 7024 ns, T=512 7552 ns, T=4096 11600 ns; v9.3.1's:
+    pull records, read from the v9.7 traces: T=64 7232 ns, T=512 7360 ns, T=4096 11824 ns; v9.6's:
+    7024, 7552 and 11600 ns; v9.3.1's:
     7104, 7456 and 11184 ns; v9.1's:
     6848, 7616 and 11328 ns; v9.0's: 6208, 6944 and 11344 ns; v8.6's: 6176, 6624 and 12048 ns) less
     grid_sync_ns (736 ns), against the largest CTA's share of the T k = 6 T items, ceil(6 T / 132): 3, 24,
@@ -162,13 +166,13 @@ def test_dispatch_start_line_is_least_squares_over_the_pull_starts():
 
     fit = fit_sm90_traces([_root(p) for p in TRACES])
     x = [3.0, 24.0, 187.0]
-    y = [7024.0 - 736.0, 7552.0 - 736.0, 11600.0 - 736.0]
+    y = [7232.0 - 736.0, 7360.0 - 736.0, 11824.0 - 736.0]
     mx, my = sum(x) / 3, sum(y) / 3
     slope = sum((a - mx) * (b - my) for a, b in zip(x, y)) / sum((a - mx) ** 2 for a in x)
     assert fit["grid_sync_ns"][0] == 736.0
-    assert fit["sm90_count_item_ns"][0] == pytest.approx(slope, rel=1e-9)  # 24.86 ns (v9.3.1's: 22.44; v9.1's: 23.75; v9.0's: 27.56; v8.6's: 32.43)
-    assert fit["sm90_count_ns"][0] == pytest.approx(my - slope * mx, rel=1e-9)  # 6216 ns (v9.3.1's: 6245; v9.1's: 6199; v9.0's: 5495; v8.6's: 5265)
-    assert "T=4096 11.60 us at 187 items" in fit["sm90_count_ns"][1]
+    assert fit["sm90_count_item_ns"][0] == pytest.approx(slope, rel=1e-9)  # 25.88 ns (v9.6's: 24.86; v9.3.1's: 22.44; v9.1's: 23.75; v9.0's: 27.56; v8.6's: 32.43)
+    assert fit["sm90_count_ns"][0] == pytest.approx(my - slope * mx, rel=1e-9)  # 6223 ns (v9.6's: 6216; v9.3.1's: 6245; v9.1's: 6199; v9.0's: 5495; v8.6's: 5265)
+    assert "T=4096 11.82 us at 187 items" in fit["sm90_count_ns"][1]
 
 
 def test_one_trace_gives_the_same_mma_fraction():
@@ -177,9 +181,9 @@ def test_one_trace_gives_the_same_mma_fraction():
     hw = load_hardware("h200")
     got = from_kernel_trace(_root(TRACES[-1]), hw.fp8_dense_tflops * hw.mma_efficiency)
     assert got["sm90_mma_fraction"] == pytest.approx(hw.sm90_mma_fraction, rel=0.01)
-    # the grid sync before the combine: last arrival (2777536 ns) to first release (2778304 ns)
-    # (v9.6's trace; v9.3.1's: 2778528 to 2779264 ns; v9.1's: 2765152 to 2765888 ns; v9.0's: 2803072 to 2803776 ns; v8.6's: 2896224 to 2896960 ns)
-    assert got["grid_sync_ns"] == 2778304 - 2777536
+    # the grid sync before the combine: last arrival (2796864 ns) to first release (2797600 ns)
+    # (v9.7's trace; v9.6's: 2777536 to 2778304 ns; v9.3.1's: 2778528 to 2779264 ns; v9.1's: 2765152 to 2765888 ns; v9.0's: 2803072 to 2803776 ns; v8.6's: 2896224 to 2896960 ns)
+    assert got["grid_sync_ns"] == 2797600 - 2796864
 
 
 def test_mask_seen_figures_are_the_medians_of_the_producers_waits():
@@ -187,8 +191,8 @@ def test_mask_seen_figures_are_the_medians_of_the_producers_waits():
     fit traces, of the wait's end less the later end of the two L1 epilogues whose mask bits it
     waited for (L2 K block kb: L1 n blocks 2 kb, 2 kb + 1), pooled over the traces whose block_m
     relays the release (64 and 512 tokens, block_m 16) and over the others (4096, block_m 128).
-    Recomputed here record by record; the medians read 1536 / 1568 ns at 64 / 512 tokens (1536
-    pooled) and 928 ns at 4096 (v9.6's traces; v9.3.1's: 1504 / 1552 ns, 1504 pooled, and 960 ns; v9.1's: 1536 / 1536 ns, 1536 pooled, and 960 ns; v9.0's: 1600 / 1552 ns, 1568 pooled, and 864 ns;
+    Recomputed here record by record; the medians read 1504 / 1536 ns at 64 / 512 tokens (1504
+    pooled) and 960 ns at 4096 (v9.7's traces; v9.6's: 1536 / 1568 ns, 1536 pooled, and 928 ns; v9.3.1's: 1504 / 1552 ns, 1504 pooled, and 960 ns; v9.1's: 1536 / 1536 ns, 1536 pooled, and 960 ns; v9.0's: 1600 / 1552 ns, 1568 pooled, and 864 ns;
     v8.6's: 1536 / 1568 ns, 1536 pooled, and 928 ns)."""
     import numpy as np
 
@@ -213,11 +217,11 @@ def test_mask_seen_figures_are_the_medians_of_the_producers_waits():
                 lat.append(float(t["t_end_ns"][i]) - max(epi[(ex, mb, 2 * kb)], epi[(ex, mb, 2 * kb + 1)]))
         medians[int(t.meta["tokens_per_rank"][0])] = float(np.median(lat))
         pooled[int(t.meta["plan"]["block_m"]) == 16] += lat
-    assert medians == {64: 1536.0, 512: 1568.0, 4096: 928.0}
-    assert fit["sm90_mask_seen_relay_ns"][0] == float(np.median(pooled[True])) == 1536.0
-    assert fit["sm90_mask_seen_ns"][0] == float(np.median(pooled[False])) == 928.0
+    assert medians == {64: 1504.0, 512: 1536.0, 4096: 960.0}
+    assert fit["sm90_mask_seen_relay_ns"][0] == float(np.median(pooled[True])) == 1504.0
+    assert fit["sm90_mask_seen_ns"][0] == float(np.median(pooled[False])) == 960.0
     hw = load_hardware("h200")
-    assert (hw.sm90_mask_seen_relay_ns, hw.sm90_mask_seen_ns) == (1536.0, 928.0)
+    assert (hw.sm90_mask_seen_relay_ns, hw.sm90_mask_seen_ns) == (1504.0, 960.0)
 
 
 def _consumer_gaps(t):
@@ -320,8 +324,9 @@ def test_sched_ahead_is_the_mean_gap_of_the_walk_inside_the_epilogue():
 def test_local_count_is_the_first_pull_of_the_one_token_trace():
     """sm90_local_count_ns (kernel v8.9's local count): the preset holds the median over the 132
     CTAs of the pull records' start in the committed 1-token trace, read here from the NPZ
-    arrays with numpy (4672 ns: the first pull 4.67 us after the count's start in v9.6's trace;
-    v9.3.1's: 5024 ns;
+    arrays with numpy (5936 ns: the first pull 5.94 us after the count's start in v9.7's trace, whose
+    one-CTA instance is v9.6's SASS: a 1-token call's start moves by ~1 us from call to call; the
+    two-CTA local count of v9.7's 3-16-token traces reads 5.4-6.3 us; v9.6's: 4672 ns; v9.3.1's: 5024 ns;
     v9.1's: 4384 ns; v9.0's: 3200 ns; v8.9's: 3264 ns; v8.8's trace, with the count barrier, put it at 5.34 us); a trace whose plan
     has the count barrier is refused."""
     import numpy as np
@@ -339,7 +344,7 @@ def test_local_count_is_the_first_pull_of_the_one_token_trace():
     assert len(starts) == 132 and d["t_start_ns"].min() == 0.0
     assert not (d["kind"][d["t_start_ns"] < starts.min()] == KIND["grid_sync"]).any()  # no count barrier
     got, how = fit_sm90_local_count(_root(SM90_SKIP_FIT_TRACE))["sm90_local_count_ns"]
-    assert got == float(np.median(starts)) == 4672.0
+    assert got == float(np.median(starts)) == 5936.0
     hw = load_hardware("h200")
     assert hw.sm90_local_count_ns == got
     src = hw.sources["sm90_local_count_ns"]

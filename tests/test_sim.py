@@ -95,8 +95,9 @@ def test_sm90_wide_instance_counts_locally_with_no_count_barrier():
     waves of 32 experts (no wide instance) keeps the count barrier, and at the same block_m that
     is the only change: its pull starts (sm90_count_ns + share x sm90_count_item_ns +
     grid_sync_ns) - sm90_local_count_ns later. The decision is the plan's (RankPlan.local_count,
-    shown in `megamoe simulate`'s plan line and its JSON). Kernel v9.5's two-CTA wide instance
-    keeps the count barrier."""
+    shown in `megamoe simulate`'s plan line and its JSON). The two-CTA wide instance (kernel v9.5)
+    counts locally too since v9.7: its pull starts at the same time (the local count is priced per
+    CTA, not per SM)."""
     from megamoe.design_sm90 import local_count
 
     def run(epw, ctas=1):
@@ -110,7 +111,7 @@ def test_sm90_wide_instance_counts_locally_with_no_count_barrier():
         return res.hardware, rp, pull_start, before
 
     hw, rp, start, before = run(256)
-    assert local_count(rp.config.block_m, rp.experts_per_wave, 1, 1) and rp.local_count  # the plan carries it
+    assert local_count(rp.config.block_m, rp.experts_per_wave, 1) and rp.local_count  # the plan carries it
     assert before == [KIND["count"]]
     assert start == pytest.approx(hw.launch_ns + hw.sm90_local_count_ns)
     hw, rp, start32, before32 = run(32)
@@ -118,8 +119,9 @@ def test_sm90_wide_instance_counts_locally_with_no_count_barrier():
     assert before32 == [KIND["count"], KIND["grid_sync"]]
     share = -(-4 * 6 // hw.num_sms)  # ceil(24 / 132) = 1
     assert start32 == pytest.approx(hw.launch_ns + hw.sm90_count_ns + share * hw.sm90_count_item_ns + hw.grid_sync_ns)
-    _, rp, _, before2 = run(256, ctas=2)  # the wide walk at two CTAs: the count barrier
-    assert rp.ctas_per_sm == 2 and not rp.local_count and before2 == [KIND["count"], KIND["grid_sync"]]
+    hw, rp, start2, before2 = run(256, ctas=2)  # the wide walk at two CTAs: the local count (v9.7)
+    assert rp.ctas_per_sm == 2 and rp.local_count and before2 == [KIND["count"]]
+    assert start2 == pytest.approx(hw.launch_ns + hw.sm90_local_count_ns)
 
 
 def test_k_loop_and_combine_durations():
@@ -565,12 +567,12 @@ def test_static_path_unchanged():
     """Where the units deal the rows statically (one CTA per SM, or the SM100 design) the model is
     the one before block tickets and the pair shares: the makespans computed by the code before
     that change (commit fe145b0) at 1024 tokens, SM90 on the H200 and SM100 EP8 on the B200 (the
-    H200 figures of today's file, refitted 2026-12-04 on kernel v9.6's traces, with the pair shares that code does not read
-    at one CTA left out)."""
+    H200 figures of today's file, refitted 2026-12-04 on kernel v9.7's traces, with the pair shares that code does not read
+    at one CTA left out, its sm90_pair_share line set to 2.0: that code held it to [1, 2]))."""
     sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=1024, design="megamoe-sm90", hardware="h200")
     res = simulate(sc)
     assert not res.plan.ranks[0].block_tickets and res.plan.ranks[0].ctas_per_sm == 1
-    assert res.trace.makespan_ns == 1517098.0751079686
+    assert res.trace.makespan_ns == 1514649.5063505778
     sc = Scenario(shape="deepseek-v4-flash", num_ranks=8, tokens_per_rank=1024, design="deepgemm-sm100", hardware="b200")
     assert simulate(sc).trace.makespan_ns == 260004.1844778842
 

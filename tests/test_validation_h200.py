@@ -1,9 +1,9 @@
 """The simulator against the committed H200 kernel traces (issue 7), on any CPU.
 
 The traces (benchmarks/traces) were measured on the lent H200s (the build is recorded in each
-trace's meta as ``kernel_build``): EP1 on one H200 on 2026-12-04 with the FP8 WGMMA kernel v9.6
-(build 36fbfb55) at every count of EP1_TOKENS and, one CTA per SM, 64 and 512
-(``kernel_flash_ep1_one_cta_t*``), each the median-makespan call of five (forty-first session);
+trace's meta as ``kernel_build``): EP1 on one H200 on 2026-12-04 with the FP8 WGMMA kernel v9.7
+(build f0d9e559) at every count of EP1_TOKENS and, one CTA per SM, 64 and 512
+(``kernel_flash_ep1_one_cta_t*``), each the median-makespan call of five (forty-second session);
 EP2 on 2 x H200 (NV18) on 2026-12-01 with v6.4 (build fbc2931d) at every count of the EP
 benchmark (1, 64, 512, 2048, 8192 per rank).
 The H200 model's SM90 figures are fitted to the EP1 traces at 64, 512 (one CTA) and 4096
@@ -20,7 +20,8 @@ ranks' launch skew read off the trace (host jitter, not modelled;
 (``KIND_LIMIT``); every block's work on the same SM in both; the kernel's block order per
 CTA equal to the plan's; the simulator ordering two plan choices like the kernel whenever
 the kernel's times differ by more than 5% (closer pairs are not asserted). The plan-choice times
-(results/kernel_plan_choices_h200.json, CUPTI kernel time) were measured on v9.6 as well.
+(results/kernel_plan_choices_h200.json, CUPTI kernel time) were measured on v9.6, whose instances
+those plans run v9.7 keeps unchanged (it changed only the two-CTA wide instance, 3-24 tokens).
 """
 
 import json
@@ -88,9 +89,9 @@ def test_makespan_and_kind_errors(trace):
         # without their SM); the model prices an SM's first CTA and its second (by its partner's
         # state) with two shares fitted to the K loops, and prices the L1 epilogue at the same
         # share. Block by block (a block's duration paired with the model's, on whichever CTA each
-        # side ran it) the median per-kind error on kernel v9.6's traces is 15.0 / 14.3 / 21.6 /
-        # 20.4 / 14.2 / 15.6 / 16.3 / 14.9% at 3 / 6 / 8 / 12 / 16 / 64 / 256 / 512 tokens, held to
-        # PAIR_KIND_LIMIT; the distributions are 10.1 / 6.0 / 8.4 / 8.3 / 5.8 / 4.4 / 5.0 / 4.9%
+        # side ran it) the median per-kind error on kernel v9.7's traces is 14.4 / 12.5 / 9.5 /
+        # 17.6 / 13.8 / 17.0 / 15.8 / 15.9% at 3 / 6 / 8 / 12 / 16 / 64 / 256 / 512 tokens, held to
+        # PAIR_KIND_LIMIT; the distributions are 12.0 / 9.4 / 7.4 / 8.7 / 5.9 / 5.3 / 5.1 / 6.5%
         # apart: issue 7's 15%
         assert res.plan.ranks[0].block_tickets and res.plan.ranks[0].wave_lag
         assert r["median_kind_error"] <= PAIR_KIND_LIMIT, r["median_kind_error"]
@@ -151,7 +152,9 @@ def test_plan_choices_at_few_tokens_ranked_like_the_kernel():
     one-CTA wide launch against two CTAs with 32-expert waves (1, 2, 4, 8, 10, 12 tokens); v9.5's
     one-CTA wide launch against its two-CTA wide launch (1, 3, 4, 5 tokens); v9.5's two CTAs with
     32-expert waves against the uncapped wave rule (6 tokens). The rule follows v9.5's order: one
-    CTA at 1-2 tokens, two from 3 (design_sm90.PAIR_MAX_ONE_CTA_WAVE), uncapped waves."""
+    CTA at 1-2 tokens, two from 3 (design_sm90.PAIR_MAX_ONE_CTA_WAVE), uncapped waves. (Those kernels'
+    two-CTA wide instance met at the count barrier; the model prices v9.7's local count there, and
+    v9.7's own 1-2-token pair is session 42's file.)"""
     from megamoe import design_sm90
     from megamoe.scenario import Scenario
     from sim import simulate
@@ -179,3 +182,16 @@ def test_plan_choices_at_few_tokens_ranked_like_the_kernel():
         des = design_sm90.design_for(r["tokens"], 4096, 2048, 256, 6)
         assert des.ctas_per_sm == (2 if r["ratio_median"] < 1 else 1), (r["tokens"], des)
         assert des.experts_per_wave == r["override"]["experts_per_wave"] or des.ctas_per_sm == 1
+    # kernel v9.7 (session 42), whose two-CTA wide instance counts locally: two CTAs against the
+    # rule's one at 1 / 2 tokens took 1.110 / 1.005 of its time (model 1.145 / 0.902: the 2-token
+    # pair is within 5%, so not asserted, and the model overstates the two-CTA gain there); the rule
+    # keeps one CTA at both
+    s42 = json.loads((ROOT / "benchmarks" / "results" / "kernel_experiments_h200_s42.json").read_text())
+    rows = s42["v9_7_two_ctas_wide"]["rows"]
+    assert [r["tokens"] for r in rows] == [1, 2] and all(r["outputs_bitwise"] for r in rows)
+    for r in rows:
+        assert design_sm90.design_for(r["tokens"], 4096, 2048, 256, 6).ctas_per_sm == 1
+        assert r["ratio_median"] >= 1  # one CTA is no slower
+        if abs(r["ratio_median"] - 1) > 0.05:
+            assert sim(r["tokens"], ctas_per_sm=2) > sim(r["tokens"], ctas_per_sm=1), r["tokens"]
+    assert [r["tokens"] for r in rows if abs(r["ratio_median"] - 1) > 0.05] == [1]
