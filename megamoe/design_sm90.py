@@ -131,6 +131,26 @@ COMBINE_SLOTS_WIDE = 8
 #: tokens and the other instances' SASS is v8.0's (benchmarks/NOTES_kernel.md, session 21).
 RELAY_RELEASE = {16: True, 32: False, 64: False, 128: False}
 
+#: Ring stages per SM that the producers keep in flight during the call's first fill (kernel v9.8;
+#: ``first_fill_per_sm`` in ``csrc/megamoe/kernel_sm90.cu``, :func:`first_fill_stages`): a
+#: producer warp issues the ring's K block ``it`` only once stage ``it - F`` has landed, F this over
+#: the CTAs per SM; 0 = the whole ring at once. Every CTA issuing its whole ring at once (~18 MB
+#: over the H200 at two CTAs per SM) put each SM's first MMA 3.3-5 us after the first issue in kernel
+#: v9.7's 3-16-token traces: a CTA's first stage landed with most of that burst. Four per SM (~4.6
+#: MB in flight) measured on the H200 against v9.7 (CUPTI kernel time, 8 crossover rounds, outputs
+#: bitwise): 0.972 / 0.974 / 0.982 / 0.983 / 0.987 / 0.994 / 0.996 at 1 / 3 / 6 / 8 / 12 / 16 / 64
+#: tokens; 1.016-1.017 at 1024 tokens (block_m 32) with it at every block_m, a layout cost of that
+#: instance, so only at block_m 16 (benchmarks/NOTES_kernel.md, session 42). Not in the model,
+#: whose first stage lands one ``tma_latency_ns`` after its issue at every size.
+FIRST_FILL_PER_SM = {16: 4, 32: 0, 64: 0, 128: 0}
+
+
+def first_fill_stages(block_m: int, ctas_per_sm: int) -> int:
+    """Stages of the ring's first fill one CTA keeps in flight (:data:`FIRST_FILL_PER_SM` over
+    ``ctas_per_sm``; ``megamoe_sm90_first_fill``): 4 at block_m 16 and one CTA per SM, 2 at two, 0
+    (the whole ring at once) at block_m 32-128."""
+    return FIRST_FILL_PER_SM[block_m] // ctas_per_sm
+
 #: Whether the consumers walk the block scheduler to their next block inside the epilogue of the
 #: current one, per block_m (kernel v9.0; ``walk_in_epilogue`` in ``csrc/megamoe/kernel_sm90.cu``,
 #: ``megamoe_sm90_walk_in_epilogue``): right after the epilogue's first global loads are issued
@@ -306,7 +326,7 @@ def local_count(block_m: int, experts_per_wave: int, num_ranks: int) -> bool:
     """Whether the EP1 dispatch counts every item in every CTA, with no count barrier (kernel
     v8.9; ``dispatch_pull``'s ``LOCAL`` in ``csrc/megamoe/roles_shared.cuh``,
     ``megamoe_sm90_local_count``): the wide instances (:func:`wide_walk`) at one rank, at one CTA
-    per SM (1-2 tokens on V4-Flash) and, since kernel v9.7, at two (3-24 tokens). Each CTA's 128
+    per SM (1-2 tokens on V4-Flash) and, since kernel v9.7, at two (3-30 tokens). Each CTA's 128
     dispatch threads count all ``T k`` items with shared-memory atomics, CTA 0 hands the totals to
     the schedulers, and an item's pool row is its rank among its expert's items in item order.
     Elsewhere each CTA counts its share of the items, adds it to per-expert sums in global memory

@@ -337,6 +337,12 @@ def test_build_sm90a_and_resources():
     assert lib.megamoe_sm90_combine_slots_wide() == d.COMBINE_SLOTS_WIDE
     assert {bm: bool(lib.megamoe_sm90_relay_release(bm)) for bm in d.BLOCK_MS} == d.RELAY_RELEASE
     assert lib.megamoe_sm90_relay_release(48) == -1
+    # kernel v9.8: the ring's first fill paced by arrivals at block_m 16 (4 stages per SM in flight)
+    assert {(bm, c): lib.megamoe_sm90_first_fill(bm, c) for bm in d.BLOCK_MS for c in (1, 2)} \
+        == {(bm, c): d.first_fill_stages(bm, c) for bm in d.BLOCK_MS for c in (1, 2)}
+    assert (lib.megamoe_sm90_first_fill(16, 1), lib.megamoe_sm90_first_fill(16, 2), lib.megamoe_sm90_first_fill(32, 1)) \
+        == (4, 2, 0)
+    assert lib.megamoe_sm90_first_fill(48, 1) == -1 and lib.megamoe_sm90_first_fill(16, 3) == -1
     assert {bm: bool(lib.megamoe_sm90_walk_in_epilogue(bm)) for bm in d.BLOCK_MS} == d.WALK_IN_EPILOGUE
     assert lib.megamoe_sm90_walk_in_epilogue(48) == -1
     assert {bm: bool(lib.megamoe_sm90_block_descriptors(bm)) for bm in d.BLOCK_MS} == d.BLOCK_DESCRIPTORS

@@ -121,7 +121,7 @@ def test_wide_instance_skips_the_stale_rows_of_masked_slots():
     assert bool((y.float() == 0).all())
 
 
-@pytest.mark.parametrize("T,mask_frac", [(1, 0.0), (2, 0.3), (2, 0.0), (3, 0.0), (6, 0.3), (16, 0.0)])
+@pytest.mark.parametrize("T,mask_frac", [(1, 0.0), (2, 0.3), (2, 0.0), (3, 0.0), (6, 0.3), (16, 0.0), (30, 0.3)])
 def test_local_count_places_each_experts_items_in_item_order(T, mask_frac):
     """In the wide instance at one rank the dispatch counts every item in every CTA, with no
     count barrier (design_sm90.local_count, kernel v8.9): expert e's rows start at its first
@@ -129,8 +129,8 @@ def test_local_count_places_each_experts_items_in_item_order(T, mask_frac):
     order (token, then slot), the padding rows none. Built on the host from the routing; until
     v8.9 an expert's rows came in the order the CTAs' atomics landed. Masked slots (-1) get no
     row (at 2 and 6 tokens, 30% of the slots masked). The one-CTA wide instance counts locally at 1-2
-    tokens on V4-Flash, the two-CTA one (kernel v9.7) at 3-24 (3 / 6 / 16 here: waves of 256 / 128 /
-    64 experts)."""
+    tokens on V4-Flash, the two-CTA one (kernel v9.7) at 3-30 (3 / 6 / 16 / 30 here: waves of 256 / 128 /
+    64 / 64 experts; at 30 tokens 180 items, more than the 128 dispatch threads count in one pass)."""
     from megamoe.design_sm90 import local_count
 
     k, (x, xs, idx, tw), y = _check(FLASH, T, mask_frac=mask_frac, seed=40 + T)

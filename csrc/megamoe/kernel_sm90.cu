@@ -109,6 +109,20 @@ static_assert(kTraceScratchOffset >= kFoldTableOffset + kFoldTableBytes && kTrac
 // session 21). Mirrored by design_sm90.RELAY_RELEASE.
 template <int BM>
 __host__ __device__ constexpr bool relay_release() { return BM == 16; }
+// The ring's first fill paced by arrivals (kernel v9.8): during the call's first S K blocks a
+// producer warp issues K block it only once stage it - F has landed, F = first_fill_per_sm<BM>() /
+// CTAs per SM (0: the whole ring at once, as before). Each CTA issued its whole ring at once (at two
+// CTAs per SM 264 x 8 stages of 8.7 KB, ~18 MB), and a CTA's first stage landed with most of that
+// burst: each SM's first MMA 3.3-5 us after the first issue in kernel v9.7's 3-16-token traces.
+// Four stages per SM in flight (~4.6 MB over the H200, about the copy rate times one latency)
+// measured against v9.7 (CUPTI kernel time, 8 crossover rounds, outputs bitwise): 0.972 / 0.974 /
+// 0.982 / 0.983 / 0.987 / 0.994 / 0.996 at 1 / 3 / 6 / 8 / 12 / 16 / 64 tokens; eight per SM 0.976-0.998.
+// At every block_m both read 1.016-1.017 at 1024 tokens (block_m 32) with the same K loop count,
+// a layout cost of the instance, not of a start-up pacing (27 us of 1580), and 1.000 at 4096: so
+// only at block_m 16, the other instances' SASS v9.7's (benchmarks/NOTES_kernel.md, session 42).
+// Mirrored by megamoe.design_sm90.FIRST_FILL_PER_SM.
+template <int BM>
+__host__ __device__ constexpr int first_fill_per_sm() { return BM == 16 ? 4 : 0; }
 // Where the consumers walk to their next block (kernel v9.0): at block_m >= 32 inside the
 // epilogue, right after its first global loads are issued, so that the walk's dependent chain
 // (shuffles, a ballot, an integer division) runs during their round trip; at block_m 16 after
@@ -499,6 +513,22 @@ struct Producer {
         wix = ptid >> 5;
     }
     __device__ __forceinline__ bool mine() const { return (it & (NW - 1)) == wix; }
+    // The ring's first fill, paced by arrivals (first_fill_per_sm): K block it < S is issued once
+    // stage it - kFill has landed (phase 0 of its full barrier; or of its empty barrier, the
+    // consumers having released it already, which a warp that fell behind may find instead: that
+    // phase cannot complete twice before this K block is issued, so the wait cannot miss it).
+    static constexpr int kFill = first_fill_per_sm<BM>() / (TICKETS ? 2 : 1);
+    __device__ __forceinline__ bool first_fill_wait(int k) {
+        if (mbar_try_wait(full + k, 0u) || mbar_try_wait(empty + k, 0u)) return true;
+        Deadline d(pipeline_timeout_ns(p));
+        while (!mbar_try_wait(full + k, 0u) && !mbar_try_wait(empty + k, 0u)) {
+            if (!d.tick(p)) {
+                if (!aborted(p)) raise_error(p, kErrTimeoutPipeline, kRoleProducer, -1, -1, -1, -1, 0u);
+                return false;
+            }
+        }
+        return true;
+    }
     __device__ __forceinline__ void advance() {
         ++it;
         if (++s == S) { s = 0; round_par ^= 1u; }
@@ -527,7 +557,11 @@ struct Producer {
     __device__ __forceinline__ bool issue(const Loads& L, int kb, const Block& b) {
         const bool prof = p.fault_inject & 32;
         const uint32_t c0 = prof ? clock32() : 0u;
-        if (it >= S && !mbar_wait(p, empty + s, round_par ^ 1u, kRoleProducer)) return false;
+        if (it >= S) {
+            if (!mbar_wait(p, empty + s, round_par ^ 1u, kRoleProducer)) return false;
+        } else if (kFill > 0 && it >= kFill && !first_fill_wait(it - kFill)) {
+            return false;
+        }
         if (prof) cyc_wait_empty += clock32() - c0;
         __syncwarp();
         if ((ptid & 31) == 0) {
@@ -1352,6 +1386,14 @@ int megamoe_sm90_combine_slots_wide(void) { return megamoe::kCombineSlotsWide; }
 // an unsupported block_m.
 int megamoe_sm90_relay_release(int block_m) {
     return at_block_m(block_m, [](auto bm) { return megamoe::relay_release<bm()>() ? 1 : 0; });
+}
+
+// Stages of the ring's first fill a CTA keeps in flight at this block_m and CTA count (kernel
+// v9.8, first_fill_per_sm; mirrored by megamoe.design_sm90.first_fill_stages): 0 = the whole
+// ring at once; -1 for an unsupported block_m or CTA count.
+int megamoe_sm90_first_fill(int block_m, int ctas_per_sm) {
+    if (ctas_per_sm < 1 || ctas_per_sm > 2) return -1;
+    return at_block_m(block_m, [&](auto bm) { return megamoe::first_fill_per_sm<bm()>() / ctas_per_sm; });
 }
 
 // Whether the consumers walk to their next block inside the epilogue at this block_m
