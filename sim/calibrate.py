@@ -199,35 +199,43 @@ def _mask_seen(t) -> list:
     return out
 
 
-def fit_sm90_local_count(path: str) -> dict:
+def fit_sm90_local_count(paths: list[str]) -> dict:
     """``sm90_local_count_ns``, the EP1 dispatch's time from the kernel's start to its first pull
     when every CTA counts all items itself (the wide instances: kernel v8.9 at one CTA per SM, v9.7
-    at two; :func:`megamoe.design_sm90.local_count`), read off one trace whose plan counts so
-    (:data:`SM90_SKIP_FIT_TRACE`, 1 token): the median over the CTAs of the pull records' start
-    (the trace's clock starts at its first record, the count's start), as ``sm90_count_ns`` is
-    read off the other traces (which add the count barrier).
+    at two; :func:`megamoe.design_sm90.local_count`), read off the traces whose plans count so
+    (:data:`SM90_LOCAL_COUNT_FIT_TRACES`: 1 token at one CTA per SM, 3-16 at two): per trace the
+    median over the CTAs of the pull records' start (the trace's clock starts at its first record,
+    the count's start), as ``sm90_count_ns`` is read off the other traces (which add the count
+    barrier); the figure is the median over the traces. One trace's start moves by ~1 us from call
+    to call (the 1-token trace's read 4.67, 5.94 and 4.51 us in three recordings of the same
+    one-CTA SASS), so the figure pools every trace the model prices with it.
 
     Returns:
         ``{"sm90_local_count_ns": (value, how)}``.
 
     Raises:
-        InputError: the trace's plan does not count locally, or it has no pull record.
+        InputError: no trace is given, a trace's plan does not count locally, or it has no pull
+            record.
     """
-    from megamoe.trace import KIND, Trace
+    from megamoe.trace import Trace
 
-    t = Trace.load(path)
-    meta = t.meta
-    rp = _sm90_plan(t).ranks[0]  # the decision is the plan's (RankPlan.local_count)
-    require(rp.local_count and meta["num_ranks"] == 1, "fit_sm90_local_count", "a one-rank trace whose plan counts "
-            "locally (block_m 16, waves of more than 32 experts: design_sm90.local_count)",
-            f"{path} (block_m {rp.config.block_m}, experts_per_wave {rp.experts_per_wave}, ranks {meta['num_ranks']})")
-    pull = t.where(kind="pull")
-    require(len(pull) > 0, "fit_sm90_local_count", "pull records", f"{path} (none)")
-    v = _median(pull["t_start_ns"])
-    n_count = int((t["kind"] == KIND["count"]).sum())
-    how = (f"median over the {len(pull)} CTAs of the first pull's start, {v / 1e3:.2f} us after the "
-           f"trace's first record (the count's start; {n_count} count records, no count barrier), "
-           f"T={int(meta['tokens_per_rank'][0])}")
+    require(len(paths) > 0, "fit_sm90_local_count", "at least one trace", "none")
+    per = []
+    for path in paths:
+        t = Trace.load(path)
+        meta = t.meta
+        rp = _sm90_plan(t).ranks[0]  # the decision is the plan's (RankPlan.local_count)
+        require(rp.local_count and meta["num_ranks"] == 1, "fit_sm90_local_count", "a one-rank trace whose plan "
+                "counts locally (block_m 16, waves of more than 32 experts: design_sm90.local_count)",
+                f"{path} (block_m {rp.config.block_m}, experts_per_wave {rp.experts_per_wave}, ranks {meta['num_ranks']})")
+        pull = t.where(kind="pull")
+        require(len(pull) > 0, "fit_sm90_local_count", "pull records", f"{path} (none)")
+        per.append((int(meta["tokens_per_rank"][0]), rp.ctas_per_sm, len(pull), _median(pull["t_start_ns"])))
+    v = _median([x[3] for x in per])
+    how = ("median over the traces of each one's median first-pull start over its CTAs (no count barrier; "
+           "the trace's clock starts at its first record, the count's start): "
+           + ", ".join(f"T={tk} ({c} CTA{'s' * (c > 1)} per SM, {n} CTAs) {x / 1e3:.2f} us" for tk, c, n, x in per)
+           + f"; {v / 1e3:.2f} us")
     return {"sm90_local_count_ns": (v, how)}
 
 
@@ -859,19 +867,23 @@ SM90_EP_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep2_t{t}.npz" for t 
 SM90_EP_FIT_DEVICE = "two lent H200s (EP2, NV18)"
 SM90_FIT_PROFILE = "benchmarks/results/kernel_profile_stages_h200.json"
 SM90_FIT_DATE = "2026-12-04"
-SM90_FIT_KERNEL = ("FP8 WGMMA v9.7, build f0d9e559 (TMA loads, E2M1 decoded into WGMMA registers through the weight "
+SM90_FIT_KERNEL = ("FP8 WGMMA v9.8, build 445539c5 (TMA loads, E2M1 decoded into WGMMA registers through the weight "
                    "fold's table, four producer warps, the wide instance at 1-2 tokens, the consumers' walk inside "
                    "the epilogue at block_m >= 32, the producer's block descriptors at block_m 16, two CTAs per SM at "
                    "block_m 16 from 3 tokens taking the plan's blocks by ticket in the wave-lag order, with the "
-                   "register split 48 / 48 / 80, the wide instances counting locally at one CTA per SM and at two; "
-                   "every version's change: docs/kernel.md, benchmarks/NOTES_kernel.md)")
+                   "register split 48 / 48 / 80, the wide instances counting locally at one CTA per SM and at two, "
+                   "the ring's first fill paced by arrivals at block_m 16; every version's change: docs/kernel.md, "
+                   "benchmarks/NOTES_kernel.md)")
 SM90_PROFILE_KERNEL = "FP8 WGMMA v8.6 kernel (its profile instance)"
-#: The committed trace ``sched_skip_ns`` and ``sm90_local_count_ns`` are fitted to
-#: (:func:`fit_sm90_walk_skip`, :func:`fit_sm90_local_count`): 1 token, the only traced size whose
-#: plan runs the one-CTA wide instance (block_m 16, one wave of 256 experts; the two-CTA wide
-#: instance of 3-16 tokens also counts locally since v9.7, two CTAs to an SM); the same kernel build as
-#: the other EP1 traces (all recorded on v9.7, benchmarks/NOTES_kernel.md, session 42).
+#: The committed trace ``sched_skip_ns`` was fitted to (:func:`fit_sm90_walk_skip`): 1 token, the
+#: only traced size whose plan runs the one-CTA wide instance (block_m 16, one wave of 256
+#: experts); the same kernel build as the other EP1 traces (all recorded on v9.8,
+#: benchmarks/NOTES_kernel.md, session 42).
 SM90_SKIP_FIT_TRACE = "benchmarks/traces/kernel_flash_ep1_t1.npz"
+#: The committed traces ``sm90_local_count_ns`` is fitted to (:func:`fit_sm90_local_count`): every
+#: EP1 trace whose plan counts locally, the one-CTA wide instance at 1 token and the two-CTA one
+#: (kernel v9.7 on) at 3-16 tokens.
+SM90_LOCAL_COUNT_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep1_t{t}.npz" for t in (1, 3, 6, 8, 12, 16))
 SM90_SKIP_FIT_KERNEL = SM90_FIT_KERNEL
 SM90_SKIP_FIT_DATE = SM90_FIT_DATE
 #: The kernel and day of the EP2 traces: v6.4's (the two-GPU machine was not lent in the
@@ -985,7 +997,7 @@ def refit_h200(root: str | None = None, toml_path: str | None = None) -> dict:
     :func:`fit_tma_probe`), fit the SM90 figures to the committed traces and profile with them
     (:data:`SM90_FIT_TRACES`, :data:`SM90_FIT_PROFILE`), then the expert-parallel figures to the EP2 traces
     (:data:`SM90_EP_FIT_TRACES`, on the L2 epilogue line just fitted, rounded as written) and
-    ``sm90_local_count_ns`` to :data:`SM90_SKIP_FIT_TRACE` (:func:`fit_sm90_local_count`) and
+    ``sm90_local_count_ns`` to :data:`SM90_LOCAL_COUNT_FIT_TRACES` (:func:`fit_sm90_local_count`) and
     ``sm90_pair_share_first`` and ``sm90_pair_share`` to :data:`SM90_PAIR_FIT_TRACES` against
     :data:`SM90_PAIR_ONE_CTA_TRACES` (:func:`fit_sm90_pair_share`), and
     write them with their sources into the H200 preset (or ``toml_path``), leaving every other
@@ -1003,7 +1015,8 @@ def refit_h200(root: str | None = None, toml_path: str | None = None) -> dict:
     ep = fit_sm90_ep_traces([str(base / p) for p in SM90_EP_FIT_TRACES], fit["l2_epilogue_fixed_ns"][0],
                             fit["l2_epilogue_thread_ns_per_elem"][0])
     fit.update(sm90_ep_fit_sources(ep))
-    fit.update(sm90_fit_sources(fit_sm90_local_count(str(base / SM90_SKIP_FIT_TRACE)), traces=(SM90_SKIP_FIT_TRACE,),
+    fit.update(sm90_fit_sources(fit_sm90_local_count([str(base / p) for p in SM90_LOCAL_COUNT_FIT_TRACES]),
+                                traces=SM90_LOCAL_COUNT_FIT_TRACES,
                                 profile_path=None, date=SM90_SKIP_FIT_DATE, kernel=SM90_SKIP_FIT_KERNEL,
                                 fitter="fit_sm90_local_count"))
     # the pair share is fitted on the model with every figure just fitted (the H200 preset's others)

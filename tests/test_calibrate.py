@@ -84,14 +84,15 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
         assert getattr(hw, key) == value and hw.sources[key] == src, key
         assert fit[key][1] in src and SM90_FIT_DATE in src and SM90_FIT_KERNEL in src, key
         assert "kernel_flash_ep1_{one_cta_t64,one_cta_t512,t4096}.npz" in src, key
-    # the slope: K blocks with two promotions of 330.5 / 330 ns at block_m 16 (the mean of the
-    # median L1 K loop / 32 and L2 K loop / 16: T=64 (10400 / 32 + 5376 / 16) / 2 = (325 + 336) / 2,
-    # T=512 (10368 / 32 + 5376 / 16) / 2 = (324 + 336) / 2) and 804 ns at block_m 128 (T=4096: the
-    # L2 K loop, 12864 / 16; the L1 K block there is promoted once, 22144 / 32 = 692 ns); least
+    # the slope: K blocks with two promotions of 330 / 329.5 ns at block_m 16 (the mean of the
+    # median L1 K loop / 32 and L2 K loop / 16: T=64 (10368 / 32 + 5376 / 16) / 2 = (324 + 336) / 2,
+    # T=512 (10336 / 32 + 5376 / 16) / 2 = (323 + 336) / 2) and 806 ns at block_m 128 (T=4096: the
+    # L2 K loop, 12896 / 16; the L1 K block there is promoted once, 22144 / 32 = 692 ns); least
     # squares over x = 16, 16, 128 puts the line through the mean of the block_m 16 points:
-    # (804 - 330.25) / 112 = 4.230 ns per block_m row and K block; 128 weight rows x 128 K x 2 =
-    # 32768 FLOP per row and K block -> 7.75 TFLOP/s per SM, 1023 TFLOP/s on 132 SMs, 72.1% of
-    # 1419 TFLOP/s (kernel v9.7's traces; v9.6's: 331.5 / 331 / 806 ns (10400 / 32, 5408 / 16, 10368 / 32,
+    # (806 - 329.75) / 112 = 4.252 ns per block_m row and K block; 128 weight rows x 128 K x 2 =
+    # 32768 FLOP per row and K block -> 7.71 TFLOP/s per SM, 1017 TFLOP/s on 132 SMs, 71.7% of
+    # 1419 TFLOP/s (kernel v9.8's traces; v9.7's: 330.5 / 330 / 804 ns (10400 / 32, 5376 / 16, 10368 / 32,
+    # 12864 / 16, 22144 / 32), 72.1%; v9.6's: 331.5 / 331 / 806 ns (10400 / 32, 5408 / 16, 10368 / 32,
     # 12896 / 16, 22112 / 32), 71.9%; v9.3.1's: 330 / 804 ns (10368 / 32, 5376 / 16, 12864 / 16,
     # 22144 / 32), 72.0%; v9.1's:
     # 329 / 798 ns (10304 / 32, 12768 / 16, 22016 / 32), 72.8%, its
@@ -108,9 +109,10 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
     # 379 / 960 ns, 58.9%; v7.3's: 378 / 378.5 / 888.5 ns, 66.9%; v7.2's, from warpgroup 0:
     # 406.25 / 886.5 ns, 71.1%; v6.7's: 39.4%; v6.5's: 36.0%; v6.4's: 33.7%)
     assert fit["sm90_mma_fraction"][0] == pytest.approx(
-        32768 / ((12864 / 16 - ((10400 / 32 + 5376 / 16) / 2 + (10368 / 32 + 5376 / 16) / 2) / 2) / 112 * 1e-9)
+        32768 / ((12896 / 16 - ((10368 / 32 + 5376 / 16) / 2 + (10336 / 32 + 5376 / 16) / 2) / 2) / 112 * 1e-9)
         * 132 / 1419e12, rel=1e-4)  # (the preset's FP8 GEMM rate is 1418.9 TFLOP/s, rounded here)
-    # one promotion per block_m row: (804 - 692) / 128 = 0.875 ns (v9.7's traces; v9.6's: (806 - 691) / 128
+    # one promotion per block_m row: (806 - 692) / 128 = 0.891 ns (v9.8's traces; v9.7's: (804 - 692) / 128
+    # = 0.875 ns; v9.6's: (806 - 691) / 128
     # = 0.898 ns; v9.3.1's: (804 - 692) / 128
     # = 0.875 ns; v9.1's: (798 - 688) / 128
     # = 0.859 ns; v9.0's: (800 - 693) / 128
@@ -122,24 +124,26 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
     # = 1.359 ns; v8.1's: (922 - 739) / 128 = 1.430 ns; v8.0's: (916 - 732) /
     # 128 = 1.4375 ns; v7.9's: (922 - 740) / 128 = 1.422 ns; v7.8's: (920 - 743) / 128 = 1.383 ns;
     # v7.6's: (894 - 797) / 128 = 0.758 ns)
-    assert fit["sm90_promotion_ns_per_row"][0] == pytest.approx((12864 / 16 - 22144 / 32) / 128, rel=1e-9)
+    assert fit["sm90_promotion_ns_per_row"][0] == pytest.approx((12896 / 16 - 22144 / 32) / 128, rel=1e-9)
     # the scheduler's walk (sched_block_ns, sched_step_ns: 690 + 292 ns on v9.0's traces; v8.6's,
     # 860 + 283 ns; v7.2's 873 + 287) is no longer fitted: since v9.1 no trace's consumers walk
     # between the blocks (test_walk_figures_are_kept_from_kernel_v9_0)
     # the producer's copy issues in each CTA's first L1 block (ring empty): ~300 ns per K block
     # at T=64 and 512 (block_m 16, 16 stages), ~0.7-0.8 us at 4096 (block_m 128, 8 stages; kernel
-    # v9.7's traces: 321 ns the smallest (T=64; 328 at T=512); v9.6's: 332 ns (T=64; 334 at T=512); v9.3.1's: 308 ns; v9.1's: 332 ns; v9.0's: 294, 322 and 674 ns, the last issue 14.1, 14.6 and 8.4 K blocks before the
+    # v9.8's traces: 319 ns the smallest (T=64; 356 at T=512: block_m 16's first fill is paced by arrivals since v9.8);
+    # v9.7's: 321 ns (T=64; 328 at T=512); v9.6's: 332 ns (T=64; 334 at T=512); v9.3.1's: 308 ns; v9.1's: 332 ns; v9.0's: 294, 322 and 674 ns, the last issue 14.1, 14.6 and 8.4 K blocks before the
     # consumers' K loop ends; v8.6's traces: 293.5 ns at T=64; v8.5's: 296, 360 and 711 ns, the last issue 12.9, 11.2 and 8.8 K blocks before
     # the consumers' K loop ends; v8.4's: 300, 339 and 696 ns; v8.3's: 303, 342 and 770 ns; v8.2's: 301, 336 and 788 ns; v8.1's: 297, 339 and 806 ns; v8.0's: 296, 343 and 784 ns; v7.9's: 298, 350 and 804 ns; v7.8's:
     # 293, 319 and 710 ns), about a full ring everywhere
     # (four producer warps issue faster than the consumers free stages), so the figure is the
     # smallest, an upper bound
-    assert fit["sm90_issue_kblock_ns"][0] == pytest.approx(321, abs=5)
+    assert fit["sm90_issue_kblock_ns"][0] == pytest.approx(319, abs=5)
     assert "upper bound" in fit["sm90_issue_kblock_ns"][1]
     assert re.search(r"T=4096 \(block_m 128\) [6-9]\d\d ns", fit["sm90_issue_kblock_ns"][1])
     # the combine round, fitted where the kernel loads a token's slots four at a time
     # (design_sm90.COMBINE_SLOTS, block_m >= 32; kernel v8.0): T=4096's slowest CTA 81760 ns over
-    # ceil(4096 x 4096 / 8 / (132 x 512)) = ceil(31.03) = 32 rounds = 2558 ns (v9.7's trace; v9.6's:
+    # ceil(4096 x 4096 / 8 / (132 x 512)) = ceil(31.03) = 32 rounds = 2569 ns (v9.8's trace; v9.7's:
+    # 81856 ns, 2558; v9.6's:
     # 81728 ns, 2554; v9.3.1's:
     # 81760 ns, 2555; v9.1's:
     # 81920 ns, 2560; v9.0's: 81056 ns, 2533; v8.6's:
@@ -150,13 +154,14 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
     # ns, 2473; v8.1's: 76992
     # ns, 2406; v8.0's: 77696 ns, 2428; v7.9, one slot at a time everywhere: 3660 ns, the median of T=512 and 4096); T=512
     # (block_m 16, one at a time) is named, not fitted
-    assert fit["combine_round_ns"][0] == 81856 / 32
+    assert fit["combine_round_ns"][0] == 82208 / 32
     assert "not fitted, one slot at a time: T=512 (block_m 16)" in fit["combine_round_ns"][1]
 
 
 def test_dispatch_start_line_is_least_squares_over_the_pull_starts():
     """sm90_count_ns / sm90_count_item_ns: the first pull's start (median over the 132 CTAs'
-    pull records, read from the v9.7 traces: T=64 7232 ns, T=512 7360 ns, T=4096 11824 ns; v9.6's:
+    pull records, read from the v9.8 traces: T=64 6592 ns, T=512 7168 ns, T=4096 11872 ns; v9.7's:
+    7232, 7360 and 11824 ns; v9.6's:
     7024, 7552 and 11600 ns; v9.3.1's:
     7104, 7456 and 11184 ns; v9.1's:
     6848, 7616 and 11328 ns; v9.0's: 6208, 6944 and 11344 ns; v8.6's: 6176, 6624 and 12048 ns) less
@@ -166,13 +171,13 @@ def test_dispatch_start_line_is_least_squares_over_the_pull_starts():
 
     fit = fit_sm90_traces([_root(p) for p in TRACES])
     x = [3.0, 24.0, 187.0]
-    y = [7232.0 - 736.0, 7360.0 - 736.0, 11824.0 - 736.0]
+    y = [6592.0 - 736.0, 7168.0 - 736.0, 11872.0 - 736.0]
     mx, my = sum(x) / 3, sum(y) / 3
     slope = sum((a - mx) * (b - my) for a, b in zip(x, y)) / sum((a - mx) ** 2 for a in x)
     assert fit["grid_sync_ns"][0] == 736.0
-    assert fit["sm90_count_item_ns"][0] == pytest.approx(slope, rel=1e-9)  # 25.88 ns (v9.6's: 24.86; v9.3.1's: 22.44; v9.1's: 23.75; v9.0's: 27.56; v8.6's: 32.43)
-    assert fit["sm90_count_ns"][0] == pytest.approx(my - slope * mx, rel=1e-9)  # 6223 ns (v9.6's: 6216; v9.3.1's: 6245; v9.1's: 6199; v9.0's: 5495; v8.6's: 5265)
-    assert "T=4096 11.82 us at 187 items" in fit["sm90_count_ns"][1]
+    assert fit["sm90_count_item_ns"][0] == pytest.approx(slope, rel=1e-9)  # 28.76 ns (v9.7's: 25.88; v9.6's: 24.86; v9.3.1's: 22.44; v9.1's: 23.75; v9.0's: 27.56; v8.6's: 32.43)
+    assert fit["sm90_count_ns"][0] == pytest.approx(my - slope * mx, rel=1e-9)  # 5757 ns (v9.7's: 6223; v9.6's: 6216; v9.3.1's: 6245; v9.1's: 6199; v9.0's: 5495; v8.6's: 5265)
+    assert "T=4096 11.87 us at 187 items" in fit["sm90_count_ns"][1]
 
 
 def test_one_trace_gives_the_same_mma_fraction():
@@ -181,9 +186,9 @@ def test_one_trace_gives_the_same_mma_fraction():
     hw = load_hardware("h200")
     got = from_kernel_trace(_root(TRACES[-1]), hw.fp8_dense_tflops * hw.mma_efficiency)
     assert got["sm90_mma_fraction"] == pytest.approx(hw.sm90_mma_fraction, rel=0.01)
-    # the grid sync before the combine: last arrival (2796864 ns) to first release (2797600 ns)
-    # (v9.7's trace; v9.6's: 2777536 to 2778304 ns; v9.3.1's: 2778528 to 2779264 ns; v9.1's: 2765152 to 2765888 ns; v9.0's: 2803072 to 2803776 ns; v8.6's: 2896224 to 2896960 ns)
-    assert got["grid_sync_ns"] == 2797600 - 2796864
+    # the grid sync before the combine: last arrival (2791232 ns) to first release (2791968 ns)
+    # (v9.8's trace; v9.7's: 2796864 to 2797600 ns; v9.6's: 2777536 to 2778304 ns; v9.3.1's: 2778528 to 2779264 ns; v9.1's: 2765152 to 2765888 ns; v9.0's: 2803072 to 2803776 ns; v8.6's: 2896224 to 2896960 ns)
+    assert got["grid_sync_ns"] == 2791968 - 2791232
 
 
 def test_mask_seen_figures_are_the_medians_of_the_producers_waits():
@@ -191,8 +196,8 @@ def test_mask_seen_figures_are_the_medians_of_the_producers_waits():
     fit traces, of the wait's end less the later end of the two L1 epilogues whose mask bits it
     waited for (L2 K block kb: L1 n blocks 2 kb, 2 kb + 1), pooled over the traces whose block_m
     relays the release (64 and 512 tokens, block_m 16) and over the others (4096, block_m 128).
-    Recomputed here record by record; the medians read 1504 / 1536 ns at 64 / 512 tokens (1504
-    pooled) and 960 ns at 4096 (v9.7's traces; v9.6's: 1536 / 1568 ns, 1536 pooled, and 928 ns; v9.3.1's: 1504 / 1552 ns, 1504 pooled, and 960 ns; v9.1's: 1536 / 1536 ns, 1536 pooled, and 960 ns; v9.0's: 1600 / 1552 ns, 1568 pooled, and 864 ns;
+    Recomputed here record by record; the medians read 1536 / 1600 ns at 64 / 512 tokens (1568
+    pooled) and 960 ns at 4096 (v9.8's traces; v9.7's: 1504 / 1536 ns, 1504 pooled, and 960 ns; v9.6's: 1536 / 1568 ns, 1536 pooled, and 928 ns; v9.3.1's: 1504 / 1552 ns, 1504 pooled, and 960 ns; v9.1's: 1536 / 1536 ns, 1536 pooled, and 960 ns; v9.0's: 1600 / 1552 ns, 1568 pooled, and 864 ns;
     v8.6's: 1536 / 1568 ns, 1536 pooled, and 928 ns)."""
     import numpy as np
 
@@ -217,11 +222,11 @@ def test_mask_seen_figures_are_the_medians_of_the_producers_waits():
                 lat.append(float(t["t_end_ns"][i]) - max(epi[(ex, mb, 2 * kb)], epi[(ex, mb, 2 * kb + 1)]))
         medians[int(t.meta["tokens_per_rank"][0])] = float(np.median(lat))
         pooled[int(t.meta["plan"]["block_m"]) == 16] += lat
-    assert medians == {64: 1504.0, 512: 1536.0, 4096: 960.0}
-    assert fit["sm90_mask_seen_relay_ns"][0] == float(np.median(pooled[True])) == 1504.0
+    assert medians == {64: 1536.0, 512: 1600.0, 4096: 960.0}
+    assert fit["sm90_mask_seen_relay_ns"][0] == float(np.median(pooled[True])) == 1568.0
     assert fit["sm90_mask_seen_ns"][0] == float(np.median(pooled[False])) == 960.0
     hw = load_hardware("h200")
-    assert (hw.sm90_mask_seen_relay_ns, hw.sm90_mask_seen_ns) == (1504.0, 960.0)
+    assert (hw.sm90_mask_seen_relay_ns, hw.sm90_mask_seen_ns) == (1568.0, 960.0)
 
 
 def _consumer_gaps(t):
@@ -321,36 +326,46 @@ def test_sched_ahead_is_the_mean_gap_of_the_walk_inside_the_epilogue():
     assert "WALK_IN_EPILOGUE" in hw.sources["sched_ahead_ns"] and SM90_FIT_DATE in hw.sources["sched_ahead_ns"]
 
 
-def test_local_count_is_the_first_pull_of_the_one_token_trace():
-    """sm90_local_count_ns (kernel v8.9's local count): the preset holds the median over the 132
-    CTAs of the pull records' start in the committed 1-token trace, read here from the NPZ
-    arrays with numpy (5936 ns: the first pull 5.94 us after the count's start in v9.7's trace, whose
-    one-CTA instance is v9.6's SASS: a 1-token call's start moves by ~1 us from call to call; the
-    two-CTA local count of v9.7's 3-16-token traces reads 5.4-6.3 us; v9.6's: 4672 ns; v9.3.1's: 5024 ns;
-    v9.1's: 4384 ns; v9.0's: 3200 ns; v8.9's: 3264 ns; v8.8's trace, with the count barrier, put it at 5.34 us); a trace whose plan
-    has the count barrier is refused."""
+def test_local_count_is_the_median_first_pull_of_the_local_count_traces():
+    """sm90_local_count_ns (the local count: kernel v8.9 at one CTA per SM, v9.7 at two): the preset
+    holds the median over the local-count traces (1 token at one CTA, 3 / 6 / 8 / 12 / 16 at two) of
+    each trace's median pull-record start, read here from the NPZ arrays with numpy: 4512 / 5312 /
+    6160 / 6464 / 5536 / 5472 ns in v9.8's traces, so (5472 + 5536) / 2 = 5504 ns. Until the
+    forty-second session it was read off the 1-token trace alone (v9.6: 4672 ns; v9.7: 5936 ns, the
+    same one-CTA SASS: the call's start moves by ~1 us; v9.3.1: 5024; v9.1: 4384; v9.0: 3200; v8.9:
+    3264; v8.8's trace, with the count barrier, put it at 5.34 us). A trace whose plan has the count
+    barrier is refused, and so is an empty list."""
     import numpy as np
 
     from megamoe.errors import InputError
     from megamoe.trace import KIND
     from sim.calibrate import (
+        SM90_LOCAL_COUNT_FIT_TRACES,
         SM90_SKIP_FIT_KERNEL,
-        SM90_SKIP_FIT_TRACE,
         fit_sm90_local_count,
     )
 
-    d = np.load(_root(SM90_SKIP_FIT_TRACE))
-    starts = d["t_start_ns"][d["kind"] == KIND["pull"]]
-    assert len(starts) == 132 and d["t_start_ns"].min() == 0.0
-    assert not (d["kind"][d["t_start_ns"] < starts.min()] == KIND["grid_sync"]).any()  # no count barrier
-    got, how = fit_sm90_local_count(_root(SM90_SKIP_FIT_TRACE))["sm90_local_count_ns"]
-    assert got == float(np.median(starts)) == 5936.0
+    assert list(SM90_LOCAL_COUNT_FIT_TRACES) == [f"benchmarks/traces/kernel_flash_ep1_t{t}.npz"
+                                                 for t in (1, 3, 6, 8, 12, 16)]
+    medians = []
+    for p in SM90_LOCAL_COUNT_FIT_TRACES:
+        d = np.load(_root(p))
+        starts = d["t_start_ns"][d["kind"] == KIND["pull"]]
+        assert len(starts) in (132, 264) and d["t_start_ns"].min() == 0.0
+        assert not (d["kind"][d["t_start_ns"] < starts.min()] == KIND["grid_sync"]).any()  # no count barrier
+        medians.append(float(np.median(starts)))
+    assert medians == [4512.0, 5312.0, 6160.0, 6464.0, 5536.0, 5472.0]
+    got, how = fit_sm90_local_count([_root(p) for p in SM90_LOCAL_COUNT_FIT_TRACES])["sm90_local_count_ns"]
+    assert got == float(np.median(medians)) == (5472.0 + 5536.0) / 2
     hw = load_hardware("h200")
     assert hw.sm90_local_count_ns == got
     src = hw.sources["sm90_local_count_ns"]
-    assert SM90_SKIP_FIT_TRACE in src and SM90_SKIP_FIT_KERNEL in src and how in src and "fit_sm90_local_count" in src
+    assert "kernel_flash_ep1_t{1,3,6,8,12,16}.npz" in src and SM90_SKIP_FIT_KERNEL in src and how in src
+    assert "fit_sm90_local_count" in src and "T=3 (2 CTAs per SM, 264 CTAs) 5.31 us" in how
     with pytest.raises(InputError, match="^fit_sm90_local_count: expected a one-rank trace whose plan counts locally"):
-        fit_sm90_local_count(_root(TRACES[0]))
+        fit_sm90_local_count([_root(TRACES[0])])
+    with pytest.raises(InputError, match="^fit_sm90_local_count: expected at least one trace, got none"):
+        fit_sm90_local_count([])
 
 
 def test_tma_figures_are_the_copy_engine_probe():

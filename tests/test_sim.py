@@ -567,12 +567,12 @@ def test_static_path_unchanged():
     """Where the units deal the rows statically (one CTA per SM, or the SM100 design) the model is
     the one before block tickets and the pair shares: the makespans computed by the code before
     that change (commit fe145b0) at 1024 tokens, SM90 on the H200 and SM100 EP8 on the B200 (the
-    H200 figures of today's file, refitted 2026-12-04 on kernel v9.7's traces, with the pair shares that code does not read
+    H200 figures of today's file, refitted 2026-12-04 on kernel v9.8's traces, with the pair shares that code does not read
     at one CTA left out, its sm90_pair_share line set to 2.0: that code held it to [1, 2]))."""
     sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=1024, design="megamoe-sm90", hardware="h200")
     res = simulate(sc)
     assert not res.plan.ranks[0].block_tickets and res.plan.ranks[0].ctas_per_sm == 1
-    assert res.trace.makespan_ns == 1514649.5063505778
+    assert res.trace.makespan_ns == 1513025.195206512
     sc = Scenario(shape="deepseek-v4-flash", num_ranks=8, tokens_per_rank=1024, design="deepgemm-sm100", hardware="b200")
     assert simulate(sc).trace.makespan_ns == 260004.1844778842
 
