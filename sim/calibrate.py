@@ -207,18 +207,21 @@ def fit_sm90_local_count(paths: list[str]) -> dict:
     median over the CTAs of the pull records' start (the trace's clock starts at its first record,
     the count's start), as ``sm90_count_ns`` is read off the other traces (which add the count
     barrier); the figure is the median over the traces. One trace's start moves by ~1 us from call
-    to call (the 1-token trace's read 4.67, 5.94 and 4.51 us in three recordings of the same
-    one-CTA SASS), so the figure pools every trace the model prices with it.
+    to call (the 1-token trace read 4.67 and 5.94 us in v9.6's and v9.7's recordings of the same
+    one-CTA code, 4.51 us in v9.8's, whose first fill is paced), so the figure pools every trace
+    the model prices with it.
 
     Returns:
         ``{"sm90_local_count_ns": (value, how)}``.
 
     Raises:
-        InputError: no trace is given, a trace's plan does not count locally, or it has no pull
-            record.
+        InputError: ``paths`` is not a list (or tuple) of at least one trace, a trace's plan does
+            not count locally, or it has no pull record.
     """
     from megamoe.trace import Trace
 
+    require(isinstance(paths, (list, tuple)), "fit_sm90_local_count", "a list of trace paths",
+            f"{type(paths).__name__} {paths!r}")
     require(len(paths) > 0, "fit_sm90_local_count", "at least one trace", "none")
     per = []
     for path in paths:
@@ -239,18 +242,20 @@ def fit_sm90_local_count(paths: list[str]) -> dict:
     return {"sm90_local_count_ns": (v, how)}
 
 
-def _first_block_issue(t) -> tuple[float, float, int]:
+def _first_block_issue(t) -> tuple[float, float, int, list[float]]:
     """The producer's copy issues in the first L1 block of every CTA (the stage ring still
     empty): ``(median ns per K block from the block's first issue (the load record's start,
     or the end of its arrival wait) to its last (the record's end), median ns from the last
-    issue to the consumers' K-loop end, blocks)``."""
+    issue to the consumers' K-loop end, blocks, each CTA's ns from that first issue to its
+    consumers' first MMA record's start)``. (The last is the ring's first fill where the
+    consumers' record starts at the first stage's arrival: block descriptors, block_m 16.)"""
     import numpy as np
 
     from megamoe.design_sm90 import BLOCK_K
     from megamoe.trace import KIND
 
     kb = int(t.meta["hidden"]) // BLOCK_K
-    per, gap = [], []
+    per, gap, fill = [], [], []
     for r in np.unique(t["rank"]).tolist():
         for sm in np.unique(t["sm"][(t["rank"] == r) & (t["sm"] >= 0)]).tolist():
             s = t.where(rank=r, sm=sm)
@@ -266,7 +271,8 @@ def _first_block_issue(t) -> tuple[float, float, int]:
             t0 = max(float(ld["t_start_ns"][0]), float(iw["t_end_ns"].max()) if len(iw) else 0.0)
             per.append((float(ld["t_end_ns"][0]) - t0) / kb)
             gap.append(float(mma["t_end_ns"][i] - ld["t_end_ns"][0]))
-    return _median(per), _median(gap), len(per)
+            fill.append(float(mma["t_start_ns"][i]) - t0)
+    return _median(per), _median(gap), len(per), fill
 
 
 def _l1_promoted_once(t) -> bool:
@@ -568,6 +574,22 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
         how = (what + f"; every trace paced by the ring (the producer warps issue faster than the consumers free "
                f"stages), so the smallest, {iss:.0f} ns, is an upper bound on the issue time per K block")
     out["sm90_issue_kblock_ns"] = (iss, how)
+
+    # the ring's first fill: from each CTA's first copy issue to its consumers' first MMA record,
+    # read where that record starts at the first stage's arrival (block descriptors, block_m 16);
+    # the median over every such CTA of the traces
+    firsts = [r for r in rows if BLOCK_DESCRIPTORS.get(r["bm"], False)]
+    if firsts:
+        fills = [x for r in firsts for x in r["issue"][3]]
+        v = _median(fills)
+        how = ("from each CTA's first copy issue of the call (its first L1 block's load record's start, or the end of "
+               "its arrival wait) to its consumers' first MMA record, which starts at the first stage's arrival where "
+               "they read the producer's block descriptors (design_sm90.BLOCK_DESCRIPTORS): median over the "
+               f"{len(fills)} CTAs of " + ", ".join(f"T={r['tokens']} (block_m {r['bm']}, median "
+                                                     f"{_median(r['issue'][3]) / 1e3:.2f} us)" for r in firsts)
+               + f": {v / 1e3:.2f} us, against one tma_latency_ns ({hw.tma_latency_ns:.0f} ns) for a later block's "
+               "first stage")
+        out["sm90_first_fill_ns"] = (v, how)
 
     # the consumers' gap between blocks (the gaps with chunk skips left out): where they read the
     # producer's block descriptors (BLOCK_DESCRIPTORS, kernel v9.1) all of it is sched_desc_ns, the

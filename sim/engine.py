@@ -53,7 +53,8 @@ so the ring paces them), one issue after
 the consumers free the stage a ring back (``min(stages, K blocks)`` K blocks before the K
 loop's end), and, in L2, ``K blocks - i`` issues after K block ``i``'s arrival-mask bits,
 whichever is latest; the consumers cannot finish the K loop before the last stage's data
-arrives); the L2
+arrives; a unit's first block's first stage lands ``sm90_first_fill_ns`` after its issue, the
+ring's first fill at the call's start, the later blocks' ``tma_latency_ns``); the L2
 epilogue grows with the valid rows (and with several ranks pays ``l2_epilogue_ep_ns`` for
 storing through the symmetric-memory peer table); each CTA pulls a contiguous range of
 items (EP1: an even split of the T K items, sorted by expert, so pool blocks complete in wave order; EP: pool
@@ -841,6 +842,9 @@ class _Engine:
         record = self.blocks.extend
         timeout = env.timeout
         last_write = float(self.last_write[r])
+        # SM90: the unit's first block's first stage lands sm90_first_fill_ns after its issue (the
+        # ring's first fill at the call's start, read off the traces), the later ones' tma_latency_ns
+        first_lat = max(lat, hw.sm90_first_fill_ns) if sm90 else lat
         for phase, n, pb, key_w, key_a, kp, bid, gap in rows:
             adj = False  # L2: wait per K block (ready_cache entry's [ca], [ca + 1])
             if phase == L1:
@@ -881,7 +885,9 @@ class _Engine:
             # accumulator stages: TMEM has 2 (block i waits for epilogue i-2); the SM90
             # consumers hold the accumulators in registers, run the epilogue themselves and
             # then walk the scheduler to this block
-            mma_start = load_start + lat
+            arrive = load_start + first_lat  # the block's first stage lands
+            first_lat = lat
+            mma_start = arrive
             if prev_mma_end > mma_start:
                 mma_start = prev_mma_end
             c_start = epi_m1 + (desc if c_desc else gap - c_less) if sm90 else epi_m2
@@ -1050,7 +1056,7 @@ class _Engine:
                 # the consumers' block start (after their scheduler walk) instead; where they read
                 # the block from its first stage's descriptor (BLOCK_DESCRIPTORS, kernel v9.1) they
                 # know the block, and the kernel records its start, only once that stage is full
-                c_rec = max(c_start, load_start + lat) if c_desc else c_start
+                c_rec = max(c_start, arrive) if c_desc else c_start
                 record((bid, issue_end, c_rec, mma_end, epi_start, epi_end, dep, first, free))
                 prev_issue = issue_end
             else:

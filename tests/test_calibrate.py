@@ -78,7 +78,7 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
                         "l1_epilogue_thread_ns_per_elem", "block_overhead_ns",
                         "l2_epilogue_fixed_ns", "l2_epilogue_thread_ns_per_elem", "pull_latency_ns",
                         "combine_round_ns", "grid_sync_ns", "sm90_count_ns", "sm90_count_item_ns",
-                        "sm90_mask_seen_ns", "sm90_mask_seen_relay_ns"}
+                        "sm90_mask_seen_ns", "sm90_mask_seen_relay_ns", "sm90_first_fill_ns"}
     for key, (value, src) in sm90_fit_sources(fit).items():
         assert getattr(hw, key) == pytest.approx(fit[key][0], rel=2e-3, abs=0.5), key
         assert getattr(hw, key) == value and hw.sources[key] == src, key
@@ -326,13 +326,55 @@ def test_sched_ahead_is_the_mean_gap_of_the_walk_inside_the_epilogue():
     assert "WALK_IN_EPILOGUE" in hw.sources["sched_ahead_ns"] and SM90_FIT_DATE in hw.sources["sched_ahead_ns"]
 
 
+def test_first_fill_is_the_median_lag_from_first_issue_to_first_mma():
+    """sm90_first_fill_ns (the ring's first fill at the call's start): over every CTA of the fit
+    traces whose consumers read block descriptors (block_m 16: the one-CTA traces at 64 and 512
+    tokens), the time from the CTA's first copy issue (its first L1 block's load record's start, or
+    the end of that block's arrival wait if later) to its first L1 MMA record (which starts at the
+    first stage's arrival there), the median over the 264 CTAs. Read here straight from the NPZ
+    arrays: per-trace medians 2048 / 2496 ns, pooled 2208 ns (kernel v9.8's traces), three times
+    one tma_latency_ns (716 ns, the copy-engine probe's 8 KiB copy with all SMs loading)."""
+    import numpy as np
+
+    from megamoe.design_sm90 import BLOCK_DESCRIPTORS
+    from megamoe.trace import KIND, ROLE, Trace
+    from sim.calibrate import fit_sm90_traces
+
+    lags, medians = [], []
+    for p in TRACES:
+        if not BLOCK_DESCRIPTORS[int(Trace.load(_root(p)).meta["plan"]["block_m"])]:
+            continue  # T=4096, block_m 128: the consumers' record starts at their walk, not the data
+        d = np.load(_root(p))
+        k, sm = d["kind"], d["sm"]
+        mine = []
+        for c in np.unique(sm[k == KIND["l1_mma"]]):
+            m = np.nonzero((k == KIND["l1_mma"]) & (sm == c))[0]
+            i = m[np.argmin(d["t_start_ns"][m])]
+            key = (sm == c) & (d["expert"] == d["expert"][i]) & (d["m_block"] == d["m_block"][i]) \
+                & (d["n_block"] == d["n_block"][i])
+            ld = np.nonzero(key & (k == KIND["l1_load"]))[0]
+            iw = np.nonzero(key & (k == KIND["idle_wait"]) & (d["role"] == ROLE["producer"]))[0]
+            assert len(ld) == 1
+            t0 = max(float(d["t_start_ns"][ld[0]]), float(d["t_end_ns"][iw].max()) if len(iw) else 0.0)
+            mine.append(float(d["t_start_ns"][i]) - t0)
+        medians.append(float(np.median(mine)))
+        lags += mine
+    assert len(lags) == 264 and medians == [2048.0, 2496.0]
+    fit = fit_sm90_traces([_root(p) for p in TRACES])
+    got = fit["sm90_first_fill_ns"][0]
+    assert got == float(np.median(lags)) == 2208.0
+    hw = load_hardware("h200")
+    assert hw.sm90_first_fill_ns == got and 2 * hw.tma_latency_ns < got < 5000.0
+    assert "T=64 (block_m 16, median 2.05 us), T=512 (block_m 16, median 2.50 us)" in fit["sm90_first_fill_ns"][1]
+
+
 def test_local_count_is_the_median_first_pull_of_the_local_count_traces():
     """sm90_local_count_ns (the local count: kernel v8.9 at one CTA per SM, v9.7 at two): the preset
     holds the median over the local-count traces (1 token at one CTA, 3 / 6 / 8 / 12 / 16 at two) of
     each trace's median pull-record start, read here from the NPZ arrays with numpy: 4512 / 5312 /
     6160 / 6464 / 5536 / 5472 ns in v9.8's traces, so (5472 + 5536) / 2 = 5504 ns. Until the
     forty-second session it was read off the 1-token trace alone (v9.6: 4672 ns; v9.7: 5936 ns, the
-    same one-CTA SASS: the call's start moves by ~1 us; v9.3.1: 5024; v9.1: 4384; v9.0: 3200; v8.9:
+    same one-CTA code: the call's start moves by ~1 us; v9.3.1: 5024; v9.1: 4384; v9.0: 3200; v8.9:
     3264; v8.8's trace, with the count barrier, put it at 5.34 us). A trace whose plan has the count
     barrier is refused, and so is an empty list."""
     import numpy as np
@@ -366,6 +408,8 @@ def test_local_count_is_the_median_first_pull_of_the_local_count_traces():
         fit_sm90_local_count([_root(TRACES[0])])
     with pytest.raises(InputError, match="^fit_sm90_local_count: expected at least one trace, got none"):
         fit_sm90_local_count([])
+    with pytest.raises(InputError, match="^fit_sm90_local_count: expected a list of trace paths, got str "):
+        fit_sm90_local_count(SM90_LOCAL_COUNT_FIT_TRACES[0])
 
 
 def test_tma_figures_are_the_copy_engine_probe():

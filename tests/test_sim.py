@@ -451,9 +451,12 @@ def test_sm90_block_lanes():
 
     # the ring paces every block at the fitted figures (a first CTA's consumers, at
     # sm90_pair_share_first, free stages slower than the producer issues them); with a slow issue
-    # (400 ns a K block, near the first CTA's K block) the issue paces some blocks and the ring others
+    # (400 ns a K block, near the first CTA's K block) the issue paces some blocks (a unit's first,
+    # where the ring is empty: with its first stage landing one copy latency after the issue, not
+    # sm90_first_fill_ns, which would let the ring catch up) and the ring others
     assert first_cta_lanes(tr, iss) == [(False, True)] * 3
-    slow = simulate(res.scenario, hardware=dataclasses.replace(hw, sm90_issue_kblock_ns=400.0))
+    slow = simulate(res.scenario, hardware=dataclasses.replace(hw, sm90_issue_kblock_ns=400.0,
+                                                               sm90_first_fill_ns=hw.tma_latency_ns))
     assert first_cta_lanes(slow.trace, 400.0) == [(True, True)] * 3
     e2 = tr.where(kind="l2_epilogue")
     lone = hw.l2_epilogue_fixed_ns + hw.l2_epilogue_thread_ns_per_elem * (bm + e2["tokens"]) * 128 / 256
@@ -524,14 +527,15 @@ def test_second_cta_priced_by_its_partner():
     """Two CTAs per SM (session 38: the two do not share an SM fairly): the SM's first CTA's K
     loops take sm90_pair_share_first times a lone CTA's, the second's the same where the first is
     idle when the second's K loop starts, and sm90_pair_share times where the first is inside a
-    block (from its first K block to its epilogue's end). The copy latency, the copy issue and the
-    HBM are made too fast to bind, so every L1 K loop here ends its K blocks after it starts; the
+    block (from its first K block to its epilogue's end). The copy latency (the first fill's too), the
+    copy issue and the HBM are made too fast to bind, so every L1 K loop here ends its K blocks after it starts; the
     K-loop starts are rebuilt from the records: after the walk and the dependency (the load
     record's start, the idle wait's end) one copy latency, the previous K loop's end and the
     consumers' block start (the MMA record's start), whichever is latest."""
     f1, f2 = 1.2, 2.5
     res, hw, _ = _pair_tiny(40, sm90_pair_share_first=f1, sm90_pair_share=f2, tma_latency_ns=0.01,
-                             sm90_issue_kblock_ns=0.01, hbm_gbs=100_000.0, sm_load_gbs=10_000.0)
+                             sm90_first_fill_ns=0.01, sm90_issue_kblock_ns=0.01, hbm_gbs=100_000.0,
+                             sm_load_gbs=10_000.0)
     tr = res.trace
     lone = (2.0 * 16 * 128 * 128 / (hw.tc_flops_per_ns_per_sm * hw.sm90_mma_fraction)
             + hw.e2m1_decode_thread_ns_per_elem * 128 * 128 / 256 + hw.stage_handoff_ns)  # one K block
@@ -570,11 +574,41 @@ def test_static_path_unchanged():
     H200 figures of today's file, refitted 2026-12-04 on kernel v9.8's traces, with the pair shares that code does not read
     at one CTA left out, its sm90_pair_share line set to 2.0: that code held it to [1, 2]))."""
     sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=1024, design="megamoe-sm90", hardware="h200")
-    res = simulate(sc)
+    hw = load_hardware("h200")
+    # sm90_first_fill_ns (forty-second session) is new since: at one tma_latency_ns it is the old model
+    res = simulate(sc, dataclasses.replace(hw, sm90_first_fill_ns=hw.tma_latency_ns))
     assert not res.plan.ranks[0].block_tickets and res.plan.ranks[0].ctas_per_sm == 1
     assert res.trace.makespan_ns == 1513025.195206512
     sc = Scenario(shape="deepseek-v4-flash", num_ranks=8, tokens_per_rank=1024, design="deepgemm-sm100", hardware="b200")
     assert simulate(sc).trace.makespan_ns == 260004.1844778842
+
+
+@pytest.mark.parametrize("ctas", [1, 2])
+def test_sm90_first_fill_delays_each_units_first_block_only(ctas):
+    """sm90_first_fill_ns: a unit's first block's first stage lands that long after its issue (the
+    ring's first fill at the call's start), every later block's one tma_latency_ns after. Against
+    the same call with the figure at tma_latency_ns, every unit's first load record starts at the
+    same time and its first MMA record (block_m 16: the consumers' record starts at the first
+    stage's arrival) exactly sm90_first_fill_ns - tma_latency_ns later, and so does the call's end
+    (64 tokens, one CTA per SM and two)."""
+    hw = load_hardware("h200")
+    sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=64, max_tokens_per_rank=4096,
+                  design="megamoe-sm90", hardware="h200", ctas_per_sm=ctas)
+    a, b = simulate(sc), simulate(sc, dataclasses.replace(hw, sm90_first_fill_ns=hw.tma_latency_ns))
+    rp = a.plan.ranks[0]
+    assert rp.config.block_m == 16 and rp.ctas_per_sm == ctas and hw.sm90_first_fill_ns > hw.tma_latency_ns
+    shift = hw.sm90_first_fill_ns - hw.tma_latency_ns
+    units = 0
+    for sm in range(rp.num_sms):
+        ma, _, la = _sm90_lanes(a.trace, sm)
+        mb, _, lb = _sm90_lanes(b.trace, sm)
+        if not len(ma):
+            continue
+        assert la["t_start_ns"][0] == lb["t_start_ns"][0]
+        assert ma["t_start_ns"][0] - mb["t_start_ns"][0] == pytest.approx(shift, abs=1e-6)
+        units += 1
+    assert units == rp.num_sms
+    assert a.trace.makespan_ns - b.trace.makespan_ns == pytest.approx(shift, abs=1e-6)
 
 
 def test_sm90_walk_inside_the_epilogue_at_block_m_32():
