@@ -134,21 +134,31 @@ RELAY_RELEASE = {16: True, 32: False, 64: False, 128: False}
 #: Ring stages per SM that the producers keep in flight during the call's first fill (kernel v9.8;
 #: ``first_fill_per_sm`` in ``csrc/megamoe/kernel_sm90.cu``, :func:`first_fill_stages`): a
 #: producer warp issues the ring's K block ``it`` only once stage ``it - F`` has landed, F this over
-#: the CTAs per SM; 0 = the whole ring at once. Every CTA issuing its whole ring at once (~18 MB
-#: over the H200 at two CTAs per SM) put each SM's first MMA 3.3-5 us after the first issue in kernel
-#: v9.7's 3-16-token traces: a CTA's first stage landed with most of that burst. Four per SM (~4.6
-#: MB in flight) measured on the H200 against v9.7 (CUPTI kernel time, 8 crossover rounds, outputs
+#: the CTAs per SM; 0 = the whole ring at once. With every CTA issuing its whole ring at once (264 x
+#: 8 stages of 11 KB, ~24 MB at two CTAs per SM) each SM's first MMA started 3.3-5 us after the first
+#: issue in kernel v9.7's 3-16-token traces; the guess, borne out by the A/B but not isolated in the
+#: traces, was that a CTA's first stage landed with most of that burst. Four per SM (~6 MB in
+#: flight) measured on the H200 against v9.7 (CUPTI kernel time, 8 crossover rounds, outputs
 #: bitwise): 0.972 / 0.974 / 0.982 / 0.983 / 0.987 / 0.994 / 0.996 at 1 / 3 / 6 / 8 / 12 / 16 / 64
-#: tokens; 1.016-1.017 at 1024 tokens (block_m 32) with it at every block_m, a layout cost of that
-#: instance, so only at block_m 16 (benchmarks/NOTES_kernel.md, session 42). Not in the model,
-#: whose first stage lands one ``tma_latency_ns`` after its issue at every size.
+#: tokens (sized for 8192 tokens: 0.997 / 0.999 / 1.000 at 64 / 256 / 512); 1.016-1.017 at 1024
+#: tokens (block_m 32) with it at every block_m, a layout cost of that instance, so only at block_m 16
+#: (benchmarks/NOTES_kernel.md, session 42). The model prices a unit's first fill with one figure
+#: read off the traces, ``sm90_first_fill_ns``.
 FIRST_FILL_PER_SM = {16: 4, 32: 0, 64: 0, 128: 0}
 
 
 def first_fill_stages(block_m: int, ctas_per_sm: int) -> int:
     """Stages of the ring's first fill one CTA keeps in flight (:data:`FIRST_FILL_PER_SM` over
     ``ctas_per_sm``; ``megamoe_sm90_first_fill``): 4 at block_m 16 and one CTA per SM, 2 at two, 0
-    (the whole ring at once) at block_m 32-128."""
+    (the whole ring at once) at block_m 32-128.
+
+    Raises:
+        InputError: ``block_m`` not one of :data:`BLOCK_MS`, or ``ctas_per_sm`` not 1 or 2 (the C
+            export answers -1 for both).
+    """
+    require(is_int(block_m) and block_m in FIRST_FILL_PER_SM, "block_m", f"one of {', '.join(map(str, BLOCK_MS))}",
+            block_m)
+    require(is_int(ctas_per_sm) and ctas_per_sm in (1, 2), "ctas_per_sm", "1 or 2", ctas_per_sm)
     return FIRST_FILL_PER_SM[block_m] // ctas_per_sm
 
 #: Whether the consumers walk the block scheduler to their next block inside the epilogue of the

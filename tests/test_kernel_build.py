@@ -664,6 +664,22 @@ def _device_script_error(tmp_path, script, *args, hide_torch: bool = False) -> s
     return p.stderr.strip()
 
 
+def test_first_fill_stages_and_its_bad_inputs():
+    """megamoe.design_sm90.first_fill_stages (kernel v9.8): four stages per SM in flight during the
+    ring's first fill at block_m 16, so 4 per CTA at one CTA per SM and 2 at two; 0 (the whole ring
+    at once) at block_m 32-128. Where the C export answers -1 (a block_m or CTA count it has no
+    instance for) the Python mirror raises one line naming the field."""
+    from megamoe.errors import InputError
+    assert [d.first_fill_stages(bm, c) for bm in d.BLOCK_MS for c in (1, 2)] == [4, 2, 0, 0, 0, 0, 0, 0]
+    for bad, msg in (((48, 1), "^block_m: expected one of 16, 32, 64, 128, got 48$"),
+                     ((None, 1), "^block_m: expected one of 16, 32, 64, 128, got None$"),
+                     ((16, 3), "^ctas_per_sm: expected 1 or 2, got 3$"),
+                     ((16, 0), "^ctas_per_sm: expected 1 or 2, got 0$"),
+                     ((16, 1.5), "^ctas_per_sm: expected 1 or 2, got 1.5$")):
+        with pytest.raises(InputError, match=msg):
+            d.first_fill_stages(*bad)
+
+
 def test_stages_floor_is_one_per_producer_warp():
     """megamoe.design_sm90.min_stages / stages_for: a launch needs at least one stage per
     producer warp that issues the ring (4 at block_m 16-64, 2 at 128), at most what fits."""
