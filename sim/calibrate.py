@@ -275,6 +275,24 @@ def _first_block_issue(t) -> tuple[float, float, int, list[float]]:
     return _median(per), _median(gap), len(per), fill
 
 
+def _first_walk_start(t) -> float:
+    """Median over the CTAs of one trace of the time from the CTA's first pull record's start (its
+    counts are ready) to its producer's first load record's start (after the count fetch and the
+    first walk), ns; NaN where no CTA has both."""
+    import numpy as np
+
+    from megamoe.trace import KIND
+
+    pull = t["kind"] == KIND["pull"]
+    load = (t["kind"] == KIND["l1_load"]) | (t["kind"] == KIND["l2_load"])
+    out = []
+    for sm in np.unique(t["sm"][load]).tolist():
+        p, q = pull & (t["sm"] == sm), load & (t["sm"] == sm)
+        if p.any():
+            out.append(float(t["t_start_ns"][q].min() - t["t_start_ns"][p].min()))
+    return _median(out)
+
+
 def _l1_promoted_once(t) -> bool:
     """Whether the trace's L1 K blocks are promoted once (x folded per 128-K group at its
     block_m: ``megamoe.design_sm90.L1_X_FOLD_K``, kernel v7.6; the model describes the current
@@ -499,7 +517,8 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
                      "grid_sync": _grid_sync_ns(t), "num_sms": num_sms, "kb": kb1 + kb2, "kb1": kb1,
                      "stages": int(meta["plan"]["num_stages"]), "issue": _first_block_issue(t),
                      "top_k": int(meta["top_k"]), "experts": int(meta["num_experts"]),
-                     "pull_start": _median(pull["t_start_ns"]), "share": int(np.diff(i0).max())})
+                     "pull_start": _median(pull["t_start_ns"]), "share": int(np.diff(i0).max()),
+                     "fetch": _first_walk_start(t)})
     bms = sorted({r["bm"] for r in rows})
     require(len(bms) >= 2, "fit_sm90_traces", "traces of at least two block_m", bms)
     num_sms = rows[0]["num_sms"]
@@ -590,6 +609,20 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
                + f": {v / 1e3:.2f} us, against one tma_latency_ns ({hw.tma_latency_ns:.0f} ns) for a later block's "
                "first stage")
         out["sm90_first_fill_ns"] = (v, how)
+
+    # the schedulers' count fetch before the first walk: from each CTA's first pull record's start
+    # (its counts are ready: after the count barrier, or its own count) to its producer's first load
+    # record's start, less the first walk's fixed part (sched_block_ns; no chunk scan before a
+    # wave's first block), the median over each trace's CTAs, then over the traces
+    chains = [(r, r["fetch"]) for r in rows if r["fetch"] == r["fetch"]]
+    if chains:
+        v = _median([c for _, c in chains]) - hw.sched_block_ns
+        how = ("from each CTA's first pull record's start (its counts ready) to its producer's first load record's "
+               "start, median over the CTAs: " + ", ".join(f"T={r['tokens']} (block_m {r['bm']}) {c / 1e3:.2f} us"
+                                                             for r, c in chains)
+               + f"; the median over the traces less the first walk's fixed part (sched_block_ns, "
+               f"{hw.sched_block_ns:.0f} ns): {v:.0f} ns")
+        out["sm90_fetch_counts_ns"] = (v, how)
 
     # the consumers' gap between blocks (the gaps with chunk skips left out): where they read the
     # producer's block descriptors (BLOCK_DESCRIPTORS, kernel v9.1) all of it is sched_desc_ns, the

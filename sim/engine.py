@@ -54,7 +54,8 @@ the consumers free the stage a ring back (``min(stages, K blocks)`` K blocks bef
 loop's end), and, in L2, ``K blocks - i`` issues after K block ``i``'s arrival-mask bits,
 whichever is latest; the consumers cannot finish the K loop before the last stage's data
 arrives; a unit's first block's first stage lands ``sm90_first_fill_ns`` after its issue, the
-ring's first fill at the call's start, the later blocks' ``tma_latency_ns``); the L2
+ring's first fill at the call's start, the later blocks' ``tma_latency_ns``; before its first walk a
+unit's schedulers read the published counts, ``sm90_fetch_counts_ns`` at its share); the L2
 epilogue grows with the valid rows (and with several ranks pays ``l2_epilogue_ep_ns`` for
 storing through the symmetric-memory peer table); each CTA pulls a contiguous range of
 items (EP1: an even split of the T K items, sorted by expert, so pool blocks complete in wave order; EP: pool
@@ -750,6 +751,8 @@ class _Engine:
         t_ready = self.counts_ready[r]
         if t_ready is None:
             t_ready = yield self.counts_done[r]
+        if sm90:  # the unit's schedulers read the published counts before their first walk
+            t_ready += hw.sm90_fetch_counts_ns * share
         if not tickets and not cols[0]:
             self.cluster_end[r] = max(self.cluster_end[r], t_ready + end_gap)
             return

@@ -49,6 +49,10 @@ Figures (units in the key names):
 * ``sm90_local_count_ns`` — SM90 design, one rank, the wide instance (kernel v8.9,
   :func:`megamoe.design_sm90.local_count`): from the kernel's start to the first pull when
   every CTA counts all ``T k`` items itself (no count barrier, no global atomics).
+* ``sm90_fetch_counts_ns`` — SM90 design: each unit's schedulers read the published expert counts
+  before their first walk (``Scheduler::fetch_counts``: a lane's counters, one acquire load after
+  another), at the unit's share of a lone CTA's time; from the counts' readiness (the unit's first
+  pull) to its producer's first walk, less that walk's fixed part.
 * ``sm90_first_fill_ns`` — SM90 design: from a unit's first copy issue of the call to its first
   stage's arrival (the ring's first fill: at the call's start every CTA's producers issue at once,
   and at block_m 16 kernel v9.8 paces that fill by arrivals), in place of ``tma_latency_ns`` for the
@@ -194,6 +198,7 @@ class Hardware:
     sm90_count_item_ns: float
     sm90_local_count_ns: float
     sm90_first_fill_ns: float
+    sm90_fetch_counts_ns: float
     pull_fold_chunk_ns: float
     sm90_issue_kblock_ns: float
     sched_block_ns: float
@@ -296,6 +301,7 @@ FIGURE_RANGES: dict[str, tuple[float, float, str]] = {
     "sm90_count_item_ns": (0.0, 10_000.0, "ns"),
     "sm90_local_count_ns": (0.01, 1_000_000.0, "ns"),
     "sm90_first_fill_ns": (0.01, 100_000.0, "ns"),
+    "sm90_fetch_counts_ns": (0.0, 100_000.0, "ns"),
     "pull_fold_chunk_ns": (0.01, 5_000.0, "ns"),
     "sm90_issue_kblock_ns": (0.01, 5_000.0, "ns"),
     "sched_block_ns": (0.01, 10_000.0, "ns"),

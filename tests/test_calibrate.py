@@ -78,7 +78,8 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
                         "l1_epilogue_thread_ns_per_elem", "block_overhead_ns",
                         "l2_epilogue_fixed_ns", "l2_epilogue_thread_ns_per_elem", "pull_latency_ns",
                         "combine_round_ns", "grid_sync_ns", "sm90_count_ns", "sm90_count_item_ns",
-                        "sm90_mask_seen_ns", "sm90_mask_seen_relay_ns", "sm90_first_fill_ns"}
+                        "sm90_mask_seen_ns", "sm90_mask_seen_relay_ns", "sm90_first_fill_ns",
+                        "sm90_fetch_counts_ns"}
     for key, (value, src) in sm90_fit_sources(fit).items():
         assert getattr(hw, key) == pytest.approx(fit[key][0], rel=2e-3, abs=0.5), key
         assert getattr(hw, key) == value and hw.sources[key] == src, key
@@ -366,6 +367,33 @@ def test_first_fill_is_the_median_lag_from_first_issue_to_first_mma():
     hw = load_hardware("h200")
     assert hw.sm90_first_fill_ns == got and 2 * hw.tma_latency_ns < got < 5000.0
     assert "T=64 (block_m 16, median 2.05 us), T=512 (block_m 16, median 2.50 us)" in fit["sm90_first_fill_ns"][1]
+
+
+def test_fetch_counts_is_the_first_walk_start_less_the_walk():
+    """sm90_fetch_counts_ns (the schedulers' read of the published counts before their first walk):
+    per fit trace the median over its 132 CTAs of the time from the CTA's first pull record (its
+    counts ready) to its producer's first load record (read here from the NPZ arrays: 1760 / 1936 /
+    2528 ns at 64 / 512 / 4096 tokens on v9.8's traces), the median over the traces (1936 ns) less the
+    first walk's fixed part, sched_block_ns (690.2 ns, fitted to v9.0's traces and kept): 1245.8, written 1246 ns."""
+    import numpy as np
+
+    from megamoe.trace import KIND
+    from sim.calibrate import fit_sm90_traces
+
+    medians = []
+    for p in TRACES:
+        d = np.load(_root(p))
+        k, sm = d["kind"], d["sm"]
+        pull, load = k == KIND["pull"], (k == KIND["l1_load"]) | (k == KIND["l2_load"])
+        per = [float(d["t_start_ns"][load & (sm == c)].min() - d["t_start_ns"][pull & (sm == c)].min())
+               for c in np.unique(sm[load]) if (pull & (sm == c)).any()]
+        assert len(per) == 132
+        medians.append(float(np.median(per)))
+    assert medians == [1760.0, 1936.0, 2528.0]
+    hw = load_hardware("h200")
+    fit = fit_sm90_traces([_root(p) for p in TRACES])
+    assert fit["sm90_fetch_counts_ns"][0] == pytest.approx(1936.0 - hw.sched_block_ns, abs=1e-9)  # 690.2 ns
+    assert hw.sm90_fetch_counts_ns == float(f"{fit['sm90_fetch_counts_ns'][0]:.4g}") == 1246.0
 
 
 def test_local_count_is_the_median_first_pull_of_the_local_count_traces():

@@ -486,7 +486,8 @@ def test_block_tickets_faster_unit_runs_more_rows():
     1.0, the second ones at 3.0 while their first is in a block: each first CTA runs more rows
     than either second one. Each row runs exactly
     once; each CTA takes a row when its producer is ready for it (at its previous block's last
-    copy issue, the end of its previous load record; the first at the pulls' barrier), and
+    copy issue, the end of its previous load record; the first at the pulls' barrier and its count
+    fetch, sm90_fetch_counts_ns at its share), and
     pays its walk from its previous row (sched_block_ns + sched_step_ns per chunk scan, times its
     share) and the ticket's round trip (tma_latency_ns) before the row's load record starts; so
     the takes come in list order, and each CTA's rows ascend in list position."""
@@ -510,7 +511,8 @@ def test_block_tickets_faster_unit_runs_more_rows():
         walked = np.diff(key[rows], axis=0, prepend=np.zeros((1, 2), np.int64)) @ [hw.sched_step_ns, hw.sched_skip_ns]
         gap = share * (hw.sched_block_ns + walked) + hw.tma_latency_ns
         take[rows] = load["t_start_ns"] - gap
-        ready = np.concatenate([[barrier], load["t_end_ns"][:-1]])  # the previous block's last copy issue
+        # the previous block's last copy issue; the first after the barrier and the count fetch
+        ready = np.concatenate([[barrier + share * hw.sm90_fetch_counts_ns], load["t_end_ns"][:-1]])
         assert np.allclose(take[rows], ready)
     assert np.all(unit >= 0)  # every row ran, and (above) on one CTA only
     assert np.all(np.diff(take) >= -1e-6)  # taken in list order
@@ -575,8 +577,9 @@ def test_static_path_unchanged():
     at one CTA left out, its sm90_pair_share line set to 2.0: that code held it to [1, 2]))."""
     sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=1024, design="megamoe-sm90", hardware="h200")
     hw = load_hardware("h200")
-    # sm90_first_fill_ns (forty-second session) is new since: at one tma_latency_ns it is the old model
-    res = simulate(sc, dataclasses.replace(hw, sm90_first_fill_ns=hw.tma_latency_ns))
+    # sm90_first_fill_ns and sm90_fetch_counts_ns (forty-second session) are new since: at one
+    # tma_latency_ns and 0 it is the old model
+    res = simulate(sc, dataclasses.replace(hw, sm90_first_fill_ns=hw.tma_latency_ns, sm90_fetch_counts_ns=0.0))
     assert not res.plan.ranks[0].block_tickets and res.plan.ranks[0].ctas_per_sm == 1
     assert res.trace.makespan_ns == 1513025.195206512
     sc = Scenario(shape="deepseek-v4-flash", num_ranks=8, tokens_per_rank=1024, design="deepgemm-sm100", hardware="b200")
@@ -609,6 +612,26 @@ def test_sm90_first_fill_delays_each_units_first_block_only(ctas):
         units += 1
     assert units == rp.num_sms
     assert a.trace.makespan_ns - b.trace.makespan_ns == pytest.approx(shift, abs=1e-6)
+
+
+@pytest.mark.parametrize("ctas", [1, 2])
+def test_sm90_fetch_counts_delays_each_units_first_walk_at_its_share(ctas):
+    """sm90_fetch_counts_ns: each unit's schedulers read the published counts before their first
+    walk, at the unit's share (one CTA per SM: 1; two: sm90_pair_share_first for an SM's first CTA,
+    units below S / 2, sm90_pair_share for its second). Against the same call with the figure at 0,
+    every unit's first load record (the producer's walk done) starts exactly that much later
+    (64 tokens)."""
+    hw = load_hardware("h200")
+    sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=64, max_tokens_per_rank=4096,
+                  design="megamoe-sm90", hardware="h200", ctas_per_sm=ctas)
+    a, b = simulate(sc), simulate(sc, dataclasses.replace(hw, sm90_fetch_counts_ns=0.0))
+    rp = a.plan.ranks[0]
+    S = rp.num_sms
+    assert rp.ctas_per_sm == ctas and hw.sm90_fetch_counts_ns > 0
+    for sm in range(S):
+        share = 1.0 if ctas == 1 else hw.sm90_pair_share_first if sm < S // 2 else hw.sm90_pair_share
+        la, lb = _sm90_lanes(a.trace, sm)[2], _sm90_lanes(b.trace, sm)[2]
+        assert la["t_start_ns"][0] - lb["t_start_ns"][0] == pytest.approx(hw.sm90_fetch_counts_ns * share, abs=1e-6)
 
 
 def test_sm90_walk_inside_the_epilogue_at_block_m_32():
