@@ -20,6 +20,18 @@ from .errors import InputError, OneLineArgumentParser
 from .outputs import Outputs
 
 
+def _one_of_ints(*allowed: int):
+    def conv(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {' or '.join(map(str, allowed))}, got {text!r}") from None
+        if v not in allowed:
+            raise argparse.ArgumentTypeError(f"expected {' or '.join(map(str, allowed))}, got {text!r}")
+        return v
+    return conv
+
+
 def _int_at_least(lo: int):
     def conv(text: str) -> int:
         try:
@@ -147,7 +159,7 @@ def add_scenario_args(p: argparse.ArgumentParser) -> None:
                         "(split-K; the last part's CTA adds the others' FP32 partial sums and runs the "
                         "epilogue). N divides hidden/128 and intermediate/128. The H200 kernel is built "
                         "without it (default: no split)")
-    g.add_argument("--ctas-per-sm", type=_positive, default=None,
+    g.add_argument("--ctas-per-sm", type=_one_of_ints(1, 2), default=None,
                    help="megamoe-sm90: CTAs sharing one SM, 1 or 2 (default: the kernel's rule, two at block_m 16 "
                         "and one rank where the one-CTA wave rule gives at most 128 experts per wave, 3-682 "
                         "tokens on V4-Flash; kernel v9.2, taking their blocks by ticket since v9.3, with the "

@@ -466,7 +466,9 @@ def stages_for_ctas(block_m: int, num_experts: int, ctas: int, num_stages: int |
         return min(PAIR_STAGES, stages_for(block_m, num_experts, None, limit))
     try:
         return stages_for(block_m, num_experts, num_stages, limit)
-    except InputError as e:  # say why the range is half the one-CTA one
+    except InputError as e:  # above the range: say why it is half the one-CTA one
+        if not (is_int(num_stages) and num_stages > min_stages(block_m)):
+            raise
         raise InputError(e.field, f"{e.expected}; two CTAs share each SM here (ctas_per_sm 1 allows more)",
                          e.got) from None
 

@@ -899,7 +899,17 @@ def test_sm90_stage_floor_is_a_one_line_error(capsys):
     assert main([*base, "--design", "megamoe-sm90", "--hardware", "h200", "--num-stages", "3"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [(
         "megamoe: error: num_stages: expected an integer in [4, 9] (at least one per issuing producer warp, at most what 115712 B of "
-        "shared memory holds at block_m 16); two CTAs share each SM here (ctas_per_sm 1 allows more), got 3")]
+        "shared memory holds at block_m 16), got 3")]  # below the floor: one CTA per SM would not help
+    assert main([*base, "--design", "megamoe-sm90", "--hardware", "h200", "--num-stages", "10"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [(
+        "megamoe: error: num_stages: expected an integer in [4, 9] (at least one per issuing producer warp, at most what 115712 B of "
+        "shared memory holds at block_m 16); two CTAs share each SM here (ctas_per_sm 1 allows more), got 10")]
+    for bad in ("0", "3", "two", "1.5"):  # argparse's type error: exit 2 by SystemExit
+        with pytest.raises(SystemExit) as e:
+            main([*base, "--design", "megamoe-sm90", "--hardware", "h200", "--ctas-per-sm", bad])
+        assert e.value.code == 2
+        assert capsys.readouterr().err.strip().splitlines() == [
+            f"megamoe: error: argument --ctas-per-sm: expected 1 or 2, got {bad!r}"]
     assert main([*base, "--design", "megamoe-sm90", "--hardware", "h200", "--num-stages", "3", "--ctas-per-sm", "1"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [(
         "megamoe: error: num_stages: expected an integer in [4, 16] (at least one per issuing producer warp, at most what 232448 B of "
