@@ -25,7 +25,7 @@ def _one_of_ints(*allowed: int):
         try:
             v = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {' or '.join(map(str, allowed))}, got {text!r}") from None
+            v = None
         if v not in allowed:
             raise argparse.ArgumentTypeError(f"expected {' or '.join(map(str, allowed))}, got {text!r}")
         return v
