@@ -173,17 +173,24 @@ __device__ __forceinline__ bool mbar_try_wait_suspend(uint64_t* bar, uint32_t pa
 // data never comes, the wait that names the cause (started at about the same time) raises
 // the error first. (The final grid sync waits 2x.)
 __device__ __forceinline__ int64_t pipeline_timeout_ns(const Params& p) { return p.timeout_ns + p.timeout_ns / 2; }
-// Wait for the phase with `parity` to complete; false on timeout/abort (error raised).
-__device__ __forceinline__ bool mbar_wait(const Params& p, uint64_t* bar, uint32_t parity, uint32_t role) {
-    if (mbar_try_wait(bar, parity)) return true;
+// Wait until ready(again) holds: one try at once (again = false), then tries until the
+// pipeline timeout (again = true); false on timeout/abort (error raised, `info` its payload).
+template <class Ready>
+__device__ __forceinline__ bool pipeline_wait(const Params& p, Ready ready, uint32_t role, uint32_t info) {
+    if (ready(false)) return true;
     Deadline d(pipeline_timeout_ns(p));
-    while (!mbar_try_wait_suspend(bar, parity)) {
+    while (!ready(true)) {
         if (!d.tick(p)) {
-            if (!aborted(p)) raise_error(p, kErrTimeoutPipeline, role, -1, -1, -1, -1, parity);
+            if (!aborted(p)) raise_error(p, kErrTimeoutPipeline, role, -1, -1, -1, -1, info);
             return false;
         }
     }
     return true;
+}
+// Wait for the phase with `parity` to complete (the retries suspend: mbar_try_wait_suspend).
+__device__ __forceinline__ bool mbar_wait(const Params& p, uint64_t* bar, uint32_t parity, uint32_t role) {
+    return pipeline_wait(p, [&](bool again) { return again ? mbar_try_wait_suspend(bar, parity) : mbar_try_wait(bar, parity); },
+                         role, parity);
 }
 
 // ---------------------------------------------------------------- named barriers

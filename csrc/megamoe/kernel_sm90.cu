@@ -111,12 +111,13 @@ template <int BM>
 __host__ __device__ constexpr bool relay_release() { return BM == 16; }
 // The ring's first fill paced by arrivals (kernel v9.8): during the call's first S K blocks a
 // producer warp issues K block it only once stage it - F has landed, F = first_fill_per_sm<BM>() /
-// CTAs per SM (0: the whole ring at once, as before). Each CTA issued its whole ring at once (at two
-// CTAs per SM 264 x 8 stages of 8.7 KB, ~18 MB), and a CTA's first stage landed with most of that
-// burst: each SM's first MMA 3.3-5 us after the first issue in kernel v9.7's 3-16-token traces.
-// Four stages per SM in flight (~4.6 MB over the H200, about the copy rate times one latency)
-// measured against v9.7 (CUPTI kernel time, 8 crossover rounds, outputs bitwise): 0.972 / 0.974 /
-// 0.982 / 0.983 / 0.987 / 0.994 / 0.996 at 1 / 3 / 6 / 8 / 12 / 16 / 64 tokens; eight per SM 0.976-0.998.
+// CTAs per SM (0: the whole ring at once, as before). Before, every CTA issued its whole ring at
+// once (at two CTAs per SM 264 x 8 stages of ~11 KB with their token tiles and scales, ~24 MB over
+// the H200), and each SM's first MMA started 3.3-5 us after the first issue in kernel v9.7's
+// 3-16-token traces; that the burst is the cause is the A/B's reading, the traces do not isolate
+// it. Four stages per SM in flight (~6 MB over the H200) measured against v9.7 (CUPTI kernel time,
+// 8 crossover rounds, outputs bitwise): 0.972 / 0.974 / 0.982 / 0.983 / 0.987 / 0.994 / 0.996 at
+// 1 / 3 / 6 / 8 / 12 / 16 / 64 tokens; eight per SM 0.976-0.998.
 // At every block_m both read 1.016-1.017 at 1024 tokens (block_m 32) with the same K loop count,
 // a layout cost of the instance, not of a start-up pacing (27 us of 1580), and 1.000 at 4096: so
 // only at block_m 16, the other instances' SASS v9.7's (benchmarks/NOTES_kernel.md, session 42).
@@ -491,8 +492,9 @@ __device__ __forceinline__ void log_block(uint64_t* full, int j, int phase) {
 // issues its K blocks' TMA loads against the stage's full barrier. A block's operand
 // addresses are computed once per block (Loads) and the stage index and the free-stage
 // wait's parity are kept incrementally.
-template <int BM, bool WIDE = false, bool TICKETS = false>
+template <int BM, bool WIDE = false, int CTAS = 1>
 struct Producer {
+    static constexpr bool TICKETS = CTAS == 2;  // two CTAs per SM take their blocks by ticket
     static constexpr int NW = BM == 128 ? 2 : 4;
     const Params& p;
     const CUtensorMap* pool_map;
@@ -516,18 +518,12 @@ struct Producer {
     // The ring's first fill, paced by arrivals (first_fill_per_sm): K block it < S is issued once
     // stage it - kFill has landed (phase 0 of its full barrier; or of its empty barrier, the
     // consumers having released it already, which a warp that fell behind may find instead: that
-    // phase cannot complete twice before this K block is issued, so the wait cannot miss it).
-    static constexpr int kFill = first_fill_per_sm<BM>() / (TICKETS ? 2 : 1);
+    // phase cannot complete twice before this K block is issued, so the wait cannot miss it). The
+    // tries spin: a suspending try on one barrier could sleep through the other's phase.
+    static constexpr int kFill = first_fill_per_sm<BM>() / CTAS;
     __device__ __forceinline__ bool first_fill_wait(int k) {
-        if (mbar_try_wait(full + k, 0u) || mbar_try_wait(empty + k, 0u)) return true;
-        Deadline d(pipeline_timeout_ns(p));
-        while (!mbar_try_wait(full + k, 0u) && !mbar_try_wait(empty + k, 0u)) {
-            if (!d.tick(p)) {
-                if (!aborted(p)) raise_error(p, kErrTimeoutPipeline, kRoleProducer, -1, -1, -1, -1, 0u);
-                return false;
-            }
-        }
-        return true;
+        return pipeline_wait(p, [&](bool) { return mbar_try_wait(full + k, 0u) || mbar_try_wait(empty + k, 0u); },
+                             kRoleProducer, 0u);
     }
     __device__ __forceinline__ void advance() {
         ++it;
@@ -1241,7 +1237,7 @@ __global__ void __launch_bounds__(kThreads, 1) __maxnreg__((kRegsEven / CTAS)) m
     } else if (warp < 8) {
         setmaxnreg_dec<Regs::producer>();
         if (warp < 4 + Producer<BM>::NW) {
-            Producer<BM, WIDE, CTAS == 2> prod(p, args.pool_map, stages, full, empty);
+            Producer<BM, WIDE, CTAS> prod(p, args.pool_map, stages, full, empty);
             prod.run();
         }
         __syncwarp();

@@ -317,7 +317,7 @@ __device__ __forceinline__ void whole_cta_pull(const Params& p, const int* off_b
 // pull; every CTA's first L1 block waited for the whole pull, 230 / 444 us at 4096 / 8192
 // tokens on the H200: benchmarks/NOTES_kernel.md.)
 // LOCAL (the SM90 kernel's wide instances, kernel v8.9 at one CTA per SM, v9.7 at two): no count barrier. Every CTA counts all T K
-// items itself (6-144 at the 1-24 tokens of those instances on V4-Flash) and CTA 0 hands the totals to
+// items itself (6-180 at the 1-30 tokens of those instances on V4-Flash) and CTA 0 hands the totals to
 // the schedulers; an item's pool row is its rank among its expert's items in item order. At one
 // token on the H200 the count and its barrier took ~5 us before the first pull in kernel v8.8's
 // trace; this path measured 0.977 / 0.985 / 0.995x v8.8's kernel time at 1 / 4 / 12 tokens
