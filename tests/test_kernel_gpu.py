@@ -1,5 +1,7 @@
 """GPU tests of the SM90 mega-kernel (skipped without an sm_90 GPU)."""
 
+import gc
+from collections import OrderedDict
 
 import pytest
 
@@ -17,16 +19,31 @@ from megamoe.kernel.trace import block_order  # noqa: E402
 
 TINY = dict(E=8, K=2, H=256, I=128)
 FLASH = dict(E=256, K=6, H=4096, I=2048)
-_cache = {}
+#: Kernel objects kept between tests, least recently used dropped first. Each V4-Flash object holds
+#: its own SM90 weight layout (~3 GiB) and buffers: with every one of the file's ~15 parameter sets
+#: kept, the whole file ran the H200's 140 GB out of memory (session 43, OutOfMemoryError at its
+#: 59th test). Weights are made and prepared once per shape and shared.
+_MAX_KERNELS = 4
+_cache: OrderedDict = OrderedDict()
+_weights: dict = {}
 
 
 def _kernel(shape, max_tokens, clamp=None, **kw):
     key = (tuple(shape.items()), max_tokens, clamp, tuple(kw.items()))
-    if key not in _cache:
+    if key in _cache:
+        _cache.move_to_end(key)
+        return _cache[key]
+    skey = tuple(shape.items())
+    if skey not in _weights:
         w = make_weights(shape["E"], shape["H"], shape["I"], "cuda", seed=7)
-        k = MegaMoEKernel(shape["E"], shape["K"], shape["H"], shape["I"], max_tokens, prepare_weights(*w),
-                          clamp=clamp, **kw)
-        _cache[key] = (k, w)
+        _weights[skey] = (w, prepare_weights(*w))
+    w, pw = _weights[skey]
+    while len(_cache) >= _MAX_KERNELS:
+        _cache.popitem(last=False)
+    gc.collect()
+    torch.cuda.empty_cache()
+    k = MegaMoEKernel(shape["E"], shape["K"], shape["H"], shape["I"], max_tokens, pw, clamp=clamp, **kw)
+    _cache[key] = (k, w)
     return _cache[key]
 
 
