@@ -5,8 +5,8 @@ Prints two tables and writes benchmarks/results/compare_h200.json.  Runs on any 
 traces (benchmarks/traces/*.npz) and the kernel's plan-choice times
 (results/kernel_plan_choices_h200.json) were measured on the lent H200s: the EP1 traces and
 plan choices on one H200, the traces with the FP8 WGMMA kernel v9.8 (build 445539c5, 2026-12-04,
-forty-second session; v9.9, the committed sources, changes no K loop), the plan choices with v9.6
-(forty-first session; kernel time by CUPTI, until then one call's CUDA-event time),
+forty-second session; v9.9, the committed sources, changes no K loop), the plan choices with v9.9
+(forty-third session; kernel time by CUPTI since the forty-first, until then one call's CUDA-event time),
 the EP2 traces on two (NV18) with v6.4 (build fbc2931d, 2026-12-01; the two-GPU machine
 was not lent when v6.5-v9.9 were recorded). EP traces are simulated with the ranks' launch skew read off the trace (host jitter; the column
 without it is shown too).
