@@ -707,24 +707,23 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
     how = (f"median over CTAs of the pull time per round at T={big['tokens']} ({big['pull_round']:.0f} ns; "
            f"{big['pull_rounds']} rounds of one item per dispatch warp), less one 4 KiB chunk ({chunk:.0f} ns)")
     out["pull_latency_ns"] = (big["pull_round"] - chunk, how)
-    # combine: the slowest CTA's time over the rounds of the grid-stride loop, where the kernel
-    # loads a token's slots several at a time (design_sm90.COMBINE_SLOTS; kernel v8.0): the
-    # block_m 16 combine, one slot at a time, is not modelled apart (at most 512 tokens, under 1%
-    # of the kernel's time); its traces are named in the source as a check
+    # combine: the slowest CTA's time over the rounds of the grid-stride loop, apart where the
+    # kernel loads a token's slots several at a time (design_sm90.COMBINE_SLOTS; kernel v8.0) and
+    # where it loads them one at a time (block_m 16: since kernel v9.5 the two-CTA instances at
+    # 3-682 tokens, where the call's end after the last grid sync read 4.1-6.1 us on v9.8's traces
+    # against the batched round's 2.6; session 43)
     batched = max(COMBINE_SLOTS.values())
     multi = [r for r in rows if r["combine_rounds"] >= 2]
-    fitted = [r for r in multi if COMBINE_SLOTS.get(r["bm"]) == batched]
-    serial = [r for r in multi if r not in fitted]
-    require(len(fitted) >= 1, "fit_sm90_traces", "a trace with 2+ combine rounds at a block_m that batches the "
-            "combine's slot loads (design_sm90.COMBINE_SLOTS)", [(r["tokens"], r["bm"]) for r in rows])
-    cr = [r["combine"] / r["combine_rounds"] for r in fitted]
-    how = ("slowest CTA's combine / grid-stride rounds (ceil(tokens x hidden / 8 / (SMs x 512))), "
-           f"slots loaded {batched} at a time: "
-           + ", ".join(f"T={r['tokens']} (block_m {r['bm']}) {r['combine'] / 1e3:.1f} us / {r['combine_rounds']}"
-                       for r in fitted) + f"; median {np.median(cr):.0f} ns"
-           + "".join(f"; not fitted, one slot at a time: T={r['tokens']} (block_m {r['bm']}) "
-                     f"{r['combine'] / r['combine_rounds']:.0f} ns per round" for r in serial))
-    out["combine_round_ns"] = (float(np.median(cr)), how)
+    for key, slots in (("combine_round_ns", batched), ("combine_round_serial_ns", 1)):
+        fitted = [r for r in multi if COMBINE_SLOTS.get(r["bm"]) == slots]
+        require(len(fitted) >= 1, "fit_sm90_traces", f"a trace with 2+ combine rounds at a block_m that loads the "
+                f"combine's slots {slots} at a time (design_sm90.COMBINE_SLOTS)", [(r["tokens"], r["bm"]) for r in rows])
+        cr = [r["combine"] / r["combine_rounds"] for r in fitted]
+        how = ("slowest CTA's combine / grid-stride rounds (ceil(tokens x hidden / 8 / (SMs x 512))), "
+               f"slots loaded {slots} at a time: "
+               + ", ".join(f"T={r['tokens']} (block_m {r['bm']}) {r['combine'] / 1e3:.2f} us / {r['combine_rounds']}"
+                           for r in fitted) + f"; median {np.median(cr):.0f} ns")
+        out[key] = (float(np.median(cr)), how)
     gss = [r["grid_sync"] for r in rows if r["grid_sync"] is not None]
     if gss:
         out["grid_sync_ns"] = (float(np.median(gss)),

@@ -83,6 +83,7 @@ import simpy
 
 from megamoe.design_sm90 import (
     BLOCK_DESCRIPTORS,
+    COMBINE_SLOTS,
     ONE_ITEM_PULL_WARPS,
     PULL_ROUND_BYTES,
     RELAY_RELEASE,
@@ -1138,9 +1139,13 @@ class _Engine:
             nbytes = (self.valid_slots[r] + T) * plan.hidden * 2
             t_red[r] = (hw.tma_latency_ns + nbytes / hw.hbm_bytes_per_ns) if T else 0.0
             if T and plan.design == "megamoe-sm90":
-                # every thread of the grid sums one 16-byte slice of a token per round
-                rounds = -(-T * plan.hidden // 8 // (plan.ranks[r].num_sms * SM90_THREADS))
-                t_red[r] = max(t_red[r], rounds * hw.combine_round_ns)
+                # every thread of the grid sums one 16-byte slice of a token per round; the round
+                # is slower where the kernel loads a token's slots one at a time
+                rp = plan.ranks[r]
+                rounds = -(-T * plan.hidden // 8 // (rp.num_sms * SM90_THREADS))
+                wide_one = rp.ctas_per_sm == 1 and wide_walk(rp.config.block_m, rp.experts_per_wave)
+                serial = not wide_one and COMBINE_SLOTS.get(rp.config.block_m, 1) == 1
+                t_red[r] = max(t_red[r], rounds * (hw.combine_round_serial_ns if serial else hw.combine_round_ns))
             self.hbm[r].total_bytes += nbytes
             self.rows.append((r, -1, ROLE["epilogue"], KIND["combine"], -1, -1, -1, -1,
                               barrier, barrier + t_red[r], nbytes, T))

@@ -117,7 +117,12 @@ Figures (units in the key names):
   change the time (the stores are posted).
 * ``combine_round_ns`` — SM90 design: one grid-stride round of the combine (every thread
   sums the top-k BF16 copies of one 16-byte slice of a token); the combine takes
-  ``ceil(tokens x hidden / 8 / (SMs x 512 threads))`` rounds, or the HBM time if longer.
+  ``ceil(tokens x hidden / 8 / (SMs x 512 threads))`` rounds, or the HBM time if longer,
+  where the kernel loads a token's slots several at a time (``design_sm90.COMBINE_SLOTS`` above
+  1, or the one-CTA wide instance's ``COMBINE_SLOTS_WIDE``).
+* ``combine_round_serial_ns`` — the same round where the kernel loads a token's slots one at a
+  time (``design_sm90.COMBINE_SLOTS`` 1: block_m 16 outside the one-CTA wide instance, i.e.
+  the two-CTA instances at 3-682 tokens on V4-Flash).
 * ``legacy_launch_ns`` — per-kernel launch gap of the unfused path.
 * ``legacy_a2a_latency_ns`` — fixed latency of each DeepEP all-to-all (dispatch, combine) of
   the unfused path beyond its bytes and barrier: notify round, layout and CPU-side sync.
@@ -213,6 +218,7 @@ class Hardware:
     l2_epilogue_fixed_ns: float
     l2_epilogue_ep_ns: float
     combine_round_ns: float
+    combine_round_serial_ns: float
     legacy_launch_ns: float
     legacy_a2a_latency_ns: float
     sources: dict
@@ -316,6 +322,7 @@ FIGURE_RANGES: dict[str, tuple[float, float, str]] = {
     "l2_epilogue_fixed_ns": (0.01, 10_000.0, "ns"),
     "l2_epilogue_ep_ns": (0.01, 10_000.0, "ns"),
     "combine_round_ns": (0.01, 100_000.0, "ns"),
+    "combine_round_serial_ns": (0.01, 100_000.0, "ns"),
     "legacy_launch_ns": (0.01, 1_000_000.0, "ns"),
     "legacy_a2a_latency_ns": (0.01, 1_000_000.0, "ns"),
 }

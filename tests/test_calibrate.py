@@ -77,7 +77,7 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
                         "sm90_issue_kblock_ns", "sched_desc_ns", "sched_ahead_ns",
                         "l1_epilogue_thread_ns_per_elem", "block_overhead_ns",
                         "l2_epilogue_fixed_ns", "l2_epilogue_thread_ns_per_elem", "pull_latency_ns",
-                        "combine_round_ns", "grid_sync_ns", "sm90_count_ns", "sm90_count_item_ns",
+                        "combine_round_ns", "combine_round_serial_ns", "grid_sync_ns", "sm90_count_ns", "sm90_count_item_ns",
                         "sm90_mask_seen_ns", "sm90_mask_seen_relay_ns", "sm90_first_fill_ns",
                         "sm90_fetch_counts_ns"}
     for key, (value, src) in sm90_fit_sources(fit).items():
@@ -153,10 +153,14 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
     # ns, 2495; v8.3's: 79872
     # ns, 2496; v8.2's: 79136
     # ns, 2473; v8.1's: 76992
-    # ns, 2406; v8.0's: 77696 ns, 2428; v7.9, one slot at a time everywhere: 3660 ns, the median of T=512 and 4096); T=512
-    # (block_m 16, one at a time) is named, not fitted
+    # ns, 2406; v8.0's: 77696 ns, 2428; v7.9, one slot at a time everywhere: 3660 ns, the median of T=512 and 4096)
     assert fit["combine_round_ns"][0] == 82208 / 32
-    assert "not fitted, one slot at a time: T=512 (block_m 16)" in fit["combine_round_ns"][1]
+    assert "slots loaded 4 at a time: T=4096 (block_m 128)" in fit["combine_round_ns"][1]
+    # and where it loads them one at a time (block_m 16; fitted since session 43): the one-CTA
+    # T=512 trace's slowest CTA 14848 ns over ceil(512 x 4096 / 8 / (132 x 512)) = ceil(3.88) = 4
+    # rounds = 3712 ns (v9.8's trace); the T=64 trace has one round, so it is not in the fit
+    assert fit["combine_round_serial_ns"][0] == 14848 / 4
+    assert "slots loaded 1 at a time: T=512 (block_m 16) 14.85 us / 4" in fit["combine_round_serial_ns"][1]
 
 
 def test_dispatch_start_line_is_least_squares_over_the_pull_starts():

@@ -466,7 +466,9 @@ def test_sm90_block_lanes():
     assert np.all(busy[~first] | np.isclose(d, sh * lone)[~first]) and busy[~first].any() and not busy[first].any()
     comb = tr.where(kind="combine")
     rounds = -(-64 * 4096 // 8 // (264 * 512))
-    assert float(comb["t_end_ns"][0] - comb["t_start_ns"][0]) == pytest.approx(rounds * hw.combine_round_ns)
+    # the two-CTA instance loads a token's slots one at a time (design_sm90.COMBINE_SLOTS[16] = 1)
+    assert hw.combine_round_serial_ns != hw.combine_round_ns
+    assert float(comb["t_end_ns"][0] - comb["t_start_ns"][0]) == pytest.approx(rounds * hw.combine_round_serial_ns)
 
 
 def _pair_tiny(tokens, **figures):
@@ -951,3 +953,27 @@ def test_combine_relay_refusals():
     assert parse_values("combine_relay", "on,off") == ["on", "off"]
     with pytest.raises(InputError, match="^sweep.combine_relay: expected on and/or off"):
         parse_values("combine_relay", "yes")
+
+
+@pytest.mark.parametrize("tokens,ctas,serial", [
+    (1, None, False),   # the one-CTA wide instance: a token's slots loaded at once (COMBINE_SLOTS_WIDE)
+    (3, None, True),    # the two-CTA wide instance, block_m 16: one slot at a time
+    (64, 1, True),      # the one-CTA block_m 16 instance: one at a time
+    (1024, None, False),  # block_m 32: four at a time
+])
+def test_sm90_combine_round_by_instance(tokens, ctas, serial):
+    """The SM90 combine takes ceil(T x H / 8 / (units x 512)) grid-stride rounds, each at the
+    fitted round of the instance's slot loads (kernel v8.0 / v8.8: design_sm90.COMBINE_SLOTS and
+    COMBINE_SLOTS_WIDE; on the H200 2569 ns batched, 3712 ns one slot at a time), where that is
+    longer than the HBM time of its bytes."""
+    hw = load_hardware("h200")
+    over = {"ctas_per_sm": ctas} if ctas else {}
+    res = simulate(Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=tokens, design="megamoe-sm90",
+                            hardware="h200", **over))
+    rp = res.plan.ranks[0]
+    assert (rp.config.block_m, rp.ctas_per_sm) == {1: (16, 1), 3: (16, 2), 64: (16, 1), 1024: (32, 1)}[tokens]
+    rounds = -(-tokens * 4096 // 8 // (rp.num_sms * 512))
+    assert rounds == {1: 1, 3: 1, 64: 1, 1024: 8}[tokens]
+    comb = res.trace.where(kind="combine")
+    want = rounds * (hw.combine_round_serial_ns if serial else hw.combine_round_ns)
+    assert float(comb["t_end_ns"][0] - comb["t_start_ns"][0]) == pytest.approx(want)
