@@ -109,7 +109,8 @@ L1_X_FOLD_K = {16: 64, 32: 64, 64: 64, 128: 128}
 #: from block_m 32 on a token's slots are loaded four at a time, at block_m 16 one at a time
 #: (the batched loop in the same function costs the block_m 16 K loop 19 instructions, measured
 #: +4..+7% at 64 / 256 tokens on the H200; benchmarks/NOTES_kernel.md). The H200's
-#: ``combine_round_ns`` is fitted to the batched combine (sim.calibrate).
+#: ``combine_round_ns`` is fitted to the batched combine, ``combine_round_serial_ns`` to the
+#: one-slot one (sim.calibrate; the model picks by instance since session 43).
 COMBINE_SLOTS = {16: 1, 32: 4, 64: 4, 128: 4}
 #: The combine's slot loads in flight per thread in the wide instance (:func:`wide_walk`; kernel
 #: v8.8; ``kCombineSlotsWide`` in ``csrc/megamoe/roles_shared.cuh``,
