@@ -623,7 +623,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--strict", action="store_true",
                    help="fail on any local-memory load/store in a timed kernel instance's matrix code (from its "
                         "first to its last matrix instruction, and the whole K loop around each, from the stage "
-                        "wait to the back edge; needs cuobjdump), on more than 512 B of spill stores per kernel instance, "
+                        "wait to the back edge; needs cuobjdump), on more than 512 B of spill stores per kernel instance (4096 B for the two-CTAs-per-SM "
+                        "instances), "
                         "and when ptxas serialized an instance's WGMMAs (diagnostics such as C7514/C7518)")
     b.add_argument("--force", action="store_true", help="rebuild even when cached")
     b.set_defaults(func=cmd_build)

@@ -541,6 +541,14 @@ def test_strict_build_without_cuobjdump_is_a_setup_error(monkeypatch, tmp_path, 
     err = capsys.readouterr().err
     assert err.startswith("megamoe: error: strict: expected cuobjdump") and err.count("\n") == 1
     assert kbuild.build("sm_90a").cached and build_main("sm_90a") == 0
+    # with nothing cached it refuses before compiling (session 43: it used to compile first)
+    lib.unlink()
+
+    def no_nvcc(*a, **k):
+        raise AssertionError("nvcc ran before the strict build's setup check")
+    monkeypatch.setattr(kbuild.subprocess, "run", no_nvcc)
+    with pytest.raises(kbuild.BuildSetupError, match=r"^strict: expected cuobjdump .* got none$"):
+        kbuild.build("sm_90a", strict=True)
 
 
 def test_ncu_summary_finds_the_k_loop_and_counts_its_stalls(tmp_path):

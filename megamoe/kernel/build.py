@@ -55,9 +55,9 @@ FLAGS = ["-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-shared", "-lineinfo", "-X
 #: access inside the matrix loops), which needs the disassembler.
 SPILL_LIMIT_BYTES = 512
 #: The same cap for the SM90 two-CTAs-per-SM instances (``block_m=16,pair``, kernel v9.2): 64
-#: registers per thread at launch, the dispatch warps on 32 and the producer on 64, so the
-#: dispatch's pull spills ~2.2 KB (no local memory in the K loop; benchmarks/NOTES_kernel.md,
-#: session 37).
+#: registers per thread at launch, the dispatch and producer warps on 48 each since v9.6
+#: (``design_sm90.PAIR_REGS``), ~850 B of spill stores in v9.9 (~2.2 KB with the dispatch on 32
+#: in session 37; no local memory in the K loop; benchmarks/NOTES_kernel.md).
 PAIR_SPILL_LIMIT_BYTES = 4096
 
 
@@ -277,6 +277,11 @@ def build(arch: str = "sm_90a", force: bool = False, strict: bool = False, verbo
     """Compile (or reuse) the kernel library for ``arch``; see module docstring."""
     if arch not in SOURCES:
         raise BuildSetupError(f"arch: expected one of {sorted(SOURCES)}, got {arch!r}")
+    have_cuobjdump = find_cuobjdump() is not None
+    if strict and not have_cuobjdump:  # the matrix-loop check reads the SASS: said before compiling
+        raise BuildSetupError("strict: expected cuobjdump for the SASS check of the matrix loops (install the CUDA "
+                              "toolkit or `pip install nvidia-cuda-cuobjdump`, or set CUOBJDUMP=/path/to/cuobjdump), "
+                              "got none")
     out = library_path(arch)
     logf = out.with_suffix(".log")
     if out.exists() and logf.exists() and not force:
@@ -317,11 +322,6 @@ def build(arch: str = "sm_90a", force: bool = False, strict: bool = False, verbo
                                f"two-CTAs-per-SM instances): {over}")
     if strict and (serialized := serialized_wgmma(r.log)):
         raise KernelBuildError(f"ptxas serialized the WGMMAs of: {serialized}")
-    have_cuobjdump = find_cuobjdump() is not None
-    if strict and not have_cuobjdump:  # the matrix-loop check reads the SASS
-        raise BuildSetupError("strict: expected cuobjdump for the SASS check of the matrix loops (install the CUDA "
-                              "toolkit or `pip install nvidia-cuda-cuobjdump`, or set CUOBJDUMP=/path/to/cuobjdump), "
-                              "got none")
     sass = disassemble(r.path) if (strict or verbose) and have_cuobjdump else None
     if verbose and sass is not None:
         sizes, digests = k_loop_sizes(arch, sass), sass_digests(sass)
