@@ -224,6 +224,19 @@ def wide_walk(block_m: int, experts_per_wave: int) -> bool:
     return block_m == 16 and experts_per_wave > SCHED_CHUNK
 
 
+def combine_slots(block_m: int, experts_per_wave: int, ctas_per_sm: int) -> int:
+    """A token's slot loads the kernel's combine keeps in flight per thread in the instance a
+    launch runs (``combine_and_clean``'s ``SLOTS`` in ``csrc/megamoe/kernel_sm90.cu``): every slot
+    at once, :data:`COMBINE_SLOTS_WIDE`, in the one-CTA wide instance (:func:`wide_walk` at one CTA
+    per SM, kernel v8.8); else :data:`COMBINE_SLOTS` of the block_m (1 at block_m 16, so the
+    two-CTA instances load one at a time). The simulator prices a combine round by it
+    (``combine_round_ns`` batched, ``combine_round_serial_ns`` at 1) and ``sim.calibrate`` fits
+    each figure to the traces of its kind."""
+    if ctas_per_sm == 1 and wide_walk(block_m, experts_per_wave):
+        return COMBINE_SLOTS_WIDE
+    return COMBINE_SLOTS[block_m]
+
+
 #: The widest wave of the one-CTA rule (:func:`experts_per_wave_for` over one CTA per SM) at which a
 #: launch still takes two CTAs per SM (:func:`ctas_per_sm`); 128 experts on V4-Flash EP1 is 3-5
 #: tokens (256 at 1-2). Measured on the H200 (CUPTI kernel time, 8 ABBA rounds, outputs bitwise;

@@ -476,12 +476,12 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
         BLOCK_DESCRIPTORS,
         BLOCK_K,
         BLOCK_N,
-        COMBINE_SLOTS,
         CONSUMER_WARPS,
         RELAY_RELEASE,
         THREADS,
         WALK_IN_EPILOGUE,
         block_m_for,
+        combine_slots,
         cta_item_starts,
     )
     from megamoe.trace import KIND, Trace
@@ -514,6 +514,8 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
                      "pull_rounds": int(rounds.max()),
                      "combine": float(np.max(comb["t_end_ns"] - comb["t_start_ns"])) if len(comb) else float("nan"),
                      "combine_rounds": -(-T * H // 8 // (num_sms * THREADS)),
+                     "combine_slots": combine_slots(int(meta["plan"]["block_m"]), int(meta["plan"]["experts_per_wave"]),
+                                                    int(meta["plan"]["ctas_per_sm"])),
                      "grid_sync": _grid_sync_ns(t), "num_sms": num_sms, "kb": kb1 + kb2, "kb1": kb1,
                      "stages": int(meta["plan"]["num_stages"]), "issue": _first_block_issue(t),
                      "top_k": int(meta["top_k"]), "experts": int(meta["num_experts"]),
@@ -708,17 +710,18 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
            f"{big['pull_rounds']} rounds of one item per dispatch warp), less one 4 KiB chunk ({chunk:.0f} ns)")
     out["pull_latency_ns"] = (big["pull_round"] - chunk, how)
     # combine: the slowest CTA's time over the rounds of the grid-stride loop, apart where the
-    # kernel loads a token's slots several at a time (design_sm90.COMBINE_SLOTS; kernel v8.0) and
+    # kernel loads a token's slots several at a time (design_sm90.combine_slots; kernel v8.0) and
     # where it loads them one at a time (block_m 16: since kernel v9.5 the two-CTA instances at
     # 3-682 tokens, where the call's end after the last grid sync read 4.1-6.1 us on v9.8's traces
     # against the batched round's 2.6; session 43)
-    batched = max(COMBINE_SLOTS.values())
     multi = [r for r in rows if r["combine_rounds"] >= 2]
-    for key, slots in (("combine_round_ns", batched), ("combine_round_serial_ns", 1)):
-        fitted = [r for r in multi if COMBINE_SLOTS.get(r["bm"]) == slots]
-        require(len(fitted) >= 1, "fit_sm90_traces", f"a trace with 2+ combine rounds at a block_m that loads the "
-                f"combine's slots {slots} at a time (design_sm90.COMBINE_SLOTS)", [(r["tokens"], r["bm"]) for r in rows])
+    for key, serial in (("combine_round_ns", False), ("combine_round_serial_ns", True)):
+        fitted = [r for r in multi if (r["combine_slots"] == 1) == serial]
+        require(len(fitted) >= 1, "fit_sm90_traces", "a trace with 2+ combine rounds in an instance that loads the "
+                f"combine's slots {'one' if serial else 'several'} at a time (design_sm90.combine_slots)",
+                [(r["tokens"], r["bm"]) for r in rows])
         cr = [r["combine"] / r["combine_rounds"] for r in fitted]
+        slots = "/".join(str(n) for n in sorted({r["combine_slots"] for r in fitted}))
         how = ("slowest CTA's combine / grid-stride rounds (ceil(tokens x hidden / 8 / (SMs x 512))), "
                f"slots loaded {slots} at a time: "
                + ", ".join(f"T={r['tokens']} (block_m {r['bm']}) {r['combine'] / 1e3:.2f} us / {r['combine_rounds']}"

@@ -83,12 +83,12 @@ import simpy
 
 from megamoe.design_sm90 import (
     BLOCK_DESCRIPTORS,
-    COMBINE_SLOTS,
     ONE_ITEM_PULL_WARPS,
     PULL_ROUND_BYTES,
     RELAY_RELEASE,
     SCHED_CHUNK,
     WALK_IN_EPILOGUE,
+    combine_slots,
     cta_item_starts,
     l1_promoted_once,
     wide_walk,
@@ -1143,8 +1143,7 @@ class _Engine:
                 # is slower where the kernel loads a token's slots one at a time
                 rp = plan.ranks[r]
                 rounds = -(-T * plan.hidden // 8 // (rp.num_sms * SM90_THREADS))
-                wide_one = rp.ctas_per_sm == 1 and wide_walk(rp.config.block_m, rp.experts_per_wave)
-                serial = not wide_one and COMBINE_SLOTS.get(rp.config.block_m, 1) == 1
+                serial = combine_slots(rp.config.block_m, rp.experts_per_wave, rp.ctas_per_sm) == 1
                 t_red[r] = max(t_red[r], rounds * (hw.combine_round_serial_ns if serial else hw.combine_round_ns))
             self.hbm[r].total_bytes += nbytes
             self.rows.append((r, -1, ROLE["epilogue"], KIND["combine"], -1, -1, -1, -1,

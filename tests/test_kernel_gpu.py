@@ -38,10 +38,10 @@ def _kernel(shape, max_tokens, clamp=None, **kw):
         w = make_weights(shape["E"], shape["H"], shape["I"], "cuda", seed=7)
         _weights[skey] = (w, prepare_weights(*w))
     w, pw = _weights[skey]
-    while len(_cache) >= _MAX_KERNELS:
+    if len(_cache) >= _MAX_KERNELS:  # (one added at a time, so one dropped is enough)
         _cache.popitem(last=False)
-    gc.collect()
-    torch.cuda.empty_cache()
+        gc.collect()  # the dropped object's GPU memory back before the next allocation
+        torch.cuda.empty_cache()
     k = MegaMoEKernel(shape["E"], shape["K"], shape["H"], shape["I"], max_tokens, pw, clamp=clamp, **kw)
     _cache[key] = (k, w)
     return _cache[key]

@@ -955,6 +955,19 @@ def test_combine_relay_refusals():
         parse_values("combine_relay", "yes")
 
 
+def test_sm90_combine_slots_by_instance():
+    """design_sm90.combine_slots mirrors the kernel's choice (kernel_sm90.cu: the one-CTA wide
+    instance loads every slot at once, the others combine_slots<BM>()): block_m 16 with waves of
+    more than 32 experts at one CTA per SM -> 8; the same at two CTAs -> 1; block_m 16 with
+    16-expert waves -> 1; block_m 32-128 -> 4 whatever the wave."""
+    from megamoe.design_sm90 import combine_slots
+
+    assert combine_slots(16, 256, 1) == 8
+    assert combine_slots(16, 256, 2) == 1
+    assert combine_slots(16, 16, 1) == 1 and combine_slots(16, 32, 1) == 1
+    assert [combine_slots(bm, 256, 1) for bm in (32, 64, 128)] == [4, 4, 4]
+
+
 @pytest.mark.parametrize("tokens,ctas,serial", [
     (1, None, False),   # the one-CTA wide instance: a token's slots loaded at once (COMBINE_SLOTS_WIDE)
     (3, None, True),    # the two-CTA wide instance, block_m 16: one slot at a time
