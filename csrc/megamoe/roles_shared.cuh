@@ -292,6 +292,11 @@ __device__ __forceinline__ void whole_cta_pull(const Params& p, const int* off_b
     if (row >= p.pool_rows) return;  // overflow already raised (every warp returns)
     const int t = i / K;
     const int64_t srow = sf_row((int64_t)row, BM);
+    // The item's top-k weight, loaded in flight with the row (kernel v9.10; until v9.9 it was
+    // loaded after the row's stores, one more round trip before the release: 0.984-0.986 /
+    // 0.987-0.990x v9.9's kernel time at 1 / 2 tokens in two A/Bs on the H200, no change beyond
+    // their spread at 3-8 tokens; benchmarks/NOTES_kernel.md, session 44).
+    const float wt = warp == 0 && lane == 0 ? __ldg(p.topk_w + i) : 0.0f;
     pull_row_fold<false, (BM >= kL1Fold128BlockM), kWarps>(
         reinterpret_cast<const uint4*>(p.x + (size_t)t * H), reinterpret_cast<uint4*>(p.l1_pool + (size_t)row * H),
         reinterpret_cast<const uint32_t*>(p.x_sf + (size_t)t * (H / 32)), reinterpret_cast<uint32_t*>(p.l1_pool_sf) + srow,
@@ -299,7 +304,7 @@ __device__ __forceinline__ void whole_cta_pull(const Params& p, const int* off_b
     if (warp == 0 && lane == 0) {
         p.pool_token[row] = t;
         p.pool_slot[row] = i % K;
-        p.pool_weight[row] = __ldg(p.topk_w + i);
+        p.pool_weight[row] = wt;
     }
     fence_proxy_async_global();  // the row is read by TMA (the async proxy)
     named_bar_sync(kSharedBarDispatch, kSharedDispatchThreads);

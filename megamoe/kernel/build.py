@@ -56,7 +56,7 @@ FLAGS = ["-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-shared", "-lineinfo", "-X
 SPILL_LIMIT_BYTES = 512
 #: The same cap for the SM90 two-CTAs-per-SM instances (``block_m=16,pair``, kernel v9.2): 64
 #: registers per thread at launch, the dispatch and producer warps on 48 each since v9.6
-#: (``design_sm90.PAIR_REGS``), ~850 B of spill stores in v9.9 (~2.2 KB with the dispatch on 32
+#: (``design_sm90.PAIR_REGS``), ~860 B of spill stores in v9.10 (~2.2 KB with the dispatch on 32
 #: in session 37; no local memory in the K loop; benchmarks/NOTES_kernel.md).
 PAIR_SPILL_LIMIT_BYTES = 4096
 
