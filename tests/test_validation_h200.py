@@ -20,8 +20,8 @@ ranks' launch skew read off the trace (host jitter, not modelled;
 (``KIND_LIMIT``); every block's work on the same SM in both; the kernel's block order per
 CTA equal to the plan's; the simulator ordering two plan choices like the kernel whenever
 the kernel's times differ by more than 5% (closer pairs are not asserted). The plan-choice times
-(results/kernel_plan_choices_h200.json, CUPTI kernel time) were measured on v9.9 (build 49e3befe,
-forty-third session), whose K loops are v9.8's up to register names.
+(results/kernel_plan_choices_h200.json, CUPTI kernel time) were measured on v9.10 (build ee6b3823,
+forty-fourth session), whose K loops are v9.8's up to register names.
 """
 
 import json
