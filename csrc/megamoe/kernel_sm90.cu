@@ -79,6 +79,17 @@ template <int CTAS> struct RegSplit {
 template <uint32_t R> __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(R)); }
 template <uint32_t R> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(R)); }
 constexpr uint32_t kBarDispatch = 1, kBarConsumer = 2, kBarProducer = 3;
+// The one-CTA wide instance at one rank (1-2 tokens on V4-Flash, kernel v9.11): its producer warps
+// take the counts from their own CTA's hist[] (dispatch_pull's LOCAL count: every CTA counts every
+// item) at named barrier kSharedBarCounts, instead of polling, one expert counter after another,
+// the copy CTA 0 publishes in global memory. Measured on the H200 against v9.10 (CUPTI kernel
+// time, crossover rounds): 0.971 at 1 token; the same in the two-CTA wide instance read 1.001-1.010
+// at 3-16 tokens, and with the consumers reading them too 0.989 at 1 token (their K loop re-laid
+// out), so neither (benchmarks/NOTES_kernel.md, session 44).
+constexpr int kCountsBarThreads = kDispatchThreads + kProducerThreads;
+constexpr uint32_t kHistOffset = 1024;  // the dispatch scratch (hist[E], ...) after the barrier kilobyte
+template <bool WIDE, int CTAS>
+__host__ __device__ constexpr bool counts_from_shared() { return WIDE && CTAS == 1; }
 constexpr int kL1EpilogueBarriers = 4;  // the kBarConsumer barriers of one L1 epilogue (consumer_role)
 static_assert(kDispatchThreads == kSharedDispatchThreads && kBarDispatch == kSharedBarDispatch,
               "the dispatch warps run roles_shared.cuh's count_items / dispatch_pull with its barrier");
@@ -658,7 +669,13 @@ struct Producer {
         unsigned long long* ticket_ctr = p.expert_count + 2 * p.num_experts + 1;
         volatile uint32_t* tk_slot = reinterpret_cast<volatile uint32_t*>(reinterpret_cast<uint8_t*>(full) + kTicketOffset);
         int jt = 0;  // blocks taken (by ticket)
-        bool ok = sched.fetch_counts(p, kRoleProducer);  // false: a wait gave up (error raised)
+        bool ok = true;  // false: a wait gave up (error raised)
+        if (counts_from_shared<WIDE, CTAS>() && p.num_ranks == 1) {
+            named_bar_sync(kSharedBarCounts, kCountsBarThreads);
+            sched.fetch_counts_shared(reinterpret_cast<const int*>(reinterpret_cast<const uint8_t*>(full) + kHistOffset));
+        } else {
+            ok = sched.fetch_counts(p, kRoleProducer);
+        }
         if (!tk && !ok) return;
         const bool trace = p.trace_cap > 0 && ptid == 0;
         const uint32_t c_start = clock32();
@@ -1195,11 +1212,11 @@ __global__ void __launch_bounds__(kThreads, 1) __maxnreg__((kRegsEven / CTAS)) m
     const int S = (int)p.num_stages, E = (int)p.num_experts;
     uint64_t* full = reinterpret_cast<uint64_t*>(smem);
     uint64_t* empty = full + S;
-    int* hist = reinterpret_cast<int*>(smem + 1024);
+    int* hist = reinterpret_cast<int*>(smem + kHistOffset);
     int* cta_base = hist + E;
     int* off_blk = cta_base + E;
     int* scan = off_blk + E;
-    float* red = reinterpret_cast<float*>(smem + 1024 + align128((size_t)E * 12 + 64));
+    float* red = reinterpret_cast<float*>(smem + kHistOffset + align128((size_t)E * 12 + 64));
     uint8_t* stages = smem + fixed_bytes(BM, E);
     uint8_t* fold_tab = smem + kFoldTableOffset;  // after the 2 x 16 barriers, inside the first 1024 B
     const int warp = threadIdx.x >> 5;
@@ -1228,7 +1245,7 @@ __global__ void __launch_bounds__(kThreads, 1) __maxnreg__((kRegsEven / CTAS)) m
     if (warp < 4) {
         setmaxnreg_dec<Regs::dispatch>();
         if (p.num_ranks > 1) dispatch_role_ep(p, BM, hist, cta_base, off_blk, scan);
-        else dispatch_pull<BM, IdentitySfRow, true, WIDE>(p, hist, cta_base, off_blk, scan, IdentitySfRow{p.pool_rows}, (int)p.hidden);  // whole rows, folded
+        else dispatch_pull<BM, IdentitySfRow, true, WIDE, (counts_from_shared<WIDE, CTAS>() ? kCountsBarThreads : 0)>(p, hist, cta_base, off_blk, scan, IdentitySfRow{p.pool_rows}, (int)p.hidden);  // whole rows, folded
         __syncwarp();
         if (threadIdx.x == 0) {
             progress(p, 0, 0xD0);

@@ -24,6 +24,9 @@ namespace megamoe {
 
 constexpr int kSharedDispatchThreads = 128;
 constexpr uint32_t kSharedBarDispatch = 1;
+// dispatch_pull's LOCAL count with COUNTS_BAR > 0: the dispatch warps arrive here once every
+// expert's count is in hist[] (the SM90 kernel's one-CTA wide instance, kernel v9.11).
+constexpr uint32_t kSharedBarCounts = 4;
 
 // Pool scale row of pool row `row` (SM90 layout: unpadded, untransposed).
 struct IdentitySfRow {
@@ -327,7 +330,7 @@ __device__ __forceinline__ void whole_cta_pull(const Params& p, const int* off_b
 // token on the H200 the count and its barrier took ~5 us before the first pull in kernel v8.8's
 // trace; this path measured 0.977 / 0.985 / 0.995x v8.8's kernel time at 1 / 4 / 12 tokens
 // (benchmarks/NOTES_kernel.md, session 34).
-template <int BM, class SfRow, bool FOLD_X = false, bool LOCAL = false>
+template <int BM, class SfRow, bool FOLD_X = false, bool LOCAL = false, int COUNTS_BAR = 0>
 __device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* off_blk, int* scan, SfRow sf_row,
                               int pull_bytes) {
     constexpr int kThreads = kSharedDispatchThreads;
@@ -391,6 +394,7 @@ __device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* of
             }
         }
         named_bar_sync(kSharedBarDispatch, kThreads);
+        if constexpr (COUNTS_BAR > 0) named_bar_arrive(kSharedBarCounts, COUNTS_BAR);  // hist[] holds every count
         if (blockIdx.x == 0)
             for (int e = tid; e < E; e += kThreads)
                 st_relaxed_u64(p.expert_count + e, ((unsigned long long)gridDim.x << 32) | (uint32_t)hist[e]);

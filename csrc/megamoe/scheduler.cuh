@@ -53,6 +53,16 @@ struct Scheduler {
         return __all_sync(0xffffffffu, ok);
     }
 
+    // The counts from this CTA's own shared memory: hist[e] for every expert, written by the CTA's
+    // dispatch warps (dispatch_pull's LOCAL count), read after their arrival at kSharedBarCounts.
+    __device__ __forceinline__ void fetch_counts_shared(const int* hist) {
+        #pragma unroll
+        for (int i = 0; i < kMaxExpertsPerLane; ++i) {
+            const int e = i * 32 + (int)lane_id();
+            counts[i] = e < num_experts ? (uint32_t)hist[e] : 0u;
+        }
+    }
+
     // The count of this lane's expert c * 32 + lane (register select: c is warp-uniform).
     __device__ __forceinline__ uint32_t lane_count(int c) const {
         uint32_t v = 0;
