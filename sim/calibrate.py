@@ -924,18 +924,20 @@ SM90_EP_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep2_t{t}.npz" for t 
 SM90_EP_FIT_DEVICE = "two lent H200s (EP2, NV18)"
 SM90_FIT_PROFILE = "benchmarks/results/kernel_profile_stages_h200.json"
 SM90_FIT_DATE = "2026-12-04"
-SM90_FIT_KERNEL = ("FP8 WGMMA v9.8, build 445539c5 (TMA loads, E2M1 decoded into WGMMA registers through the weight "
+SM90_FIT_KERNEL = ("FP8 WGMMA v9.11, build 9fbc8612 (TMA loads, E2M1 decoded into WGMMA registers through the weight "
                    "fold's table, four producer warps, the wide instance at 1-2 tokens, the consumers' walk inside "
                    "the epilogue at block_m >= 32, the producer's block descriptors at block_m 16, two CTAs per SM at "
                    "block_m 16 from 3 tokens taking the plan's blocks by ticket in the wave-lag order, with the "
                    "register split 48 / 48 / 80, the wide instances counting locally at one CTA per SM and at two, "
-                   "the ring's first fill paced by arrivals at block_m 16; every version's change: docs/kernel.md, "
+                   "the ring's first fill paced by arrivals at block_m 16, the one-item pull's top-k weight loaded with its row, "
+                   "the one-CTA wide instance's producer taking the counts from its own CTA's local count; every "
+                   "version's change: docs/kernel.md, "
                    "benchmarks/NOTES_kernel.md)")
 SM90_PROFILE_KERNEL = "FP8 WGMMA v8.6 kernel (its profile instance)"
 #: The committed trace ``sched_skip_ns`` was fitted to (:func:`fit_sm90_walk_skip`): 1 token, the
 #: only traced size whose plan runs the one-CTA wide instance (block_m 16, one wave of 256
-#: experts); the same kernel build as the other EP1 traces (all recorded on v9.8,
-#: benchmarks/NOTES_kernel.md, session 42).
+#: experts); the same kernel build as the other EP1 traces (all recorded on v9.11,
+#: benchmarks/NOTES_kernel.md, session 44).
 SM90_SKIP_FIT_TRACE = "benchmarks/traces/kernel_flash_ep1_t1.npz"
 #: The committed traces ``sm90_local_count_ns`` is fitted to (:func:`fit_sm90_local_count`): every
 #: EP1 trace whose plan counts locally, the one-CTA wide instance at 1 token and the two-CTA one

@@ -575,7 +575,7 @@ def test_static_path_unchanged():
     """Where the units deal the rows statically (one CTA per SM, or the SM100 design) the model is
     the one before block tickets and the pair shares: the makespans computed by the code before
     that change (commit fe145b0) at 1024 tokens, SM90 on the H200 and SM100 EP8 on the B200 (the
-    H200 figures of today's file, refitted 2026-12-04 on kernel v9.8's traces, with the pair shares that code does not read
+    H200 figures of today's file, refitted 2026-12-04 on kernel v9.11's traces, with the pair shares that code does not read
     at one CTA left out, its sm90_pair_share line set to 2.0: that code held it to [1, 2]))."""
     sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=1024, design="megamoe-sm90", hardware="h200")
     hw = load_hardware("h200")
@@ -583,7 +583,7 @@ def test_static_path_unchanged():
     # tma_latency_ns and 0 it is the old model
     res = simulate(sc, dataclasses.replace(hw, sm90_first_fill_ns=hw.tma_latency_ns, sm90_fetch_counts_ns=0.0))
     assert not res.plan.ranks[0].block_tickets and res.plan.ranks[0].ctas_per_sm == 1
-    assert res.trace.makespan_ns == 1513025.195206512
+    assert res.trace.makespan_ns == 1509444.6362935363
     sc = Scenario(shape="deepseek-v4-flash", num_ranks=8, tokens_per_rank=1024, design="deepgemm-sm100", hardware="b200")
     assert simulate(sc).trace.makespan_ns == 260004.1844778842
 
@@ -594,8 +594,11 @@ def test_sm90_first_fill_delays_each_units_first_block_only(ctas):
     ring's first fill at the call's start), every later block's one tma_latency_ns after. Against
     the same call with the figure at tma_latency_ns, every unit's first load record starts at the
     same time and its first MMA record (block_m 16: the consumers' record starts at the first
-    stage's arrival) exactly sm90_first_fill_ns - tma_latency_ns later, and so does the call's end
-    (64 tokens, one CTA per SM and two)."""
+    stage's arrival) exactly sm90_first_fill_ns - tma_latency_ns later (64 tokens, one CTA per SM
+    and two). The call's end moves later by at most that much: the later stages of a unit's first
+    block were issued with the first and land when they did, so its K loop may win part of the
+    delay back (with the figures refitted on kernel v9.11's traces, 843 of the 1172 ns at one CTA;
+    all of it at two, and at one CTA with v9.8's figures)."""
     hw = load_hardware("h200")
     sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=64, max_tokens_per_rank=4096,
                   design="megamoe-sm90", hardware="h200", ctas_per_sm=ctas)
@@ -613,7 +616,7 @@ def test_sm90_first_fill_delays_each_units_first_block_only(ctas):
         assert ma["t_start_ns"][0] - mb["t_start_ns"][0] == pytest.approx(shift, abs=1e-6)
         units += 1
     assert units == rp.num_sms
-    assert a.trace.makespan_ns - b.trace.makespan_ns == pytest.approx(shift, abs=1e-6)
+    assert 0.5 * shift < a.trace.makespan_ns - b.trace.makespan_ns <= shift + 1e-6
 
 
 @pytest.mark.parametrize("ctas", [1, 2])
