@@ -262,8 +262,9 @@ def _print_summary(res) -> None:
     con.print(t)
     src = res.hardware.sources.get("legacy_a2a_latency_ns", "")
     if src.startswith("estimate"):
-        con.print(f"speedup vs legacy: against this model's unfused path (sim.legacy: DeepEP + grouped GEMMs at "
-                  f"the FP4 weights' roofline), not a measured one; on {res.hardware.name} its latency figures are "
+        con.print(f"speedup vs legacy: against this model's unfused path (sim.legacy: DeepEP (at one rank a local "
+                  f"permute) + grouped GEMMs at the FP4 weights' roofline), not a measured one; on "
+                  f"{res.hardware.name} its latency figures are "
                   f"not fitted (legacy_a2a_latency_ns: {src})", highlight=False)
     if sum(s["num_recv_tokens"]) == 0:
         con.print("empty call (no token routed to an expert): time, busy fractions and speedup describe the "

@@ -14,6 +14,10 @@ all-to-alls synchronise ranks), so a stage costs its slowest rank:
 5. combine: BF16 rows back over NVLink, then the top-k reduction over HBM, plus a barrier.
 Every kernel adds ``legacy_launch_ns``; each all-to-all (dispatch, combine) adds
 ``legacy_a2a_latency_ns`` (fitted on B200 to PR #316's speedup column, see the TOML).
+At one rank there is no all-to-all (no DeepEP): dispatch and combine are one local kernel each,
+the permute of the rows into expert order (read and write over HBM) and the top-k reduction, with
+neither the all-to-all latency nor the NVLink barrier (until the forty-fourth session the model
+charged both at one rank too, 2 x 29 us on the H200 preset).
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ from megamoe.plan import Plan, ceil_div
 
 
 def legacy_time_ns(plan: Plan, hw, topk_idx: list[np.ndarray]) -> dict:
-    """Stage times (ns, slowest rank each) and ``total_ns`` of the unfused path."""
+    """Stage times (ns, slowest rank each) and ``total_ns`` of the unfused path: ``dispatch_ns``,
+    ``l1_gemm_ns``, ``swiglu_ns``, ``l2_gemm_ns``, ``combine_ns`` (floats). ``topk_idx``: one
+    ``[T_r, top_k]`` int array of expert ids per rank (-1 masked)."""
     R, H, I = plan.num_ranks, plan.hidden, plan.intermediate
     counts = np.stack([rp.recv_counts for rp in plan.ranks])  # [dst, e, src]
     row = H * (1 + 1 / 32) + 4
@@ -35,7 +41,8 @@ def legacy_time_ns(plan: Plan, hw, topk_idx: list[np.ndarray]) -> dict:
     local = np.diag(sent) * row
     nvl, hbm = hw.nvlink_bytes_per_ns, hw.hbm_bytes_per_ns
     launch = hw.legacy_launch_ns
-    dispatch = launch + hw.legacy_a2a_latency_ns + hw.nvl_barrier_ns + max(
+    a2a = hw.legacy_a2a_latency_ns + hw.nvl_barrier_ns if R > 1 else 0.0  # one rank: no all-to-all
+    dispatch = launch + a2a + max(
         float(np.max(np.maximum(egress, ingress))) / nvl, float(np.max(2 * local)) / hbm)
     tc_gpu = hw.tc_flops_per_ns_per_sm * plan.num_sms
     l1 = l2 = act = 0.0
@@ -52,7 +59,7 @@ def legacy_time_ns(plan: Plan, hw, topk_idx: list[np.ndarray]) -> dict:
     back = remote.T * H * 2  # BF16 rows back to the source ranks
     comb_nvl = float(np.max(np.maximum(back.sum(axis=0), back.sum(axis=1)))) / nvl
     reduce = max((int((ids >= 0).sum()) + len(ids)) * H * 2 / hbm for ids in topk_idx)
-    combine = launch + hw.legacy_a2a_latency_ns + hw.nvl_barrier_ns + comb_nvl + reduce
+    combine = launch + a2a + comb_nvl + reduce
     stages = {"dispatch_ns": dispatch, "l1_gemm_ns": l1 + launch, "swiglu_ns": act + launch,
               "l2_gemm_ns": l2 + launch, "combine_ns": combine}
     stages["total_ns"] = sum(stages.values())

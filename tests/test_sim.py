@@ -993,3 +993,29 @@ def test_sm90_combine_round_by_instance(tokens, ctas, serial):
     comb = res.trace.where(kind="combine")
     want = rounds * (hw.combine_round_serial_ns if serial else hw.combine_round_ns)
     assert float(comb["t_end_ns"][0] - comb["t_start_ns"][0]) == pytest.approx(want)
+
+
+def test_legacy_path_at_one_rank_has_no_all_to_all():
+    """At one rank the unfused path's dispatch is a local permute (a launch, then each routed
+    row read and written once over HBM) and its combine a launch and the top-k reduction: no
+    all-to-all latency or NVLink barrier (sim.legacy). Hand-computed for 4 tokens of a small shape,
+    every slot routed: 8 rows of H (1 + 1/32) + 4 bytes; the reduction reads T (k + 1) rows of H
+    BF16s. With two ranks both terms come back (each stage then pays legacy_a2a_latency_ns +
+    nvl_barrier_ns)."""
+    from megamoe.scenario import Scenario
+    from sim.hardware import load_hardware
+    from sim.legacy import legacy_time_ns
+
+    hw = load_hardware("h200")
+    H, k, T = 256, 2, 4
+    sc = Scenario(shape=f"8,{k},{H},128", num_ranks=1, tokens_per_rank=T, design="megamoe-sm90", hardware="h200")
+    plan = sc.plan(hw.num_sms, hw.smem_per_block_bytes)
+    got = legacy_time_ns(plan, hw, sc.routing_ids())
+    row = H * (1 + 1 / 32) + 4
+    hbm = hw.hbm_gbs * hw.hbm_efficiency  # bytes per ns
+    assert got["dispatch_ns"] == pytest.approx(hw.legacy_launch_ns + 2 * T * k * row / hbm, rel=1e-12)
+    assert got["combine_ns"] == pytest.approx(hw.legacy_launch_ns + T * (k + 1) * H * 2 / hbm, rel=1e-12)
+    sc2 = Scenario(shape=f"8,{k},{H},128", num_ranks=2, tokens_per_rank=T, design="megamoe-sm90", hardware="h200")
+    two = legacy_time_ns(sc2.plan(hw.num_sms, hw.smem_per_block_bytes), hw, sc2.routing_ids())
+    assert two["dispatch_ns"] >= hw.legacy_launch_ns + hw.legacy_a2a_latency_ns + hw.nvl_barrier_ns
+    assert two["combine_ns"] >= hw.legacy_launch_ns + hw.legacy_a2a_latency_ns + hw.nvl_barrier_ns
