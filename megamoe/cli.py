@@ -381,6 +381,20 @@ def _check_sweep_out(out: str, names: list[str]) -> None:
             raise InputError("--out", f"a folder where {name} can be written", f"{out} ({name} is read-only)")
 
 
+def _options_given(argv: list[str], cmd: str) -> set[str]:
+    """The dests of the options of subcommand ``cmd`` that ``argv`` gives explicitly (however
+    argparse resolved them, abbreviations included): ``argv`` parsed again with every option's
+    default replaced by a marker (``None`` for the appending ones)."""
+    probe = build_parser()
+    subs = next(x for x in probe._actions if isinstance(x, argparse._SubParsersAction))
+    unset = object()
+    for act in subs.choices[cmd]._actions:
+        if act.option_strings and act.dest != "help":
+            act.default = None if isinstance(act, argparse._AppendAction) else unset
+    ns = probe.parse_args(argv)
+    return {k for k, v in vars(ns).items() if v is not unset and v is not None}
+
+
 def cmd_sweep(a: argparse.Namespace) -> int:
     from sim.sweep import parse_values, sweep
 
@@ -394,6 +408,12 @@ def cmd_sweep(a: argparse.Namespace) -> int:
         axes[axis] = parse_values(axis, vals)
     if not axes:
         raise InputError("--set", "at least one AXIS=VALUES", "none")
+    # a swept axis replaces its own option's value at every point: both given is a contradiction
+    # (--policy is not one: a policy axis adds to the --policy list)
+    both = sorted(x for x in set(axes) & _options_given(getattr(a, "argv", []), "sweep") if x != "policy")
+    if both:
+        raise InputError("--set", "an axis not also given as its own option",
+                         f"{both[0]} in --set and --{both[0].replace('_', '-')}")
     _check_sweep_out(a.out, ["points.jsonl", "results.csv", "results.parquet", *(f"time_us_vs_{x}.png" for x in axes)])
     base = scenario_from_args(a)  # validates the shared fields once
     kw = {"shape": base.shape, "num_ranks": base.num_ranks, "tokens_per_rank": base.tokens_per_rank,
@@ -681,6 +701,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_help()
             return 0
         args = parser.parse_args(argv)
+        args.argv = list(argv)  # what was given (cmd_sweep: an option and its axis both)
         if not getattr(args, "func", None):
             parser.print_help()
             return 2
