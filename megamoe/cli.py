@@ -260,12 +260,19 @@ def _print_summary(res) -> None:
         t.add_row(f"busy: {role}", f"{v:.2f}")
     t.add_row("speedup vs legacy", f"{s['speedup_vs_legacy']:.2f}x")
     con.print(t)
+    # the legacy path's fixed costs were fitted only with several ranks on the B200 (PR #316's
+    # speedup column); at one rank (no all-to-all) or on other presets they are estimates
     src = res.hardware.sources.get("legacy_a2a_latency_ns", "")
-    if src.startswith("estimate"):
-        con.print(f"speedup vs legacy: against this model's unfused path (sim.legacy: DeepEP (at one rank a local "
-                  f"permute) + grouped GEMMs at the FP4 weights' roofline), not a measured one; on "
-                  f"{res.hardware.name} its latency figures are "
-                  f"not fitted (legacy_a2a_latency_ns: {src})", highlight=False)
+    if sc.num_ranks == 1:
+        con.print("speedup vs legacy: against this model's idealised unfused path at one rank (sim.legacy: a local "
+                  "permute, grouped GEMMs at the FP4 weights' roofline, SwiGLU, a reduction), not a measured one; "
+                  f"its launch gaps are an estimate (legacy_launch_ns {res.hardware.legacy_launch_ns / 1e3:g} us)",
+                  highlight=False)
+    elif src.startswith("estimate"):
+        con.print("speedup vs legacy: against this model's idealised unfused path (sim.legacy: DeepEP all-to-alls "
+                  "around grouped GEMMs at the FP4 weights' roofline), not a measured one; on "
+                  f"{res.hardware.name} its all-to-all latency is not fitted (legacy_a2a_latency_ns: {src})",
+                  highlight=False)
     if sum(s["num_recv_tokens"]) == 0:
         con.print("empty call (no token routed to an expert): time, busy fractions and speedup describe the "
                   "call's fixed cost (count exchange, grid syncs, barriers); overlap efficiency: n/a (no compute; "

@@ -404,13 +404,17 @@ def test_shape_error_lists_presets_plainly():
 
 
 def test_legacy_speedup_says_when_its_latencies_are_estimates():
-    """The legacy path's latencies were fitted on B200 only (PR #316's speedup column); on the
-    H200 preset they are estimates, and the output says so under the table."""
+    """The legacy path's all-to-all latency was fitted on B200 only, with several ranks (PR
+    #316's speedup column): on the H200 preset it is an estimate, and at one rank (no all-to-all,
+    sim.legacy) nothing of the path is fitted; the output says which under the table."""
     rc, out, _ = run("simulate", "--hardware", "h200", "--design", "megamoe-sm90", "--shape", "deepseek-v4-flash",
                      "--ranks", "1", "--tokens", "64")
-    assert rc == 0 and "speedup vs legacy: against this model's unfused path" in out and "estimate" in out
+    assert rc == 0 and "idealised unfused path at one rank" in out and "legacy_launch_ns 6 us" in out
+    assert "DeepEP" not in out and "legacy_a2a_latency_ns" not in out
+    rc, out, _ = run("simulate", "--hardware", "h200", "--tokens", "64")
+    assert rc == 0 and "DeepEP all-to-alls" in out and "legacy_a2a_latency_ns: estimate" in out
     rc, out, _ = run("simulate", "--tokens", "64")
-    assert rc == 0 and "speedup vs legacy: against" not in out  # b200: fitted
+    assert rc == 0 and "speedup vs legacy: against" not in out  # b200, eight ranks: fitted
 
 
 def test_oversized_total_work_is_refused_before_allocating(monkeypatch):
