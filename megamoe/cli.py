@@ -619,7 +619,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="swept axis: tokens, ranks, experts_per_wave, block_m, k_split, combine_relay (on,off), ctas_per_sm, "
                         "reserved_sms, routing, "
                         "policy, launch_skew_us, nvlink_scale, hbm_scale, ... with a,b,c or start:stop[:step]; shapes are "
-                        "separated by ';' when one is a custom E,k,H,I; repeatable")
+                        "separated by ';' when one is a custom E,k,H,I; repeatable; an axis and its own option "
+                        "together are refused (a policy axis adds to --policy)")
     w.add_argument("--out", type=_out_dir, default="sweep-out",
                    help="output folder (default %(default)s; made once a point is valid): points.jsonl (the resume "
                         "log), results.csv, results.parquet (with the analysis extra: pandas, pyarrow) and one PNG per "
