@@ -464,6 +464,15 @@ def cmd_compare(a: argparse.Namespace) -> int:
               f"{report['makespan_simulated_us']:.1f} us (the traced spans: launch not included), makespan error "
               f"{100 * report['makespan_error']:+.1f}%, median kind error {100 * report['median_kind_error']:.1f}% "
               f"(distributions {100 * report['median_kind_quantile_error']:.1f}%)")
+    if a.hardware:  # another GPU model than the one the trace names: say so (as validate does)
+        rec = measured.meta.get("hardware")
+        try:
+            same = rec is not None and load_hardware(rec).name == res.hardware.name
+        except InputError:  # a file on the machine that recorded it
+            same = False
+        if not same:
+            con.print(f"note: the trace was recorded on hardware {rec!r} (its meta); this run simulated it with "
+                      f"{a.hardware!r} ({res.hardware.name})", highlight=False)
     if any(report["launch_skew_us"]):
         con.print("ranks' launch skew read off the trace (host launch jitter: an input of the model, which it "
                   "does not predict; simulated with it): "

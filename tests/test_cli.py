@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -985,3 +986,16 @@ def test_plan_line_names_the_wave_lag_order_only_when_it_is_the_list(capsys):
     assert main([a if a != "16" else "3" for a in args]) == 0
     out = capsys.readouterr().out
     assert "waves=1 " in out and "x 2 CTAs (blocks by ticket)" in out and "wave-lag order" not in out
+
+
+def test_compare_says_when_the_hardware_is_not_the_traces():
+    """`compare --hardware` with another GPU model than the one the trace's meta names (an H200
+    trace simulated on the B200 preset, +70% apart) says so under the first line, as validate does
+    for the published B200 rows; the trace's own preset, named or by default, gives no note."""
+    trace = str(Path(__file__).resolve().parent.parent / "benchmarks" / "traces" / "kernel_flash_ep1_t1.npz")
+    rc, out, err = run("compare", trace, "--hardware", "b200")
+    assert rc == 0, err
+    assert "note: the trace was recorded on hardware 'h200' (its meta); this run simulated it with 'b200' (B200)" in out
+    for extra in (["--hardware", "h200"], []):
+        rc, out, err = run("compare", trace, *extra)
+        assert rc == 0 and "note: the trace was recorded" not in out, err
