@@ -97,9 +97,9 @@ static_assert(kDispatchThreads == kSharedDispatchThreads && kBarDispatch == kSha
 __host__ __device__ constexpr size_t align128(size_t x) { return (x + 127) & ~size_t(127); }
 constexpr int kMaxStages = 16;
 constexpr uint32_t kFoldTableOffset = 2 * kMaxStages * 8;  // the fold table (fp4.cuh) after the full/empty barriers
-static_assert(kFoldTableOffset + kFoldTableBytes <= 1024, "fold table inside the barrier kilobyte");
+static_assert(kFoldTableOffset + kFoldTableBytes <= kHistOffset, "fold table inside the barrier kilobyte");
 constexpr uint32_t kTraceScratchOffset = 416;  // the producer's pending idle-wait times (4 x u64)
-static_assert(kTraceScratchOffset >= kFoldTableOffset + kFoldTableBytes && kTraceScratchOffset + 32 <= 1024,
+static_assert(kTraceScratchOffset >= kFoldTableOffset + kFoldTableBytes && kTraceScratchOffset + 32 <= kHistOffset,
               "trace scratch after the fold table, inside the barrier kilobyte");
 
 // The release relay (kernel v8.1): once the dispatch warps have pulled every row, one dispatch
@@ -167,16 +167,16 @@ struct Relay {
     uint32_t on;                  // set by the dispatch lane once it serves
     uint32_t sent;                // requests sent so far (the consumer's thread 0 only)
 };
-static_assert(kRelayOffset >= kTraceScratchOffset + 32 && kRelayOffset % 8 == 0 && kRelayOffset + sizeof(Relay) <= 1024,
+static_assert(kRelayOffset >= kTraceScratchOffset + 32 && kRelayOffset % 8 == 0 && kRelayOffset + sizeof(Relay) <= kHistOffset,
               "release relay after the trace scratch, inside the barrier kilobyte");
 constexpr uint32_t kDescOffset = 784;  // the block descriptors: 3 x kMaxStages u32 (block_descriptors)
-static_assert(kDescOffset >= kRelayOffset + sizeof(Relay) && kDescOffset + 3 * kMaxStages * 4 <= 1024,
+static_assert(kDescOffset >= kRelayOffset + sizeof(Relay) && kDescOffset + 3 * kMaxStages * 4 <= kHistOffset,
               "block descriptors after the relay, inside the barrier kilobyte");
 // Two CTAs per SM (blocks by ticket, kernel v9.3): the producer's ticket broadcast (2 x u32), its
 // log of the phases of the blocks it took (16 x u8, block j at j % 16) and the log's length (u32)
 constexpr uint32_t kTicketOffset = 976, kBlockLogOffset = 984, kBlockLogLenOffset = 1000;
 static_assert(kTicketOffset >= kDescOffset + 3 * kMaxStages * 4 && kBlockLogOffset >= kTicketOffset + 8 &&
-              kBlockLogLenOffset >= kBlockLogOffset + 16 && kBlockLogLenOffset + 4 <= 1024,
+              kBlockLogLenOffset >= kBlockLogOffset + 16 && kBlockLogLenOffset + 4 <= kHistOffset,
               "block tickets and their log after the descriptors, inside the barrier kilobyte");
 __device__ __forceinline__ Relay* relay_of(uint64_t* full) {
     return reinterpret_cast<Relay*>(reinterpret_cast<uint8_t*>(full) + kRelayOffset);
@@ -224,7 +224,7 @@ __host__ __device__ constexpr size_t fixed_bytes(int bm, int num_experts) {
     // barriers + fold table (kFoldTableOffset) | dispatch scratch | the L1 epilogue's scratch
     // `red` [20][bm] f32: per-warp amax [8][bm], then the tokens' scales [4][bm] in rows 0-3 and
     // the block's L2-pool tile [bm][64] bytes in rows 4-19
-    return align1024(1024 + align128((size_t)num_experts * 12 + 64) + align128((size_t)20 * bm * 4));
+    return align1024(kHistOffset + align128((size_t)num_experts * 12 + 64) + align128((size_t)20 * bm * 4));
 }
 __host__ __device__ constexpr size_t smem_bytes(int bm, int stages, int num_experts) {
     return fixed_bytes(bm, num_experts) + (size_t)stages * stage_bytes(bm);
