@@ -273,6 +273,14 @@ def _print_summary(res) -> None:
                   "around grouped GEMMs at the FP4 weights' roofline), not a measured one; on "
                   f"{res.hardware.name} its all-to-all latency is not fitted (legacy_a2a_latency_ns: {src})",
                   highlight=False)
+    if plan.design == "megamoe-sm90":
+        from sim.hardware import SM90_DESIGN_FIGURES
+
+        est = [k for k in SM90_DESIGN_FIGURES if res.hardware.sources.get(k, "").startswith("estimate")]
+        if est:
+            con.print(f"note: design megamoe-sm90 on {res.hardware.name}: {len(est)} of its {len(SM90_DESIGN_FIGURES)} "
+                      "SM90 figures are estimates, not fitted to traces of our SM90 kernel on this GPU (the h200 "
+                      "preset's are)", highlight=False)
     if sum(s["num_recv_tokens"]) == 0:
         con.print("empty call (no token routed to an expert): time, busy fractions and speedup describe the "
                   "call's fixed cost (count exchange, grid syncs, barriers); overlap efficiency: n/a (no compute; "

@@ -271,6 +271,15 @@ class Hardware:
 
 
 _FIGURES = [f.name for f in fields(Hardware) if f.name not in ("name", "sources", "path")]
+# The figures only the megamoe-sm90 design uses (this module's docstring describes each): fitted to
+# our SM90 kernel's traces on the H200 preset, estimates elsewhere (the CLI says so when it runs
+# that design on a preset whose figures are estimates).
+SM90_DESIGN_FIGURES = ("sm90_mma_fraction", "sm90_promotion_ns_per_row", "e2m1_decode_thread_ns_per_elem",
+                       "stage_handoff_ns", "sm90_count_ns", "sm90_count_item_ns", "sm90_local_count_ns",
+                       "sm90_first_fill_ns", "sm90_fetch_counts_ns", "pull_fold_chunk_ns", "sm90_issue_kblock_ns",
+                       "sched_block_ns", "sched_ahead_ns", "sched_desc_ns", "sm90_pair_share", "sm90_pair_share_first",
+                       "sched_step_ns", "sched_skip_ns", "sm90_mask_seen_ns", "sm90_mask_seen_relay_ns",
+                       "l2_epilogue_fixed_ns", "l2_epilogue_ep_ns", "combine_round_ns", "combine_round_serial_ns")
 _INTS = {"num_sms", "smem_per_block_bytes", "l2_cache_bytes"}
 
 _KIB, _MIB, _GIB = 1024, 1024**2, 1024**3
@@ -361,7 +370,8 @@ def parse_hardware(data: dict, path: str = "<dict>") -> Hardware:
         InputError: not a table, a key other than name, figures and sources at the top level (a
             typo would otherwise be ignored), a missing or non-numeric figure, a figure outside its range
             (:data:`FIGURE_RANGES`: e.g. a negative or infinite bandwidth, an efficiency above
-            1), a non-integer count, or a figure without a source.
+            1), a non-integer count, a figure without a source, or a source of no figure (a
+            misspelt key would otherwise be ignored).
     """
     require(isinstance(data, dict), "hardware", "a table (name, [figures], [sources])", type(data).__name__)
     extra = sorted(set(data) - {"name", "figures", "sources"})
@@ -386,6 +396,9 @@ def parse_hardware(data: dict, path: str = "<dict>") -> Hardware:
         vals[k] = float(v) if k not in _INTS else v
     unknown = sorted(set(figs) - set(_FIGURES))
     require(not unknown, "hardware.figures", f"only {', '.join(_FIGURES)}", ", ".join(unknown))
+    orphans = sorted(set(srcs) - set(_FIGURES))
+    require(not orphans, "hardware.sources", "one source per figure, keyed by the figure's name",
+            f"sources of no figure: {', '.join(map(str, orphans))}")
     return Hardware(name=data["name"], sources=dict(srcs), path=path, **vals)
 
 

@@ -999,3 +999,32 @@ def test_compare_says_when_the_hardware_is_not_the_traces():
     for extra in (["--hardware", "h200"], []):
         rc, out, err = run("compare", trace, *extra)
         assert rc == 0 and "note: the trace was recorded" not in out, err
+
+
+def test_simulate_says_when_the_sm90_figures_are_estimates():
+    """The megamoe-sm90 design on a preset whose SM90 figures are estimates (B200, H20: every one
+    copied or rounded from the H200 fit) says so; on the H200 preset, where each is fitted to our
+    kernel's traces or measured, it does not; the deepgemm-sm100 design, which uses none, neither."""
+    from sim.hardware import SM90_DESIGN_FIGURES, load_hardware
+
+    base = ("simulate", "--shape", "deepseek-v4-flash", "--ranks", "1", "--tokens", "16")
+    for hw in ("b200", "h20"):
+        n = sum(load_hardware(hw).sources[k].startswith("estimate") for k in SM90_DESIGN_FIGURES)
+        assert n == len(SM90_DESIGN_FIGURES)  # the presets' own sources, read independently of the CLI
+        rc, out, err = run(*base, "--design", "megamoe-sm90", "--hardware", hw)
+        assert rc == 0, err
+        assert (f"note: design megamoe-sm90 on {load_hardware(hw).name}: {n} of its {n} SM90 figures are estimates"
+                in " ".join(out.split()))
+    assert not any(load_hardware("h200").sources[k].startswith("estimate") for k in SM90_DESIGN_FIGURES)
+    for extra in (["--design", "megamoe-sm90", "--hardware", "h200"], ["--design", "deepgemm-sm100", "--hardware", "b200"]):
+        rc, out, err = run(*base, *extra)
+        assert rc == 0 and "SM90 figures are estimates" not in " ".join(out.split()), err
+
+
+def test_sm90_design_figures_are_figures_and_described():
+    import sim.hardware as h
+
+    assert set(h.SM90_DESIGN_FIGURES) <= set(h._FIGURES)
+    assert len(set(h.SM90_DESIGN_FIGURES)) == len(h.SM90_DESIGN_FIGURES)
+    for k in h.SM90_DESIGN_FIGURES:
+        assert f"``{k}``" in h.__doc__, k

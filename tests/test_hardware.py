@@ -69,6 +69,16 @@ def test_missing_source_is_rejected():
         parse_hardware(d)
 
 
+def test_source_of_no_figure_is_rejected():
+    # a misspelt source key beside the right one would otherwise be carried silently
+    d = _data()
+    d["sources"]["hbm_gb_s"] = "a typo of hbm_gbs"
+    d["sources"]["zz_extra"] = "another"
+    with pytest.raises(InputError, match=r"^hardware.sources: expected one source per figure, keyed by the figure's "
+                                         r"name, got sources of no figure: hbm_gb_s, zz_extra$"):
+        parse_hardware(d)
+
+
 def test_unknown_preset_and_bad_path(tmp_path):
     with pytest.raises(InputError, match="^hardware"):
         load_hardware("a100")
