@@ -11,6 +11,15 @@ Each count runs ``--calls`` traced calls (default 5) and keeps the one with the 
 (the trace's meta lists every call's, ``traced_calls_makespan_us``; until the forty-first session
 one traced call was kept).
 
+Each trace's meta holds the scenario (``Scenario.to_dict``) and: ``source`` "kernel", ``device``,
+``kernel_build`` (the library's hash), ``num_sms``, ``plan`` (block_m, experts per wave, stages, CTAs
+per SM), ``traced_calls_makespan_us`` (every traced call's span, first record to last) and
+``kernel_us_median_untraced``: the median of five untraced single calls, each timed by a CUDA event
+pair around the whole Python call from an idle GPU, so the host's launch work (~60-120 us on the
+lent H200s, benchmarks/NOTES_kernel.md, fifteenth session) is in it at every size. It is not the
+kernel's own time: in the committed traces it is 2.3x the traced span at 1 token and within 1% of
+it at 4096 and 8192.
+
 Usage (GPU): OUT=dir python benchmarks/device/traces.py [TOKENS] [--max-tokens M] [--ctas-per-sm 1|2] [--calls N]
 """
 
