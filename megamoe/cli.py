@@ -268,7 +268,7 @@ def _print_summary(res) -> None:
                   "permute, grouped GEMMs at the FP4 weights' roofline, SwiGLU, a reduction), not a measured one; "
                   f"its launch gaps are an estimate (legacy_launch_ns {res.hardware.legacy_launch_ns / 1e3:g} us)",
                   highlight=False)
-    elif src.startswith("estimate"):
+    elif src.lstrip().lower().startswith("estimate"):
         con.print("speedup vs legacy: against this model's idealised unfused path (sim.legacy: DeepEP all-to-alls "
                   "around grouped GEMMs at the FP4 weights' roofline), not a measured one; on "
                   f"{res.hardware.name} its all-to-all latency is not fitted (legacy_a2a_latency_ns: {src})",
@@ -276,7 +276,8 @@ def _print_summary(res) -> None:
     if plan.design == "megamoe-sm90":
         from sim.hardware import SM90_DESIGN_FIGURES
 
-        est = [k for k in SM90_DESIGN_FIGURES if res.hardware.sources.get(k, "").startswith("estimate")]
+        est = [k for k in SM90_DESIGN_FIGURES
+               if res.hardware.sources.get(k, "").lstrip().lower().startswith("estimate")]
         if est:
             con.print(f"note: design megamoe-sm90 on {res.hardware.name}: {len(est)} of its {len(SM90_DESIGN_FIGURES)} "
                       "SM90 figures are estimates, not fitted to traces of our SM90 kernel on this GPU (the h200 "

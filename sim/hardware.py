@@ -156,13 +156,14 @@ but bounded for two reasons:
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from megamoe.errors import InputError, require
+from megamoe.errors import InputError, require, shown
 from megamoe.plan import MAX_SMS
 
 PRESET_DIR = Path(__file__).parent / "hardware"
@@ -370,18 +371,27 @@ def parse_hardware(data: dict, path: str = "<dict>") -> Hardware:
         InputError: not a table, a key other than name, figures and sources at the top level (a
             typo would otherwise be ignored), a missing or non-numeric figure, a figure outside its range
             (:data:`FIGURE_RANGES`: e.g. a negative or infinite bandwidth, an efficiency above
-            1), a non-integer count, a figure without a source, or a source of no figure (a
-            misspelt key would otherwise be ignored).
+            1), a non-integer count, a figure without a source, an empty name or source, or a
+            figure or source key that names no figure (checked first, with the nearest name: a
+            misspelt key would otherwise be ignored or reported as the right one missing).
     """
     require(isinstance(data, dict), "hardware", "a table (name, [figures], [sources])", type(data).__name__)
     extra = sorted(set(data) - {"name", "figures", "sources"})
     require(not extra, "hardware", "only name, [figures] and [sources] at the top level", ", ".join(map(str, extra)))
-    require(isinstance(data.get("name"), str), "hardware.name", "a string", data.get("name"))
+    name = data.get("name")
+    require(isinstance(name, str) and name.strip() != "", "hardware.name", "a non-empty string",
+            "missing" if name is None else shown(name))
     figs = data.get("figures")
     require(isinstance(figs, dict), "hardware.figures", "a [figures] table",
             "missing" if figs is None else type(figs).__name__)
     srcs = data.get("sources", {})
     require(isinstance(srcs, dict), "hardware.sources", "a [sources] table", type(srcs).__name__)
+    # keys that name no figure first: a misspelt figure would otherwise be reported as the right
+    # one missing
+    for table, keys in (("figures", figs), ("sources", srcs)):
+        unknown = sorted(map(str, set(keys) - set(_FIGURES)))
+        require(not unknown, f"hardware.{table}", "figure names only (sim.hardware.Hardware's fields)",
+                ", ".join(_with_hint(u) for u in unknown))
     vals = {}
     for k in _FIGURES:
         require(k in figs, f"hardware.figures.{k}", "a number", "missing")
@@ -392,14 +402,15 @@ def parse_hardware(data: dict, path: str = "<dict>") -> Hardware:
             require(float(v).is_integer(), f"hardware.figures.{k}", "an integer", v)
             v = int(v)
         require(isinstance(srcs.get(k), str) and srcs[k].strip() != "", f"hardware.sources.{k}",
-                "a source string", srcs.get(k, "missing"))
+                "a non-empty source string", shown(srcs[k]) if k in srcs else "missing")
         vals[k] = float(v) if k not in _INTS else v
-    unknown = sorted(set(figs) - set(_FIGURES))
-    require(not unknown, "hardware.figures", f"only {', '.join(_FIGURES)}", ", ".join(unknown))
-    orphans = sorted(set(srcs) - set(_FIGURES))
-    require(not orphans, "hardware.sources", "one source per figure, keyed by the figure's name",
-            f"sources of no figure: {', '.join(map(str, orphans))}")
-    return Hardware(name=data["name"], sources=dict(srcs), path=path, **vals)
+    return Hardware(name=name, sources=dict(srcs), path=path, **vals)
+
+
+def _with_hint(key: str) -> str:
+    """``key`` with the nearest figure name, where one is close (a misspelling)."""
+    near = difflib.get_close_matches(key, _FIGURES, n=1)
+    return f"{key} (did you mean {near[0]}?)" if near else key
 
 
 def preset_names() -> list[str]:

@@ -78,8 +78,17 @@ def parse_values(axis: str, text: str) -> list:
     """Values of one axis from ``a,b,c`` or ``start:stop[:step]`` (inclusive, integers).
 
     Raises:
-        InputError: unknown axis, bad number, empty range.
+        InputError: unknown axis, bad number, empty range, a value given twice (it would be
+            simulated twice and give two identical rows).
     """
+    vals = _axis_values(axis, text)
+    seen: set = set()
+    dup = next((v for v in vals if v in seen or seen.add(v)), None)
+    require(dup is None, f"sweep.{axis}", "distinct values", f"{dup!r} twice in {text!r}")
+    return vals
+
+
+def _axis_values(axis: str, text: str) -> list:
     known = axis in SCENARIO_AXES or axis == "policy" or axis in SCALE_ALIASES or axis.endswith("_scale")
     require(known, "sweep axis", f"one of {', '.join([*SCENARIO_AXES, 'policy', *SCALE_ALIASES])} "
             "or <hardware figure>_scale", axis)

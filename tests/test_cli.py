@@ -1002,8 +1002,8 @@ def test_compare_says_when_the_hardware_is_not_the_traces():
 
 
 def test_simulate_says_when_the_sm90_figures_are_estimates():
-    """The megamoe-sm90 design on a preset whose SM90 figures are estimates (B200, H20: every one
-    copied or rounded from the H200 fit) says so; on the H200 preset, where each is fitted to our
+    """The megamoe-sm90 design on a preset whose SM90 figures are estimates (B200, H20: most copied
+    or rounded from earlier H200 fits) says so; on the H200 preset, where each is fitted to our
     kernel's traces or measured, it does not; the deepgemm-sm100 design, which uses none, neither."""
     from sim.hardware import SM90_DESIGN_FIGURES, load_hardware
 

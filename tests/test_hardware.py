@@ -69,13 +69,30 @@ def test_missing_source_is_rejected():
         parse_hardware(d)
 
 
-def test_source_of_no_figure_is_rejected():
+def test_keys_of_no_figure_are_rejected_with_the_nearest_name():
     # a misspelt source key beside the right one would otherwise be carried silently
     d = _data()
     d["sources"]["hbm_gb_s"] = "a typo of hbm_gbs"
     d["sources"]["zz_extra"] = "another"
-    with pytest.raises(InputError, match=r"^hardware.sources: expected one source per figure, keyed by the figure's "
-                                         r"name, got sources of no figure: hbm_gb_s, zz_extra$"):
+    with pytest.raises(InputError, match=r"^hardware.sources: expected figure names only \(sim.hardware.Hardware's "
+                                         r"fields\), got hbm_gb_s \(did you mean hbm_gbs\?\), zz_extra$"):
+        parse_hardware(d)
+    # a misspelt figure is named as such, not reported as the right one missing (checked first)
+    d = _data()
+    d["figures"]["hbm_gsb"] = d["figures"].pop("hbm_gbs")
+    with pytest.raises(InputError, match=r"^hardware.figures: expected figure names only \(sim.hardware.Hardware's "
+                                         r"fields\), got hbm_gsb \(did you mean hbm_gbs\?\)$"):
+        parse_hardware(d)
+
+
+def test_empty_name_and_empty_source_are_rejected_and_shown():
+    d = _data()
+    d["name"] = " "
+    with pytest.raises(InputError, match=r"^hardware.name: expected a non-empty string, got ' '$"):
+        parse_hardware(d)
+    d = _data()
+    d["sources"]["hbm_gbs"] = ""
+    with pytest.raises(InputError, match=r"^hardware.sources.hbm_gbs: expected a non-empty source string, got ''$"):
         parse_hardware(d)
 
 
@@ -84,10 +101,10 @@ def test_unknown_preset_and_bad_path(tmp_path):
         load_hardware("a100")
     p = tmp_path / "x.toml"
     p.write_text("name = 3\n")
-    with pytest.raises(InputError, match=r"^hardware.name: expected a string, got 3 in .*x\.toml$"):
+    with pytest.raises(InputError, match=r"^hardware.name: expected a non-empty string, got 3 in .*x\.toml$"):
         load_hardware(str(p))
     p.write_text("")  # an empty file parses as an empty table: the message names the file too
-    with pytest.raises(InputError, match=r"^hardware.name: expected a string, got None in .*x\.toml$"):
+    with pytest.raises(InputError, match=r"^hardware.name: expected a non-empty string, got missing in .*x\.toml$"):
         load_hardware(str(p))
 
 

@@ -28,6 +28,17 @@ def test_parse_values():
         parse_values("hbm_scale", "-1")
 
 
+def test_a_value_given_twice_is_refused():
+    """A repeated value would be simulated twice and give two identical rows: refused, also where
+    two spellings parse to the same number."""
+    for axis, text, dup in (("tokens", "1,8,1", "1"), ("hbm_scale", "1,1.0", "1.0"),
+                            ("routing", "uniform,zipf:1.2,uniform", "'uniform'"),
+                            ("shape", "deepseek-v4-flash;deepseek-v4-flash", "'deepseek-v4-flash'")):
+        with pytest.raises(InputError, match=rf"^sweep.{axis}: expected distinct values, got {dup} twice in "):
+            parse_values(axis, text)
+    assert parse_values("tokens", "1:3") == [1, 2, 3]
+
+
 def test_sweep_runs_resumes_and_writes(tmp_path):
     axes = {"tokens": [8, 64], "nvlink_scale": [0.25, 1.0]}
     rows = sweep(axes, BASE, str(tmp_path), jobs=2, progress=False)
