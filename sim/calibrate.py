@@ -931,7 +931,7 @@ SM90_FIT_KERNEL = ("FP8 WGMMA v9.11, build 9fbc8612 (TMA loads, E2M1 decoded int
                    "register split 48 / 48 / 80, the wide instances counting locally at one CTA per SM and at two, "
                    "the ring's first fill paced by arrivals at block_m 16, the one-item pull's top-k weight loaded with its row, "
                    "the one-CTA wide instance's producer taking the counts from its own CTA's local count; every "
-                   "version's change: docs/kernel.md, "
+                   "version's change: docs/kernel-versions.md, "
                    "benchmarks/NOTES_kernel.md)")
 SM90_PROFILE_KERNEL = "FP8 WGMMA v8.6 kernel (its profile instance)"
 #: The committed trace ``sched_skip_ns`` was fitted to (:func:`fit_sm90_walk_skip`): 1 token, the

@@ -396,7 +396,7 @@ def parse_hardware(data: dict, path: str = "<dict>") -> Hardware:
     for k in _FIGURES:
         require(k in figs, f"hardware.figures.{k}", "a number", "missing")
         v = figs[k]
-        require(_is_number(v), f"hardware.figures.{k}", "a number", v)
+        require(_is_number(v), f"hardware.figures.{k}", "a number", shown(v))
         check_figure(k, v)
         if k in _INTS:
             require(float(v).is_integer(), f"hardware.figures.{k}", "an integer", v)

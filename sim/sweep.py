@@ -35,6 +35,7 @@ a point is valid.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -82,10 +83,32 @@ def parse_values(axis: str, text: str) -> list:
             simulated twice and give two identical rows).
     """
     vals = _axis_values(axis, text)
-    seen: set = set()
-    dup = next((v for v in vals if v in seen or seen.add(v)), None)
-    require(dup is None, f"sweep.{axis}", "distinct values", f"{dup!r} twice in {text!r}")
+    seen: dict = {}
+    for v in vals:
+        key = _same_point_key(axis, v)
+        require(key not in seen, f"sweep.{axis}", "distinct values",
+                f"{v!r} twice in {text!r}" if seen.get(key) == v else f"{seen.get(key)!r} and {v!r} (the same) in {text!r}")
+        seen[key] = v
     return vals
+
+
+def _same_point_key(axis: str, v):
+    """What decides the simulation an axis value gives: a routing spec as parsed (``UNIFORM`` is
+    ``uniform``, ``zipf:1.0`` is ``zipf:1``), a shape's four numbers (a preset and its ``E,k,H,I``);
+    the value itself otherwise, or where it does not parse (the point then fails on its own)."""
+    try:
+        if axis == "routing":
+            from megamoe.routing import RoutingSpec
+
+            return dataclasses.astuple(RoutingSpec.parse(v))
+        if axis == "shape":
+            from megamoe.shapes import get_shape
+
+            sh = get_shape(v)
+            return (sh.num_experts, sh.top_k, sh.hidden, sh.intermediate)
+    except InputError:
+        pass
+    return v
 
 
 def _axis_values(axis: str, text: str) -> list:
@@ -109,9 +132,14 @@ def _axis_values(axis: str, text: str) -> list:
     if axis == "shape":  # a custom shape is itself E,k,H,I: shapes are separated by ';'
         parts = text.split(",")
         one_custom = ";" not in text and len(parts) == 4 and all(p.strip().isdigit() for p in parts)
-        vals = [text] if one_custom else [v for v in text.split(";" if ";" in text else ",") if v != ""]
+        sep = ";" if ";" in text else ","
+        vals = [text] if one_custom else text.split(sep)
     else:
-        vals = [v for v in text.split(",") if v != ""]
+        sep = ","
+        vals = text.split(sep)
+    require(text == "" or all(v != "" for v in vals), f"sweep.{axis}",
+            f"values separated by single {'semicolons' if sep == ';' else 'commas'} (no empty value)", repr(text))
+    vals = [v for v in vals if v != ""]
     require(bool(vals), f"sweep.{axis}", "at least one value", repr(text))
     require(len(vals) <= MAX_POINTS, f"sweep.{axis}", f"at most {MAX_POINTS} values", len(vals))
     if numeric:

@@ -37,6 +37,23 @@ def test_a_value_given_twice_is_refused():
         with pytest.raises(InputError, match=rf"^sweep.{axis}: expected distinct values, got {dup} twice in "):
             parse_values(axis, text)
     assert parse_values("tokens", "1:3") == [1, 2, 3]
+    # two spellings of one routing spec or shape give the same simulation: refused as well
+    for axis, text, pair in (("routing", "uniform,UNIFORM", "'uniform' and 'UNIFORM'"),
+                             ("routing", "zipf:1,zipf:1.0", "'zipf:1' and 'zipf:1.0'"),
+                             ("routing", "masked:0.5,masked", "'masked:0.5' and 'masked'"),
+                             ("shape", "deepseek-v4-flash;256,6,4096,2048", "'deepseek-v4-flash' and '256,6,4096,2048'")):
+        with pytest.raises(InputError, match=rf"^sweep.{axis}: expected distinct values, got {pair} \(the same\) in "):
+            parse_values(axis, text)
+    assert parse_values("routing", "zipf:1,zipf:1.2") == ["zipf:1", "zipf:1.2"]
+    assert parse_values("routing", "zipf:x,uniform") == ["zipf:x", "uniform"]  # a bad value fails as its point
+
+
+def test_an_empty_value_is_refused():
+    for axis, text, sep in (("tokens", "1,,2", "commas"), ("routing", "uniform,", "commas"),
+                            ("shape", "deepseek-v4-flash;;deepseek-v4-pro", "semicolons")):
+        with pytest.raises(InputError, match=rf"^sweep.{axis}: expected values separated by single {sep} \(no empty "
+                                             rf"value\), got "):
+            parse_values(axis, text)
 
 
 def test_sweep_runs_resumes_and_writes(tmp_path):
@@ -174,7 +191,7 @@ def test_resume_recomputes_points_of_another_base(tmp_path):
 def test_shape_axis_takes_custom_shapes():
     from sim.sweep import parse_values
     assert parse_values("shape", "256,6,4096,2048") == ["256,6,4096,2048"]
-    assert parse_values("shape", "deepseek-v4-flash;256,6,4096,2048") == ["deepseek-v4-flash", "256,6,4096,2048"]
+    assert parse_values("shape", "deepseek-v4-flash;256,6,4096,1024") == ["deepseek-v4-flash", "256,6,4096,1024"]
     assert parse_values("shape", "deepseek-v4-flash,deepseek-v4-pro") == ["deepseek-v4-flash", "deepseek-v4-pro"]
 
 
