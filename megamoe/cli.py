@@ -501,6 +501,15 @@ def cmd_compare(a: argparse.Namespace) -> int:
                   f"{report['busy_fraction_simulated'][role]:.2f} ({err:+.2f})")
     con.print(f"overlap efficiency: measured {_fmt_overlap(report['overlap_efficiency_measured'])}, simulated "
               f"{_fmt_overlap(report['overlap_efficiency_simulated'])}")
+    labels = {"pulls_end": "last pull ends", "first_l1_mma": "first L1 MMA (median unit)",
+              "l1_mma_end": "last L1 MMA ends", "l2_epilogue_end": "last L2 epilogue ends", "end": "end"}
+
+    def _us(v):
+        return "-" if v is None else f"{v:.1f}"
+
+    con.print("phases, us from each trace's first record (measured / simulated): "
+              + "; ".join(f"{labels[k]} {_us(v['measured_us'])} / {_us(v['simulated_us'])}"
+                          for k, v in report["milestones"].items()), highlight=False)
     if a.json:
         print(f"wrote {a.json}")
     if a.plot:

@@ -22,7 +22,11 @@ which unit runs a block is decided at run time, in the kernel and in the model a
   difference (``busy_fraction_error``);
 * overlap efficiency in both and the difference (``overlap_efficiency_error``);
 * unmatched intervals on either side, and ``unmatched_block_work``: block work intervals
-  (load / MMA / epilogue of one block on one SM) present on one side only.
+  (load / MMA / epilogue of one block on one SM) present on one side only;
+* ``milestones``: where each side's call reaches its phases, in us from its first record
+  (:data:`MILESTONES`: the last pull's end, the median unit's first L1 MMA, the last L1 MMA's end,
+  the last L2 epilogue's end, the end), so that a makespan error can be placed in the start, the L1
+  phase, the L2 phase or the tail.
 
 ``compare_file(path)`` loads a kernel trace (NPZ with ``meta`` and ``topk_idx``, see
 :mod:`megamoe.trace`), simulates the same scenario (shape, ranks, tokens, the trace's own
@@ -45,6 +49,35 @@ from .metrics import busy_fractions, overlap_efficiency
 
 #: Quantiles (percent) of a kind's durations compared by ``kind_quantile_errors``.
 QUANTILES = (10, 25, 50, 75, 90)
+#: Phase milestones of ``milestones``: (name, kind, how) with how ``"last_end"`` the latest end of
+#: any record of the kind (rank-level ones included: the model records a rank's pulls once per
+#: round) or ``"median_first"`` the median over units (rank, SM >= 0) of each unit's first start.
+MILESTONES = (("pulls_end", "pull", "last_end"), ("first_l1_mma", "l1_mma", "median_first"),
+              ("l1_mma_end", "l1_mma", "last_end"), ("l2_epilogue_end", "l2_epilogue", "last_end"))
+
+
+def milestones(t: Trace) -> dict:
+    """The trace's :data:`MILESTONES` and its ``end``, us from its first record (None where the
+    trace has no record of the kind)."""
+    out = {}
+    if len(t) == 0:
+        return {name: None for name, _, _ in MILESTONES} | {"end": None}
+    t0 = float(t["t_start_ns"].min())
+    for name, kind, how in MILESTONES:
+        m = t["kind"] == KIND[kind]
+        if how == "median_first":
+            m = m & (t["sm"] >= 0)
+        if not m.any():
+            out[name] = None
+        elif how == "last_end":
+            out[name] = (float(t["t_end_ns"][m].max()) - t0) / 1e3
+        else:
+            units = t["rank"][m].astype(np.int64) * (1 << 20) + t["sm"][m]
+            starts = t["t_start_ns"][m]
+            first = [starts[units == u].min() for u in np.unique(units)]
+            out[name] = (float(np.median(first)) - t0) / 1e3
+    out["end"] = t.makespan_ns / 1e3
+    return out
 
 
 def _keys(t: Trace, by_block: bool = False) -> dict:
@@ -111,6 +144,8 @@ def compare_traces(measured: Trace, simulated: Trace, num_sms: int, by_block: bo
         # steps, sm = -1, vs the kernel's per-CTA ones) and idle waits never align one to one.
         "unmatched_block_work": sum(1 for k in set(km) ^ set(ks) if k[1] != -1 and k[4] >= 0
                                     and k[3] != KIND["idle_wait"]),
+        "milestones": {name: {"measured_us": a, "simulated_us": b}
+                       for (name, a), b in zip(milestones(measured).items(), milestones(simulated).values())},
     }
 
 

@@ -107,6 +107,37 @@ def test_compare_traces_counts_unmatched():
     assert r["unmatched_measured"] > 0 and r["unmatched_simulated"] == 0
 
 
+def test_milestones_by_hand():
+    """Phase milestones on two hand-made traces (us from each one's first record): the last pull's
+    end over every record, rank-level ones included; the median over units (rank, SM >= 0) of
+    each unit's first L1 MMA; the last L1 MMA and L2 epilogue ends; the end."""
+    # (rank, sm, role, kind, expert, m, n, wave, start, end, bytes, tokens); times in ns
+    m = Trace.from_rows([
+        (0, 0, "dispatch", "pull", -1, -1, -1, -1, 1000.0, 3000.0, 0, 0),
+        (0, 1, "dispatch", "pull", -1, -1, -1, -1, 1000.0, 7000.0, 0, 0),
+        (0, 0, "consumer", "l1_mma", 0, 0, 0, 0, 8000.0, 9000.0, 0, 0),
+        (0, 0, "consumer", "l1_mma", 0, 0, 1, 0, 9500.0, 12000.0, 0, 0),   # not SM 0's first
+        (0, 1, "consumer", "l1_mma", 1, 0, 0, 0, 10000.0, 11000.0, 0, 0),
+        (0, 2, "consumer", "l1_mma", 2, 0, 0, 0, 15000.0, 16000.0, 0, 0),
+        (0, 2, "consumer", "l2_epilogue", 2, 0, 0, 0, 20000.0, 21000.0, 0, 0),
+        (0, 0, "dispatch", "combine", -1, -1, -1, -1, 22000.0, 23000.0, 0, 0),
+    ])
+    s = Trace.from_rows([
+        (0, -1, "dispatch", "count", -1, -1, -1, -1, 0.0, 500.0, 0, 0),
+        (0, -1, "dispatch", "pull", -1, -1, -1, -1, 500.0, 4500.0, 0, 0),        # rank-level
+        (0, 0, "consumer", "l1_mma", 0, 0, 0, 0, 6000.0, 7000.0, 0, 0),
+        (0, 1, "consumer", "l1_mma", 1, 0, 0, 0, 6500.0, 8000.0, 0, 0),
+        (0, 1, "consumer", "l2_mma", 1, 0, 0, 0, 8000.0, 9000.0, 0, 0),
+    ])
+    r = compare_traces(m, s, 4)["milestones"]
+    # measured: origin 1000 ns; first L1 MMAs per unit 8000, 10000, 15000 -> median 10000
+    assert r["pulls_end"] == {"measured_us": 6.0, "simulated_us": 4.5}
+    assert r["first_l1_mma"] == {"measured_us": 9.0, "simulated_us": 6.25}   # median of 6000, 6500
+    assert r["l1_mma_end"] == {"measured_us": 15.0, "simulated_us": 8.0}
+    assert r["l2_epilogue_end"] == {"measured_us": 20.0, "simulated_us": None}  # no L2 epilogue simulated
+    assert r["end"] == {"measured_us": 22.0, "simulated_us": 9.0}
+
+
 def _variant(tmp_path, z, name, drop=(), **over):
     q = tmp_path / f"{name}.npz"
     np.savez(q, **{k: v for k, v in {**z, **over}.items() if k not in drop})
