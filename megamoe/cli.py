@@ -205,15 +205,16 @@ def _json_safe(obj):
 
 
 def _console():
-    """A rich console that does not cut wide tables when stdout is not a terminal, and leaves
-    a closed stdout to :func:`main` (rich itself would exit 1)."""
+    """A rich console that does not cut wide tables when stdout is not a terminal (nor break its
+    long lines of text, which logs are grepped for), and leaves a closed stdout to :func:`main`
+    (rich itself would exit 1)."""
     from rich.console import Console
 
     class _Console(Console):
         def on_broken_pipe(self) -> None:
             raise BrokenPipeError(32, "Broken pipe")
 
-    return _Console() if sys.stdout.isatty() else _Console(width=200)
+    return _Console() if sys.stdout.isatty() else _Console(width=200, soft_wrap=True)
 
 
 def _fmt_overlap(v: float | None) -> str:
