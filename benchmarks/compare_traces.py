@@ -4,11 +4,13 @@ and the ranking of plan choices measured on the kernel.
 Prints two tables and writes benchmarks/results/compare_h200.json.  Runs on any CPU: the
 traces (benchmarks/traces/*.npz) and the kernel's plan-choice times
 (results/kernel_plan_choices_h200.json) were measured on the lent H200s: the EP1 traces and
-plan choices on one H200, the traces with the FP8 WGMMA kernel v9.8 (build 445539c5, 2026-12-04,
-forty-second session; v9.9, the committed sources, changes no K loop), the plan choices with v9.9
-(forty-third session; kernel time by CUPTI since the forty-first, until then one call's CUDA-event time),
-the EP2 traces on two (NV18) with v6.4 (build fbc2931d, 2026-12-01; the two-GPU machine
-was not lent when v6.5-v9.9 were recorded). EP traces are simulated with the ranks' launch skew read off the trace (host jitter; the column
+plan choices on one H200, the traces with the FP8 WGMMA kernel v9.11 (build 9fbc8612, 2026-12-04,
+forty-fourth session; the committed sources' build d9de8ea2 has the same SASS), the plan choices with
+v9.10 (build ee6b3823, the same session, whose SASS v9.11 keeps in those instances; kernel time by
+CUPTI since the forty-first session, until then one call's CUDA-event time), the EP2 traces on two
+(NV18) with v6.4 (build fbc2931d, 2026-12-01; the two-GPU machine was not lent when v6.5-v9.11 were
+recorded). Each trace's row also holds the phase milestones of ``sim.compare.milestones`` (us from
+its first record, measured and simulated). EP traces are simulated with the ranks' launch skew read off the trace (host jitter; the column
 without it is shown too).
 "median kind err" pairs each block's durations on the two sides; "kind dist err" compares each
 kind's duration distribution (quantiles, ``sim.compare.QUANTILES``): at two CTAs per SM which block
@@ -44,7 +46,8 @@ def trace_rows() -> list[dict]:
                                           "overlap_efficiency_error", "unmatched_block_work")},
                      "kind_median_errors": {k: v["median"] for k, v in r["kind_errors"].items()},
                      "kind_quantile_errors": r["kind_quantile_errors"],
-                     "busy_fraction_error": r["busy_fraction_error"]})
+                     "busy_fraction_error": r["busy_fraction_error"],
+                     "milestones_us": r["milestones"]})
     return rows
 
 
