@@ -396,7 +396,8 @@ def parse_hardware(data: dict, path: str = "<dict>") -> Hardware:
     for k in _FIGURES:
         require(k in figs, f"hardware.figures.{k}", "a number", "missing")
         v = figs[k]
-        require(_is_number(v), f"hardware.figures.{k}", "a number", shown(v))
+        require(_is_number(v), f"hardware.figures.{k}", "a number",
+                ("true" if v else "false") if isinstance(v, bool) else shown(v))  # as the TOML spells it
         check_figure(k, v)
         if k in _INTS:
             require(float(v).is_integer(), f"hardware.figures.{k}", "an integer", v)

@@ -94,8 +94,11 @@ def parse_values(axis: str, text: str) -> list:
 
 def _same_point_key(axis: str, v):
     """What decides the simulation an axis value gives: a routing spec as parsed (``UNIFORM`` is
-    ``uniform``, ``zipf:1.0`` is ``zipf:1``), a shape's four numbers (a preset and its ``E,k,H,I``);
-    the value itself otherwise, or where it does not parse (the point then fails on its own)."""
+    ``uniform``, ``zipf:1.0`` is ``zipf:1``), a shape's four numbers (a preset and its ``E,k,H,I``),
+    a policy axis's set of policies (``a+b`` is ``b+a``); the value itself otherwise, or where it
+    does not parse (the point then fails on its own)."""
+    if axis == "policy":
+        return tuple(sorted(p for p in str(v).split("+") if p))
     try:
         if axis == "routing":
             from megamoe.routing import RoutingSpec

@@ -85,6 +85,14 @@ def test_keys_of_no_figure_are_rejected_with_the_nearest_name():
         parse_hardware(d)
 
 
+def test_a_figure_of_another_type_is_shown_as_the_file_spells_it():
+    for v, got in ((True, "true"), ("4800", "'4800'")):
+        d = _data()
+        d["figures"]["hbm_gbs"] = v
+        with pytest.raises(InputError, match=rf"^hardware.figures.hbm_gbs: expected a number, got {got}$"):
+            parse_hardware(d)
+
+
 def test_empty_name_and_empty_source_are_rejected_and_shown():
     d = _data()
     d["name"] = " "

@@ -45,6 +45,10 @@ def test_a_value_given_twice_is_refused():
         with pytest.raises(InputError, match=rf"^sweep.{axis}: expected distinct values, got {pair} \(the same\) in "):
             parse_values(axis, text)
     assert parse_values("routing", "zipf:1,zipf:1.2") == ["zipf:1", "zipf:1.2"]
+    # a policy axis value is a set of policies joined by '+': the order does not make another point
+    with pytest.raises(InputError, match=r"^sweep.policy: expected distinct values, got 'a\+b' and 'b\+a' \(the same\)"):
+        parse_values("policy", "a+b,b+a")
+    assert parse_values("policy", "a+b,a") == ["a+b", "a"]
     assert parse_values("routing", "zipf:x,uniform") == ["zipf:x", "uniform"]  # a bad value fails as its point
 
 
