@@ -269,7 +269,7 @@ def _print_summary(res) -> None:
                   "permute, grouped GEMMs at the FP4 weights' roofline, SwiGLU, a reduction), not a measured one; "
                   f"its launch gaps are an estimate (legacy_launch_ns {res.hardware.legacy_launch_ns / 1e3:g} us)",
                   highlight=False)
-    elif src.lstrip().lower().startswith("estimate"):
+    elif res.hardware.is_estimate("legacy_a2a_latency_ns"):
         con.print("speedup vs legacy: against this model's idealised unfused path (sim.legacy: DeepEP all-to-alls "
                   "around grouped GEMMs at the FP4 weights' roofline), not a measured one; on "
                   f"{res.hardware.name} its all-to-all latency is not fitted (legacy_a2a_latency_ns: {src})",
@@ -277,8 +277,7 @@ def _print_summary(res) -> None:
     if plan.design == "megamoe-sm90":
         from sim.hardware import SM90_DESIGN_FIGURES
 
-        est = [k for k in SM90_DESIGN_FIGURES
-               if res.hardware.sources.get(k, "").lstrip().lower().startswith("estimate")]
+        est = [k for k in SM90_DESIGN_FIGURES if res.hardware.is_estimate(k)]
         if est:
             con.print(f"note: design megamoe-sm90 on {res.hardware.name}: {len(est)} of its {len(SM90_DESIGN_FIGURES)} "
                       "SM90 figures are estimates, not fitted to traces of our SM90 kernel on this GPU (the h200 "
@@ -502,14 +501,13 @@ def cmd_compare(a: argparse.Namespace) -> int:
                   f"{report['busy_fraction_simulated'][role]:.2f} ({err:+.2f})")
     con.print(f"overlap efficiency: measured {_fmt_overlap(report['overlap_efficiency_measured'])}, simulated "
               f"{_fmt_overlap(report['overlap_efficiency_simulated'])}")
-    labels = {"pulls_end": "last pull ends", "first_l1_mma": "first L1 MMA (median unit)",
-              "l1_mma_end": "last L1 MMA ends", "l2_epilogue_end": "last L2 epilogue ends", "end": "end"}
+    from sim.compare import MILESTONE_LABELS
 
     def _us(v):
         return "-" if v is None else f"{v:.1f}"
 
     con.print("phases, us from each trace's first record (measured / simulated): "
-              + "; ".join(f"{labels[k]} {_us(v['measured_us'])} / {_us(v['simulated_us'])}"
+              + "; ".join(f"{MILESTONE_LABELS[k]} {_us(v['measured_us'])} / {_us(v['simulated_us'])}"
                           for k, v in report["milestones"].items()), highlight=False)
     if a.json:
         print(f"wrote {a.json}")

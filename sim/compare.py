@@ -54,27 +54,30 @@ QUANTILES = (10, 25, 50, 75, 90)
 #: round) or ``"median_first"`` the median over units (rank, SM >= 0) of each unit's first start.
 MILESTONES = (("pulls_end", "pull", "last_end"), ("first_l1_mma", "l1_mma", "median_first"),
               ("l1_mma_end", "l1_mma", "last_end"), ("l2_epilogue_end", "l2_epilogue", "last_end"))
+#: How ``megamoe compare`` names each milestone (and the trace's ``end``).
+MILESTONE_LABELS = {"pulls_end": "last pull ends", "first_l1_mma": "first L1 MMA (median unit)",
+                    "l1_mma_end": "last L1 MMA ends", "l2_epilogue_end": "last L2 epilogue ends", "end": "end"}
 
 
 def milestones(t: Trace) -> dict:
     """The trace's :data:`MILESTONES` and its ``end``, us from its first record (None where the
     trace has no record of the kind)."""
-    out = {}
     if len(t) == 0:
         return {name: None for name, _, _ in MILESTONES} | {"end": None}
     t0 = float(t["t_start_ns"].min())
+    out = {}
     for name, kind, how in MILESTONES:
-        m = t["kind"] == KIND[kind]
+        k = t.where(kind=kind)
         if how == "median_first":
-            m = m & (t["sm"] >= 0)
-        if not m.any():
+            k = k.select(k["sm"] >= 0)
+        if len(k) == 0:
             out[name] = None
         elif how == "last_end":
-            out[name] = (float(t["t_end_ns"][m].max()) - t0) / 1e3
-        else:
-            units = t["rank"][m].astype(np.int64) * (1 << 20) + t["sm"][m]
-            starts = t["t_start_ns"][m]
-            first = [starts[units == u].min() for u in np.unique(units)]
+            out[name] = (float(k["t_end_ns"].max()) - t0) / 1e3
+        else:  # each unit's first start: a minimum per (rank, SM) group
+            _, unit = np.unique(k["rank"].astype(np.int64) * (1 << 20) + k["sm"], return_inverse=True)
+            first = np.full(int(unit.max()) + 1, np.inf)
+            np.minimum.at(first, unit, k["t_start_ns"])
             out[name] = (float(np.median(first)) - t0) / 1e3
     out["end"] = t.makespan_ns / 1e3
     return out

@@ -225,6 +225,11 @@ class Hardware:
     sources: dict
     path: str = ""
 
+    def is_estimate(self, figure: str) -> bool:
+        """Whether ``figure``'s source marks it an estimate (its text starts with "estimate", in
+        any case): not measured on this GPU nor fitted to its traces."""
+        return self.sources.get(figure, "").lstrip().lower().startswith("estimate")
+
     # derived rates -------------------------------------------------------------
     @property
     def tc_flops_per_ns_per_sm(self) -> float:

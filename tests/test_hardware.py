@@ -1,5 +1,6 @@
 """Hardware files: every figure sourced, bad figures rejected with the field named."""
 
+import dataclasses
 import tomllib
 
 import pytest
@@ -91,6 +92,14 @@ def test_a_figure_of_another_type_is_shown_as_the_file_spells_it():
         d["figures"]["hbm_gbs"] = v
         with pytest.raises(InputError, match=rf"^hardware.figures.hbm_gbs: expected a number, got {got}$"):
             parse_hardware(d)
+
+
+def test_is_estimate_reads_the_source_in_any_case():
+    hw = load_hardware("h200")
+    for src, est in (("estimate: a guess", True), ("  Estimate, rounded", True), ("fitted to traces", False),
+                     ("measured; an estimate before", False)):
+        assert dataclasses.replace(hw, sources={**hw.sources, "hbm_gbs": src}).is_estimate("hbm_gbs") is est
+    assert not hw.is_estimate("no_such_figure")
 
 
 def test_empty_name_and_empty_source_are_rejected_and_shown():
