@@ -275,6 +275,21 @@ def _first_block_issue(t) -> tuple[float, float, int, list[float]]:
     return _median(per), _median(gap), len(per), fill
 
 
+def _first_kloop_excess(t) -> list[float]:
+    """Each CTA's first L1 MMA record less the median of its later ones, ns, over the CTAs with two or
+    more L1 blocks (the ring's first fill: ``sm90_first_kloop_ns``)."""
+    import numpy as np
+
+    from megamoe.trace import KIND
+
+    mma = t.where(kind=KIND["l1_mma"])
+    key = mma["rank"].astype(np.int64) * (1 << 20) + mma["sm"]
+    o = np.lexsort((mma["t_start_ns"], key))
+    key, d = key[o], (mma["t_end_ns"] - mma["t_start_ns"])[o].astype(float)
+    cut = np.flatnonzero(np.diff(key)) + 1
+    return [float(g[0] - np.median(g[1:])) for g in np.split(d, cut) if len(g) >= 2]
+
+
 def _first_walk_start(t) -> float:
     """Median over the CTAs of one trace of the time from the CTA's first pull record's start (its
     counts are ready) to its producer's first load record's start (after the count fetch and the
@@ -477,6 +492,7 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
         BLOCK_K,
         BLOCK_N,
         CONSUMER_WARPS,
+        FIRST_FILL_PER_SM,
         RELAY_RELEASE,
         THREADS,
         WALK_IN_EPILOGUE,
@@ -520,7 +536,7 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
                      "stages": int(meta["plan"]["num_stages"]), "issue": _first_block_issue(t),
                      "top_k": int(meta["top_k"]), "experts": int(meta["num_experts"]),
                      "pull_start": _median(pull["t_start_ns"]), "share": int(np.diff(i0).max()),
-                     "fetch": _first_walk_start(t)})
+                     "fetch": _first_walk_start(t), "first_kloop": _first_kloop_excess(t)})
     bms = sorted({r["bm"] for r in rows})
     require(len(bms) >= 2, "fit_sm90_traces", "traces of at least two block_m", bms)
     num_sms = rows[0]["num_sms"]
@@ -611,6 +627,20 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
                + f": {v / 1e3:.2f} us, against one tma_latency_ns ({hw.tma_latency_ns:.0f} ns) for a later block's "
                "first stage")
         out["sm90_first_fill_ns"] = (v, how)
+
+    # the first block's K loop where the kernel paces the ring's first fill by arrivals (v9.8,
+    # FIRST_FILL_PER_SM): each CTA's first L1 MMA record less the median of its later ones, the
+    # median over every such CTA of the traces at those block_m
+    paced = [r for r in rows if FIRST_FILL_PER_SM.get(r["bm"], 0) and r["first_kloop"]]
+    if paced:
+        ex = [x for r in paced for x in r["first_kloop"]]
+        v = max(0.0, _median(ex))
+        how = ("each CTA's first L1 MMA record less the median of its later ones, where the kernel paces the ring's "
+               "first fill by arrivals (design_sm90.FIRST_FILL_PER_SM, kernel v9.8): median over the "
+               f"{len(ex)} CTAs of " + ", ".join(f"T={r['tokens']} (block_m {r['bm']}, median "
+                                                   f"{_median(r['first_kloop']) / 1e3:.2f} us)" for r in paced)
+               + f": {v / 1e3:.2f} us")
+        out["sm90_first_kloop_ns"] = (v, how)
 
     # the schedulers' count fetch before the first walk: from each CTA's first pull record's start
     # (its counts are ready: after the count barrier, or its own count) to its producer's first load

@@ -54,7 +54,8 @@ the consumers free the stage a ring back (``min(stages, K blocks)`` K blocks bef
 loop's end), and, in L2, ``K blocks - i`` issues after K block ``i``'s arrival-mask bits,
 whichever is latest; the consumers cannot finish the K loop before the last stage's data
 arrives; a unit's first block's first stage lands ``sm90_first_fill_ns`` after its issue, the
-ring's first fill at the call's start, the later blocks' ``tma_latency_ns``; before its first walk a
+ring's first fill at the call's start, the later blocks' ``tma_latency_ns``, and where the kernel
+paces that fill by arrivals (block_m 16) its K loop runs ``sm90_first_kloop_ns`` longer; before its first walk a
 unit's schedulers read the published counts, ``sm90_fetch_counts_ns`` at its share); the L2
 epilogue grows with the valid rows (and with several ranks pays ``l2_epilogue_ep_ns`` for
 storing through the symmetric-memory peer table); each CTA pulls a contiguous range of
@@ -83,6 +84,7 @@ import simpy
 
 from megamoe.design_sm90 import (
     BLOCK_DESCRIPTORS,
+    FIRST_FILL_PER_SM,
     ONE_ITEM_PULL_WARPS,
     PULL_ROUND_BYTES,
     RELAY_RELEASE,
@@ -849,6 +851,9 @@ class _Engine:
         # SM90: the unit's first block's first stage lands sm90_first_fill_ns after its issue (the
         # ring's first fill at the call's start, read off the traces), the later ones' tma_latency_ns
         first_lat = max(lat, hw.sm90_first_fill_ns) if sm90 else lat
+        # and where the kernel paces that fill by arrivals (v9.8, block_m 16) the first block's K
+        # loop runs sm90_first_kloop_ns longer than a later one's (read off the traces)
+        first_kloop = hw.sm90_first_kloop_ns if sm90 and FIRST_FILL_PER_SM.get(bm, 0) else 0.0
         for phase, n, pb, key_w, key_a, kp, bid, gap in rows:
             adj = False  # L2: wait per K block (ready_cache entry's [ca], [ca + 1])
             if phase == L1:
@@ -918,7 +923,7 @@ class _Engine:
                 ta[key_a] = True
                 first += act1[pb] if phase == L1 else act2[pb]  # FP8 activations + UE8M0 scales
             if phase == L1:
-                mma_end = mma_start + loop1
+                mma_end = mma_start + loop1 + first_kloop
                 if first:
                     f = hbm_reserve(load_start, first) + t_k1
                     if f > mma_end:
@@ -928,7 +933,7 @@ class _Engine:
                     mma_end = max(mma_end, issue_end + lat + t_k1)
                     issue_end = max(issue_end, mma_end - pre1 + t_iss)
             else:
-                mma_end = mma_start + loop2
+                mma_end = mma_start + loop2 + first_kloop
                 if first:
                     f = hbm_reserve(load_start, first) + t_k
                     if f > mma_end:
@@ -943,6 +948,7 @@ class _Engine:
                         issue_end = max(issue_end, cached[ca + 1])
                     mma_end = max(mma_end, issue_end + lat + t_k)
                     issue_end = max(issue_end, mma_end - pre2 + t_iss)
+            first_kloop = 0.0
             epi_start = mma_end if mma_end > prev_epi_end else prev_epi_end
             part_end = None
             if ks > 1:

@@ -58,6 +58,12 @@ Figures (units in the key names):
   and at block_m 16 kernel v9.8 paces that fill by arrivals), in place of ``tma_latency_ns`` for the
   unit's first block only; read where the consumers' first record starts at that arrival (block
   descriptors, block_m 16).
+* ``sm90_first_kloop_ns`` — SM90 design: how much longer a unit's first block's K loop runs than
+  its later ones where kernel v9.8 paces the ring's first fill by arrivals
+  (:func:`megamoe.design_sm90.first_fill_stages` > 0: block_m 16): during the first ``num_stages``
+  K blocks a producer warp issues a stage only once the stage ``F`` back has landed, while every
+  SM's ring fills at once; read off the traces as each CTA's first L1 MMA record less the median
+  of its later ones.
 * ``pull_fold_chunk_ns`` — SM90 design: one dispatch warp's fold and stores of one chunk round
   of a pulled row (``megamoe.design_sm90.PULL_ROUND_BYTES``: 32 lanes x 16 bytes); a warp
   pulling a whole row runs ``hidden / PULL_ROUND_BYTES`` of them one after another (part of ``pull_latency_ns``), and the rows a
@@ -204,6 +210,7 @@ class Hardware:
     sm90_count_item_ns: float
     sm90_local_count_ns: float
     sm90_first_fill_ns: float
+    sm90_first_kloop_ns: float
     sm90_fetch_counts_ns: float
     pull_fold_chunk_ns: float
     sm90_issue_kblock_ns: float
@@ -282,7 +289,8 @@ _FIGURES = [f.name for f in fields(Hardware) if f.name not in ("name", "sources"
 # that design on a preset whose figures are estimates).
 SM90_DESIGN_FIGURES = ("sm90_mma_fraction", "sm90_promotion_ns_per_row", "e2m1_decode_thread_ns_per_elem",
                        "stage_handoff_ns", "sm90_count_ns", "sm90_count_item_ns", "sm90_local_count_ns",
-                       "sm90_first_fill_ns", "sm90_fetch_counts_ns", "pull_fold_chunk_ns", "sm90_issue_kblock_ns",
+                       "sm90_first_fill_ns", "sm90_first_kloop_ns", "sm90_fetch_counts_ns", "pull_fold_chunk_ns",
+                       "sm90_issue_kblock_ns",
                        "sched_block_ns", "sched_ahead_ns", "sched_desc_ns", "sm90_pair_share", "sm90_pair_share_first",
                        "sched_step_ns", "sched_skip_ns", "sm90_mask_seen_ns", "sm90_mask_seen_relay_ns",
                        "l2_epilogue_fixed_ns", "l2_epilogue_ep_ns", "combine_round_ns", "combine_round_serial_ns")
@@ -322,6 +330,7 @@ FIGURE_RANGES: dict[str, tuple[float, float, str]] = {
     "sm90_count_item_ns": (0.0, 10_000.0, "ns"),
     "sm90_local_count_ns": (0.01, 1_000_000.0, "ns"),
     "sm90_first_fill_ns": (0.01, 100_000.0, "ns"),
+    "sm90_first_kloop_ns": (0.0, 100_000.0, "ns"),
     "sm90_fetch_counts_ns": (0.0, 100_000.0, "ns"),
     "pull_fold_chunk_ns": (0.01, 5_000.0, "ns"),
     "sm90_issue_kblock_ns": (0.01, 5_000.0, "ns"),

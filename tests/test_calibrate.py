@@ -79,7 +79,7 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
                         "l2_epilogue_fixed_ns", "l2_epilogue_thread_ns_per_elem", "pull_latency_ns",
                         "combine_round_ns", "combine_round_serial_ns", "grid_sync_ns", "sm90_count_ns", "sm90_count_item_ns",
                         "sm90_mask_seen_ns", "sm90_mask_seen_relay_ns", "sm90_first_fill_ns",
-                        "sm90_fetch_counts_ns"}
+                        "sm90_first_kloop_ns", "sm90_fetch_counts_ns"}
     for key, (value, src) in sm90_fit_sources(fit).items():
         assert getattr(hw, key) == pytest.approx(fit[key][0], rel=2e-3, abs=0.5), key
         assert getattr(hw, key) == value and hw.sources[key] == src, key
@@ -378,6 +378,43 @@ def test_first_fill_is_the_median_lag_from_first_issue_to_first_mma():
     hw = load_hardware("h200")
     assert hw.sm90_first_fill_ns == got and 2 * hw.tma_latency_ns < got < 5000.0
     assert "T=64 (block_m 16, median 1.73 us), T=512 (block_m 16, median 2.34 us)" in fit["sm90_first_fill_ns"][1]
+
+
+def test_first_kloop_is_the_median_excess_of_each_ctas_first_l1_block():
+    """sm90_first_kloop_ns (the first K loop where kernel v9.8 paces the ring's first fill by
+    arrivals, block_m 16): over every CTA of the block_m 16 fit traces (the one-CTA traces at 64 and
+    512 tokens) with two or more L1 MMA records, its first record's duration less the median of its
+    later ones; the median over the 264 CTAs. Read here straight from the NPZ arrays with a plain
+    loop per CTA: per-trace medians 1.53 / 2.58 us, pooled 1896 ns (kernel v9.11's traces). The
+    block_m 128 trace (4096 tokens, the whole ring at once) is left out: its first record holds the
+    wait for the pull (16.6 us)."""
+    import numpy as np
+
+    from megamoe.design_sm90 import FIRST_FILL_PER_SM
+    from megamoe.trace import KIND, Trace
+    from sim.calibrate import fit_sm90_traces
+
+    pooled, medians = [], []
+    for p in TRACES:
+        if not FIRST_FILL_PER_SM[int(Trace.load(_root(p)).meta["plan"]["block_m"])]:
+            continue
+        d = np.load(_root(p))
+        k, sm = d["kind"], d["sm"]
+        mine = []
+        for c in np.unique(sm[k == KIND["l1_mma"]]):
+            m = np.nonzero((k == KIND["l1_mma"]) & (sm == c))[0]
+            m = m[np.argsort(d["t_start_ns"][m], kind="stable")]
+            dur = (d["t_end_ns"][m] - d["t_start_ns"][m]).astype(np.float64)
+            if len(dur) >= 2:
+                mine.append(dur[0] - float(np.median(dur[1:])))
+        medians.append(round(float(np.median(mine))))
+        pooled += mine
+    assert len(pooled) == 264 and medians == [1528, 2584]
+    fit = fit_sm90_traces([_root(p) for p in TRACES])
+    got = fit["sm90_first_kloop_ns"][0]
+    assert got == float(np.median(pooled)) == 1896.0
+    assert load_hardware("h200").sm90_first_kloop_ns == got
+    assert "T=64 (block_m 16, median 1.53 us), T=512 (block_m 16, median 2.58 us): 1.90 us" in fit["sm90_first_kloop_ns"][1]
 
 
 def test_fetch_counts_is_the_first_walk_start_less_the_walk():

@@ -453,10 +453,12 @@ def test_sm90_block_lanes():
     # sm90_pair_share_first, free stages slower than the producer issues them); with a slow issue
     # (400 ns a K block, near the first CTA's K block) the issue paces some blocks (a unit's first,
     # where the ring is empty: with its first stage landing one copy latency after the issue, not
-    # sm90_first_fill_ns, which would let the ring catch up) and the ring others
+    # sm90_first_fill_ns, and its K loop not sm90_first_kloop_ns longer, either of which would let
+    # the ring catch up) and the ring others
     assert first_cta_lanes(tr, iss) == [(False, True)] * 3
     slow = simulate(res.scenario, hardware=dataclasses.replace(hw, sm90_issue_kblock_ns=400.0,
-                                                               sm90_first_fill_ns=hw.tma_latency_ns))
+                                                               sm90_first_fill_ns=hw.tma_latency_ns,
+                                                               sm90_first_kloop_ns=0.0))
     assert first_cta_lanes(slow.trace, 400.0) == [(True, True)] * 3
     e2 = tr.where(kind="l2_epilogue")
     lone = hw.l2_epilogue_fixed_ns + hw.l2_epilogue_thread_ns_per_elem * (bm + e2["tokens"]) * 128 / 256
@@ -532,14 +534,15 @@ def test_second_cta_priced_by_its_partner():
     loops take sm90_pair_share_first times a lone CTA's, the second's the same where the first is
     idle when the second's K loop starts, and sm90_pair_share times where the first is inside a
     block (from its first K block to its epilogue's end). The copy latency (the first fill's too), the
-    copy issue and the HBM are made too fast to bind, so every L1 K loop here ends its K blocks after it starts; the
+    copy issue and the HBM are made too fast to bind and the first K loop's excess is 0
+    (sm90_first_kloop_ns), so every L1 K loop here ends its K blocks after it starts; the
     K-loop starts are rebuilt from the records: after the walk and the dependency (the load
     record's start, the idle wait's end) one copy latency, the previous K loop's end and the
     consumers' block start (the MMA record's start), whichever is latest."""
     f1, f2 = 1.2, 2.5
     res, hw, _ = _pair_tiny(40, sm90_pair_share_first=f1, sm90_pair_share=f2, tma_latency_ns=0.01,
-                             sm90_first_fill_ns=0.01, sm90_issue_kblock_ns=0.01, hbm_gbs=100_000.0,
-                             sm_load_gbs=10_000.0)
+                             sm90_first_fill_ns=0.01, sm90_first_kloop_ns=0.0, sm90_issue_kblock_ns=0.01,
+                             hbm_gbs=100_000.0, sm_load_gbs=10_000.0)
     tr = res.trace
     lone = (2.0 * 16 * 128 * 128 / (hw.tc_flops_per_ns_per_sm * hw.sm90_mma_fraction)
             + hw.e2m1_decode_thread_ns_per_elem * 128 * 128 / 256 + hw.stage_handoff_ns)  # one K block
@@ -579,9 +582,11 @@ def test_static_path_unchanged():
     at one CTA left out, its sm90_pair_share line set to 2.0: that code held it to [1, 2]))."""
     sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=1024, design="megamoe-sm90", hardware="h200")
     hw = load_hardware("h200")
-    # sm90_first_fill_ns and sm90_fetch_counts_ns (forty-second session) are new since: at one
-    # tma_latency_ns and 0 it is the old model
-    res = simulate(sc, dataclasses.replace(hw, sm90_first_fill_ns=hw.tma_latency_ns, sm90_fetch_counts_ns=0.0))
+    # sm90_first_fill_ns and sm90_fetch_counts_ns (forty-second session) and sm90_first_kloop_ns
+    # (forty-sixth; not paid at this block_m, 32) are new since: at one tma_latency_ns, 0 and 0 it
+    # is the old model
+    res = simulate(sc, dataclasses.replace(hw, sm90_first_fill_ns=hw.tma_latency_ns, sm90_fetch_counts_ns=0.0,
+                                           sm90_first_kloop_ns=0.0))
     assert not res.plan.ranks[0].block_tickets and res.plan.ranks[0].ctas_per_sm == 1
     assert res.trace.makespan_ns == 1509444.6362935363
     sc = Scenario(shape="deepseek-v4-flash", num_ranks=8, tokens_per_rank=1024, design="deepgemm-sm100", hardware="b200")
@@ -617,6 +622,38 @@ def test_sm90_first_fill_delays_each_units_first_block_only(ctas):
         units += 1
     assert units == rp.num_sms
     assert 0.5 * shift < a.trace.makespan_ns - b.trace.makespan_ns <= shift + 1e-6
+
+
+@pytest.mark.parametrize("ctas", [1, 2])
+def test_sm90_first_kloop_lengthens_each_units_first_block_only(ctas):
+    """sm90_first_kloop_ns: where the kernel paces the ring's first fill by arrivals (block_m 16,
+    design_sm90.FIRST_FILL_PER_SM) a unit's first block's K loop runs that much longer, unscaled by
+    the unit's share. Against the same call with the figure at 0 (64 tokens, one CTA per SM and
+    two): every unit's first MMA record starts at the same time and ends exactly the figure later;
+    the call ends later by no more than that."""
+    hw = load_hardware("h200")
+    sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=64, max_tokens_per_rank=4096,
+                  design="megamoe-sm90", hardware="h200", ctas_per_sm=ctas)
+    a, b = simulate(sc), simulate(sc, dataclasses.replace(hw, sm90_first_kloop_ns=0.0))
+    rp = a.plan.ranks[0]
+    x = hw.sm90_first_kloop_ns
+    assert rp.config.block_m == 16 and rp.ctas_per_sm == ctas and x > 1000.0
+    for sm in range(rp.num_sms):
+        ma, mb = _sm90_lanes(a.trace, sm)[0], _sm90_lanes(b.trace, sm)[0]
+        assert ma["t_start_ns"][0] == mb["t_start_ns"][0]
+        assert ma["t_end_ns"][0] - mb["t_end_ns"][0] == pytest.approx(x, abs=1e-6)
+    assert 0.0 < a.trace.makespan_ns - b.trace.makespan_ns <= x + 1e-6
+
+
+def test_sm90_first_kloop_is_not_paid_where_the_fill_is_not_paced():
+    """At block_m 32-128 the kernel issues the whole ring at once (FIRST_FILL_PER_SM 0): the figure
+    changes nothing (the plan's block_m forced to 32 on a 64-token call)."""
+    hw = load_hardware("h200")
+    sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=64, max_tokens_per_rank=4096,
+                  design="megamoe-sm90", hardware="h200", block_m=32)
+    a, b = simulate(sc), simulate(sc, dataclasses.replace(hw, sm90_first_kloop_ns=0.0))
+    assert a.plan.ranks[0].config.block_m == 32 and hw.sm90_first_kloop_ns > 0
+    assert np.array_equal(a.trace["t_end_ns"], b.trace["t_end_ns"])
 
 
 @pytest.mark.parametrize("ctas", [1, 2])
