@@ -207,10 +207,33 @@ def scenario_from_meta(trace: Trace):
         fixed[key] = v
     for key in ("hardware", "design", "l2_wait"):
         require(isinstance(meta.get(key, ""), str), f"trace.meta.{key}", "a string", meta.get(key))
-    # CTAs per SM: SM90 traces before kernel v9.2 name none and ran one CTA per SM
+    # CTAs per SM: the plan's where the trace records it; a simulator trace without it (before the
+    # forty-sixth session) its scenario's input (None: the plan chose); SM90 kernel traces before
+    # kernel v9.2 name none and ran one CTA per SM
     design = meta.get("design", "megamoe-sm90")
-    ctas = plan.get("ctas_per_sm", 1 if design == "megamoe-sm90" else None)
+    if "ctas_per_sm" in plan:
+        ctas = plan["ctas_per_sm"]
+    elif meta.get("source") == "simulator":
+        ctas = meta.get("ctas_per_sm")
+    else:
+        ctas = 1 if design == "megamoe-sm90" else None
     require(ctas is None or (is_int(ctas) and ctas in (1, 2)), "trace.meta.plan.ctas_per_sm", "1 or 2", ctas)
+    # the scenario's other inputs where the trace records them (simulate --trace-npz records every
+    # one; the kernel's traces record theirs, the defaults): left out, a what-if trace would be
+    # compared with the default call
+    extra = {k: meta[k] for k in ("reserved_sms", "num_stages", "pool_tokens", "k_split", "combine_relay")
+             if meta.get(k) is not None}
+    pols = meta.get("policies") or {}
+    require(isinstance(pols, dict), "trace.meta.policies", "an object (policy kind -> policy name)", pols)
+    from megamoe.policies import BUILTINS
+
+    for kind, name in pols.items():
+        require(isinstance(name, str) and name.split(":")[0] in BUILTINS, f"trace.meta.policies.{kind}",
+                f"a built-in policy ({', '.join(sorted(BUILTINS))}; a policy of your own cannot be re-created "
+                "from the name a trace records)", name)
+    for key, kind in (("block_m", "block_config"), ("experts_per_wave", "wave")):
+        if kind in pols:  # the policy decides it again (the plan's number is its choice)
+            fixed[key] = None
     keys = {"max_tokens": "max_tokens_per_rank", "tokens": "tokens_per_rank", "ranks": "num_ranks",
             "block_m": "plan.block_m", "experts_per_wave": "plan.experts_per_wave"}
     try:
@@ -218,7 +241,7 @@ def scenario_from_meta(trace: Trace):
                         max_tokens_per_rank=num("max_tokens_per_rank") if meta.get("max_tokens_per_rank")
                         else max(1, max(len(t) for t in ids)),
                         hardware=meta.get("hardware", "h200"), design=design,
-                        **fixed, ctas_per_sm=ctas,
+                        **fixed, **extra, ctas_per_sm=ctas, policies=list(pols.values()),
                         l2_wait=meta.get("l2_wait", "k_block"),
                         topk_idx=ids)
     except InputError as e:  # name the trace's own key, not the Scenario field it went into

@@ -1354,7 +1354,9 @@ def _simulate(scenario: Scenario, hardware: Hardware | str | None, summarize) ->
     trace = eng.trace()
     trace.meta = {**scenario.to_dict(), "source": "simulator", "hardware_name": hw.name,
                   "plan": {"block_m": plan.ranks[0].config.block_m,
-                           "experts_per_wave": plan.ranks[0].experts_per_wave}}
+                           "experts_per_wave": plan.ranks[0].experts_per_wave,
+                           "num_stages": plan.ranks[0].num_stages,
+                           **({"ctas_per_sm": plan.ranks[0].ctas_per_sm} if plan.design == "megamoe-sm90" else {})}}
     trace.topk_idx = scenario.routing_ids()
     res = SimResult(scenario=scenario, hardware=hw, plan=plan, trace=trace, rank_end_ns=end,
                     t_reduction_ns=t_red,
