@@ -371,17 +371,24 @@ def cmd_validate(a: argparse.Namespace) -> int:
 
 
 def _check_sweep_out(out: str, names: list[str]) -> None:
-    """``sweep --out``, checked before any point runs: the folder (or, when it is still to be
-    made, its nearest existing parent) is writable, and none of the files the sweep writes
-    there is a folder or a read-only file.  (The sweep makes the folder once a point is valid,
-    keeps ``points.jsonl`` as its resume log and writes the results at the end: sim.sweep.)
+    """``sweep --out``, checked before any point runs: the folder exists, or is still to be made in
+    an existing folder (the sweep makes the folder, not its parents: a mistyped parent is refused,
+    as every other output path's missing folder is), it (or that parent) is writable, and none of
+    the files the sweep writes there is a folder or a read-only file.  (The sweep makes the folder
+    once a point is valid, keeps ``points.jsonl`` as its resume log and writes the results at the
+    end: sim.sweep.)
 
     Raises:
         InputError: ``--out`` as above.
     """
     folder = os.path.abspath(out)
-    while not os.path.exists(folder):
+    if not os.path.exists(folder):
         folder = os.path.dirname(folder)
+        if not os.path.isdir(folder):
+            raise InputError("--out", "a folder, existing or new in an existing folder (its parents are not made)",
+                             f"{out} ({folder} is {'not a folder' if os.path.exists(folder) else 'missing'})")
+    elif not os.path.isdir(folder):
+        raise InputError("--out", "a folder, existing or new in an existing folder", f"{out} (a file)")
     try:  # a real probe: os.access says yes to root on read-only file systems and /proc
         fd, probe = tempfile.mkstemp(prefix=".megamoe-probe-", dir=folder)
         os.close(fd)

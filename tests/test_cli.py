@@ -810,8 +810,15 @@ def test_sweep_checks_its_out_folder_before_any_point(tmp_path, monkeypatch, cap
     if os.path.isdir("/proc/self"):
         assert main(["sweep", "--set", "tokens=1,2", "--out", "/proc/sw"]) == 2
         assert capsys.readouterr().err.startswith("megamoe: error: --out: expected a folder this user can write")
+    # a new folder under a missing one: refused (a mistyped parent), as any output's missing folder
+    deeper = tmp_path / "new" / "deeper"
+    assert main(["sweep", "--set", "tokens=1,2", "--out", str(deeper)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"megamoe: error: --out: expected a folder, existing or new in an existing folder (its parents are not "
+        f"made), got {deeper} ({tmp_path / 'new'} is missing)"]
+    assert not (tmp_path / "new").exists()
     monkeypatch.undo()
-    new = tmp_path / "new" / "deeper"  # a new folder under a new folder: made by the sweep, as documented
+    new = tmp_path / "new"  # a new folder in an existing one: made by the sweep
     assert main(["sweep", *FLASH[:4], "--set", "tokens=1,2", "--out", str(new), "--jobs", "1"]) == 0
     assert (new / "results.csv").exists() and _no_temporaries(tmp_path)
 
