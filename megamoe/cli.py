@@ -301,6 +301,9 @@ def cmd_simulate(a: argparse.Namespace) -> int:
         tr = outs.reserve("--trace", a.trace, _SUFFIXES["trace"])
         npz = outs.reserve("--trace-npz", a.trace_npz, _SUFFIXES["npz"])
         png = outs.reserve("--plot", a.plot, _SUFFIXES["plot"])
+        if a.trace_sms is not None and not a.trace:
+            raise InputError("--trace-sms", "a --trace to limit (it sets the Chrome trace's SMs per rank)",
+                             f"--trace-sms {a.trace_sms} without --trace")
         sc = scenario_from_args(a)
         hw = load_hardware(sc.hardware)
         n_sms = sc.usable_sms(hw.num_sms)  # the plan's SMs

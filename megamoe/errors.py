@@ -57,11 +57,39 @@ def shown(v: object) -> object:
     return repr(v) if isinstance(v, str) else v
 
 
+_SEEN = "_megamoe_options_seen"  # the dests a parse has stored a value for (removed after it)
+
+
+class _StoreOnce(argparse.Action):
+    """argparse's plain store, but an option that takes a value given twice (however spelt or
+    abbreviated) is an error: argparse keeps the last one silently (``--json a.json --json
+    b.json`` wrote only b.json)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        seen = namespace.__dict__.setdefault(_SEEN, {})
+        if self.dest in seen:
+            parser.error(f"{self.option_strings[-1]}: expected the option once, got it twice "
+                         f"({seen[self.dest]}, then {values})")
+        seen[self.dest] = values
+        setattr(namespace, self.dest, values)
+
+
 class OneLineArgumentParser(argparse.ArgumentParser):
     """argparse with the project's rule for bad input: one line, ``<program>: error:
     <message>`` on stderr, exit code 2, no usage dump. The program is the first word of
-    ``prog`` (a subcommand's parser, ``megamoe simulate``, reports as ``megamoe``). Used by the
-    ``megamoe`` CLI and the benchmark scripts."""
+    ``prog`` (a subcommand's parser, ``megamoe simulate``, reports as ``megamoe``). An option
+    that takes one value is refused when given twice. Used by the ``megamoe`` CLI and the
+    benchmark scripts."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register("action", None, _StoreOnce)
+        self.register("action", "store", _StoreOnce)
+
+    def parse_known_args(self, args=None, namespace=None):
+        ns, rest = super().parse_known_args(args, namespace)
+        ns.__dict__.pop(_SEEN, None)
+        return ns, rest
 
     def error(self, message: str):
         self.exit(2, f"{self.prog.split()[0]}: error: {message}\n")

@@ -77,6 +77,28 @@ def test_bad_input_one_line_exit_2(args, field):
     assert len(lines) == 1 and field in lines[0] and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--tokens=8", "--tokens", "16"], "--tokens: expected the option once, got it twice (8, then 16)"),
+    (["--hardware", "h200", "--hardware", "b200"], "--hardware: expected the option once, got it twice (h200, then b200)"),
+    (["--js", "{d}/a.json", "--json", "{d}/b.json"],
+     "--json: expected the option once, got it twice ({d}/a.json, then {d}/b.json)"),
+    (["--trace-sms", "4", "--json", "{d}/a.json"], "--trace-sms: expected a --trace to limit (it sets the Chrome "
+                                                   "trace's SMs per rank), got --trace-sms 4 without --trace"),
+])
+def test_an_option_given_twice_or_for_nothing_is_refused(tmp_path, args, message):
+    """argparse keeps the last of a repeated option silently (--json a.json --json b.json wrote b.json
+    only, and a mistyped repeat of --tokens ran the other call); --trace-sms without --trace did
+    nothing. Both are refused, and no file is written (fresh-user report, forty-sixth session)."""
+    rc, out, err = run("simulate", *(x.format(d=tmp_path) for x in args))
+    assert rc == 2 and err.strip().splitlines() == [f"megamoe: error: {message.format(d=tmp_path)}"], err
+    assert not list(tmp_path.iterdir())
+
+
+def test_appending_options_may_repeat():
+    rc, out, err = run("simulate", "--tokens", "8", "--policy", "interleaved", "--policy", "rank-by-rank")
+    assert rc == 0 and "pull_order=rank-by-rank, scheduler=interleaved" in out, err
+
+
 def test_trace_sms_above_the_plan_is_refused_and_nothing_is_written(tmp_path):
     out = tmp_path / "t.json"
     rc, _, err = run("simulate", "--tokens", "8", "--trace", str(out), "--trace-sms", "100000")
