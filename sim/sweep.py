@@ -85,11 +85,48 @@ def parse_values(axis: str, text: str) -> list:
     vals = _axis_values(axis, text)
     seen: dict = {}
     for v in vals:
+        _check_alone(axis, v, text)
         key = _same_point_key(axis, v)
         require(key not in seen, f"sweep.{axis}", "distinct values",
                 f"{v!r} twice in {text!r}" if seen.get(key) == v else f"{seen.get(key)!r} and {v!r} (the same) in {text!r}")
         seen[key] = v
     return vals
+
+
+def _check_alone(axis: str, v, text: str) -> None:
+    """A value of a name-like axis that is wrong in any grid point (an unknown shape, routing spec,
+    policy, hardware preset, design or L2 wait), refused before any point runs; whether a value fits
+    the other axes' values (a block_m the design lacks) is each point's own error.
+
+    Raises:
+        InputError: ``sweep.<axis>``, naming the value and the axis text.
+    """
+    from megamoe.plan import DESIGNS
+
+    try:
+        if axis == "shape":
+            from megamoe.shapes import get_shape
+
+            get_shape(v)
+        elif axis == "routing":
+            from megamoe.routing import RoutingSpec
+
+            RoutingSpec.parse(v)
+        elif axis == "policy":
+            from megamoe.policies import policies_from_specs
+
+            policies_from_specs([p for p in str(v).split("+") if p])
+        elif axis == "hardware":
+            from .hardware import load_hardware
+
+            load_hardware(v)
+        elif axis == "design":
+            require(v in DESIGNS, "design", " or ".join(DESIGNS), v)
+        elif axis == "l2_wait":
+            require(v in ("k_block", "pool_block"), "l2_wait", "k_block or pool_block", v)
+    except InputError as e:
+        hint = "; a custom shape is E,k,H,I, and shapes are separated by ';' when one is custom" if axis == "shape" else ""
+        raise InputError(f"sweep.{axis}", f"{e.expected}{hint}", f"{v!r} in {text!r} ({e.field}: {e.got})") from None
 
 
 def _same_point_key(axis: str, v):

@@ -46,10 +46,31 @@ def test_a_value_given_twice_is_refused():
             parse_values(axis, text)
     assert parse_values("routing", "zipf:1,zipf:1.2") == ["zipf:1", "zipf:1.2"]
     # a policy axis value is a set of policies joined by '+': the order does not make another point
-    with pytest.raises(InputError, match=r"^sweep.policy: expected distinct values, got 'a\+b' and 'b\+a' \(the same\)"):
-        parse_values("policy", "a+b,b+a")
-    assert parse_values("policy", "a+b,a") == ["a+b", "a"]
-    assert parse_values("routing", "zipf:x,uniform") == ["zipf:x", "uniform"]  # a bad value fails as its point
+    with pytest.raises(InputError, match=r"^sweep.policy: expected distinct values, got 'interleaved\+rank-by-rank' "
+                                         r"and 'rank-by-rank\+interleaved' \(the same\)"):
+        parse_values("policy", "interleaved+rank-by-rank,rank-by-rank+interleaved")
+    assert parse_values("policy", "interleaved+rank-by-rank,interleaved") == ["interleaved+rank-by-rank", "interleaved"]
+
+
+@pytest.mark.parametrize("axis,text,message", [
+    ("shape", "384,6,7168,3072,deepseek-v4-flash", "'384' in '384,6,7168,3072,deepseek-v4-flash' (shape: 384)"),
+    ("shape", "bogus", "'bogus' in 'bogus' (shape: bogus)"),
+    ("routing", "zipf:x,uniform", "'zipf:x' in 'zipf:x,uniform'"),
+    ("routing", "zipf:-1", "'zipf:-1' in 'zipf:-1' (routing.zipf_exponent: -1.0)"),
+    ("policy", "interleaved,bogus", "'bogus' in 'interleaved,bogus' (policy: bogus)"),
+    ("hardware", "h200,a100", "'a100' in 'h200,a100' (hardware: a100)"),
+    ("design", "sm90", "'sm90' in 'sm90' (design: sm90)"),
+    ("l2_wait", "k_block,x", "'x' in 'k_block,x' (l2_wait: x)"),
+])
+def test_a_value_wrong_in_every_point_is_refused_up_front(axis, text, message):
+    """A name that no grid point can take (an unknown shape, routing spec, policy, preset, design or
+    L2 wait) is refused before any point runs; it used to become an invalid row per point, and a
+    comma-separated custom shape ran as four one-number shapes (fresh-user report, forty-sixth
+    session). A value that fits some points and not others stays each point's error."""
+    with pytest.raises(InputError) as e:
+        parse_values(axis, text)
+    assert e.value.field == f"sweep.{axis}" and str(e.value.got).startswith(message)
+    assert parse_values("block_m", "16,17") == [16, 17]  # 17 fails as its points (the design decides)
 
 
 def test_an_empty_value_is_refused():
