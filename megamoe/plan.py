@@ -615,9 +615,11 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
         require((2 * intermediate) % 256 == 0 and hidden % 256 == 0, "shape",
                 "2*intermediate and hidden multiples of 256 (even N block counts for 2-CTA pairs)",
                 f"hidden {hidden}, intermediate {intermediate}")
-        cap = pool_tokens if pool_tokens is not None else pool_capacity_tokens(
-            num_ranks, max_tokens_per_rank, top_k, e_local)
-        require(cap > 0, "pool_tokens", "> 0", cap)
+        full = pool_capacity_tokens(num_ranks, max_tokens_per_rank, top_k, e_local)
+        cap = pool_tokens if pool_tokens is not None else full
+        require(0 < cap <= full, "pool_tokens",
+                f"in [1, {full}] (the most one call can need, DeepGEMM's get_num_max_pool_tokens: a larger ring "
+                "holds nothing more)", cap)
     pull = bytes_per_pull(hidden)
     counts, items = route_to_ranks(topk_idx, num_experts, num_ranks)
     from .policies import (

@@ -69,6 +69,8 @@ def test_default_simulate_reports_the_table():
     (["--ranks", "1", "--shape", "deepseek-v4-flash", "--tokens", "1,2"], "tokens: expected 1 value (one per rank), got 2"),
     (["--tokens", "131073", "--max-tokens", "131073"], "tokens"),
     (["--tokens", "1", "--max-tokens", "200000"], "max_tokens"),
+    # the default pool is the most a call can need (V4-Pro EP8, 8192 tokens: 402432); more holds nothing
+    (["--pool-tokens", "402433"], "pool_tokens: expected in [1, 402432] (the most one call can need"),
 ])
 def test_bad_input_one_line_exit_2(args, field):
     rc, out, err = run("simulate", *args)
