@@ -192,7 +192,11 @@ def _load_array(path: str) -> np.ndarray:
         raise InputError("routing.file", "an existing .npy/.npz/.pt file", path)
     try:
         if path.endswith(".pt"):
-            import torch  # optional dependency, only for .pt files
+            try:
+                import torch  # optional dependency, only for .pt files
+            except ImportError:
+                raise InputError("routing.file", "an .npy/.npz file, or torch installed to read a .pt file",
+                                 f"{path} (torch is not installed)") from None
 
             obj = torch.load(path, map_location="cpu", weights_only=True)
             arr = obj.numpy() if hasattr(obj, "numpy") else np.asarray(obj)

@@ -108,6 +108,24 @@ def test_pt_file(tmp_path):
     assert load_routing_file(str(tmp_path / "x.pt"), 1, 4, 2)[0].tolist() == [[1, 0]]
 
 
+def test_pt_file_without_torch_says_torch_is_needed(tmp_path, monkeypatch):
+    import builtins
+
+    (tmp_path / "x.pt").write_bytes(b"not read")
+    real = builtins.__import__
+
+    def no_torch(name, *a, **k):
+        if name == "torch":
+            raise ModuleNotFoundError("No module named 'torch'")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_torch)
+    with pytest.raises(InputError) as e:
+        load_routing_file(str(tmp_path / "x.pt"), 1, 4, 2)
+    assert str(e.value) == (f"routing.file: expected an .npy/.npz file, or torch installed to read a .pt file, got "
+                            f"{tmp_path / 'x.pt'} (torch is not installed)")
+
+
 @pytest.mark.parametrize("spec,left", [(RoutingSpec(kind="zipf", zipf_exponent=1e9), 1),
                                        (RoutingSpec(kind="hot", hot_fraction=1.0, hot_experts=2), 2)])
 def test_degenerate_probabilities_are_an_input_error(spec, left):
