@@ -1,0 +1,33 @@
+#!/bin/bash
+# Device side, one call: crossover CUPTI A/B of each prepared candidate against the committed
+# build, then traces (3 calls each, the median kept) of the committed build and of the named
+# candidates at 1, 3 and 12 tokens; everything in $OUT/candidates.tgz, the A/B lines on stdout.
+# Usage (repo root, carry ["build/kernel", "out/var<NAME>", ...]):
+#   bash benchmarks/device/candidates/run.sh "X:1,2,3,12,64,256,1024 XS:1,3,6,12,16" "XS AXS"
+# probe2 (fault bit 512) is traced with FAULT=512 and FAULT=0 from its own tree when named in
+# the second list.
+set -o pipefail
+OUT=${OUT:-/tmp/out}; R=$PWD; W=/tmp/cand; mkdir -p $OUT $W
+OLD=$R/$(ls -d build/kernel/d9de8ea2*/libmegamoe_sm90.so)
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader | tee $W/gpu.txt
+for spec in $1; do
+  name=${spec%%:*}; tokens=${spec#*:}
+  echo "== A/B $name vs d9de8ea2 at $tokens tokens"
+  (cd $R/out/var$name && PYTHONPATH=$PWD timeout 280 python3 benchmarks/device/ab_interleaved.py $OLD \
+     $W/ab_$name.json $tokens 8 --kernel-time > $W/ab_$name.log 2>&1; grep "^T=" $W/ab_$name.log || tail -5 $W/ab_$name.log)
+done
+for name in base $2; do
+  case $name in
+    base) dir=$R; runs="0" ;;
+    probe2) dir=$R/out/varprobe2; runs="0 512" ;;
+    *) dir=$R/out/var$name; runs="0" ;;
+  esac
+  for f in $runs; do
+    echo "== traces $name FAULT=$f"
+    (cd $dir && mkdir -p $W/tr_${name}_$f && FAULT=$f OUT=$W/tr_${name}_$f PYTHONPATH=$PWD timeout 120 \
+       python3 benchmarks/device/traces.py 1,3,12 --max-tokens 8192 --calls 3 > $W/tr_${name}_$f/traces.log 2>&1;
+     tail -2 $W/tr_${name}_$f/traces.log)
+  done
+done
+tar czf $OUT/candidates.tgz -C /tmp cand
