@@ -199,6 +199,68 @@ def _mask_seen(t) -> list:
     return out
 
 
+def fit_sm90_pull(paths: list[str], fold_ns: float) -> dict:
+    """``sm90_pull_base_ns`` and ``sm90_pull_warp_ns``: a pull round's time besides its fold rounds
+    as a line in the dispatch warps pulling on the GPU, read off one-rank, one-CTA-per-SM traces
+    (:data:`SM90_PULL_FIT_TRACES`). Per trace: each CTA with items pulls them in rounds of four (one
+    item per dispatch warp), or alone with all four warps where it has one item at block_m 16
+    (``design_sm90.ONE_ITEM_PULL_WARPS``, kernel v8.6); its pull record over its rounds, less the
+    chunk rounds one warp folds one after another (``hidden / PULL_ROUND_BYTES``, a quarter of them
+    where the four share a row) at ``fold_ns`` (``pull_fold_chunk_ns``), the median over the CTAs;
+    against the warps pulling in the first round (each CTA's items up to four, four for a lone
+    item). Least squares over the traces.
+
+    Returns:
+        ``{"sm90_pull_base_ns": (value, how), "sm90_pull_warp_ns": (value, how)}``.
+
+    Raises:
+        InputError: fewer than two traces, or fewer than two distinct warp counts, a trace of two
+            ranks or of two CTAs per SM, or one without pull records.
+    """
+    import math
+
+    import numpy as np
+
+    from megamoe.design_sm90 import ONE_ITEM_PULL_WARPS, PULL_ROUND_BYTES, cta_item_starts
+    from megamoe.trace import Trace
+
+    require(isinstance(paths, (list, tuple)) and len(paths) >= 2, "fit_sm90_pull", "a list of two or more traces",
+            paths)
+    pts = []
+    for path in paths:
+        t = Trace.load(path)
+        meta = t.meta
+        plan = meta.get("plan", {})
+        require(meta["num_ranks"] == 1 and plan.get("ctas_per_sm", 1) == 1, "fit_sm90_pull",
+                "one-rank traces at one CTA per SM", f"{path} ({meta['num_ranks']} ranks, {plan.get('ctas_per_sm')} CTAs per SM)")
+        T, K, S = int(meta["tokens_per_rank"][0]), int(meta["top_k"]), int(meta["num_sms"])
+        rounds = math.ceil(int(meta["hidden"]) / PULL_ROUND_BYTES)
+        warps = ONE_ITEM_PULL_WARPS.get(int(plan["block_m"]), 1)
+        ids = np.asarray(t.topk_idx[0]).reshape(-1)
+        i0 = cta_item_starts(T * K, S)
+        n = np.add.reduceat((ids >= 0).astype(np.int64), i0[:-1]) if T * K else np.zeros(S, np.int64)
+        n[np.diff(i0) == 0] = 0
+        pull = t.where(kind="pull")
+        require(len(pull) > 0, "fit_sm90_pull", "pull records", f"{path} (none)")
+        c = pull["sm"].astype(np.int64)
+        has = n[c] > 0
+        alone = (n[c] == 1) & (warps > 1)
+        folds = np.where(alone, math.ceil(rounds / warps), rounds) * fold_ns
+        per = (pull["t_end_ns"] - pull["t_start_ns"])[has] / -(-n[c][has] // 4) - folds[has]
+        lone = (n == 1) & (warps > 1)
+        busy = int(np.minimum(n[~lone], 4).sum() + 4 * lone.sum())
+        pts.append((T, busy, _median(per), int(has.sum())))
+    x = np.array([p[1] for p in pts], float)
+    require(len(set(x.tolist())) >= 2, "fit_sm90_pull", "traces of two or more warp counts", x.tolist())
+    slope, base = np.polyfit(x, np.array([p[2] for p in pts]), 1)
+    how = ("a pull round's time less its fold rounds (pull_fold_chunk_ns each, a quarter of a row's where a CTA's "
+           "four dispatch warps share its one item) as a line in the dispatch warps pulling on the GPU, least "
+           "squares over the traces' medians over their CTAs: " + ", ".join(
+               f"T={tk} {b} warps {v / 1e3:.2f} us over {m} CTAs" for tk, b, v, m in pts)
+           + f"; {base:.0f} ns + {slope:.2f} ns per warp")
+    return {"sm90_pull_base_ns": (float(base), how), "sm90_pull_warp_ns": (float(slope), how)}
+
+
 def fit_sm90_local_count(paths: list[str]) -> dict:
     """``sm90_local_count_ns``, the EP1 dispatch's time from the kernel's start to its first pull
     when every CTA counts all items itself (the wide instances: kernel v8.9 at one CTA per SM, v9.7
@@ -973,6 +1035,12 @@ SM90_SKIP_FIT_TRACE = "benchmarks/traces/kernel_flash_ep1_t1.npz"
 #: EP1 trace whose plan counts locally, the one-CTA wide instance at 1 token and the two-CTA one
 #: (kernel v9.7 on) at 3-16 tokens.
 SM90_LOCAL_COUNT_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep1_t{t}.npz" for t in (1, 3, 6, 8, 12, 16))
+#: The committed traces ``sm90_pull_base_ns`` and ``sm90_pull_warp_ns`` are fitted to
+#: (:func:`fit_sm90_pull`): every one-CTA-per-SM EP1 trace whose pull runs before the GEMMs load
+#: much (1 token, the one-CTA traces at 64 and 512, 1024 at block_m 32); at 4096 and 8192 tokens a
+#: round reads 0.4 us above the line, the block_m 128 K loops loading beside it.
+SM90_PULL_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep1_{t}.npz"
+                             for t in ("t1", "one_cta_t64", "one_cta_t512", "t1024"))
 SM90_SKIP_FIT_KERNEL = SM90_FIT_KERNEL
 SM90_SKIP_FIT_DATE = SM90_FIT_DATE
 #: The kernel and day of the EP2 traces: v6.4's (the two-GPU machine was not lent in the
@@ -1104,13 +1172,17 @@ def refit_h200(root: str | None = None, toml_path: str | None = None) -> dict:
     ep = fit_sm90_ep_traces([str(base / p) for p in SM90_EP_FIT_TRACES], fit["l2_epilogue_fixed_ns"][0],
                             fit["l2_epilogue_thread_ns_per_elem"][0])
     fit.update(sm90_ep_fit_sources(ep))
+    from .hardware import load_hardware
+
+    fit.update(sm90_fit_sources(fit_sm90_pull([str(base / p) for p in SM90_PULL_FIT_TRACES],
+                                              load_hardware("h200").pull_fold_chunk_ns),
+                                traces=SM90_PULL_FIT_TRACES, profile_path=None, date=SM90_SKIP_FIT_DATE,
+                                kernel=SM90_SKIP_FIT_KERNEL, fitter="fit_sm90_pull"))
     fit.update(sm90_fit_sources(fit_sm90_local_count([str(base / p) for p in SM90_LOCAL_COUNT_FIT_TRACES]),
                                 traces=SM90_LOCAL_COUNT_FIT_TRACES,
                                 profile_path=None, date=SM90_SKIP_FIT_DATE, kernel=SM90_SKIP_FIT_KERNEL,
                                 fitter="fit_sm90_local_count"))
     # the pair share is fitted on the model with every figure just fitted (the H200 preset's others)
-    from .hardware import load_hardware
-
     hw = dataclasses.replace(load_hardware("h200"), **{k: v for k, (v, _) in fit.items()})
     fit.update(sm90_fit_sources(fit_sm90_pair_share([str(base / p) for p in SM90_PAIR_FIT_TRACES],
                                                     [str(base / p) for p in SM90_PAIR_ONE_CTA_TRACES], hw),

@@ -61,7 +61,11 @@ epilogue grows with the valid rows (and with several ranks pays ``l2_epilogue_ep
 storing through the symmetric-memory peer table); each CTA pulls a contiguous range of
 items (EP1: an even split of the T K items, sorted by expert, so pool blocks complete in wave order; EP: pool
 positions, a remote one paying ``SM90_REMOTE_ROUND_TRIPS`` NVLink round trips, one round's
-latency growing with its share of remote items); the combine takes grid-stride rounds of
+latency growing with its share of remote items), a round lasting ``sm90_pull_base_ns`` plus
+``sm90_pull_warp_ns`` per dispatch warp pulling on the GPU plus a warp's fold rounds
+(``pull_fold_chunk_ns`` each), and a CTA with one item (EP1, block_m 16) pulling it with its four
+warps, a quarter of the fold rounds each, its pool blocks landing apart from the round's; the
+combine takes grid-stride rounds of
 ``combine_round_ns``.
 
 Shared resources: HBM per GPU, NVLink egress and ingress per GPU (one direction each) and,
@@ -607,24 +611,43 @@ class _Engine:
         lat = hw.pull_latency_ns + chunks * plan.bytes_per_pull / warp_rate
         R = plan.num_ranks
         lats = None
+        solo_pb, n_solo, lat_solo = (), 0, 0.0
         if plan.design == "megamoe-sm90":
-            # the pull round of every item, and the round completing each pool block
-            item_round, pb_round, most = self._sm90_pull_rounds(rp, src)
+            # the pull round of every item, the round completing each pool block, each CTA's
+            # items, and which pool items their CTA pulls alone
+            item_round, pb_round, per_cta, solo = self._sm90_pull_rounds(rp, src)
             n_rounds = int(item_round.max()) + 1
-            warps = ONE_ITEM_PULL_WARPS.get(bm, 1)
-            if R == 1 and most == 1 and warps > 1:
-                # every CTA pulls at most one row, with all its dispatch warps: each warp runs
-                # its share of the row's chunk rounds (kernel v8.6)
-                rounds = math.ceil(H / PULL_ROUND_BYTES)
-                lat -= (rounds - math.ceil(rounds / warps)) * hw.pull_fold_chunk_ns
+            W = DISPATCH_WARPS_PER_SM
+            rounds = math.ceil(H / PULL_ROUND_BYTES)  # a whole row's chunk rounds, one after another
+            # a CTA with one item pulls it with all its dispatch warps, each its share of the
+            # chunk rounds (kernel v8.6, EP1 at block_m 16); the others one item per warp
+            warps = ONE_ITEM_PULL_WARPS.get(bm, 1) if R == 1 else 1
+            alone = per_cta == 1 if warps > 1 else np.zeros(len(per_cta), dtype=bool)
+            if warps == 1:
+                solo = np.zeros_like(solo)
+            # a round's time: the base, more with every dispatch warp pulling then, and the folds
+            busy = [int(np.clip(per_cta[~alone] - W * q, 0, W).sum()) + (W * int(alone.sum()) if q == 0 else 0)
+                    for q in range(n_rounds)]
+            base = [hw.sm90_pull_base_ns + hw.sm90_pull_warp_ns * b for b in busy]
+            lats = [x + rounds * hw.pull_fold_chunk_ns for x in base]
+            lat_solo = base[0] + math.ceil(rounds / warps) * hw.pull_fold_chunk_ns
+            if solo.all():  # every CTA pulls one row at most
+                lats[0] = lat_solo
+            elif solo.any():
+                # the pool blocks whose rows all come from CTAs with one item land at lat_solo
+                mixed = np.zeros(len(pb_round), dtype=bool)
+                np.logical_or.at(mixed, self._pool_blocks(rp), ~solo)
+                solo_pb = set(np.nonzero(~mixed)[0].tolist())
+                n_solo = int(solo.sum())
             cnt = np.bincount(item_round * R + src, minlength=n_rounds * R).reshape(n_rounds, R)
+            cnt[0, r] -= n_solo  # EP1 only: pulled apart, below
             counts = cnt.tolist()
             if R > 1:
                 # a warp pulls its items one after another, each from a remote rank paying
                 # SM90_REMOTE_ROUND_TRIPS NVLink round trips: a round's latency grows with
                 # its share of remote items
                 remote = 1.0 - cnt[:, r] / np.maximum(cnt.sum(axis=1), 1)
-                lats = (lat + remote * (SM90_REMOTE_ROUND_TRIPS * hw.nvlink_latency_ns)).tolist()
+                lats = (np.array(lats) + remote * (SM90_REMOTE_ROUND_TRIPS * hw.nvlink_latency_ns)).tolist()
         else:
             # last global token index of every pool block, and the round that pulls it
             mbe = -(-tpe // bm)
@@ -644,6 +667,15 @@ class _Engine:
             t0 = env.now
             cnt = counts[q]
             finish = t0 + (lat if lats is None else lats[q])
+            if q == 0 and n_solo:  # the CTAs with one item, beside the first round
+                b = float(n_solo) * per_token
+                f1 = max(t0 + lat_solo, hbm.reserve(t0, 2 * b + n_solo * fsx))
+                self.rows.append((r, -1, ROLE["dispatch"], KIND["pull"], -1, -1, -1, -1, t0, f1, int(b), n_solo))
+                for pb in solo_pb:
+                    arrival[pb] = f1
+                    ev = arrival_ev.pop(pb, None)
+                    if ev is not None:
+                        env.timeout(f1 - t0).callbacks.append(lambda _e, ev=ev, f1=f1: ev.succeed(f1))
             for j, cj in enumerate(cnt):
                 if not cj:
                     continue
@@ -662,12 +694,23 @@ class _Engine:
             self.rows.append((r, -1, ROLE["dispatch"], KIND["pull"], -1, -1, -1, -1, t0, finish,
                               int(ntok * per_token), ntok))
             for pb in order[cut[q]:cut[q + 1]]:
+                if pb in solo_pb:
+                    continue
                 arrival[pb] = finish
                 ev = arrival_ev.pop(pb, None)
                 if ev is not None:
                     ev.succeed(finish)
 
-    def _sm90_pull_rounds(self, rp, src: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    def _pool_blocks(self, rp) -> np.ndarray:
+        """The pool block of every pool item (pool order: experts in order, each expert's items
+        in pull order): its expert's first block + its position // block_m."""
+        tpe, bm = rp.tokens_per_expert, rp.config.block_m
+        mbe = -(-tpe // bm)
+        first = np.cumsum(tpe) - tpe
+        e_of = np.repeat(np.arange(len(tpe)), tpe)
+        return (np.cumsum(mbe) - mbe)[e_of] + (np.arange(int(tpe.sum())) - first[e_of]) // bm
+
+    def _sm90_pull_rounds(self, rp, src: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The SM90 kernel's pull order (``csrc/megamoe/kernel_sm90.cu``): CTA ``c`` pulls a
         contiguous range of items with its 4 dispatch warps, item ``j`` of the range in round
         ``j // 4``.  EP1: the range is the items (token, top-k slot) ``[T K c / S, T K (c + 1) / S)``
@@ -681,7 +724,8 @@ class _Engine:
 
         Returns:
             the round of every pool item (pool order, as ``src``), the round that completes
-            each pool block (its rows' latest) and the most items any CTA pulls.
+            each pool block (its rows' latest), the items of each CTA (int64 ``[S]``) and
+            whether each pool item's CTA pulls it alone (bool, pool order).
         """
         S, bm, K = rp.num_sms, rp.config.block_m, self.plan.top_k
         W = DISPATCH_WARPS_PER_SM
@@ -700,22 +744,20 @@ class _Engine:
             pos = np.empty(len(items), dtype=np.int64)
             pos[srt] = np.arange(len(items)) - first[cta[srt]]
             rnd = pos // W
-            most = int(pos.max()) + 1 if len(pos) else 0
+            per_cta = np.bincount(cta, minlength=S)
             # pool order: experts in order, each expert's items ascending
-            rnd = rnd[np.argsort(ids[items], kind="stable")]
+            po = np.argsort(ids[items], kind="stable")
+            rnd, alone = rnd[po], (per_cta[cta] == 1)[po]
         else:
-            j0 = cta_item_starts(n, S)[:-1]                     # first pool position of each CTA
+            j0 = cta_item_starts(n, S)                          # first pool position of each CTA
             j = np.arange(n)
-            pos = j - j0[np.searchsorted(j0, j, side="right") - 1]
-            rnd = pos // W
-            most = int(pos.max()) + 1 if n else 0
-        # pool block of every pool item: its expert's first block + position // block_m
-        first = np.cumsum(tpe) - tpe
-        e_of = np.repeat(np.arange(len(tpe)), tpe)
-        pb = (np.cumsum(mbe) - mbe)[e_of] + (np.arange(n) - first[e_of]) // bm
+            c = np.searchsorted(j0[:-1], j, side="right") - 1
+            rnd = (j - j0[c]) // W
+            per_cta = np.diff(j0)
+            alone = per_cta[c] == 1
         pb_round = np.zeros(int(mbe.sum()), dtype=np.int64)
-        np.maximum.at(pb_round, pb, rnd)
-        return rnd, pb_round, most
+        np.maximum.at(pb_round, self._pool_blocks(rp), rnd)
+        return rnd, pb_round, per_cta, alone
 
     # -- GEMM clusters -----------------------------------------------------------
     def cluster(self, r: int, c: int):

@@ -66,8 +66,14 @@ Figures (units in the key names):
   of its later ones.
 * ``pull_fold_chunk_ns`` — SM90 design: one dispatch warp's fold and stores of one chunk round
   of a pulled row (``megamoe.design_sm90.PULL_ROUND_BYTES``: 32 lanes x 16 bytes); a warp
-  pulling a whole row runs ``hidden / PULL_ROUND_BYTES`` of them one after another (part of ``pull_latency_ns``), and the rows a
-  CTA's four warps share (``megamoe.design_sm90.ONE_ITEM_PULL_WARPS``) a quarter each.
+  pulling a whole row runs ``hidden / PULL_ROUND_BYTES`` of them one after another, and the row
+  of a CTA with one item its four warps share (``megamoe.design_sm90.ONE_ITEM_PULL_WARPS``) a
+  quarter each.
+* ``sm90_pull_base_ns``, ``sm90_pull_warp_ns`` — SM90 design: a pull round's time besides its fold
+  rounds (the item's index and expert, the row's load round trip, the stores and the release) is
+  ``sm90_pull_base_ns + sm90_pull_warp_ns x`` the dispatch warps pulling in that round on the GPU
+  (the loads in flight queue: 2.1 us with 24 warps at one token, 3.4-4.0 us with 384-528); the
+  SM100 design's pull keeps ``pull_latency_ns``.
 * ``stage_handoff_ns`` — SM90 design: fixed cost of one pipeline stage (barrier waits and
   releases between producer and consumers, the fixed part of the WGMMA wait and promotion),
   paid per K block.
@@ -213,6 +219,8 @@ class Hardware:
     sm90_first_kloop_ns: float
     sm90_fetch_counts_ns: float
     pull_fold_chunk_ns: float
+    sm90_pull_base_ns: float
+    sm90_pull_warp_ns: float
     sm90_issue_kblock_ns: float
     sched_block_ns: float
     sched_ahead_ns: float
@@ -290,7 +298,7 @@ _FIGURES = [f.name for f in fields(Hardware) if f.name not in ("name", "sources"
 SM90_DESIGN_FIGURES = ("sm90_mma_fraction", "sm90_promotion_ns_per_row", "e2m1_decode_thread_ns_per_elem",
                        "stage_handoff_ns", "sm90_count_ns", "sm90_count_item_ns", "sm90_local_count_ns",
                        "sm90_first_fill_ns", "sm90_first_kloop_ns", "sm90_fetch_counts_ns", "pull_fold_chunk_ns",
-                       "sm90_issue_kblock_ns",
+                       "sm90_pull_base_ns", "sm90_pull_warp_ns", "sm90_issue_kblock_ns",
                        "sched_block_ns", "sched_ahead_ns", "sched_desc_ns", "sm90_pair_share", "sm90_pair_share_first",
                        "sched_step_ns", "sched_skip_ns", "sm90_mask_seen_ns", "sm90_mask_seen_relay_ns",
                        "l2_epilogue_fixed_ns", "l2_epilogue_ep_ns", "combine_round_ns", "combine_round_serial_ns")
@@ -333,6 +341,8 @@ FIGURE_RANGES: dict[str, tuple[float, float, str]] = {
     "sm90_first_kloop_ns": (0.0, 100_000.0, "ns"),
     "sm90_fetch_counts_ns": (0.0, 100_000.0, "ns"),
     "pull_fold_chunk_ns": (0.01, 5_000.0, "ns"),
+    "sm90_pull_base_ns": (0.01, 100_000.0, "ns"),
+    "sm90_pull_warp_ns": (0.0, 1_000.0, "ns"),
     "sm90_issue_kblock_ns": (0.01, 5_000.0, "ns"),
     "sched_block_ns": (0.01, 10_000.0, "ns"),
     "sched_ahead_ns": (0.01, 10_000.0, "ns"),

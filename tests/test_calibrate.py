@@ -337,6 +337,51 @@ def test_sched_ahead_is_the_mean_gap_of_the_walk_inside_the_epilogue():
     assert "WALK_IN_EPILOGUE" in hw.sources["sched_ahead_ns"] and SM90_FIT_DATE in hw.sources["sched_ahead_ns"]
 
 
+def test_pull_line_is_least_squares_over_the_one_cta_traces():
+    """sm90_pull_base_ns + sm90_pull_warp_ns x pulling warps: per one-CTA trace (1 token, one-CTA 64
+    and 512, 1024), each CTA's pull record over its rounds (ceil(items / 4)) less its fold rounds
+    (8 x pull_fold_chunk_ns, or 2 where a lone item's four warps share the row at block_m 16), the
+    median over the CTAs with items, against the warps pulling in the first round (items up to four
+    per CTA, four for a lone item); an ordinary least-squares line through the four points, here with
+    numpy's lstsq on a design matrix built from the NPZ arrays with plain loops. Medians read:
+    2076 / 3376 / 3800 / 3969 ns at 24 / 384 / 528 / 528 warps; line 1992 ns + 3.59 ns per warp."""
+    import numpy as np
+
+    from megamoe.trace import KIND, Trace
+    from sim.calibrate import SM90_PULL_FIT_TRACES, fit_sm90_pull
+
+    hw = load_hardware("h200")
+    fold = hw.pull_fold_chunk_ns
+    xs, ys = [], []
+    for p in SM90_PULL_FIT_TRACES:
+        d = np.load(_root(p))
+        meta = Trace.load(_root(p)).meta
+        T, K, S, bm = meta["tokens_per_rank"][0], meta["top_k"], meta["num_sms"], meta["plan"]["block_m"]
+        ids = d["topk_idx_0"].reshape(-1)
+        items = [sum(1 for i in range(T * K * c // S, T * K * (c + 1) // S) if ids[i] >= 0) for c in range(S)]
+        per, busy = [], 0
+        for c in range(S):
+            n = items[c]
+            lone = n == 1 and bm == 16
+            busy += 4 if lone else min(n, 4)
+            if n == 0:
+                continue
+            w = (d["kind"] == KIND["pull"]) & (d["sm"] == c)
+            assert w.sum() == 1
+            dur = float(d["t_end_ns"][w][0] - d["t_start_ns"][w][0])
+            per.append(dur / -(-n // 4) - (2 if lone else 8) * fold)
+        xs.append(busy)
+        ys.append(float(np.median(per)))
+    assert xs == [24, 384, 528, 528]
+    assert [round(y) for y in ys] == [2076, 3376, 3800, 3969]
+    (base, slope), *_ = np.linalg.lstsq(np.column_stack([np.ones(4), xs]), np.array(ys), rcond=None)
+    fit = fit_sm90_pull([_root(p) for p in SM90_PULL_FIT_TRACES], fold)
+    assert fit["sm90_pull_base_ns"][0] == pytest.approx(base, rel=1e-9)
+    assert fit["sm90_pull_warp_ns"][0] == pytest.approx(slope, rel=1e-9)
+    assert hw.sm90_pull_base_ns == float(f"{base:.4g}") == 1992.0 and hw.sm90_pull_warp_ns == float(f"{slope:.4g}")
+    assert "1992 ns + 3.59 ns per warp" in fit["sm90_pull_base_ns"][1]
+
+
 def test_first_fill_is_the_median_lag_from_first_issue_to_first_mma():
     """sm90_first_fill_ns (the ring's first fill at the call's start): over every CTA of the fit
     traces whose consumers read block descriptors (block_m 16: the one-CTA traces at 64 and 512

@@ -585,8 +585,12 @@ def test_static_path_unchanged():
     # sm90_first_fill_ns and sm90_fetch_counts_ns (forty-second session) and sm90_first_kloop_ns
     # (forty-sixth; not paid at this block_m, 32) are new since: at one tma_latency_ns, 0 and 0 it
     # is the old model
+    # and the pull's line in the pulling warps (sm90_pull_base_ns, sm90_pull_warp_ns): with no warp
+    # term and the base that code's round less the fold rounds, the same rounds
+    one_round = hw.pull_latency_ns + 4096 / (hw.sm_load_gbs / 4)
     res = simulate(sc, dataclasses.replace(hw, sm90_first_fill_ns=hw.tma_latency_ns, sm90_fetch_counts_ns=0.0,
-                                           sm90_first_kloop_ns=0.0))
+                                           sm90_first_kloop_ns=0.0, sm90_pull_warp_ns=0.0,
+                                           sm90_pull_base_ns=one_round - 8 * hw.pull_fold_chunk_ns))
     assert not res.plan.ranks[0].block_tickets and res.plan.ranks[0].ctas_per_sm == 1
     assert res.trace.makespan_ns == 1509444.6362935363
     sc = Scenario(shape="deepseek-v4-flash", num_ranks=8, tokens_per_rank=1024, design="deepgemm-sm100", hardware="b200")
@@ -789,7 +793,8 @@ def test_sm90_pull_rounds_follow_the_kernel_order():
         for rp in plan.ranks:
             S = rp.num_sms  # the CTAs: two per SM at EP1 block_m 16 (kernel v9.2)
             src = np.concatenate([rp.pull_order(e)[:, 0] for e in range(len(rp.recv_counts))])
-            rnd, pb_round, most = eng._sm90_pull_rounds(rp, src)
+            rnd, pb_round, per_cta, alone = eng._sm90_pull_rounds(rp, src)
+            most = int(per_cta.max())
             bm, tpe = rp.config.block_m, rp.tokens_per_expert.tolist()
             want_item, want_pb = [], {}
             pos = 0
@@ -819,10 +824,13 @@ def test_sm90_pull_rounds_follow_the_kernel_order():
                 pos += t
             assert rnd.tolist() == want_item
             assert pb_round.tolist() == [want_pb[i] for i in range(pb)]
-            if ranks == 1:  # the most items any CTA pulls, counted directly
-                assert most == max(sum(ids[i // K, i % K] >= 0 for i in range(tokens * K * c // S,
-                                                                              tokens * K * (c + 1) // S))
-                                   for c in range(S))
+            if ranks == 1:  # each CTA's items, and the pool items their CTA pulls alone, counted directly
+                mine = [sum(ids[i // K, i % K] >= 0 for i in range(tokens * K * c // S, tokens * K * (c + 1) // S))
+                        for c in range(S)]
+                assert per_cta.tolist() == mine and most == max(mine)
+                lone = {i // K * K + i % K for c in range(S) if mine[c] == 1
+                        for i in range(tokens * K * c // S, tokens * K * (c + 1) // S) if ids[i // K, i % K] >= 0}
+                assert alone.tolist() == [i in lone for e in range(len(tpe)) for i, _ in sorted(rows[e])]
     # EP1 at 512 tokens on all 132 SMs, two CTAs each (3072 items over 264 CTAs: 11-12 items per
     # CTA, 4 dispatch warps, 3 rounds): the first expert's pool blocks complete in round 0 or 1,
     # the pool blocks complete in expert order give or take a CTA's spread, the last expert's in
@@ -832,29 +840,51 @@ def test_sm90_pull_rounds_follow_the_kernel_order():
     eng = _Engine(plan, hw)
     eng.topk_idx = sc.routing_ids()
     rp = plan.ranks[0]
-    rnd, pb_round, most = eng._sm90_pull_rounds(rp, np.zeros(int(rp.tokens_per_expert.sum()), int))
-    assert rp.num_sms == 264 and rnd.max() == 2 and pb_round[0] <= 1 and pb_round[-1] == 2 and most == 12
+    rnd, pb_round, per_cta, alone = eng._sm90_pull_rounds(rp, np.zeros(int(rp.tokens_per_expert.sum()), int))
+    assert rp.num_sms == 264 and rnd.max() == 2 and pb_round[0] <= 1 and pb_round[-1] == 2 and per_cta.max() == 12
+    assert not alone.any()
     assert np.all(np.diff(pb_round) >= -2)
 
 
-def test_sm90_one_item_pull_shares_the_row_over_the_warps():
-    """EP1 at block_m 16 with at most one item per CTA (kernel v8.6): the pull round lasts
-    pull_latency_ns + one 4 KiB chunk at a warp's load rate, less the chunk rounds the other
-    three warps take over: 4096 / 512 = 8 rounds one after another -> 2, so 6 x
-    pull_fold_chunk_ns fewer. At block_m 32 (forced), or with two items in a CTA, the whole row
-    stays one warp's."""
+def test_sm90_pull_round_is_a_line_in_the_pulling_warps():
+    """A pull round lasts sm90_pull_base_ns + sm90_pull_warp_ns x the dispatch warps pulling then on
+    the GPU, plus the chunk rounds one warp folds one after another (4096 / 512 = 8 of
+    pull_fold_chunk_ns); a CTA with one item at block_m 16 EP1 pulls it with its four warps, each
+    two of the eight (kernel v8.6), and counts four warps. Hand-counted (V4-Flash, top-k 6):
+    1 token: 6 items, 6 CTAs alone -> 24 warps, 2 folds; forced block_m 32: 6 CTAs, one warp each,
+    8 folds; 16 tokens at two CTAs per SM: 96 items on 264 CTAs, all alone -> 384 warps, 2 folds;
+    64 tokens: 384 items on 264 CTAs, 120 with two items and 144 with one -> 120 x 2 + 144 x 4 = 816
+    warps, a record for the lone CTAs (2 folds, 144 items) and one for the round (8 folds, 240)."""
     from megamoe.design_sm90 import ONE_ITEM_PULL_WARPS
 
     assert ONE_ITEM_PULL_WARPS == {16: 4, 32: 1, 64: 1, 128: 1}
     hw = load_hardware("h200")
-    one_warp = hw.pull_latency_ns + 4096 / (hw.sm_load_gbs / 4)  # GB/s = bytes per ns
-    for tokens, bm, want in ((1, None, one_warp - 6 * hw.pull_fold_chunk_ns), (16, None, one_warp - 6 * hw.pull_fold_chunk_ns),
-                             (1, 32, one_warp), (64, None, one_warp)):
+    a, w, f = hw.sm90_pull_base_ns, hw.sm90_pull_warp_ns, hw.pull_fold_chunk_ns
+    assert a > 1000 and w > 1
+    for tokens, bm, want in ((1, None, [(a + 24 * w + 2 * f, 6)]), (1, 32, [(a + 6 * w + 8 * f, 6)]),
+                             (16, None, [(a + 384 * w + 2 * f, 96)]),
+                             (64, None, [(a + 816 * w + 2 * f, 144), (a + 816 * w + 8 * f, 240)])):
         sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=tokens, design="megamoe-sm90",
                       hardware="h200", block_m=bm)
         pull = simulate(sc).trace.where(kind="pull")
-        assert len(pull) == 1, (tokens, bm)
-        assert pull["t_end_ns"][0] - pull["t_start_ns"][0] == pytest.approx(want, rel=1e-9), (tokens, bm)
+        got = sorted(zip((pull["t_end_ns"] - pull["t_start_ns"]).tolist(), pull["tokens"].tolist()))
+        assert len(got) == len(want), (tokens, bm)
+        for (d, n), (dw, nw) in zip(got, sorted(want)):
+            assert d == pytest.approx(dw, rel=1e-9) and n == nw, (tokens, bm)
+
+
+def test_sm90_lone_item_pool_blocks_arrive_with_the_lone_pull():
+    """At 64 tokens (two CTAs per SM) the CTAs with one item pull it sooner than the round of
+    the CTAs with two: a pool block whose rows all come from lone CTAs lands with their record's
+    end, every other with the round's, so the first L1 block starts between the two ends (with one
+    landing for all it could not start before the round's end)."""
+    sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=64, design="megamoe-sm90", hardware="h200")
+    res = simulate(sc)
+    pull = res.trace.where(kind="pull")
+    ends = sorted(pull["t_end_ns"].tolist())
+    assert len(ends) == 2 and ends[0] < ends[1]
+    first_l1 = res.trace.where(kind="l1_mma")["t_start_ns"].min()
+    assert ends[0] < first_l1 < ends[1]  # some L1 block runs on rows of lone CTAs before the round ends
 
 
 def test_calendar_budget_refuses_runaway_simulated_time(monkeypatch):
