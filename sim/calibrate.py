@@ -261,6 +261,49 @@ def fit_sm90_pull(paths: list[str], fold_ns: float) -> dict:
     return {"sm90_pull_base_ns": (float(base), how), "sm90_pull_warp_ns": (float(slope), how)}
 
 
+def fit_sm90_count_pair(paths: list[str], hw) -> dict:
+    """``sm90_count_pair_ns``: the count up to its barrier at two CTAs per SM beyond what the one-CTA
+    line says, read off the two-CTA traces whose plans meet at the count barrier
+    (:data:`SM90_COUNT_PAIR_FIT_TRACES`): per trace the median over its CTAs of the first pull's
+    start less ``grid_sync_ns`` and ``sm90_count_ns + share x sm90_count_item_ns`` of ``hw`` (the
+    share: the most items a CTA counts); the median over the traces.
+
+    Returns:
+        ``{"sm90_count_pair_ns": (value, how)}``.
+
+    Raises:
+        InputError: no trace, or a trace of one rank that is not at two CTAs per SM with a count
+            barrier, or one without pull records.
+    """
+    import numpy as np
+
+    from megamoe.design_sm90 import cta_item_starts
+    from megamoe.trace import Trace
+
+    require(isinstance(paths, (list, tuple)) and len(paths) >= 1, "fit_sm90_count_pair", "a list of traces", paths)
+    per = []
+    for path in paths:
+        t = Trace.load(path)
+        meta = t.meta
+        rp = _sm90_plan(t).ranks[0]
+        require(meta["num_ranks"] == 1 and rp.ctas_per_sm == 2 and not rp.local_count, "fit_sm90_count_pair",
+                "one-rank traces at two CTAs per SM whose plan meets at the count barrier",
+                f"{path} ({meta['num_ranks']} ranks, {rp.ctas_per_sm} CTAs per SM, local count {rp.local_count})")
+        pull = t.where(kind="pull")
+        require(len(pull) > 0, "fit_sm90_count_pair", "pull records", f"{path} (none)")
+        T, K = int(meta["tokens_per_rank"][0]), int(meta["top_k"])
+        share = int(np.diff(cta_item_starts(T * K, rp.num_sms)).max())
+        line = hw.sm90_count_ns + share * hw.sm90_count_item_ns + hw.grid_sync_ns
+        per.append((T, share, _median(pull["t_start_ns"]), line))
+    v = _median([s - ln for _, _, s, ln in per])
+    how = ("the first pull's start (median over the CTAs) at two CTAs per SM less the one-CTA count line at the "
+           f"same share ({hw.sm90_count_ns:.0f} ns + {hw.sm90_count_item_ns:.2f} ns per item) and grid_sync_ns "
+           f"({hw.grid_sync_ns:.0f} ns): " + ", ".join(f"T={tk} {s / 1e3:.2f} us at {sh} items, {(s - ln) / 1e3:+.2f} us"
+                                                    for tk, sh, s, ln in per)
+           + f"; median {v / 1e3:.2f} us")
+    return {"sm90_count_pair_ns": (max(0.0, v), how)}
+
+
 def fit_sm90_local_count(paths: list[str]) -> dict:
     """``sm90_local_count_ns``, the EP1 dispatch's time from the kernel's start to its first pull
     when every CTA counts all items itself (the wide instances: kernel v8.9 at one CTA per SM, v9.7
@@ -1039,6 +1082,9 @@ SM90_LOCAL_COUNT_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep1_t{t}.np
 #: (:func:`fit_sm90_pull`): every one-CTA-per-SM EP1 trace whose pull runs before the GEMMs load
 #: much (1 token, the one-CTA traces at 64 and 512, 1024 at block_m 32); at 4096 and 8192 tokens a
 #: round reads 0.4 us above the line, the block_m 128 K loops loading beside it.
+#: The committed two-CTA traces whose plans meet at the count barrier (64-512 tokens),
+#: ``sm90_count_pair_ns`` is fitted to (:func:`fit_sm90_count_pair`).
+SM90_COUNT_PAIR_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep1_t{t}.npz" for t in (64, 256, 512))
 SM90_PULL_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep1_{t}.npz"
                              for t in ("t1", "one_cta_t64", "one_cta_t512", "t1024"))
 SM90_SKIP_FIT_KERNEL = SM90_FIT_KERNEL
@@ -1182,6 +1228,10 @@ def refit_h200(root: str | None = None, toml_path: str | None = None) -> dict:
                                 traces=SM90_LOCAL_COUNT_FIT_TRACES,
                                 profile_path=None, date=SM90_SKIP_FIT_DATE, kernel=SM90_SKIP_FIT_KERNEL,
                                 fitter="fit_sm90_local_count"))
+    counted = dataclasses.replace(load_hardware("h200"), **{k: v for k, (v, _) in fit.items()})
+    fit.update(sm90_fit_sources(fit_sm90_count_pair([str(base / p) for p in SM90_COUNT_PAIR_FIT_TRACES], counted),
+                                traces=SM90_COUNT_PAIR_FIT_TRACES, profile_path=None, date=SM90_SKIP_FIT_DATE,
+                                kernel=SM90_SKIP_FIT_KERNEL, fitter="fit_sm90_count_pair"))
     # the pair share is fitted on the model with every figure just fitted (the H200 preset's others)
     hw = dataclasses.replace(load_hardware("h200"), **{k: v for k, (v, _) in fit.items()})
     fit.update(sm90_fit_sources(fit_sm90_pair_share([str(base / p) for p in SM90_PAIR_FIT_TRACES],

@@ -7,8 +7,8 @@ Granularity (DESIGN.md: block granularity, never per cycle):
   exchange, grid sync, expert counts to the owners, NVLink barrier (a true cross-rank
   barrier: every rank waits for the last), then pulls.  The SM90 design at one rank (kernel
   v8.5+) instead counts each CTA's share of the items (``sm90_count_ns`` +
-  ``sm90_count_item_ns`` per item of the largest share) and meets at its count barrier
-  (``grid_sync_ns``) before the pulls; where the plan runs the wide instance
+  ``sm90_count_item_ns`` per item of the largest share, and ``sm90_count_pair_ns`` more at two
+  CTAs per SM) and meets at its count barrier (``grid_sync_ns``) before the pulls; where the plan runs the wide instance
   (``RankPlan.local_count``, kernel v8.9) every CTA counts all items itself and the pulls
   start ``sm90_local_count_ns`` after the launch, with no barrier.  All ``4 * SMs`` dispatch warps walk
   the rank's pool tokens (experts in order, each in the plan's round-robin min-remaining
@@ -576,7 +576,9 @@ class _Engine:
             # and sorts its share of the T k items, the largest share arriving last at the count
             # barrier; no send-count atomics, no index table
             share = int(np.diff(cta_item_starts(T * k, S)).max())
-            steps = (("count", hw.sm90_count_ns + share * hw.sm90_count_item_ns, 0),)
+            # at two CTAs per SM twice the CTAs publish and meet at the barrier
+            pair = hw.sm90_count_pair_ns if rp.ctas_per_sm == 2 else 0.0
+            steps = (("count", hw.sm90_count_ns + share * hw.sm90_count_item_ns + pair, 0),)
         else:
             steps = (
                 ("count", 500.0 + T * k * 8 / hw.hbm_bytes_per_ns, 0),

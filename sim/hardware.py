@@ -49,6 +49,9 @@ Figures (units in the key names):
 * ``sm90_local_count_ns`` — SM90 design, one rank, the wide instance (kernel v8.9,
   :func:`megamoe.design_sm90.local_count`): from the kernel's start to the first pull when
   every CTA counts all ``T k`` items itself (no count barrier, no global atomics).
+* ``sm90_count_pair_ns`` — SM90 design: how much longer the count, up to its barrier's release,
+  takes at two CTAs per SM than ``sm90_count_ns + share x sm90_count_item_ns`` (read off one-CTA
+  traces) says for the same share: twice the CTAs add into the per-expert sums and the barrier.
 * ``sm90_fetch_counts_ns`` — SM90 design: each unit's schedulers read the published expert counts
   before their first walk (``Scheduler::fetch_counts``: a lane's counters, one acquire load after
   another), at the unit's share of a lone CTA's time; from the counts' readiness (the unit's first
@@ -214,6 +217,7 @@ class Hardware:
     stage_handoff_ns: float
     sm90_count_ns: float
     sm90_count_item_ns: float
+    sm90_count_pair_ns: float
     sm90_local_count_ns: float
     sm90_first_fill_ns: float
     sm90_first_kloop_ns: float
@@ -296,7 +300,7 @@ _FIGURES = [f.name for f in fields(Hardware) if f.name not in ("name", "sources"
 # our SM90 kernel's traces on the H200 preset, estimates elsewhere (the CLI says so when it runs
 # that design on a preset whose figures are estimates).
 SM90_DESIGN_FIGURES = ("sm90_mma_fraction", "sm90_promotion_ns_per_row", "e2m1_decode_thread_ns_per_elem",
-                       "stage_handoff_ns", "sm90_count_ns", "sm90_count_item_ns", "sm90_local_count_ns",
+                       "stage_handoff_ns", "sm90_count_ns", "sm90_count_item_ns", "sm90_count_pair_ns", "sm90_local_count_ns",
                        "sm90_first_fill_ns", "sm90_first_kloop_ns", "sm90_fetch_counts_ns", "pull_fold_chunk_ns",
                        "sm90_pull_base_ns", "sm90_pull_warp_ns", "sm90_issue_kblock_ns",
                        "sched_block_ns", "sched_ahead_ns", "sched_desc_ns", "sm90_pair_share", "sm90_pair_share_first",
@@ -336,6 +340,7 @@ FIGURE_RANGES: dict[str, tuple[float, float, str]] = {
     "stage_handoff_ns": (0.01, 5_000.0, "ns"),
     "sm90_count_ns": (0.01, 1_000_000.0, "ns"),
     "sm90_count_item_ns": (0.0, 10_000.0, "ns"),
+    "sm90_count_pair_ns": (0.0, 1_000_000.0, "ns"),
     "sm90_local_count_ns": (0.01, 1_000_000.0, "ns"),
     "sm90_first_fill_ns": (0.01, 100_000.0, "ns"),
     "sm90_first_kloop_ns": (0.0, 100_000.0, "ns"),

@@ -337,6 +337,32 @@ def test_sched_ahead_is_the_mean_gap_of_the_walk_inside_the_epilogue():
     assert "WALK_IN_EPILOGUE" in hw.sources["sched_ahead_ns"] and SM90_FIT_DATE in hw.sources["sched_ahead_ns"]
 
 
+def test_count_pair_is_the_two_cta_start_beyond_the_one_cta_line():
+    """sm90_count_pair_ns: on the two-CTA count-barrier traces (64, 256, 512 tokens: 264 CTAs, the
+    most items a CTA counts ceil(T x 6 / 264) = 2, 6, 12) the median over the CTAs' pull records of
+    their start, less sm90_count_ns + share x sm90_count_item_ns + grid_sync_ns of the H200 file (the
+    one-CTA line); the median over the three. Read here with numpy from the NPZ arrays: +2.31 /
+    +1.77 / +1.36 us, 1.77 us."""
+    import numpy as np
+
+    from megamoe.trace import KIND
+    from sim.calibrate import SM90_COUNT_PAIR_FIT_TRACES, fit_sm90_count_pair
+
+    hw = load_hardware("h200")
+    ex = []
+    for p, share in zip(SM90_COUNT_PAIR_FIT_TRACES, (2, 6, 12)):
+        d = np.load(_root(p))
+        w = d["kind"] == KIND["pull"]
+        start = float(np.median(d["t_start_ns"][w] - d["t_start_ns"].min()))
+        ex.append(start - (hw.sm90_count_ns + share * hw.sm90_count_item_ns + hw.grid_sync_ns))
+    assert [round(x / 10) * 10 for x in ex] == [2310, 1770, 1360]
+    fit = fit_sm90_count_pair([_root(p) for p in SM90_COUNT_PAIR_FIT_TRACES], hw)
+    assert fit["sm90_count_pair_ns"][0] == pytest.approx(float(np.median(ex)), rel=1e-12)
+    assert hw.sm90_count_pair_ns == float(f"{np.median(ex):.4g}")
+    with pytest.raises(InputError, match="^fit_sm90_count_pair: expected one-rank traces at two CTAs per SM"):
+        fit_sm90_count_pair([_root("benchmarks/traces/kernel_flash_ep1_one_cta_t64.npz")], hw)
+
+
 def test_pull_line_is_least_squares_over_the_one_cta_traces():
     """sm90_pull_base_ns + sm90_pull_warp_ns x pulling warps: per one-CTA trace (1 token, one-CTA 64
     and 512, 1024), each CTA's pull record over its rounds (ceil(items / 4)) less its fold rounds

@@ -122,6 +122,13 @@ def test_sm90_wide_instance_counts_locally_with_no_count_barrier():
     hw, rp, start2, before2 = run(256, ctas=2)  # the wide walk at two CTAs: the local count (v9.7)
     assert rp.ctas_per_sm == 2 and rp.local_count and before2 == [KIND["count"]]
     assert start2 == pytest.approx(hw.launch_ns + hw.sm90_local_count_ns)
+    # waves of 32 at two CTAs per SM: the count barrier, twice the CTAs at it (sm90_count_pair_ns)
+    hw, rp, start322, before322 = run(32, ctas=2)
+    assert rp.ctas_per_sm == 2 and not rp.local_count and before322 == [KIND["count"], KIND["grid_sync"]]
+    share = -(-4 * 6 // (2 * hw.num_sms))  # ceil(24 / 264) = 1
+    assert hw.sm90_count_pair_ns > 1000
+    assert start322 == pytest.approx(hw.launch_ns + hw.sm90_count_ns + share * hw.sm90_count_item_ns
+                                     + hw.sm90_count_pair_ns + hw.grid_sync_ns)
 
 
 def test_k_loop_and_combine_durations():
