@@ -673,11 +673,15 @@ class _Engine:
                 b = float(n_solo) * per_token
                 f1 = max(t0 + lat_solo, hbm.reserve(t0, 2 * b + n_solo * fsx))
                 self.rows.append((r, -1, ROLE["dispatch"], KIND["pull"], -1, -1, -1, -1, t0, f1, int(b), n_solo))
-                for pb in solo_pb:
-                    arrival[pb] = f1
-                    ev = arrival_ev.pop(pb, None)
-                    if ev is not None:
-                        env.timeout(f1 - t0).callbacks.append(lambda _e, ev=ev, f1=f1: ev.succeed(f1))
+
+                def land(_e, f1=f1):  # at f1, as a round's pool blocks land at its end
+                    for pb in solo_pb:
+                        arrival[pb] = f1
+                        ev = arrival_ev.pop(pb, None)
+                        if ev is not None:
+                            ev.succeed(f1)
+
+                env.timeout(f1 - t0).callbacks.append(land)
             for j, cj in enumerate(cnt):
                 if not cj:
                     continue
