@@ -471,7 +471,8 @@ def cmd_compare(a: argparse.Namespace) -> int:
     with Outputs() as outs:
         j = outs.reserve("--json", a.json, _SUFFIXES["json"])
         png = outs.reserve("--plot", a.plot, _SUFFIXES["plot"])
-        report, measured, res = compare_file(a.trace, load_hardware(a.hardware) if a.hardware else None)
+        report, measured, res = compare_file(a.trace, load_hardware(a.hardware) if a.hardware else None,
+                                             a.policy or None)
         if j:
             with open(j, "w") as f:
                 json.dump(_json_safe(report), f, indent=1, allow_nan=False)
@@ -492,6 +493,10 @@ def cmd_compare(a: argparse.Namespace) -> int:
         if not same:
             con.print(f"note: the trace was recorded on hardware {rec!r} (its meta); this run simulated it with "
                       f"{a.hardware!r} ({res.hardware.name})", highlight=False)
+    recorded = measured.meta.get("policies") or {}
+    if a.policy and res.scenario.to_dict()["policies"] != recorded:
+        con.print(f"note: the trace records the policies {recorded or 'none (the defaults)'}; this run simulated it "
+                  f"with {res.scenario.to_dict()['policies']}", highlight=False)
     if any(report["launch_skew_us"]):
         con.print("ranks' launch skew read off the trace (host launch jitter: an input of the model, which it "
                   "does not predict; simulated with it): "
@@ -671,6 +676,9 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compare", help="simulate a kernel trace's scenario and compare the timelines")
     c.add_argument("trace", help="trace file (.npz with meta and topk_idx)")
     c.add_argument("--hardware", help="hardware preset or TOML (default: the trace's)")
+    c.add_argument("--policy", action="append", default=[], metavar="SPEC",
+                   help="policy to simulate with in place of the trace's (repeatable; a policy of your own, "
+                        "which a trace records only by name: FILE.py:Class or module:Class)")
     c.add_argument("--json", type=_out_path(".json"), help="write the report as JSON")
     c.add_argument("--plot", type=_out_path(".png", ".svg", ".pdf"),
                    help="write a measured-vs-simulated timeline figure")

@@ -152,8 +152,10 @@ def compare_traces(measured: Trace, simulated: Trace, num_sms: int, by_block: bo
     }
 
 
-def scenario_from_meta(trace: Trace):
-    """The :class:`Scenario` a trace file describes (its own routing, plan numbers from meta).
+def scenario_from_meta(trace: Trace, policies: list | None = None):
+    """The :class:`Scenario` a trace file describes (its own routing, plan numbers from meta);
+    ``policies`` (specs or objects, :mod:`megamoe.policies`) in place of the built-in policies the
+    trace records by name (a policy of one's own is recorded only by its name).
 
     Raises:
         InputError: the trace has no ``meta`` or no ``topk_idx``, a meta number is not an
@@ -225,14 +227,17 @@ def scenario_from_meta(trace: Trace):
              if meta.get(k) is not None}
     pols = meta.get("policies") or {}
     require(isinstance(pols, dict), "trace.meta.policies", "an object (policy kind -> policy name)", pols)
-    from megamoe.policies import BUILTINS
+    from megamoe.policies import BUILTINS, policies_from_specs
 
-    for kind, name in pols.items():
-        require(isinstance(name, str) and name.split(":")[0] in BUILTINS, f"trace.meta.policies.{kind}",
-                f"a built-in policy ({', '.join(sorted(BUILTINS))}; a policy of your own cannot be re-created "
-                "from the name a trace records)", name)
+    if policies is None:
+        for kind, name in pols.items():
+            require(isinstance(name, str) and name.split(":")[0] in BUILTINS, f"trace.meta.policies.{kind}",
+                    f"a built-in policy ({', '.join(sorted(BUILTINS))}; a policy of your own cannot be re-created "
+                    "from the name a trace records: give it, compare --policy FILE.py:Class)", name)
+        policies = list(pols.values())
+    kinds = policies_from_specs(list(policies)).names()
     for key, kind in (("block_m", "block_config"), ("experts_per_wave", "wave")):
-        if kind in pols:  # the policy decides it again (the plan's number is its choice)
+        if kind in kinds:  # the policy decides it again (the plan's number is its choice)
             fixed[key] = None
     keys = {"max_tokens": "max_tokens_per_rank", "tokens": "tokens_per_rank", "ranks": "num_ranks",
             "block_m": "plan.block_m", "experts_per_wave": "plan.experts_per_wave"}
@@ -241,7 +246,7 @@ def scenario_from_meta(trace: Trace):
                         max_tokens_per_rank=num("max_tokens_per_rank") if meta.get("max_tokens_per_rank")
                         else max(1, max(len(t) for t in ids)),
                         hardware=meta.get("hardware", "h200"), design=design,
-                        **fixed, **extra, ctas_per_sm=ctas, policies=list(pols.values()),
+                        **fixed, **extra, ctas_per_sm=ctas, policies=list(policies),
                         l2_wait=meta.get("l2_wait", "k_block"),
                         topk_idx=ids)
     except InputError as e:  # name the trace's own key, not the Scenario field it went into
@@ -270,8 +275,9 @@ def launch_skew_from_trace(trace: Trace) -> list[float]:
     return [(max(ends) - e) / 1e3 for e in ends]
 
 
-def compare_file(path: str, hardware=None) -> tuple[dict, Trace, object]:
-    """Load a trace file, simulate its scenario, compare.  Returns (report, measured, SimResult).
+def compare_file(path: str, hardware=None, policies: list | None = None) -> tuple[dict, Trace, object]:
+    """Load a trace file, simulate its scenario (with ``policies`` in place of the ones it records:
+    :func:`scenario_from_meta`), compare.  Returns (report, measured, SimResult).
 
     With several ranks the simulation starts each rank at the launch skew measured in the
     trace (``report["launch_skew_us"]``); ``report["makespan_error_no_skew"]`` is the makespan
@@ -280,7 +286,7 @@ def compare_file(path: str, hardware=None) -> tuple[dict, Trace, object]:
     from .hardware import load_hardware
 
     measured = Trace.load(path)
-    base = scenario_from_meta(measured)
+    base = scenario_from_meta(measured, policies)
     if hardware is not None:
         hw = hardware
     else:

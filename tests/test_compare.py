@@ -73,6 +73,20 @@ def test_a_trace_of_a_policy_of_ones_own_is_refused_by_name(tmp_path):
     with pytest.raises(InputError) as e:
         compare_file(str(p))
     assert e.value.field == "trace.meta.policies.wave" and e.value.got == "my-waves"
+    # given back (compare --policy), the policy re-creates the call exactly
+    report, _, again = compare_file(str(p), policies=[spec])
+    assert report["makespan_error"] == pytest.approx(0.0, abs=1e-12)
+    assert again.scenario.to_dict()["policies"] == {"wave": "my-waves"}
+
+
+def test_cli_compare_policy_in_place_of_the_traces_says_so(tmp_path, capsys):
+    res = simulate(Scenario(shape="deepseek-v4-flash", num_ranks=2, tokens_per_rank=64))
+    p = tmp_path / "d.npz"
+    res.trace.save_npz(str(p))
+    assert main(["compare", str(p), "--policy", "interleaved"]) == 0
+    out = capsys.readouterr().out
+    assert ("note: the trace records the policies none (the defaults); this run simulated it with "
+            "{'scheduler': 'interleaved'}") in out
 
 
 def test_faster_loads_show_up_as_negative_errors(tmp_path):
