@@ -617,8 +617,9 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
                 f"hidden {hidden}, intermediate {intermediate}")
         full = pool_capacity_tokens(num_ranks, max_tokens_per_rank, top_k, e_local)
         cap = pool_tokens if pool_tokens is not None else full
-        require(0 < cap <= full, "pool_tokens",
-                f"in [1, {full}] (the most one call can need, DeepGEMM's get_num_max_pool_tokens: a larger ring "
+        require(cap > 0, "pool_tokens", "> 0", cap)
+        require(cap <= full, "pool_tokens",
+                f"at most {full} (the most one call can need, DeepGEMM's get_num_max_pool_tokens: a larger ring "
                 "holds nothing more)", cap)
     pull = bytes_per_pull(hidden)
     counts, items = route_to_ranks(topk_idx, num_experts, num_ranks)

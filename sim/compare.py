@@ -287,8 +287,22 @@ def compare_file(path: str, hardware=None, policies: list | None = None) -> tupl
 
     measured = Trace.load(path)
     base = scenario_from_meta(measured, policies)
+    figs = measured.meta.get("hardware_figures")
     if hardware is not None:
         hw = hardware
+    elif figs is not None:  # a simulator trace: the figures it was made with (its file may have moved or changed)
+        from .hardware import parse_hardware
+
+        require(isinstance(figs, dict), "trace.meta.hardware_figures", "an object (figure -> number)",
+                type(figs).__name__)
+        name = measured.meta.get("hardware_name", "recorded")
+        try:
+            hw = parse_hardware({"name": name if isinstance(name, str) and name.strip() else "recorded",
+                                 "figures": figs, "sources": {k: "recorded in the trace's meta" for k in figs}},
+                                f"{path} (meta.hardware_figures)")
+        except InputError as e:
+            raise InputError(e.field.replace("hardware.figures", "trace.meta.hardware_figures", 1)
+                             .replace("hardware.sources", "trace.meta.hardware_figures", 1), e.expected, e.got) from None
     else:
         try:
             hw = load_hardware(base.hardware)
@@ -301,6 +315,17 @@ def compare_file(path: str, hardware=None, policies: list | None = None) -> tupl
     skew = launch_skew_from_trace(measured) if base.num_ranks > 1 else [0.0]
     sc = dataclasses.replace(base, launch_skew_us=skew) if any(skew) else base
     res = simulate(sc, hw)
+    if measured.meta.get("source") == "simulator":
+        # a simulator trace is re-made exactly or not at all: the plan must come out as recorded
+        # (a policy of one's own recorded under a built-in's name would make another call)
+        plan = measured.meta.get("plan") or {}
+        rp = res.plan.ranks[0]
+        made = {"block_m": rp.config.block_m, "experts_per_wave": rp.experts_per_wave,
+                "num_stages": rp.num_stages, "ctas_per_sm": rp.ctas_per_sm}
+        for key, v in plan.items():
+            require(key not in made or made[key] == v, f"trace.meta.plan.{key}",
+                    f"the value its scenario's plan takes again ({made.get(key)}; a policy of one's own named like "
+                    "a built-in? give it: compare --policy FILE.py:Class)", v)
     # the simulation runs on the hardware's SMs; the SM90 kernel at two CTAs per SM records its CTAs
     # (the plan's units: RankPlan.num_sms)
     plan_units = max(rp.num_sms for rp in res.plan.ranks)

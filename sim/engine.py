@@ -1400,7 +1400,11 @@ def _simulate(scenario: Scenario, hardware: Hardware | str | None, summarize) ->
     eng = _Engine(plan, hw, [1e3 * v for v in scenario.launch_offsets_us()])
     end, t_red = eng.run(scenario.routing_ids())
     trace = eng.trace()
+    # the figures themselves (a hardware file may move or change; compare re-simulates with these)
+    from .hardware import _FIGURES
+
     trace.meta = {**scenario.to_dict(), "source": "simulator", "hardware_name": hw.name,
+                  "hardware_figures": {k: getattr(hw, k) for k in _FIGURES},
                   "plan": {"block_m": plan.ranks[0].config.block_m,
                            "experts_per_wave": plan.ranks[0].experts_per_wave,
                            "num_stages": plan.ranks[0].num_stages,

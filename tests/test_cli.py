@@ -70,7 +70,7 @@ def test_default_simulate_reports_the_table():
     (["--tokens", "131073", "--max-tokens", "131073"], "tokens"),
     (["--tokens", "1", "--max-tokens", "200000"], "max_tokens"),
     # the default pool is the most a call can need (V4-Pro EP8, 8192 tokens: 402432); more holds nothing
-    (["--pool-tokens", "402433"], "pool_tokens: expected in [1, 402432] (the most one call can need"),
+    (["--pool-tokens", "402433"], "pool_tokens: expected at most 402432 (the most one call can need"),
 ])
 def test_bad_input_one_line_exit_2(args, field):
     rc, out, err = run("simulate", *args)

@@ -79,6 +79,54 @@ def test_a_trace_of_a_policy_of_ones_own_is_refused_by_name(tmp_path):
     assert again.scenario.to_dict()["policies"] == {"wave": "my-waves"}
 
 
+def test_simulate_says_a_trace_records_ones_own_policy_by_name(tmp_path, capsys):
+    from pathlib import Path
+
+    spec = str(Path(__file__).resolve().parent.parent / "examples" / "my_policies.py") + ":MyWaves"
+    assert main(["simulate", "--shape", "deepseek-v4-flash", "--tokens", "64", "--ranks", "2", "--policy", spec,
+                 "--trace-npz", str(tmp_path / "o.npz")]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (f"note: the trace records {spec} by name only: compare it "
+                                                        f"with --policy {spec}")
+
+
+def test_a_simulator_trace_keeps_its_hardware_figures(tmp_path):
+    """A trace made on a hardware file records the figures, so moving or editing the file later
+    changes nothing in its comparison (it read -21% after an edit of hbm_gbs, and could not be
+    compared from another folder: fresh-user report)."""
+    import shutil
+
+    toml = tmp_path / "my.toml"
+    shutil.copy(load_hardware("h200").path, toml)
+    res = simulate(Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=8, design="megamoe-sm90",
+                            hardware=str(toml)))
+    p = tmp_path / "h.npz"
+    res.trace.save_npz(str(p))
+    toml.write_text(toml.read_text().replace("\nhbm_gbs = ", "\nhbm_gbs = 1", 1))  # 4800 -> 14800
+    assert load_hardware(str(toml)).hbm_gbs != res.hardware.hbm_gbs
+    report, _, _ = compare_file(str(p))
+    assert report["makespan_error"] == pytest.approx(0.0, abs=1e-12)
+    toml.unlink()
+    report, _, _ = compare_file(str(p))
+    assert report["makespan_error"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_a_policy_of_ones_own_named_like_a_built_in_is_caught_by_the_plan(tmp_path):
+    """A policy class of one's own that calls itself "fixed-waves:4" but makes waves of one expert:
+    compare would re-create the built-in and compare another call; the plan it makes differs from
+    the recorded one, so it is refused, naming the plan's field; given with --policy it compares."""
+    (tmp_path / "sneaky.py").write_text(
+        "class Sneaky:\n    name = 'fixed-waves:4'\n    def experts_per_wave(self, ctx):\n        return 1\n")
+    spec = f"{tmp_path / 'sneaky.py'}:Sneaky"
+    res = simulate(Scenario(shape="deepseek-v4-flash", num_ranks=2, tokens_per_rank=64, policies=[spec]))
+    p = tmp_path / "s.npz"
+    res.trace.save_npz(str(p))
+    with pytest.raises(InputError) as e:
+        compare_file(str(p))
+    assert e.value.field == "trace.meta.plan.experts_per_wave" and e.value.got == 1
+    report, _, _ = compare_file(str(p), policies=[spec])
+    assert report["makespan_error"] == pytest.approx(0.0, abs=1e-12)
+
+
 def test_cli_compare_policy_in_place_of_the_traces_says_so(tmp_path, capsys):
     res = simulate(Scenario(shape="deepseek-v4-flash", num_ranks=2, tokens_per_rank=64))
     p = tmp_path / "d.npz"
@@ -269,8 +317,15 @@ def test_bad_stored_routing_or_meta_is_refused(tmp_path, capsys):
          "trace.meta.hidden: expected an integer, got missing"),
         (_variant(tmp_path, z, "hw", meta_json=np.array(json.dumps({**meta, "hardware": 5}))),
          "trace.meta.hardware: expected a string, got 5"),
-        (_variant(tmp_path, z, "hwname", meta_json=np.array(json.dumps({**meta, "hardware": "h100"}))),
+        # (without recorded figures, as a kernel trace: the name must resolve)
+        (_variant(tmp_path, z, "hwname", meta_json=np.array(json.dumps(
+            {**{k: v for k, v in meta.items() if k != "hardware_figures"}, "hardware": "h100"}))),
          "trace.meta.hardware: expected a preset (b200, h20, h200) or a .toml path, got h100"),
+        (_variant(tmp_path, z, "hwfig", meta_json=np.array(json.dumps(
+            {**meta, "hardware_figures": {**meta["hardware_figures"], "hbm_gbs": -1}}))),
+         "trace.meta.hardware_figures.hbm_gbs: expected a number in [200, 100000] (GB/s), got -1"),
+        (_variant(tmp_path, z, "hwfigs", meta_json=np.array(json.dumps({**meta, "hardware_figures": [1, 2]}))),
+         "trace.meta.hardware_figures: expected an object (figure -> number), got list"),
         (_variant(tmp_path, z, "floatrank", rank=z["rank"].astype(float)),
          "trace.rank: expected an integer column, got dtype float64"),
         (_variant(tmp_path, z, "bogus", meta_json=np.array(json.dumps({**meta, "shape": "bogus"}))),
