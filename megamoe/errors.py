@@ -74,6 +74,40 @@ class _StoreOnce(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+_ARGPARSE_TYPES = {"int": "an integer", "float": "a number"}
+
+
+def _field_form(message: str, prog: str) -> str:
+    """argparse's own messages in the project's ``<field>: expected <what>, got <value>`` form
+    (unrecognized and missing arguments, an ambiguous abbreviation, a bad choice or type); the
+    ``argument <option>: `` prefix of a message that has the form already is dropped."""
+    import re
+
+    m = re.fullmatch(r"unrecognized arguments: (.*)", message)
+    if m:
+        return f"arguments: expected only options the command takes (see its --help), got {m.group(1)}"
+    m = re.fullmatch(r"the following arguments are required: (.*)", message)
+    if m:
+        return f"{m.group(1)}: expected a value (required), got none"
+    m = re.fullmatch(r"ambiguous option: (\S+) could match (.*)", message)
+    if m:
+        return f"{m.group(1)}: expected an option or an abbreviation of one only, got one of {m.group(2)}"
+    m = re.fullmatch(r"argument (\S+): (.*)", message)
+    if not m:
+        return message
+    opt, rest = m.groups()
+    opt = "command" if opt == "cmd" else opt
+    m = re.fullmatch(r"invalid choice: (.*) \(choose from (.*)\)", rest)
+    if m:
+        return f"{opt}: expected one of {m.group(2).replace(chr(39), '')}, got {m.group(1)}"
+    m = re.fullmatch(r"invalid (\w+) value: (.*)", rest)
+    if m:
+        return f"{opt}: expected {_ARGPARSE_TYPES.get(m.group(1), m.group(1))}, got {m.group(2)}"
+    if rest in ("expected one argument", "expected at least one argument"):
+        return f"{opt}: expected a value, got none"
+    return f"{opt}: {rest}"
+
+
 class OneLineArgumentParser(argparse.ArgumentParser):
     """argparse with the project's rule for bad input: one line, ``<program>: error:
     <message>`` on stderr, exit code 2, no usage dump. The program is the first word of
@@ -92,7 +126,7 @@ class OneLineArgumentParser(argparse.ArgumentParser):
         return ns, rest
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog.split()[0]}: error: {message}\n")
+        self.exit(2, f"{self.prog.split()[0]}: error: {_field_form(message, self.prog)}\n")
 
     @contextlib.contextmanager
     def input_errors(self):

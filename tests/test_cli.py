@@ -96,6 +96,21 @@ def test_an_option_given_twice_or_for_nothing_is_refused(tmp_path, args, message
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("args,message", [
+    (["simulate", "--bogus"], "arguments: expected only options the command takes (see its --help), got --bogus"),
+    (["compare"], "trace: expected a value (required), got none"),
+    (["simulate", "--json"], "--json: expected a value, got none"),
+    (["bogus"], "command: expected one of simulate, sweep, compare, calibrate, build, run, validate, got 'bogus'"),
+    (["simulate", "--trace-", "x"], "--trace-: expected an option or an abbreviation of one only, got one of "
+                                    "--trace-sms, --trace-npz"),
+    (["simulate", "--combine-relay", "maybe"], "--combine-relay: expected one of on, off, got 'maybe'"),
+])
+def test_argparse_messages_take_the_field_form(args, message):
+    """argparse's own refusals read '<field>: expected <what>, got <value>' like every other."""
+    rc, _, err = run(*args)
+    assert rc == 2 and err.splitlines() == [f"megamoe: error: {message}"], err
+
+
 def test_appending_options_may_repeat():
     rc, out, err = run("simulate", "--tokens", "8", "--policy", "interleaved", "--policy", "rank-by-rank")
     assert rc == 0 and "pull_order=rank-by-rank, scheduler=interleaved" in out, err
@@ -176,7 +191,7 @@ def test_unwritable_or_wrong_kind_of_path_is_one_line_exit_2(tmp_path):
     np.save(tmp_path / "a.npy", np.zeros(3))
     (tmp_path / "d.json").mkdir()
     for args, needle in ((["simulate", "--tokens", "8", "--json", str(tmp_path / "d.json")],
-                          "argument --json: expected a file path (not a folder)"),
+                          "--json: expected a file path (not a folder)"),
                          (["simulate", "--tokens", "8", "--hardware", str(tmp_path)], "hardware: expected an existing TOML file"),
                          (["compare", str(tmp_path / "a.npy")], "a single array")):
         rc, out, err = run(*args)
@@ -522,7 +537,7 @@ def test_run_refuses_a_clamp_that_is_not_a_finite_positive_number(value, monkeyp
             main(["run", "--clamp", value, "--tokens", "4", "--ranks", ranks])
         assert e.value.code == 2
         assert capsys.readouterr().err.strip().splitlines() == [(
-            f"megamoe: error: argument --clamp: expected a finite number > 0 (leave --clamp out for no clamp), "
+            f"megamoe: error: --clamp: expected a finite number > 0 (leave --clamp out for no clamp), "
             f"got '{value}'")]
 
 
@@ -536,14 +551,14 @@ def test_run_passes_a_valid_clamp_and_none_without_the_flag(monkeypatch):
 
 
 @pytest.mark.parametrize("argv,line", [
-    (["simulate", "--tokens", "abc"], "argument --tokens: expected an integer, got 'abc'"),
-    (["simulate", "--ranks", "x"], "argument --ranks: expected an integer, got 'x'"),
-    (["sweep", "--jobs", "x"], "argument --jobs: expected an integer, got 'x'"),
-    (["run", "--tokens", "x"], "argument --tokens: expected an integer, got 'x'"),
-    (["run", "--reps", "1.5"], "argument --reps: expected an integer, got '1.5'"),
-    (["run", "--clamp", "abc"], ("argument --clamp: expected a finite number > 0 (leave --clamp out for no clamp), "
+    (["simulate", "--tokens", "abc"], "--tokens: expected an integer, got 'abc'"),
+    (["simulate", "--ranks", "x"], "--ranks: expected an integer, got 'x'"),
+    (["sweep", "--jobs", "x"], "--jobs: expected an integer, got 'x'"),
+    (["run", "--tokens", "x"], "--tokens: expected an integer, got 'x'"),
+    (["run", "--reps", "1.5"], "--reps: expected an integer, got '1.5'"),
+    (["run", "--clamp", "abc"], ("--clamp: expected a finite number > 0 (leave --clamp out for no clamp), "
                                  "got 'abc'")),
-    (["validate", "--seed", "-2"], "argument --seed: expected an integer >= 0, got '-2'"),
+    (["validate", "--seed", "-2"], "--seed: expected an integer >= 0, got '-2'"),
 ])
 def test_numeric_flag_type_errors_are_one_line_naming_the_flag(argv, line, capsys):
     """Every numeric flag's type error is the project's one line (`expected ..., got ...`)
@@ -614,7 +629,7 @@ def test_a_folder_given_as_an_output_is_refused_before_the_simulation(tmp_path, 
             main(["simulate", *FLASH, flag, str(tmp_path / name)])
         assert e.value.code == 2
         assert capsys.readouterr().err.splitlines() == [
-            f"megamoe: error: argument {flag}: expected a file path (not a folder), got '{tmp_path / name}'"]
+            f"megamoe: error: {flag}: expected a file path (not a folder), got '{tmp_path / name}'"]
 
 
 def test_two_outputs_on_one_path_are_refused(tmp_path, monkeypatch, capsys):
@@ -698,7 +713,7 @@ def test_one_line_parser_reports_as_its_program():
         with contextlib.redirect_stderr(buf), pytest.raises(SystemExit) as e:
             p.parse_args(["--n", "x"])
         assert e.value.code == 2
-        assert buf.getvalue() == f"{shown}: error: argument --n: invalid int value: 'x'\n"
+        assert buf.getvalue() == f"{shown}: error: --n: expected an integer, got 'x'\n"
 
 
 def test_one_line_parser_reports_input_errors_of_its_block():
@@ -962,7 +977,7 @@ def test_sm90_stage_floor_is_a_one_line_error(capsys):
             main([*base, "--design", "megamoe-sm90", "--hardware", "h200", "--ctas-per-sm", bad])
         assert e.value.code == 2
         assert capsys.readouterr().err.strip().splitlines() == [
-            f"megamoe: error: argument --ctas-per-sm: expected 1 or 2, got {bad!r}"]
+            f"megamoe: error: --ctas-per-sm: expected 1 or 2, got {bad!r}"]
     assert main([*base, "--design", "megamoe-sm90", "--hardware", "h200", "--num-stages", "3", "--ctas-per-sm", "1"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [(
         "megamoe: error: num_stages: expected an integer in [4, 16] (at least one per issuing producer warp, at most what 232448 B of "

@@ -241,7 +241,7 @@ def test_out_that_is_a_file_is_one_line_naming_out(tmp_path, capsys):
             main(["sweep", "--set", "tokens=1,2", "--out", str(out)])
         assert e.value.code == 2
         assert capsys.readouterr().err.strip().splitlines() == [
-            f"megamoe: error: argument --out: expected a folder (existing or new), got '{out}' ({why})"]
+            f"megamoe: error: --out: expected a folder (existing or new), got '{out}' ({why})"]
     assert f.read_text() == "keep"
 
 
@@ -570,7 +570,7 @@ def test_log_without_its_last_newline_fifo_log_and_bad_out_names(tmp_path, capsy
                       (str(tmp_path / ("d" * 300)), "expected folder names of at most 255 bytes, got one of 300 bytes")):
         with pytest.raises(SystemExit) as e:
             main(["sweep", "--shape", "deepseek-v4-flash", "--set", "tokens=4", "--out", name])
-        assert e.value.code == 2 and capsys.readouterr().err.splitlines()[-1] == f"megamoe: error: argument --out: {msg}"
+        assert e.value.code == 2 and capsys.readouterr().err.splitlines()[-1] == f"megamoe: error: --out: {msg}"
 
 
 def test_ctrl_c_on_a_multi_worker_sweep_is_one_line(tmp_path):
