@@ -232,7 +232,7 @@ def _print_summary(res) -> None:
     con = _console()
     shape = sc.shape
     con.print(f"[bold]{shape.name}[/] (E={shape.num_experts}, k={shape.top_k}, H={shape.hidden}, "
-              f"I={shape.intermediate})  EP{sc.num_ranks}  tokens/rank={sc.tokens_per_rank}  "
+              f"I={shape.intermediate})  EP{sc.num_ranks}  tokens/rank={_tokens_shown(sc)}  "
               f"routing={sc.routing.describe()}  seed={sc.seed}  hardware={res.hardware.name}  "
               f"design={plan.design}"
               + (f"  launch skew (us)={sc.launch_offsets_us()}" if any(sc.launch_offsets_us()) else ""))
@@ -291,6 +291,12 @@ def _print_summary(res) -> None:
 
 _SUFFIXES = {"json": (".json",), "trace": (".json", ".json.gz"), "npz": (".npz",), "plot": (".png", ".svg", ".pdf"),
              "toml": (".toml",)}
+
+
+def _tokens_shown(sc) -> str:
+    """Tokens per rank as given: one number where every rank has it (a routing file gives a list)."""
+    t = sc.tokens_list()
+    return str(t[0]) if len(set(t)) == 1 else str(t)
 
 
 def cmd_simulate(a: argparse.Namespace) -> int:
