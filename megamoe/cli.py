@@ -227,13 +227,16 @@ def _fmt_overlap(v: float | None) -> str:
 def _print_summary(res) -> None:
     from rich.table import Table
 
+    from sim.hardware import preset_names
+
     s, sc, plan = res.summary, res.scenario, res.plan
     rp = plan.ranks[0]
     con = _console()
     shape = sc.shape
     con.print(f"[bold]{shape.name}[/] (E={shape.num_experts}, k={shape.top_k}, H={shape.hidden}, "
               f"I={shape.intermediate})  EP{sc.num_ranks}  tokens/rank={_tokens_shown(sc)}  "
-              f"routing={sc.routing.describe()}  seed={sc.seed}  hardware={res.hardware.name}  "
+              f"routing={sc.routing.describe()}  seed={sc.seed}  hardware={res.hardware.name}"
+              + ("" if sc.hardware.lower() in preset_names() else f" ({sc.hardware})") + "  "
               f"design={plan.design}"
               + (f"  launch skew (us)={sc.launch_offsets_us()}" if any(sc.launch_offsets_us()) else ""))
     con.print(f"plan (rank 0): block_m={rp.config.block_m} block_n={rp.config.block_n} "
