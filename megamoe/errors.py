@@ -77,34 +77,37 @@ class _StoreOnce(argparse.Action):
 _ARGPARSE_TYPES = {"int": "an integer", "float": "a number"}
 
 
-def _field_form(message: str, prog: str) -> str:
+# argparse's own messages, and each one's field form (from the match's groups)
+_WHOLE = ((r"unrecognized arguments: (.*)",
+           lambda g: f"arguments: expected only options the command takes (see its --help), got {g[0]}"),
+          (r"the following arguments are required: (.*)", lambda g: f"{g[0]}: expected a value (required), got none"),
+          (r"ambiguous option: (\S+) could match (.*)",
+           lambda g: f"{g[0]}: expected an option or an abbreviation of one only, got one of {g[1]}"))
+_OF_ARGUMENT = ((r"invalid choice: (.*) \(choose from (.*)\)",
+                 lambda g: f"expected one of {g[1].replace(chr(39), '')}, got {g[0]}"),
+                (r"invalid (\w+) value: (.*)", lambda g: f"expected {_ARGPARSE_TYPES.get(g[0], g[0])}, got {g[1]}"),
+                (r"expected (?:one|at least one) argument", lambda g: "expected a value, got none"))
+
+
+def _field_form(message: str) -> str:
     """argparse's own messages in the project's ``<field>: expected <what>, got <value>`` form
-    (unrecognized and missing arguments, an ambiguous abbreviation, a bad choice or type); the
-    ``argument <option>: `` prefix of a message that has the form already is dropped."""
+    (unrecognized and missing arguments, an ambiguous abbreviation, a bad choice or type, a missing
+    value); the ``argument <option>: `` prefix of a message that has the form already is dropped."""
     import re
 
-    m = re.fullmatch(r"unrecognized arguments: (.*)", message)
-    if m:
-        return f"arguments: expected only options the command takes (see its --help), got {m.group(1)}"
-    m = re.fullmatch(r"the following arguments are required: (.*)", message)
-    if m:
-        return f"{m.group(1)}: expected a value (required), got none"
-    m = re.fullmatch(r"ambiguous option: (\S+) could match (.*)", message)
-    if m:
-        return f"{m.group(1)}: expected an option or an abbreviation of one only, got one of {m.group(2)}"
+    for pattern, form in _WHOLE:
+        m = re.fullmatch(pattern, message)
+        if m:
+            return form(m.groups())
     m = re.fullmatch(r"argument (\S+): (.*)", message)
     if not m:
         return message
     opt, rest = m.groups()
     opt = "command" if opt == "cmd" else opt
-    m = re.fullmatch(r"invalid choice: (.*) \(choose from (.*)\)", rest)
-    if m:
-        return f"{opt}: expected one of {m.group(2).replace(chr(39), '')}, got {m.group(1)}"
-    m = re.fullmatch(r"invalid (\w+) value: (.*)", rest)
-    if m:
-        return f"{opt}: expected {_ARGPARSE_TYPES.get(m.group(1), m.group(1))}, got {m.group(2)}"
-    if rest in ("expected one argument", "expected at least one argument"):
-        return f"{opt}: expected a value, got none"
+    for pattern, form in _OF_ARGUMENT:
+        m = re.fullmatch(pattern, rest)
+        if m:
+            return f"{opt}: {form(m.groups())}"
     return f"{opt}: {rest}"
 
 
@@ -126,7 +129,7 @@ class OneLineArgumentParser(argparse.ArgumentParser):
         return ns, rest
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog.split()[0]}: error: {_field_form(message, self.prog)}\n")
+        self.exit(2, f"{self.prog.split()[0]}: error: {_field_form(message)}\n")
 
     @contextlib.contextmanager
     def input_errors(self):
