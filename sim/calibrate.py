@@ -261,6 +261,47 @@ def fit_sm90_pull(paths: list[str], fold_ns: float) -> dict:
     return {"sm90_pull_base_ns": (float(base), how), "sm90_pull_warp_ns": (float(slope), how)}
 
 
+def fit_sm90_combine_start(paths: list[str]) -> dict:
+    """``sm90_combine_start_ns`` (one CTA per SM) and ``sm90_combine_start_pair_ns`` (two): from each
+    CTA's release from the grid sync before the combine to its combine record's start (the combine
+    round figures are read from that start on), the median over the CTAs of the traces of each
+    instance (:data:`SM90_FIT_TRACES` and :data:`SM90_PAIR_FIT_TRACES` in :func:`refit_h200`).
+
+    Returns:
+        ``{"sm90_combine_start_ns": (value, how), "sm90_combine_start_pair_ns": (value, how)}``.
+
+    Raises:
+        InputError: no trace of one of the two instances, or one without a combine record after a
+            grid sync.
+    """
+    import numpy as np
+
+    from megamoe.trace import Trace
+
+    by = {1: [], 2: []}
+    for path in paths:
+        t = Trace.load(path)
+        ctas = int((t.meta.get("plan") or {}).get("ctas_per_sm", 1))
+        g, c = t.where(kind="grid_sync"), t.where(kind="combine")
+        release = {}
+        for sm, st, en in zip(g["sm"].tolist(), g["t_start_ns"].tolist(), g["t_end_ns"].tolist()):
+            if sm not in release or st > release[sm][0]:
+                release[sm] = (st, en)  # the CTA's last grid sync
+        gaps = [st - release[sm][1] for sm, st in zip(c["sm"].tolist(), c["t_start_ns"].tolist()) if sm in release]
+        require(len(gaps) > 0, "fit_sm90_combine_start", "combine records after a grid sync", f"{path} (none)")
+        by[ctas].append((int(t.meta["tokens_per_rank"][0]), gaps))
+    out = {}
+    for ctas, key in ((1, "sm90_combine_start_ns"), (2, "sm90_combine_start_pair_ns")):
+        require(len(by[ctas]) > 0, "fit_sm90_combine_start", f"a trace at {ctas} CTA{'s' * (ctas > 1)} per SM", "none")
+        pooled = [x for _, gs in by[ctas] for x in gs]
+        v = float(np.median(pooled))
+        how = (f"from each CTA's release from the grid sync before the combine to its combine record's start, at "
+               f"{ctas} CTA{'s' * (ctas > 1)} per SM: median over the {len(pooled)} CTAs of "
+               + ", ".join(f"T={tk} (median {float(np.median(gs)):.0f} ns)" for tk, gs in by[ctas]) + f": {v:.0f} ns")
+        out[key] = (v, how)
+    return out
+
+
 def fit_sm90_count_pair(paths: list[str], hw) -> dict:
     """``sm90_count_pair_ns``: the count up to its barrier at two CTAs per SM beyond what the one-CTA
     line says, read off the two-CTA traces whose plans meet at the count barrier
@@ -1228,6 +1269,9 @@ def refit_h200(root: str | None = None, toml_path: str | None = None) -> dict:
                                 traces=SM90_LOCAL_COUNT_FIT_TRACES,
                                 profile_path=None, date=SM90_SKIP_FIT_DATE, kernel=SM90_SKIP_FIT_KERNEL,
                                 fitter="fit_sm90_local_count"))
+    fit.update(sm90_fit_sources(fit_sm90_combine_start([str(base / p) for p in (*SM90_FIT_TRACES, *SM90_PAIR_FIT_TRACES)]),
+                                traces=(*SM90_FIT_TRACES, *SM90_PAIR_FIT_TRACES), profile_path=None,
+                                date=SM90_SKIP_FIT_DATE, kernel=SM90_SKIP_FIT_KERNEL, fitter="fit_sm90_combine_start"))
     counted = dataclasses.replace(load_hardware("h200"), **{k: v for k, (v, _) in fit.items()})
     fit.update(sm90_fit_sources(fit_sm90_count_pair([str(base / p) for p in SM90_COUNT_PAIR_FIT_TRACES], counted),
                                 traces=SM90_COUNT_PAIR_FIT_TRACES, profile_path=None, date=SM90_SKIP_FIT_DATE,

@@ -1192,16 +1192,19 @@ class _Engine:
             T = plan.ranks[r].num_tokens
             nbytes = (self.valid_slots[r] + T) * plan.hidden * 2
             t_red[r] = (hw.tma_latency_ns + nbytes / hw.hbm_bytes_per_ns) if T else 0.0
+            start = 0.0
             if T and plan.design == "megamoe-sm90":
                 # every thread of the grid sums one 16-byte slice of a token per round; the round
-                # is slower where the kernel loads a token's slots one at a time
+                # is slower where the kernel loads a token's slots one at a time; the first starts
+                # a while after the release (more at two CTAs per SM)
                 rp = plan.ranks[r]
                 rounds = -(-T * plan.hidden // 8 // (rp.num_sms * SM90_THREADS))
                 serial = combine_slots(rp.config.block_m, rp.experts_per_wave, rp.ctas_per_sm) == 1
-                t_red[r] = max(t_red[r], rounds * (hw.combine_round_serial_ns if serial else hw.combine_round_ns))
+                start = hw.sm90_combine_start_pair_ns if rp.ctas_per_sm == 2 else hw.sm90_combine_start_ns
+                t_red[r] = max(t_red[r], start + rounds * (hw.combine_round_serial_ns if serial else hw.combine_round_ns))
             self.hbm[r].total_bytes += nbytes
             self.rows.append((r, -1, ROLE["epilogue"], KIND["combine"], -1, -1, -1, -1,
-                              barrier, barrier + t_red[r], nbytes, T))
+                              barrier + start, barrier + t_red[r], nbytes, T))
         # meanwhile the dispatch warps clean the workspace and pass the last NVLink barrier
         cleaned = barrier + hw.grid_sync_ns
         last = cleaned + self.barrier_ns

@@ -49,6 +49,9 @@ Figures (units in the key names):
 * ``sm90_local_count_ns`` — SM90 design, one rank, the wide instance (kernel v8.9,
   :func:`megamoe.design_sm90.local_count`): from the kernel's start to the first pull when
   every CTA counts all ``T k`` items itself (no count barrier, no global atomics).
+* ``sm90_combine_start_ns``, ``sm90_combine_start_pair_ns`` — SM90 design: from a CTA's release
+  from the grid sync before the combine to its first combine load, at one CTA per SM and at two
+  (the combine round figures count from there).
 * ``sm90_count_pair_ns`` — SM90 design: how much longer the count, up to its barrier's release,
   takes at two CTAs per SM than ``sm90_count_ns + share x sm90_count_item_ns`` (read off one-CTA
   traces) says for the same share: twice the CTAs add into the per-expert sums and the barrier.
@@ -218,6 +221,8 @@ class Hardware:
     sm90_count_ns: float
     sm90_count_item_ns: float
     sm90_count_pair_ns: float
+    sm90_combine_start_ns: float
+    sm90_combine_start_pair_ns: float
     sm90_local_count_ns: float
     sm90_first_fill_ns: float
     sm90_first_kloop_ns: float
@@ -305,7 +310,8 @@ SM90_DESIGN_FIGURES = ("sm90_mma_fraction", "sm90_promotion_ns_per_row", "e2m1_d
                        "sm90_pull_base_ns", "sm90_pull_warp_ns", "sm90_issue_kblock_ns",
                        "sched_block_ns", "sched_ahead_ns", "sched_desc_ns", "sm90_pair_share", "sm90_pair_share_first",
                        "sched_step_ns", "sched_skip_ns", "sm90_mask_seen_ns", "sm90_mask_seen_relay_ns",
-                       "l2_epilogue_fixed_ns", "l2_epilogue_ep_ns", "combine_round_ns", "combine_round_serial_ns")
+                       "l2_epilogue_fixed_ns", "l2_epilogue_ep_ns", "combine_round_ns", "combine_round_serial_ns",
+                       "sm90_combine_start_ns", "sm90_combine_start_pair_ns")
 _INTS = {"num_sms", "smem_per_block_bytes", "l2_cache_bytes"}
 
 _KIB, _MIB, _GIB = 1024, 1024**2, 1024**3
@@ -341,6 +347,8 @@ FIGURE_RANGES: dict[str, tuple[float, float, str]] = {
     "sm90_count_ns": (0.01, 1_000_000.0, "ns"),
     "sm90_count_item_ns": (0.0, 10_000.0, "ns"),
     "sm90_count_pair_ns": (0.0, 1_000_000.0, "ns"),
+    "sm90_combine_start_ns": (0.0, 100_000.0, "ns"),
+    "sm90_combine_start_pair_ns": (0.0, 100_000.0, "ns"),
     "sm90_local_count_ns": (0.01, 1_000_000.0, "ns"),
     "sm90_first_fill_ns": (0.01, 100_000.0, "ns"),
     "sm90_first_kloop_ns": (0.0, 100_000.0, "ns"),

@@ -337,6 +337,37 @@ def test_sched_ahead_is_the_mean_gap_of_the_walk_inside_the_epilogue():
     assert "WALK_IN_EPILOGUE" in hw.sources["sched_ahead_ns"] and SM90_FIT_DATE in hw.sources["sched_ahead_ns"]
 
 
+def test_combine_start_is_the_median_gap_after_the_release():
+    """sm90_combine_start_ns / sm90_combine_start_pair_ns: per CTA, its combine record's start less
+    the end of its last grid-sync record (its release), pooled over the one-CTA fit traces (64, 512,
+    4096 tokens) and over the two-CTA pair-fit trace (64 tokens); the medians. Read here from the
+    NPZ arrays with a loop per CTA: 608 and 1248 ns."""
+    import numpy as np
+
+    from megamoe.trace import KIND
+    from sim.calibrate import SM90_FIT_TRACES, SM90_PAIR_FIT_TRACES, fit_sm90_combine_start
+
+    def gaps(p):
+        d = np.load(_root(p))
+        out = []
+        for c in np.unique(d["sm"][d["kind"] == KIND["combine"]]):
+            g = np.nonzero((d["kind"] == KIND["grid_sync"]) & (d["sm"] == c))[0]
+            last = g[np.argmax(d["t_start_ns"][g])]
+            cb = np.nonzero((d["kind"] == KIND["combine"]) & (d["sm"] == c))[0]
+            out += [float(d["t_start_ns"][i] - d["t_end_ns"][last]) for i in cb]
+        return out
+
+    one = [x for p in SM90_FIT_TRACES for x in gaps(p)]
+    two = [x for p in SM90_PAIR_FIT_TRACES for x in gaps(p)]
+    assert (np.median(one), np.median(two)) == (608.0, 1248.0)
+    fit = fit_sm90_combine_start([_root(p) for p in (*SM90_FIT_TRACES, *SM90_PAIR_FIT_TRACES)])
+    assert fit["sm90_combine_start_ns"][0] == 608.0 and fit["sm90_combine_start_pair_ns"][0] == 1248.0
+    hw = load_hardware("h200")
+    assert (hw.sm90_combine_start_ns, hw.sm90_combine_start_pair_ns) == (608.0, 1248.0)
+    with pytest.raises(InputError, match="^fit_sm90_combine_start: expected a trace at 2 CTAs per SM, got none"):
+        fit_sm90_combine_start([_root(p) for p in SM90_FIT_TRACES])
+
+
 def test_count_pair_is_the_two_cta_start_beyond_the_one_cta_line():
     """sm90_count_pair_ns: on the two-CTA count-barrier traces (64, 256, 512 tokens: 264 CTAs, the
     most items a CTA counts ceil(T x 6 / 264) = 2, 6, 12) the median over the CTAs' pull records of

@@ -589,14 +589,14 @@ def test_static_path_unchanged():
     at one CTA left out, its sm90_pair_share line set to 2.0: that code held it to [1, 2]))."""
     sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=1024, design="megamoe-sm90", hardware="h200")
     hw = load_hardware("h200")
-    # sm90_first_fill_ns and sm90_fetch_counts_ns (forty-second session) and sm90_first_kloop_ns
-    # (forty-sixth; not paid at this block_m, 32) are new since: at one tma_latency_ns, 0 and 0 it
-    # is the old model
+    # sm90_first_fill_ns and sm90_fetch_counts_ns (forty-second session), sm90_first_kloop_ns
+    # (forty-sixth; not paid at this block_m, 32) and sm90_combine_start_ns (forty-sixth) are new
+    # since: at one tma_latency_ns, 0, 0 and 0 it is the old model
     # and the pull's line in the pulling warps (sm90_pull_base_ns, sm90_pull_warp_ns): with no warp
     # term and the base that code's round less the fold rounds, the same rounds
     one_round = hw.pull_latency_ns + 4096 / (hw.sm_load_gbs / 4)
     res = simulate(sc, dataclasses.replace(hw, sm90_first_fill_ns=hw.tma_latency_ns, sm90_fetch_counts_ns=0.0,
-                                           sm90_first_kloop_ns=0.0, sm90_pull_warp_ns=0.0,
+                                           sm90_first_kloop_ns=0.0, sm90_pull_warp_ns=0.0, sm90_combine_start_ns=0.0,
                                            sm90_pull_base_ns=one_round - 8 * hw.pull_fold_chunk_ns))
     assert not res.plan.ranks[0].block_tickets and res.plan.ranks[0].ctas_per_sm == 1
     assert res.trace.makespan_ns == 1509444.6362935363
@@ -1055,7 +1055,8 @@ def test_sm90_combine_round_by_instance(tokens, ctas, serial):
     """The SM90 combine takes ceil(T x H / 8 / (units x 512)) grid-stride rounds, each at the
     fitted round of the instance's slot loads (kernel v8.0 / v8.8: design_sm90.COMBINE_SLOTS and
     COMBINE_SLOTS_WIDE; on the H200 2569 ns batched, 3712 ns one slot at a time), where that is
-    longer than the HBM time of its bytes."""
+    longer than the HBM time of its bytes, the first starting sm90_combine_start_ns after the
+    release (sm90_combine_start_pair_ns at two CTAs per SM)."""
     hw = load_hardware("h200")
     over = {"ctas_per_sm": ctas} if ctas else {}
     res = simulate(Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=tokens, design="megamoe-sm90",
@@ -1067,6 +1068,13 @@ def test_sm90_combine_round_by_instance(tokens, ctas, serial):
     comb = res.trace.where(kind="combine")
     want = rounds * (hw.combine_round_serial_ns if serial else hw.combine_round_ns)
     assert float(comb["t_end_ns"][0] - comb["t_start_ns"][0]) == pytest.approx(want)
+    # the first round starts a while after the release (sm90_combine_start_ns, at two CTAs per SM
+    # sm90_combine_start_pair_ns), and the call ends with the combine
+    release = float(res.trace.where(kind="nvl_barrier", role="epilogue")["t_end_ns"].max())
+    start = hw.sm90_combine_start_pair_ns if rp.ctas_per_sm == 2 else hw.sm90_combine_start_ns
+    assert 0 < hw.sm90_combine_start_ns < hw.sm90_combine_start_pair_ns
+    assert float(comb["t_start_ns"][0]) - release == pytest.approx(start)
+    assert res.trace.makespan_ns == pytest.approx(float(comb["t_end_ns"][0]) - float(res.trace["t_start_ns"].min()))
 
 
 def test_legacy_path_at_one_rank_has_no_all_to_all():
