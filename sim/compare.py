@@ -201,22 +201,25 @@ def scenario_from_meta(trace: Trace, policies: list | None = None):
     plan = meta.get("plan", {})
     require(isinstance(plan, dict), "trace.meta.plan", "an object (block_m, experts_per_wave, ...)",
             type(plan).__name__)
+    # a kernel trace's plan numbers are what the kernel ran: they are the simulation's too; a
+    # simulator trace's scenario makes its plan again (compare_file checks it against the record)
+    sim_trace = meta.get("source") == "simulator"
     fixed = {}
     for key in ("experts_per_wave", "block_m"):
         v = plan.get(key, meta.get(key))
         require(v is None or (is_int(v) and v >= 1),
                 f"trace.meta.plan.{key}", "an integer >= 1", v)
-        fixed[key] = v
+        fixed[key] = meta.get(key) if sim_trace else v
     for key in ("hardware", "design", "l2_wait"):
         require(isinstance(meta.get(key, ""), str), f"trace.meta.{key}", "a string", meta.get(key))
     # CTAs per SM: the plan's where the trace records it; a simulator trace without it (before the
     # forty-sixth session) its scenario's input (None: the plan chose); SM90 kernel traces before
     # kernel v9.2 name none and ran one CTA per SM
     design = meta.get("design", "megamoe-sm90")
-    if "ctas_per_sm" in plan:
-        ctas = plan["ctas_per_sm"]
-    elif meta.get("source") == "simulator":
+    if sim_trace:
         ctas = meta.get("ctas_per_sm")
+    elif "ctas_per_sm" in plan:
+        ctas = plan["ctas_per_sm"]
     else:
         ctas = 1 if design == "megamoe-sm90" else None
     require(ctas is None or (is_int(ctas) and ctas in (1, 2)), "trace.meta.plan.ctas_per_sm", "1 or 2", ctas)
@@ -234,6 +237,13 @@ def scenario_from_meta(trace: Trace, policies: list | None = None):
             require(isinstance(name, str) and name.split(":")[0] in BUILTINS, f"trace.meta.policies.{kind}",
                     f"a built-in policy ({', '.join(sorted(BUILTINS))}; a policy of your own cannot be re-created "
                     "from the name a trace records: give it, compare --policy FILE.py:Class)", name)
+            try:
+                made = policies_from_specs([name]).names()
+            except InputError as e:
+                raise InputError(f"trace.meta.policies.{kind}", e.expected, e.got) from None
+            require(kind in made, f"trace.meta.policies.{kind}", f"a built-in {kind} policy ({name} is a built-in "
+                    f"{', '.join(made)} policy: a policy of your own under its name? give it, compare --policy "
+                    "FILE.py:Class)", name)
         policies = list(pols.values())
     kinds = policies_from_specs(list(policies)).names()
     for key, kind in (("block_m", "block_config"), ("experts_per_wave", "wave")):
@@ -290,7 +300,8 @@ def compare_file(path: str, hardware=None, policies: list | None = None) -> tupl
     figs = measured.meta.get("hardware_figures")
     if hardware is not None:
         hw = hardware
-    elif figs is not None:  # a simulator trace: the figures it was made with (its file may have moved or changed)
+    elif "hardware_figures" in measured.meta:  # a simulator trace: the figures it was made with (its file may
+        # have moved or changed)
         from .hardware import parse_hardware
 
         require(isinstance(figs, dict), "trace.meta.hardware_figures", "an object (figure -> number)",
@@ -320,12 +331,12 @@ def compare_file(path: str, hardware=None, policies: list | None = None) -> tupl
         # (a policy of one's own recorded under a built-in's name would make another call)
         plan = measured.meta.get("plan") or {}
         rp = res.plan.ranks[0]
-        made = {"block_m": rp.config.block_m, "experts_per_wave": rp.experts_per_wave,
-                "num_stages": rp.num_stages, "ctas_per_sm": rp.ctas_per_sm}
-        for key, v in plan.items():
-            require(key not in made or made[key] == v, f"trace.meta.plan.{key}",
-                    f"the value its scenario's plan takes again ({made.get(key)}; a policy of one's own named like "
-                    "a built-in? give it: compare --policy FILE.py:Class)", v)
+        made = {"ctas_per_sm": rp.ctas_per_sm, "block_m": rp.config.block_m, "experts_per_wave": rp.experts_per_wave,
+                "num_stages": rp.num_stages}
+        for key, v in made.items():  # the CTAs per SM first: they decide the rest
+            require(key not in plan or plan[key] == v, f"trace.meta.plan.{key}",
+                    f"the value its scenario's plan takes again ({v}: the trace altered, or a policy of one's own "
+                    "named like a built-in? give it: compare --policy FILE.py:Class)", plan.get(key))
     # the simulation runs on the hardware's SMs; the SM90 kernel at two CTAs per SM records its CTAs
     # (the plan's units: RankPlan.num_sms)
     plan_units = max(rp.num_sms for rp in res.plan.ranks)

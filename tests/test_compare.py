@@ -326,6 +326,18 @@ def test_bad_stored_routing_or_meta_is_refused(tmp_path, capsys):
          "trace.meta.hardware_figures.hbm_gbs: expected a number in [200, 100000] (GB/s), got -1"),
         (_variant(tmp_path, z, "hwfigs", meta_json=np.array(json.dumps({**meta, "hardware_figures": [1, 2]}))),
          "trace.meta.hardware_figures: expected an object (figure -> number), got list"),
+        (_variant(tmp_path, z, "hwnull", meta_json=np.array(json.dumps({**meta, "hardware_figures": None}))),
+         "trace.meta.hardware_figures: expected an object (figure -> number), got NoneType"),
+        # a simulator trace's plan is made again and checked (an altered number is not fed back in)
+        (_variant(tmp_path, z, "epw", meta_json=np.array(json.dumps(
+            {**meta, "plan": {**meta["plan"], "experts_per_wave": meta["plan"]["experts_per_wave"] // 2}}))),
+         f"trace.meta.plan.experts_per_wave: expected the value its scenario's plan takes again "
+         f"({meta['plan']['experts_per_wave']}: the trace altered, or a policy of one's own named like a built-in? "
+         f"give it: compare --policy FILE.py:Class), got {meta['plan']['experts_per_wave'] // 2}"),
+        # a built-in's name under another kind: a policy of one's own
+        (_variant(tmp_path, z, "kind", meta_json=np.array(json.dumps({**meta, "policies": {"wave": "wave-lag"}}))),
+         "trace.meta.policies.wave: expected a built-in wave policy (wave-lag is a built-in scheduler policy: a "
+         "policy of your own under its name? give it, compare --policy FILE.py:Class), got wave-lag"),
         (_variant(tmp_path, z, "floatrank", rank=z["rank"].astype(float)),
          "trace.rank: expected an integer column, got dtype float64"),
         (_variant(tmp_path, z, "bogus", meta_json=np.array(json.dumps({**meta, "shape": "bogus"}))),
