@@ -496,7 +496,8 @@ def cmd_compare(a: argparse.Namespace) -> int:
             plot_overlay(measured, res.trace, png)
         outs.commit()
     con = _console()
-    con.print(f"{a.trace}: measured {report['makespan_measured_us']:.1f} us, simulated "
+    side = "recorded" if measured.meta.get("source") == "simulator" else "measured"  # a simulator's trace
+    con.print(f"{a.trace}: {side} {report['makespan_measured_us']:.1f} us, simulated "
               f"{report['makespan_simulated_us']:.1f} us (the traced spans: launch not included), makespan error "
               f"{100 * report['makespan_error']:+.1f}%, median kind error {100 * report['median_kind_error']:.1f}% "
               f"(distributions {100 * report['median_kind_quantile_error']:.1f}%)")
@@ -537,7 +538,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
     def _us(v):
         return "-" if v is None else f"{v:.1f}"
 
-    con.print("phases, us from each trace's first record (measured / simulated): "
+    con.print(f"phases, us from each trace's first record ({side} / simulated): "
               + "; ".join(f"{MILESTONE_LABELS[k]} {_us(v['measured_us'])} / {_us(v['simulated_us'])}"
                           for k, v in report["milestones"].items()), highlight=False)
     if a.json:

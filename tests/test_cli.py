@@ -831,7 +831,8 @@ def test_simulate_time_is_the_traced_span_plus_the_launch(tmp_path):
     assert json.loads(j.read_text())["time_us"] == pytest.approx(span_us + launch_us, abs=1e-6)
     rc, out, err = run("compare", str(npz))
     assert rc == 0, err
-    assert f"measured {span_us:.1f} us, simulated {span_us:.1f} us (the traced spans: launch not included)" in out
+    # (a simulator's trace is "recorded", a kernel's "measured")
+    assert f"recorded {span_us:.1f} us, simulated {span_us:.1f} us (the traced spans: launch not included)" in out
 
 
 def test_sweep_checks_its_out_folder_before_any_point(tmp_path, monkeypatch, capsys):
