@@ -345,9 +345,9 @@ def cmd_simulate(a: argparse.Namespace) -> int:
               f"{'' if trace_sms == n_sms else f', of {n_sms}'})")
     if a.trace_npz:
         print(f"wrote {a.trace_npz}")
-        from .policies import BUILTINS
+        from .policies import is_builtin
 
-        own = [p for p in (a.policy or []) if str(p).split(":")[0] not in BUILTINS]
+        own = [p for p in (a.policy or []) if not is_builtin(p)]
         if own:  # the trace records a policy of one's own by its name only
             print(f"note: the trace records {', '.join(own)} by name only: compare it with "
                   + " ".join(f"--policy {p}" for p in own))

@@ -316,6 +316,13 @@ def _load_class(spec: str):
     return getattr(module, cls)
 
 
+def is_builtin(spec: str | object) -> bool:
+    """Whether ``spec`` names a built-in policy (``fixed-waves:4``), not ``module:Class`` /
+    ``file.py:Class`` or an object: a trace records a policy by its name only, which re-creates a
+    built-in and nothing else."""
+    return isinstance(spec, str) and spec.partition(":")[0] in BUILTINS
+
+
 def make_policy(spec: str | object):
     """A policy object from a built-in name (``fixed-waves:4``), ``module:Class``,
     ``file.py:Class``, or an object (returned as is).

@@ -230,11 +230,11 @@ def scenario_from_meta(trace: Trace, policies: list | None = None):
              if meta.get(k) is not None}
     pols = meta.get("policies") or {}
     require(isinstance(pols, dict), "trace.meta.policies", "an object (policy kind -> policy name)", pols)
-    from megamoe.policies import BUILTINS, policies_from_specs
+    from megamoe.policies import BUILTINS, is_builtin, policies_from_specs
 
     if policies is None:
         for kind, name in pols.items():
-            require(isinstance(name, str) and name.split(":")[0] in BUILTINS, f"trace.meta.policies.{kind}",
+            require(is_builtin(name), f"trace.meta.policies.{kind}",
                     f"a built-in policy ({', '.join(sorted(BUILTINS))}; a policy of your own cannot be re-created "
                     "from the name a trace records: give it, compare --policy FILE.py:Class)", name)
             try:

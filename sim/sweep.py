@@ -307,7 +307,7 @@ def input_files(kw: dict) -> list[str]:
     file too, resolved as :func:`sim.hardware.load_hardware` does), a ``file:`` routing's
     array(s) (each ``{rank}`` expansion) and ``file.py:Class`` policies.  Values that do not
     parse name no file (the point fails when it runs)."""
-    from megamoe.policies import BUILTINS
+    from megamoe.policies import is_builtin
     from megamoe.routing import RoutingSpec
     from megamoe.scenario import MAX_RANKS_X_EXPERTS, Scenario
 
@@ -330,7 +330,7 @@ def input_files(kw: dict) -> list[str]:
         else:
             files.append(spec.path)
     for pol in kw.get("policies") or []:
-        if isinstance(pol, str) and pol.partition(":")[0] not in BUILTINS:
+        if isinstance(pol, str) and not is_builtin(pol):
             mod = pol.rpartition(":")[0]
             if mod.endswith(".py"):
                 files.append(mod)
