@@ -85,18 +85,21 @@ def parse_values(axis: str, text: str) -> list:
     vals = _axis_values(axis, text)
     seen: dict = {}
     for v in vals:
-        _check_alone(axis, v, text)
-        key = _same_point_key(axis, v)
+        key = _point_key(axis, v, text)
         require(key not in seen, f"sweep.{axis}", "distinct values",
                 f"{v!r} twice in {text!r}" if seen.get(key) == v else f"{seen.get(key)!r} and {v!r} (the same) in {text!r}")
         seen[key] = v
     return vals
 
 
-def _check_alone(axis: str, v, text: str) -> None:
-    """A value of a name-like axis that is wrong in any grid point (an unknown shape, routing spec,
-    policy, hardware preset, design or L2 wait), refused before any point runs; whether a value fits
-    the other axes' values (a block_m the design lacks) is each point's own error.
+def _point_key(axis: str, v, text: str):
+    """What decides the simulation an axis value gives, for spotting a value given twice: a routing
+    spec as parsed (``UNIFORM`` is ``uniform``, ``zipf:1.0`` is ``zipf:1``), a shape's four numbers
+    (a preset and its ``E,k,H,I``), a policy axis's set of policies (``a+b`` is ``b+a``); the value
+    itself otherwise. A value of a name-like axis that is wrong in any grid point (an unknown shape,
+    routing spec, policy, hardware preset, design or L2 wait) is refused here, before any point
+    runs; whether a value fits the other axes' values (a block_m the design lacks) is each point's
+    own error.
 
     Raises:
         InputError: ``sweep.<axis>``, naming the value and the axis text.
@@ -107,16 +110,19 @@ def _check_alone(axis: str, v, text: str) -> None:
         if axis == "shape":
             from megamoe.shapes import get_shape
 
-            get_shape(v)
-        elif axis == "routing":
+            sh = get_shape(v)
+            return (sh.num_experts, sh.top_k, sh.hidden, sh.intermediate)
+        if axis == "routing":
             from megamoe.routing import RoutingSpec
 
-            RoutingSpec.parse(v)
-        elif axis == "policy":
+            return dataclasses.astuple(RoutingSpec.parse(v))
+        if axis == "policy":
             from megamoe.policies import policies_from_specs
 
-            policies_from_specs([p for p in str(v).split("+") if p])
-        elif axis == "hardware":
+            parts = [p for p in str(v).split("+") if p]
+            policies_from_specs(parts)
+            return tuple(sorted(parts))
+        if axis == "hardware":
             from .hardware import load_hardware
 
             load_hardware(v)
@@ -127,27 +133,6 @@ def _check_alone(axis: str, v, text: str) -> None:
     except InputError as e:
         hint = "; a custom shape is E,k,H,I, and shapes are separated by ';' when one is custom" if axis == "shape" else ""
         raise InputError(f"sweep.{axis}", f"{e.expected}{hint}", f"{v!r} in {text!r} ({e.field}: {e.got})") from None
-
-
-def _same_point_key(axis: str, v):
-    """What decides the simulation an axis value gives: a routing spec as parsed (``UNIFORM`` is
-    ``uniform``, ``zipf:1.0`` is ``zipf:1``), a shape's four numbers (a preset and its ``E,k,H,I``),
-    a policy axis's set of policies (``a+b`` is ``b+a``); the value itself otherwise, or where it
-    does not parse (the point then fails on its own)."""
-    if axis == "policy":
-        return tuple(sorted(p for p in str(v).split("+") if p))
-    try:
-        if axis == "routing":
-            from megamoe.routing import RoutingSpec
-
-            return dataclasses.astuple(RoutingSpec.parse(v))
-        if axis == "shape":
-            from megamoe.shapes import get_shape
-
-            sh = get_shape(v)
-            return (sh.num_experts, sh.top_k, sh.hidden, sh.intermediate)
-    except InputError:
-        pass
     return v
 
 
