@@ -364,9 +364,11 @@ def test_sm90_walk_steps_follow_the_kernel_scheduler(tokens, epw):
     assert (key[:, 1].any() or end[1] > 0) == wide, (rp.config.block_m, epw)
 
 
-def _sm90_flash(tokens, **kw):
+def _sm90_flash(tokens, hw=None, **kw):
+    """V4-Flash on the H200 preset's SM90 design (``kw``: Scenario fields), simulated with ``hw``
+    (default: the preset's figures)."""
     return simulate(Scenario(shape="deepseek-v4-flash", num_ranks=kw.pop("num_ranks", 1), tokens_per_rank=tokens,
-                             max_tokens_per_rank=4096, design="megamoe-sm90", hardware="h200", **kw))
+                             max_tokens_per_rank=4096, design="megamoe-sm90", hardware="h200", **kw), hw)
 
 
 def _sm90_lanes(tr, sm):
@@ -616,9 +618,8 @@ def test_sm90_first_fill_delays_each_units_first_block_only(ctas):
     delay back (with the figures refitted on kernel v9.11's traces, 843 of the 1172 ns at one CTA;
     all of it at two, and at one CTA with v9.8's figures)."""
     hw = load_hardware("h200")
-    sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=64, max_tokens_per_rank=4096,
-                  design="megamoe-sm90", hardware="h200", ctas_per_sm=ctas)
-    a, b = simulate(sc), simulate(sc, dataclasses.replace(hw, sm90_first_fill_ns=hw.tma_latency_ns))
+    a = _sm90_flash(64, ctas_per_sm=ctas)
+    b = _sm90_flash(64, dataclasses.replace(hw, sm90_first_fill_ns=hw.tma_latency_ns), ctas_per_sm=ctas)
     rp = a.plan.ranks[0]
     assert rp.config.block_m == 16 and rp.ctas_per_sm == ctas and hw.sm90_first_fill_ns > hw.tma_latency_ns
     shift = hw.sm90_first_fill_ns - hw.tma_latency_ns
@@ -643,9 +644,8 @@ def test_sm90_first_kloop_lengthens_each_units_first_block_only(ctas):
     two): every unit's first MMA record starts at the same time and ends exactly the figure later;
     the call ends later by no more than that."""
     hw = load_hardware("h200")
-    sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=64, max_tokens_per_rank=4096,
-                  design="megamoe-sm90", hardware="h200", ctas_per_sm=ctas)
-    a, b = simulate(sc), simulate(sc, dataclasses.replace(hw, sm90_first_kloop_ns=0.0))
+    a = _sm90_flash(64, ctas_per_sm=ctas)
+    b = _sm90_flash(64, dataclasses.replace(hw, sm90_first_kloop_ns=0.0), ctas_per_sm=ctas)
     rp = a.plan.ranks[0]
     x = hw.sm90_first_kloop_ns
     assert rp.config.block_m == 16 and rp.ctas_per_sm == ctas and x > 1000.0
@@ -660,9 +660,8 @@ def test_sm90_first_kloop_is_not_paid_where_the_fill_is_not_paced():
     """At block_m 32-128 the kernel issues the whole ring at once (FIRST_FILL_PER_SM 0): the figure
     changes nothing (the plan's block_m forced to 32 on a 64-token call)."""
     hw = load_hardware("h200")
-    sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=64, max_tokens_per_rank=4096,
-                  design="megamoe-sm90", hardware="h200", block_m=32)
-    a, b = simulate(sc), simulate(sc, dataclasses.replace(hw, sm90_first_kloop_ns=0.0))
+    a = _sm90_flash(64, block_m=32)
+    b = _sm90_flash(64, dataclasses.replace(hw, sm90_first_kloop_ns=0.0), block_m=32)
     assert a.plan.ranks[0].config.block_m == 32 and hw.sm90_first_kloop_ns > 0
     assert np.array_equal(a.trace["t_end_ns"], b.trace["t_end_ns"])
 
@@ -675,9 +674,8 @@ def test_sm90_fetch_counts_delays_each_units_first_walk_at_its_share(ctas):
     every unit's first load record (the producer's walk done) starts exactly that much later
     (64 tokens)."""
     hw = load_hardware("h200")
-    sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=64, max_tokens_per_rank=4096,
-                  design="megamoe-sm90", hardware="h200", ctas_per_sm=ctas)
-    a, b = simulate(sc), simulate(sc, dataclasses.replace(hw, sm90_fetch_counts_ns=0.0))
+    a = _sm90_flash(64, ctas_per_sm=ctas)
+    b = _sm90_flash(64, dataclasses.replace(hw, sm90_fetch_counts_ns=0.0), ctas_per_sm=ctas)
     rp = a.plan.ranks[0]
     S = rp.num_sms
     assert rp.ctas_per_sm == ctas and hw.sm90_fetch_counts_ns > 0
