@@ -142,6 +142,11 @@ class Trace:
             m &= self.cols[k] == v
         return self.select(m)
 
+    def unit_keys(self) -> np.ndarray:
+        """int64 ``[N]``: one key per record's unit, its (rank, SM) pair (the SM column holds the CTA
+        at two CTAs per SM); records of one unit share a key, and keys sort by rank, then SM."""
+        return self.cols["rank"].astype(np.int64) * (1 << 20) + self.cols["sm"]
+
     @property
     def makespan_ns(self) -> float:
         """From the first interval's start to the last one's end (ns); a kernel trace's clock

@@ -429,7 +429,7 @@ def _first_kloop_excess(t) -> list[float]:
     from megamoe.trace import KIND
 
     mma = t.where(kind=KIND["l1_mma"])
-    key = mma["rank"].astype(np.int64) * (1 << 20) + mma["sm"]
+    key = mma.unit_keys()
     o = np.lexsort((mma["t_start_ns"], key))
     key, d = key[o], (mma["t_end_ns"] - mma["t_start_ns"])[o].astype(float)
     cut = np.flatnonzero(np.diff(key)) + 1
@@ -1119,13 +1119,13 @@ SM90_SKIP_FIT_TRACE = "benchmarks/traces/kernel_flash_ep1_t1.npz"
 #: EP1 trace whose plan counts locally, the one-CTA wide instance at 1 token and the two-CTA one
 #: (kernel v9.7 on) at 3-16 tokens.
 SM90_LOCAL_COUNT_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep1_t{t}.npz" for t in (1, 3, 6, 8, 12, 16))
+#: The committed two-CTA traces whose plans meet at the count barrier (64-512 tokens),
+#: ``sm90_count_pair_ns`` is fitted to (:func:`fit_sm90_count_pair`).
+SM90_COUNT_PAIR_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep1_t{t}.npz" for t in (64, 256, 512))
 #: The committed traces ``sm90_pull_base_ns`` and ``sm90_pull_warp_ns`` are fitted to
 #: (:func:`fit_sm90_pull`): every one-CTA-per-SM EP1 trace whose pull runs before the GEMMs load
 #: much (1 token, the one-CTA traces at 64 and 512, 1024 at block_m 32); at 4096 and 8192 tokens a
 #: round reads 0.4 us above the line, the block_m 128 K loops loading beside it.
-#: The committed two-CTA traces whose plans meet at the count barrier (64-512 tokens),
-#: ``sm90_count_pair_ns`` is fitted to (:func:`fit_sm90_count_pair`).
-SM90_COUNT_PAIR_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep1_t{t}.npz" for t in (64, 256, 512))
 SM90_PULL_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep1_{t}.npz"
                              for t in ("t1", "one_cta_t64", "one_cta_t512", "t1024"))
 SM90_SKIP_FIT_KERNEL = SM90_FIT_KERNEL

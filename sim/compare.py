@@ -75,7 +75,7 @@ def milestones(t: Trace) -> dict:
         elif how == "last_end":
             out[name] = (float(k["t_end_ns"].max()) - t0) / 1e3
         else:  # each unit's first start: a minimum per (rank, SM) group
-            _, unit = np.unique(k["rank"].astype(np.int64) * (1 << 20) + k["sm"], return_inverse=True)
+            _, unit = np.unique(k.unit_keys(), return_inverse=True)
             first = np.full(int(unit.max()) + 1, np.inf)
             np.minimum.at(first, unit, k["t_start_ns"])
             out[name] = (float(np.median(first)) - t0) / 1e3
