@@ -510,10 +510,10 @@ def cmd_compare(a: argparse.Namespace) -> int:
         if not same:
             con.print(f"note: the trace was recorded on hardware {rec!r} (its meta); this run simulated it with "
                       f"{a.hardware!r} ({res.hardware.name})", highlight=False)
-    recorded = measured.meta.get("policies") or {}
-    if a.policy and res.scenario.to_dict()["policies"] != recorded:
+    recorded, used = measured.meta.get("policies") or {}, res.scenario.to_dict()["policies"]
+    if a.policy and used != recorded:
         con.print(f"note: the trace records the policies {recorded or 'none (the defaults)'}; this run simulated it "
-                  f"with {res.scenario.to_dict()['policies']}", highlight=False)
+                  f"with {used}", highlight=False)
     if any(report["launch_skew_us"]):
         con.print("ranks' launch skew read off the trace (host launch jitter: an input of the model, which it "
                   "does not predict; simulated with it): "
@@ -529,9 +529,9 @@ def cmd_compare(a: argparse.Namespace) -> int:
                   "-" if q is None else f"{100 * q:.1f}%")
     con.print(t)
     for role, err in report["busy_fraction_error"].items():
-        con.print(f"busy {role}: measured {report['busy_fraction_measured'][role]:.2f}, simulated "
+        con.print(f"busy {role}: {side} {report['busy_fraction_measured'][role]:.2f}, simulated "
                   f"{report['busy_fraction_simulated'][role]:.2f} ({err:+.2f})")
-    con.print(f"overlap efficiency: measured {_fmt_overlap(report['overlap_efficiency_measured'])}, simulated "
+    con.print(f"overlap efficiency: {side} {_fmt_overlap(report['overlap_efficiency_measured'])}, simulated "
               f"{_fmt_overlap(report['overlap_efficiency_simulated'])}")
     from sim.compare import MILESTONE_LABELS
 

@@ -833,6 +833,7 @@ def test_simulate_time_is_the_traced_span_plus_the_launch(tmp_path):
     assert rc == 0, err
     # (a simulator's trace is "recorded", a kernel's "measured")
     assert f"recorded {span_us:.1f} us, simulated {span_us:.1f} us (the traced spans: launch not included)" in out
+    assert "overlap efficiency: recorded " in out and "measured" not in out
 
 
 def test_sweep_checks_its_out_folder_before_any_point(tmp_path, monkeypatch, capsys):
