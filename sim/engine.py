@@ -616,17 +616,16 @@ class _Engine:
         solo_pb, n_solo, lat_solo = (), 0, 0.0
         if plan.design == "megamoe-sm90":
             # the pull round of every item, the round completing each pool block, each CTA's
-            # items, and which pool items their CTA pulls alone
-            item_round, pb_round, per_cta, solo = self._sm90_pull_rounds(rp, src)
+            # items, and the CTA of each pool item
+            item_round, pb_round, per_cta, item_cta = self._sm90_pull_rounds(rp, src)
             n_rounds = int(item_round.max()) + 1
             W = DISPATCH_WARPS_PER_SM
             rounds = math.ceil(H / PULL_ROUND_BYTES)  # a whole row's chunk rounds, one after another
             # a CTA with one item pulls it with all its dispatch warps, each its share of the
             # chunk rounds (kernel v8.6, EP1 at block_m 16); the others one item per warp
             warps = ONE_ITEM_PULL_WARPS.get(bm, 1) if R == 1 else 1
-            alone = per_cta == 1 if warps > 1 else np.zeros(len(per_cta), dtype=bool)
-            if warps == 1:
-                solo = np.zeros_like(solo)
+            alone = (per_cta == 1) & (warps > 1)  # per CTA
+            solo = alone[item_cta]  # per pool item
             # a round's time: the base, more with every dispatch warp pulling then, and the folds
             busy = [int(np.clip(per_cta[~alone] - W * q, 0, W).sum()) + (W * int(alone.sum()) if q == 0 else 0)
                     for q in range(n_rounds)]
@@ -730,8 +729,8 @@ class _Engine:
 
         Returns:
             the round of every pool item (pool order, as ``src``), the round that completes
-            each pool block (its rows' latest), the items of each CTA (int64 ``[S]``) and
-            whether each pool item's CTA pulls it alone (bool, pool order).
+            each pool block (its rows' latest), the items of each CTA (int64 ``[S]``) and the
+            CTA of each pool item (pool order).
         """
         S, bm, K = rp.num_sms, rp.config.block_m, self.plan.top_k
         W = DISPATCH_WARPS_PER_SM
@@ -753,17 +752,16 @@ class _Engine:
             per_cta = np.bincount(cta, minlength=S)
             # pool order: experts in order, each expert's items ascending
             po = np.argsort(ids[items], kind="stable")
-            rnd, alone = rnd[po], (per_cta[cta] == 1)[po]
+            rnd, cta = rnd[po], cta[po]
         else:
             j0 = cta_item_starts(n, S)                          # first pool position of each CTA
             j = np.arange(n)
-            c = np.searchsorted(j0[:-1], j, side="right") - 1
-            rnd = (j - j0[c]) // W
+            cta = np.searchsorted(j0[:-1], j, side="right") - 1
+            rnd = (j - j0[cta]) // W
             per_cta = np.diff(j0)
-            alone = per_cta[c] == 1
         pb_round = np.zeros(int(mbe.sum()), dtype=np.int64)
         np.maximum.at(pb_round, self._pool_blocks(rp), rnd)
-        return rnd, pb_round, per_cta, alone
+        return rnd, pb_round, per_cta, cta
 
     # -- GEMM clusters -----------------------------------------------------------
     def cluster(self, r: int, c: int):

@@ -798,7 +798,8 @@ def test_sm90_pull_rounds_follow_the_kernel_order():
         for rp in plan.ranks:
             S = rp.num_sms  # the CTAs: two per SM at EP1 block_m 16 (kernel v9.2)
             src = np.concatenate([rp.pull_order(e)[:, 0] for e in range(len(rp.recv_counts))])
-            rnd, pb_round, per_cta, alone = eng._sm90_pull_rounds(rp, src)
+            rnd, pb_round, per_cta, item_cta = eng._sm90_pull_rounds(rp, src)
+            alone = per_cta[item_cta] == 1
             most = int(per_cta.max())
             bm, tpe = rp.config.block_m, rp.tokens_per_expert.tolist()
             want_item, want_pb = [], {}
@@ -845,7 +846,8 @@ def test_sm90_pull_rounds_follow_the_kernel_order():
     eng = _Engine(plan, hw)
     eng.topk_idx = sc.routing_ids()
     rp = plan.ranks[0]
-    rnd, pb_round, per_cta, alone = eng._sm90_pull_rounds(rp, np.zeros(int(rp.tokens_per_expert.sum()), int))
+    rnd, pb_round, per_cta, item_cta = eng._sm90_pull_rounds(rp, np.zeros(int(rp.tokens_per_expert.sum()), int))
+    alone = per_cta[item_cta] == 1
     assert rp.num_sms == 264 and rnd.max() == 2 and pb_round[0] <= 1 and pb_round[-1] == 2 and per_cta.max() == 12
     assert not alone.any()
     assert np.all(np.diff(pb_round) >= -2)
