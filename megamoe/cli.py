@@ -132,7 +132,7 @@ def add_scenario_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--routing", default="uniform",
                    help="uniform | masked[:RATIO, default 0.5] | zipf[:S, default 1] | hot[:FRACTION[:N], "
                         "default 0.5:4] | one_expert (every token to expert 3 in slot 0, its other slots uniform) | file:PATH (PATH may hold {rank})")
-    g.add_argument("--seed", type=_nonneg, default=0, help="routing seed (default %(default)s)")
+    g.add_argument("--seed", type=_nonneg, default=0, help="seed of the routing and of the blocks' jitter (default %(default)s)")
     g.add_argument("--hardware", default="b200", help="b200 | h200 | h20 | path to a TOML file (default %(default)s)")
     g.add_argument("--design", default="deepgemm-sm100", help="deepgemm-sm100 | megamoe-sm90 (default %(default)s)")
     g.add_argument("--reserved-sms", type=_nonneg, default=0,
@@ -742,7 +742,7 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("validate", help="simulator vs DeepGEMM PR #316 published rows")
     v.add_argument("--hardware", default="b200",
                    help="hardware preset or TOML (default %(default)s: the rows were measured on B200s)")
-    v.add_argument("--seed", type=_nonneg, default=0, help="routing seed (default %(default)s)")
+    v.add_argument("--seed", type=_nonneg, default=0, help="seed of the routing and of the blocks' jitter (default %(default)s)")
     v.add_argument("--json", type=_out_path(".json"),
                    help="write the rows (predicted and published) and the verdict as JSON")
     v.set_defaults(func=cmd_validate)

@@ -80,7 +80,8 @@ class Scenario:
         max_tokens_per_rank: ``T_max`` (buffer size), an integer in ``[1,
             MAX_TOKENS_PER_RANK]``; default ``max(8192, max T_r)``.
         routing: :class:`RoutingSpec` or its CLI spelling (a string).
-        seed: routing seed, an integer >= 0.
+        seed: seed of the routing and of the simulator's block jitter (hardware figure
+            ``block_jitter``), an integer >= 0.
         hardware: preset name (``b200``, ``h200``, ``h20``) or TOML path, a non-empty string
             (resolved by ``sim.hardware.load_hardware`` when simulated; an unknown name is
             refused there, on ``hardware``).

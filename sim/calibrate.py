@@ -436,6 +436,62 @@ def _first_kloop_excess(t) -> list[float]:
     return [float(g[0] - np.median(g[1:])) for g in np.split(d, cut) if len(g) >= 2]
 
 
+def fit_block_jitter(paths: list[str]) -> dict:
+    """``block_jitter``: the spread of a block's K-loop time from block to block, read off one-rank,
+    one-CTA-per-SM traces whose L1 K loops stream their weights steadily
+    (:data:`BLOCK_JITTER_FIT_TRACES`). Per CTA, its L1 MMA records in time order but the first (the
+    ring's first fill: ``sm90_first_kloop_ns``); the log of each record's duration over the one
+    before it; pooled over the CTAs and traces, ``1.4826 x`` their median absolute deviation (a
+    robust standard deviation) over ``sqrt(2)`` (two independent draws make one ratio).
+
+    Returns:
+        ``{"block_jitter": (value, how)}``.
+
+    Raises:
+        InputError: no trace, a trace of two ranks or of two CTAs per SM, or fewer than 100 ratios.
+    """
+    import numpy as np
+
+    from megamoe.trace import KIND, Trace
+
+    require(isinstance(paths, (list, tuple)) and len(paths) >= 1, "fit_block_jitter", "a list of traces", paths)
+    per, pooled = [], []
+    for path in paths:
+        t = Trace.load(path)
+        meta = t.meta
+        ctas = int((meta.get("plan") or {}).get("ctas_per_sm", 1))
+        require(meta["num_ranks"] == 1 and ctas == 1, "fit_block_jitter", "one-rank traces at one CTA per SM",
+                f"{path} ({meta['num_ranks']} ranks, {ctas} CTAs per SM)")
+        mma = t.where(kind=KIND["l1_mma"])
+        key = mma.unit_keys()
+        o = np.lexsort((mma["t_start_ns"], key))
+        key, d = key[o], (mma["t_end_ns"] - mma["t_start_ns"])[o].astype(float)
+        cut = np.flatnonzero(np.diff(key)) + 1
+        ratios = np.concatenate([np.diff(np.log(g[1:])) for g in np.split(d, cut) if len(g) >= 3 and (g > 0).all()]
+                                or [np.zeros(0)])
+        per.append((int(meta["tokens_per_rank"][0]), len(ratios), _robust_sigma(ratios)))
+        pooled.append(ratios)
+    ratios = np.concatenate(pooled)
+    require(len(ratios) >= 100, "fit_block_jitter", "100 or more pairs of consecutive L1 MMA records", len(ratios))
+    v = _robust_sigma(ratios)
+    how = ("each CTA's consecutive L1 MMA records after its first: 1.4826 x the median absolute deviation of the "
+           "log duration ratios over sqrt(2), "
+           + ", ".join(f"T={tk} {100 * sg:.2f}% ({n} ratios)" for tk, n, sg in per)
+           + f"; pooled {100 * v:.2f}%")
+    return {"block_jitter": (v, how)}
+
+
+def _robust_sigma(x) -> float:
+    """The standard deviation of one of two independent draws whose difference is ``x``, robustly:
+    ``1.4826 x median(|x - median(x)|) / sqrt(2)`` (0 for no ``x``)."""
+    import numpy as np
+
+    x = np.asarray(x, float)
+    if len(x) == 0:
+        return 0.0
+    return float(1.4826 * np.median(np.abs(x - np.median(x))) / np.sqrt(2.0))
+
+
 def _first_walk_start(t) -> float:
     """Median over the CTAs of one trace of the time from the CTA's first pull record's start (its
     counts are ready) to its producer's first load record's start (after the count fetch and the
@@ -1128,6 +1184,12 @@ SM90_COUNT_PAIR_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep1_t{t}.npz
 #: round reads 0.4 us above the line, the block_m 128 K loops loading beside it.
 SM90_PULL_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep1_{t}.npz"
                              for t in ("t1", "one_cta_t64", "one_cta_t512", "t1024"))
+#: The committed traces ``block_jitter`` is fitted to (:func:`fit_block_jitter`): one CTA per SM
+#: at block_m 16 and 32, whose L1 K loops stream their weights at a steady rate. At block_m 128
+#: (4096, 8192 tokens) consecutive L1 K loops differ more (3.7-4.6%), with the HBM's phases, which
+#: the model's HBM calendar prices itself; at two CTAs per SM the pair share moves them.
+BLOCK_JITTER_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep1_{t}.npz"
+                                for t in ("one_cta_t64", "one_cta_t512", "t1024"))
 SM90_SKIP_FIT_KERNEL = SM90_FIT_KERNEL
 SM90_SKIP_FIT_DATE = SM90_FIT_DATE
 #: The kernel and day of the EP2 traces: v6.4's (the two-GPU machine was not lent in the
@@ -1272,6 +1334,9 @@ def refit_h200(root: str | None = None, toml_path: str | None = None) -> dict:
     fit.update(sm90_fit_sources(fit_sm90_combine_start([str(base / p) for p in (*SM90_FIT_TRACES, *SM90_PAIR_FIT_TRACES)]),
                                 traces=(*SM90_FIT_TRACES, *SM90_PAIR_FIT_TRACES), profile_path=None,
                                 date=SM90_SKIP_FIT_DATE, kernel=SM90_SKIP_FIT_KERNEL, fitter="fit_sm90_combine_start"))
+    fit.update(sm90_fit_sources(fit_block_jitter([str(base / p) for p in BLOCK_JITTER_FIT_TRACES]),
+                                traces=BLOCK_JITTER_FIT_TRACES, profile_path=None, date=SM90_SKIP_FIT_DATE,
+                                kernel=SM90_SKIP_FIT_KERNEL, fitter="fit_block_jitter"))
     counted = dataclasses.replace(load_hardware("h200"), **{k: v for k, (v, _) in fit.items()})
     fit.update(sm90_fit_sources(fit_sm90_count_pair([str(base / p) for p in SM90_COUNT_PAIR_FIT_TRACES], counted),
                                 traces=SM90_COUNT_PAIR_FIT_TRACES, profile_path=None, date=SM90_SKIP_FIT_DATE,

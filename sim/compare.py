@@ -307,6 +307,8 @@ def compare_file(path: str, hardware=None, policies: list | None = None) -> tupl
         require(isinstance(figs, dict), "trace.meta.hardware_figures", "an object (figure -> number)",
                 type(figs).__name__)
         name = measured.meta.get("hardware_name", "recorded")
+        if "block_jitter" not in figs:  # made before the figure existed (2026-12-05): without jitter
+            figs = {**figs, "block_jitter": 0.0}
         try:
             hw = parse_hardware({"name": name if isinstance(name, str) and name.strip() else "recorded",
                                  "figures": figs, "sources": {k: "recorded in the trace's meta" for k in figs}},

@@ -320,8 +320,27 @@ def sm90_walk_steps(rp) -> tuple[np.ndarray, np.ndarray]:
     return steps - first, cum[-1] - first
 
 
+_NO_JITTER = (1.0, 1.0)
+#: The stream of the scenario's seed the block jitter draws from (the routing draws from the seed itself).
+JITTER_STREAM = 0x6A177E5
+
+
+def block_jitter(num_blocks: int, sigma: float, seed: int) -> list | None:
+    """Each block's K-loop and epilogue time factors: ``[num_blocks]`` pairs of independent
+    log-normal draws ``exp(N(0, sigma))`` (median 1), in block-id order (``_Engine.block_ids``),
+    from ``numpy.random.default_rng([seed, JITTER_STREAM])``; ``None`` where ``sigma`` is 0 (every
+    factor 1: the deterministic model). ``sigma`` is the hardware's ``block_jitter``: without it the
+    model's identical blocks run in lockstep, and the ties between the two CTAs of an SM resolve
+    the same way on every SM, which moves few-token makespans by up to 8% for a 0.1% change of a
+    figure (benchmarks/NOTES.md, forty-seventh session)."""
+    if sigma == 0:
+        return None
+    rng = np.random.default_rng([seed, JITTER_STREAM])
+    return rng.lognormal(0.0, sigma, (num_blocks, 2)).tolist()
+
+
 class _Engine:
-    def __init__(self, plan: Plan, hw: Hardware, launch_offsets_ns=None):
+    def __init__(self, plan: Plan, hw: Hardware, launch_offsets_ns=None, seed: int = 0):
         self.plan, self.hw = plan, hw
         self.launch_offsets_ns = [0.0] * plan.num_ranks if launch_offsets_ns is None else list(launch_offsets_ns)
         self.env = simpy.Environment()
@@ -377,6 +396,7 @@ class _Engine:
             self.touched_a.append([False] * (3 * (nb + 1) * rp.k_split))
             self.tables.append(self._rank_tables(rp, ids))
         self.block_ids = (np.concatenate(ids) if ids else np.zeros((0, 9), np.int64)).astype(np.int32)
+        self.jitter = block_jitter(len(self.block_ids), hw.block_jitter, seed)
         # an NVLink barrier across ranks; with one rank it is a grid sync
         self.barrier_ns = hw.nvl_barrier_ns if plan.num_ranks > 1 else hw.grid_sync_ns
         self.pre_pull_arrivals = 0
@@ -900,7 +920,9 @@ class _Engine:
         # and where the kernel paces that fill by arrivals (v9.8, block_m 16) the first block's K
         # loop runs sm90_first_kloop_ns longer than a later one's (read off the traces)
         first_kloop = hw.sm90_first_kloop_ns if sm90 and FIRST_FILL_PER_SM.get(bm, 0) else 0.0
+        jitter = self.jitter
         for phase, n, pb, key_w, key_a, kp, bid, gap in rows:
+            jk, je = jitter[bid] if jitter is not None else _NO_JITTER  # the block's K-loop and epilogue factors
             adj = False  # L2: wait per K block (ready_cache entry's [ca], [ca + 1])
             if phase == L1:
                 dep = arrival[pb]
@@ -969,7 +991,7 @@ class _Engine:
                 ta[key_a] = True
                 first += act1[pb] if phase == L1 else act2[pb]  # FP8 activations + UE8M0 scales
             if phase == L1:
-                mma_end = mma_start + loop1 + first_kloop
+                mma_end = mma_start + loop1 * jk + first_kloop
                 if first:
                     f = hbm_reserve(load_start, first) + t_k1
                     if f > mma_end:
@@ -979,13 +1001,13 @@ class _Engine:
                     mma_end = max(mma_end, issue_end + lat + t_k1)
                     issue_end = max(issue_end, mma_end - pre1 + t_iss)
             else:
-                mma_end = mma_start + loop2 + first_kloop
+                mma_end = mma_start + loop2 * jk + first_kloop
                 if first:
                     f = hbm_reserve(load_start, first) + t_k
                     if f > mma_end:
                         mma_end = f
                 if adj:
-                    f = cached[ca] + lat + loop2
+                    f = cached[ca] + lat + loop2 * jk
                     if f > mma_end:
                         mma_end = f
                 if sm90:  # as in L1; each K block's issue also waits for its arrival-mask bits
@@ -1002,7 +1024,7 @@ class _Engine:
             if part_end is not None:  # a part that only stores its partial sums
                 epi_end = part_end
             elif phase == L1:
-                epi_end = epi_start + t_epi1
+                epi_end = epi_start + t_epi1 * je
                 # FP8 outputs + scales to HBM: hbm.reserve(epi_start, nb)
                 nb = l1_out[pb]
                 b = int(epi_start / BUCKET_NS)
@@ -1039,7 +1061,7 @@ class _Engine:
                     if ev is not None:
                         ev.succeed()
             else:
-                epi_end = epi_start + epi2[pb] * esh
+                epi_end = epi_start + epi2[pb] * esh * je
                 # BF16 rows to each token's source rank: HBM for local rows, else the
                 # destination's NVLink ingress (and the pair's link) plus this GPU's egress
                 fin = epi_end
@@ -1398,7 +1420,7 @@ def _simulate(scenario: Scenario, hardware: Hardware | str | None, summarize) ->
                          f"{n_blocks} (block_m {bms}, hidden {s.hidden}, intermediate {s.intermediate})")
     for rp in plan.ranks:  # run (and check) scheduler policies before the simulation
         rp.blocks()
-    eng = _Engine(plan, hw, [1e3 * v for v in scenario.launch_offsets_us()])
+    eng = _Engine(plan, hw, [1e3 * v for v in scenario.launch_offsets_us()], scenario.seed)
     end, t_red = eng.run(scenario.routing_ids())
     trace = eng.trace()
     # the figures themselves (a hardware file may move or change; compare re-simulates with these)

@@ -141,6 +141,12 @@ Figures (units in the key names):
 * ``combine_round_serial_ns`` — the same round where the kernel loads a token's slots one at a
   time (``design_sm90.COMBINE_SLOTS`` 1: block_m 16 outside the one-CTA wide instance, i.e.
   the two-CTA instances at 3-682 tokens on V4-Flash).
+* ``block_jitter`` — how much a block's time varies from block to block: each block's K loop and
+  each block's epilogue take their modelled time times a factor ``exp(N(0, block_jitter))``
+  drawn once per block from the scenario's seed (:func:`sim.engine.block_jitter`; 0: every factor
+  1). Fitted to the K loops of one-CTA kernel traces (:func:`sim.calibrate.fit_block_jitter`).
+  Without it the model's identical blocks run in lockstep and its ties resolve alike on every
+  SM, which the GPU's do not.
 * ``legacy_launch_ns`` — per-kernel launch gap of the unfused path.
 * ``legacy_a2a_latency_ns`` — fixed latency of each DeepEP all-to-all (dispatch, combine) of
   the unfused path beyond its bytes and barrier: notify round, layout and CPU-side sync.
@@ -244,6 +250,7 @@ class Hardware:
     l2_epilogue_ep_ns: float
     combine_round_ns: float
     combine_round_serial_ns: float
+    block_jitter: float
     legacy_launch_ns: float
     legacy_a2a_latency_ns: float
     sources: dict
@@ -370,6 +377,7 @@ FIGURE_RANGES: dict[str, tuple[float, float, str]] = {
     "l2_epilogue_ep_ns": (0.01, 10_000.0, "ns"),
     "combine_round_ns": (0.01, 100_000.0, "ns"),
     "combine_round_serial_ns": (0.01, 100_000.0, "ns"),
+    "block_jitter": (0.0, 0.5, ""),
     "legacy_launch_ns": (0.01, 1_000_000.0, "ns"),
     "legacy_a2a_latency_ns": (0.01, 1_000_000.0, "ns"),
 }

@@ -110,6 +110,28 @@ def test_a_simulator_trace_keeps_its_hardware_figures(tmp_path):
     assert report["makespan_error"] == pytest.approx(0.0, abs=1e-12)
 
 
+def test_a_simulator_trace_from_before_block_jitter_is_remade_without_it(tmp_path):
+    """A simulator trace whose recorded figures lack block_jitter (made before the figure existed,
+    2026-12-05) was made by the deterministic model: compare re-makes it with block_jitter 0, and
+    exactly (at 12 tokens, two CTAs per SM, the preset's jitter moves the makespan)."""
+    import dataclasses
+    import json
+
+    import numpy as np
+
+    hw = dataclasses.replace(load_hardware("h200"), block_jitter=0.0)
+    sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=12, design="megamoe-sm90", hardware="h200")
+    res = simulate(sc, hw)
+    assert res.trace.makespan_ns != simulate(sc).trace.makespan_ns
+    del res.trace.meta["hardware_figures"]["block_jitter"]
+    p = tmp_path / "old.npz"
+    res.trace.save_npz(str(p))
+    assert "block_jitter" not in json.loads(str(np.load(p)["meta_json"]))["hardware_figures"]
+    report, _, sim_res = compare_file(str(p))
+    assert sim_res.hardware.block_jitter == 0.0
+    assert report["makespan_error"] == pytest.approx(0.0, abs=1e-12)
+
+
 def test_a_policy_of_ones_own_named_like_a_built_in_is_caught_by_the_plan(tmp_path):
     """A policy class of one's own that calls itself "fixed-waves:4" but makes waves of one expert:
     compare would re-create the built-in and compare another call; the plan it makes differs from

@@ -26,6 +26,12 @@ def test_calendar_shares_bandwidth_and_conserves_bytes():
     assert cal.total_bytes == pytest.approx(1300.0)
 
 
+def _still(name: str):
+    """A preset's figures with ``block_jitter`` 0: the deterministic model, whose block times the
+    tests below derive by hand (the jitter's own tests: test_block_jitter_*)."""
+    return dataclasses.replace(load_hardware(name), block_jitter=0.0)
+
+
 def _tiny(**kw):
     base = dict(shape="8,2,256,256", num_ranks=2, tokens_per_rank=4, max_tokens_per_rank=16,
                 hardware="b200")
@@ -133,7 +139,7 @@ def test_sm90_wide_instance_counts_locally_with_no_count_barrier():
 
 def test_k_loop_and_combine_durations():
     sc = _tiny()
-    res = simulate(sc)
+    res = simulate(sc, _still("b200"))
     hw, rp = res.hardware, res.plan.ranks[0]
     bm, bn, bk = rp.config.block_m, rp.config.block_n, rp.config.block_k
     t_mma = 2.0 * bm * bn * bk / hw.tc_flops_per_ns_per_sm
@@ -366,9 +372,10 @@ def test_sm90_walk_steps_follow_the_kernel_scheduler(tokens, epw):
 
 def _sm90_flash(tokens, hw=None, **kw):
     """V4-Flash on the H200 preset's SM90 design (``kw``: Scenario fields), simulated with ``hw``
-    (default: the preset's figures)."""
+    (default: the preset's figures with block_jitter 0, :func:`_still`)."""
     return simulate(Scenario(shape="deepseek-v4-flash", num_ranks=kw.pop("num_ranks", 1), tokens_per_rank=tokens,
-                             max_tokens_per_rank=4096, design="megamoe-sm90", hardware="h200", **kw), hw)
+                             max_tokens_per_rank=4096, design="megamoe-sm90", hardware="h200", **kw),
+                    _still("h200") if hw is None else hw)
 
 
 def _sm90_lanes(tr, sm):
@@ -484,8 +491,8 @@ def test_sm90_block_lanes():
 
 def _pair_tiny(tokens, **figures):
     """A small two-CTA scenario (block_m 16, one rank) on an H200 of two SMs: units 0 and 1 the
-    SMs' first CTAs, 2 and 3 their second (unit c + 2 shares SM c)."""
-    hw = dataclasses.replace(load_hardware("h200"), num_sms=2, **figures)
+    SMs' first CTAs, 2 and 3 their second (unit c + 2 shares SM c); block_jitter 0 unless given."""
+    hw = dataclasses.replace(load_hardware("h200"), num_sms=2, **{"block_jitter": 0.0, **figures})
     res = simulate(Scenario(shape="8,2,512,256", num_ranks=1, tokens_per_rank=tokens, design="megamoe-sm90",
                             hardware="h200"), hw)
     rp = res.plan.ranks[0]
@@ -538,6 +545,84 @@ def test_block_tickets_faster_unit_runs_more_rows():
     assert got == mma["sm"].tolist()
 
 
+#: Figures that make the copies, the copy issue and the HBM too fast to bind, and the first K loop
+#: no longer than the others: every L1 K loop then ends its K blocks after it starts.
+_UNBOUND = dict(tma_latency_ns=0.01, sm90_first_fill_ns=0.01, sm90_first_kloop_ns=0.0, sm90_issue_kblock_ns=0.01,
+                hbm_gbs=100_000.0, sm_load_gbs=10_000.0)
+
+
+def _lone_k_block(hw, bm: int) -> float:
+    """One SM90 K block of a lone CTA, ns: the FP8 WGMMA at sm90_mma_fraction, the decode's share
+    per consumer thread and the stage hand-off."""
+    return (2.0 * bm * 128 * 128 / (hw.tc_flops_per_ns_per_sm * hw.sm90_mma_fraction)
+            + hw.e2m1_decode_thread_ns_per_elem * 128 * 128 / 256 + hw.stage_handoff_ns)
+
+
+def _k_loop_starts(tr, sm, hw) -> np.ndarray:
+    """Each MMA record's K-loop start on one SM90 unit, rebuilt from the records: after the walk and
+    the dependency (the load record's start, the idle wait's end) one copy latency, the previous K
+    loop's end and the consumers' block start (the MMA record's start), whichever is latest."""
+    mma, _, load = _sm90_lanes(tr, sm)
+    w = tr.where(sm=sm, role="producer", kind="idle_wait")
+    dep = {k: t for k, t in zip(zip(w["expert"].tolist(), w["m_block"].tolist(), w["n_block"].tolist()),
+                                w["t_end_ns"].tolist())}
+    start = np.maximum(load["t_start_ns"], [dep.get(k, 0.0) for k in zip(
+        load["expert"].tolist(), load["m_block"].tolist(), load["n_block"].tolist())]) + hw.tma_latency_ns
+    prev_end = np.concatenate([[0.0], mma["t_end_ns"][:-1]])
+    return np.maximum.reduce([start, prev_end, mma["t_start_ns"]])
+
+
+def test_block_jitter_draws():
+    """sim.engine.block_jitter: None at sigma 0 (every factor 1); else per block two log-normal
+    factors whose logs have mean 0 and standard deviation sigma (40000 draws: within 2% of sigma,
+    mean within 4 standard errors), the same for the same seed and different for another."""
+    from sim.engine import block_jitter
+
+    assert block_jitter(10, 0.0, 3) is None
+    f = np.array(block_jitter(20_000, 0.05, 3))
+    assert f.shape == (20_000, 2) and (f > 0).all()
+    lg = np.log(f).ravel()
+    assert np.std(lg) == pytest.approx(0.05, rel=0.02)
+    assert abs(np.mean(lg)) < 4 * 0.05 / np.sqrt(lg.size)
+    assert block_jitter(20_000, 0.05, 3) == f.tolist()
+    assert not np.allclose(block_jitter(20_000, 0.05, 4), f)
+
+
+def test_block_jitter_scales_each_blocks_k_loop_and_epilogue():
+    """With block_jitter each block's K loop and L1 epilogue take their modelled time times that
+    block's own factors (sim.engine.block_jitter of the scenario's seed, in block-id order: the
+    engine's block table). One CTA per SM on a two-SM H200 with nothing else binding (_UNBOUND):
+    every L1 K loop is 4 K blocks x the lone K block x its block's first factor, every L1 epilogue
+    its fixed time x the second."""
+    from sim.engine import _Engine, block_jitter
+
+    sigma, seed = 0.05, 7
+    hw = dataclasses.replace(load_hardware("h200"), num_sms=2, block_jitter=sigma, **_UNBOUND)
+    sc = Scenario(shape="8,2,512,256", num_ranks=1, tokens_per_rank=40, design="megamoe-sm90", hardware="h200",
+                  ctas_per_sm=1, seed=seed)
+    res = simulate(sc, hw)
+    rp, tr = res.plan.ranks[0], res.trace
+    bm = rp.config.block_m
+    ids = _Engine(res.plan, hw).block_ids  # rank, unit, phase, expert, m, n, ...
+    bid = {(int(u), int(ph), int(e), int(m), int(n)): i for i, (_, u, ph, e, m, n) in enumerate(ids[:, :6].tolist())}
+    f = np.array(block_jitter(len(ids), sigma, seed))
+    t_epi1 = (hw.l1_epilogue_thread_ns_per_elem * bm * 128 / rp.config.num_epilogue_threads + hw.block_overhead_ns)
+    seen = 0
+    for sm in range(2):
+        mma, epi, _ = _sm90_lanes(tr, sm)
+        start = _k_loop_starts(tr, sm, hw)
+        for kind, epi_kind in ((KIND["l1_mma"], KIND["l1_epilogue"]),):
+            l1, l1e = mma["kind"] == kind, epi["kind"] == epi_kind
+            keys = [bid[(sm, 1, e, m, n)] for e, m, n in zip(mma["expert"][l1].tolist(), mma["m_block"][l1].tolist(),
+                                                              mma["n_block"][l1].tolist())]
+            assert np.allclose(mma["t_end_ns"][l1] - start[l1], 4 * _lone_k_block(hw, bm) * f[keys, 0])
+            keys = [bid[(sm, 1, e, m, n)] for e, m, n in zip(epi["expert"][l1e].tolist(), epi["m_block"][l1e].tolist(),
+                                                              epi["n_block"][l1e].tolist())]
+            assert np.allclose(epi["t_end_ns"][l1e] - epi["t_start_ns"][l1e], t_epi1 * f[keys, 1])
+            seen += len(keys)
+    assert seen == int(rp.m_blocks_per_expert.sum()) * rp.l1_n_blocks and f[:, 0].std() > 0.02
+
+
 def test_second_cta_priced_by_its_partner():
     """Two CTAs per SM (session 38: the two do not share an SM fairly): the SM's first CTA's K
     loops take sm90_pair_share_first times a lone CTA's, the second's the same where the first is
@@ -549,23 +634,13 @@ def test_second_cta_priced_by_its_partner():
     record's start, the idle wait's end) one copy latency, the previous K loop's end and the
     consumers' block start (the MMA record's start), whichever is latest."""
     f1, f2 = 1.2, 2.5
-    res, hw, _ = _pair_tiny(40, sm90_pair_share_first=f1, sm90_pair_share=f2, tma_latency_ns=0.01,
-                             sm90_first_fill_ns=0.01, sm90_first_kloop_ns=0.0, sm90_issue_kblock_ns=0.01,
-                             hbm_gbs=100_000.0, sm_load_gbs=10_000.0)
+    res, hw, _ = _pair_tiny(40, sm90_pair_share_first=f1, sm90_pair_share=f2, **_UNBOUND)
     tr = res.trace
-    lone = (2.0 * 16 * 128 * 128 / (hw.tc_flops_per_ns_per_sm * hw.sm90_mma_fraction)
-            + hw.e2m1_decode_thread_ns_per_elem * 128 * 128 / 256 + hw.stage_handoff_ns)  # one K block
+    lone = _lone_k_block(hw, 16)
     kb1 = 512 // 128
 
     def k_loops(sm):
-        mma, _, load = _sm90_lanes(tr, sm)
-        w = tr.where(sm=sm, role="producer", kind="idle_wait")
-        dep = {k: t for k, t in zip(zip(w["expert"].tolist(), w["m_block"].tolist(), w["n_block"].tolist()),
-                                    w["t_end_ns"].tolist())}
-        start = np.maximum(load["t_start_ns"], [dep.get(k, 0.0) for k in zip(
-            load["expert"].tolist(), load["m_block"].tolist(), load["n_block"].tolist())]) + hw.tma_latency_ns
-        prev_end = np.concatenate([[0.0], mma["t_end_ns"][:-1]])
-        return np.maximum.reduce([start, prev_end, mma["t_start_ns"]]), mma
+        return _k_loop_starts(tr, sm, hw), _sm90_lanes(tr, sm)[0]
 
     cases = []
     for first, second in ((0, 2), (1, 3)):
@@ -590,20 +665,20 @@ def test_static_path_unchanged():
     H200 figures of today's file, refitted 2026-12-04 on kernel v9.11's traces, with the pair shares that code does not read
     at one CTA left out, its sm90_pair_share line set to 2.0: that code held it to [1, 2]))."""
     sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=1024, design="megamoe-sm90", hardware="h200")
-    hw = load_hardware("h200")
+    hw = _still("h200")
     # sm90_first_fill_ns and sm90_fetch_counts_ns (forty-second session), sm90_first_kloop_ns
     # (forty-sixth; not paid at this block_m, 32) and sm90_combine_start_ns (forty-sixth) are new
     # since: at one tma_latency_ns, 0, 0 and 0 it is the old model
     # and the pull's line in the pulling warps (sm90_pull_base_ns, sm90_pull_warp_ns): with no warp
     # term and the base that code's round less the fold rounds, the same rounds
     one_round = hw.pull_latency_ns + 4096 / (hw.sm_load_gbs / 4)
-    res = simulate(sc, dataclasses.replace(hw, sm90_first_fill_ns=hw.tma_latency_ns, sm90_fetch_counts_ns=0.0,
+    res = simulate(sc, dataclasses.replace(hw, block_jitter=0.0, sm90_first_fill_ns=hw.tma_latency_ns, sm90_fetch_counts_ns=0.0,
                                            sm90_first_kloop_ns=0.0, sm90_pull_warp_ns=0.0, sm90_combine_start_ns=0.0,
                                            sm90_pull_base_ns=one_round - 8 * hw.pull_fold_chunk_ns))
     assert not res.plan.ranks[0].block_tickets and res.plan.ranks[0].ctas_per_sm == 1
     assert res.trace.makespan_ns == 1509444.6362935363
     sc = Scenario(shape="deepseek-v4-flash", num_ranks=8, tokens_per_rank=1024, design="deepgemm-sm100", hardware="b200")
-    assert simulate(sc).trace.makespan_ns == 260004.1844778842
+    assert simulate(sc, _still("b200")).trace.makespan_ns == 260004.1844778842
 
 
 @pytest.mark.parametrize("ctas", [1, 2])
@@ -617,7 +692,7 @@ def test_sm90_first_fill_delays_each_units_first_block_only(ctas):
     block were issued with the first and land when they did, so its K loop may win part of the
     delay back (with the figures refitted on kernel v9.11's traces, 843 of the 1172 ns at one CTA;
     all of it at two, and at one CTA with v9.8's figures)."""
-    hw = load_hardware("h200")
+    hw = _still("h200")
     a = _sm90_flash(64, ctas_per_sm=ctas)
     b = _sm90_flash(64, dataclasses.replace(hw, sm90_first_fill_ns=hw.tma_latency_ns), ctas_per_sm=ctas)
     rp = a.plan.ranks[0]
@@ -643,7 +718,7 @@ def test_sm90_first_kloop_lengthens_each_units_first_block_only(ctas):
     the unit's share. Against the same call with the figure at 0 (64 tokens, one CTA per SM and
     two): every unit's first MMA record starts at the same time and ends exactly the figure later;
     the call ends later by no more than that."""
-    hw = load_hardware("h200")
+    hw = _still("h200")
     a = _sm90_flash(64, ctas_per_sm=ctas)
     b = _sm90_flash(64, dataclasses.replace(hw, sm90_first_kloop_ns=0.0), ctas_per_sm=ctas)
     rp = a.plan.ranks[0]
@@ -659,7 +734,7 @@ def test_sm90_first_kloop_lengthens_each_units_first_block_only(ctas):
 def test_sm90_first_kloop_is_not_paid_where_the_fill_is_not_paced():
     """At block_m 32-128 the kernel issues the whole ring at once (FIRST_FILL_PER_SM 0): the figure
     changes nothing (the plan's block_m forced to 32 on a 64-token call)."""
-    hw = load_hardware("h200")
+    hw = _still("h200")
     a = _sm90_flash(64, block_m=32)
     b = _sm90_flash(64, dataclasses.replace(hw, sm90_first_kloop_ns=0.0), block_m=32)
     assert a.plan.ranks[0].config.block_m == 32 and hw.sm90_first_kloop_ns > 0
@@ -673,7 +748,7 @@ def test_sm90_fetch_counts_delays_each_units_first_walk_at_its_share(ctas):
     units below S / 2, sm90_pair_share for its second). Against the same call with the figure at 0,
     every unit's first load record (the producer's walk done) starts exactly that much later
     (64 tokens)."""
-    hw = load_hardware("h200")
+    hw = _still("h200")
     a = _sm90_flash(64, ctas_per_sm=ctas)
     b = _sm90_flash(64, dataclasses.replace(hw, sm90_fetch_counts_ns=0.0), ctas_per_sm=ctas)
     rp = a.plan.ranks[0]
@@ -757,7 +832,7 @@ def test_sm90_k_block_priced_linearly_in_block_m():
     688 ns at 32, 1498 ns at 128; a line through 16 and 128 gives 668 ns at 32); an L1 K block
     promoted once (block_m 128, kernel v7.6: design_sm90.L1_X_FOLD_K) takes one promotion,
     sm90_promotion_ns_per_row x block_m, less (v7.6's traces at 4096 tokens: L1 797 ns, L2 894)."""
-    hw = load_hardware("h200")
+    hw = _still("h200")
     assert hw.sm90_promotion_ns_per_row > 0
     for bm in (16, 32, 64, 128):
         t_k = (2.0 * bm * 128 * 128 / (hw.tc_flops_per_ns_per_sm * hw.sm90_mma_fraction)
@@ -790,7 +865,7 @@ def test_sm90_pull_rounds_follow_the_kernel_order():
     for ranks, tokens in ((1, 512), (2, 96)):
         sc = Scenario(shape="deepseek-v4-flash", num_ranks=ranks, tokens_per_rank=tokens, routing="masked:0.2",
                       design="megamoe-sm90", hardware="h200", reserved_sms=100)
-        hw = load_hardware("h200")
+        hw = _still("h200")
         plan = sc.plan(hw.num_sms, hw.smem_per_block_bytes)
         eng = _Engine(plan, hw)
         eng.topk_idx = sc.routing_ids()
@@ -865,7 +940,7 @@ def test_sm90_pull_round_is_a_line_in_the_pulling_warps():
     from megamoe.design_sm90 import ONE_ITEM_PULL_WARPS
 
     assert ONE_ITEM_PULL_WARPS == {16: 4, 32: 1, 64: 1, 128: 1}
-    hw = load_hardware("h200")
+    hw = _still("h200")
     a, w, f = hw.sm90_pull_base_ns, hw.sm90_pull_warp_ns, hw.pull_fold_chunk_ns
     assert a > 1000 and w > 1
     for tokens, bm, want in ((1, None, [(a + 24 * w + 2 * f, 6)]), (1, 32, [(a + 6 * w + 8 * f, 6)]),
@@ -1057,7 +1132,7 @@ def test_sm90_combine_round_by_instance(tokens, ctas, serial):
     COMBINE_SLOTS_WIDE; on the H200 2569 ns batched, 3712 ns one slot at a time), where that is
     longer than the HBM time of its bytes, the first starting sm90_combine_start_ns after the
     release (sm90_combine_start_pair_ns at two CTAs per SM)."""
-    hw = load_hardware("h200")
+    hw = _still("h200")
     over = {"ctas_per_sm": ctas} if ctas else {}
     res = simulate(Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=tokens, design="megamoe-sm90",
                             hardware="h200", **over))
@@ -1088,7 +1163,7 @@ def test_legacy_path_at_one_rank_has_no_all_to_all():
     from sim.hardware import load_hardware
     from sim.legacy import legacy_time_ns
 
-    hw = load_hardware("h200")
+    hw = _still("h200")
     H, k, T = 256, 2, 4
     sc = Scenario(shape=f"8,{k},{H},128", num_ranks=1, tokens_per_rank=T, design="megamoe-sm90", hardware="h200")
     plan = sc.plan(hw.num_sms, hw.smem_per_block_bytes)
