@@ -261,6 +261,56 @@ def fit_sm90_pull(paths: list[str], fold_ns: float) -> dict:
     return {"sm90_pull_base_ns": (float(base), how), "sm90_pull_warp_ns": (float(slope), how)}
 
 
+def fit_sm90_pull_pair(paths: list[str], fold_ns: float) -> dict:
+    """``sm90_pull_pair_ns``: a CTA's lone pull at two CTAs per SM besides its fold rounds, read off
+    one-rank traces of the two-CTA instances (:data:`SM90_PULL_PAIR_FIT_TRACES`): every CTA with one
+    item (pulled by its four dispatch warps, ``design_sm90.ONE_ITEM_PULL_WARPS``), its pull record
+    less a quarter of the row's fold rounds at ``fold_ns`` (``pull_fold_chunk_ns``); the median over
+    those CTAs of all the traces.
+
+    Returns:
+        ``{"sm90_pull_pair_ns": (value, how)}``.
+
+    Raises:
+        InputError: no trace, a trace of two ranks or not at two CTAs per SM at a block_m whose lone
+            item is pulled by several warps, or no CTA with one item in all.
+    """
+    import math
+
+    import numpy as np
+
+    from megamoe.design_sm90 import ONE_ITEM_PULL_WARPS, PULL_ROUND_BYTES, cta_item_starts
+    from megamoe.trace import Trace
+
+    require(isinstance(paths, (list, tuple)) and len(paths) >= 1, "fit_sm90_pull_pair", "a list of traces", paths)
+    per, pooled = [], []
+    for path in paths:
+        t = Trace.load(path)
+        meta = t.meta
+        rp = _sm90_plan(t).ranks[0]
+        warps = ONE_ITEM_PULL_WARPS.get(rp.config.block_m, 1)
+        require(meta["num_ranks"] == 1 and rp.ctas_per_sm == 2 and warps > 1, "fit_sm90_pull_pair",
+                "one-rank traces at two CTAs per SM whose lone items several warps pull",
+                f"{path} ({meta['num_ranks']} ranks, {rp.ctas_per_sm} CTAs per SM, block_m {rp.config.block_m})")
+        T, K = int(meta["tokens_per_rank"][0]), int(meta["top_k"])
+        ids = np.asarray(t.topk_idx[0]).reshape(-1)
+        i0 = cta_item_starts(T * K, rp.num_sms)
+        n = np.array([int((ids[a:b] >= 0).sum()) for a, b in zip(i0[:-1], i0[1:])])
+        pull = t.where(kind="pull")
+        lone = n[pull["sm"].astype(np.int64)] == 1
+        folds = math.ceil(math.ceil(int(meta["hidden"]) / PULL_ROUND_BYTES) / warps) * fold_ns
+        v = ((pull["t_end_ns"] - pull["t_start_ns"])[lone] - folds).astype(float)
+        per.append((T, len(v), float(np.median(v)) if len(v) else float("nan")))
+        pooled.append(v)
+    v = np.concatenate(pooled)
+    require(len(v) > 0, "fit_sm90_pull_pair", "CTAs with one item", "none")
+    m = float(np.median(v))
+    how = ("each CTA with one item at two CTAs per SM: its pull record less a quarter of the row's fold rounds "
+           f"({fold_ns:.0f} ns each), median over the CTAs: " + ", ".join(
+               f"T={tk} {x / 1e3:.2f} us over {c} CTAs" for tk, c, x in per if c) + f"; pooled {m:.0f} ns")
+    return {"sm90_pull_pair_ns": (m, how)}
+
+
 def fit_sm90_combine_start(paths: list[str]) -> dict:
     """``sm90_combine_start_ns`` (one CTA per SM) and ``sm90_combine_start_pair_ns`` (two): from each
     CTA's release from the grid sync before the combine to its combine record's start (the combine
@@ -1190,6 +1240,9 @@ SM90_PULL_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep1_{t}.npz"
 #: the model's HBM calendar prices itself; at two CTAs per SM the pair share moves them.
 BLOCK_JITTER_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep1_{t}.npz"
                                 for t in ("one_cta_t64", "one_cta_t512", "t1024"))
+#: The committed two-CTA traces whose CTAs with one item pull it alone (3-64 tokens):
+#: ``sm90_pull_pair_ns`` is fitted to them (:func:`fit_sm90_pull_pair`).
+SM90_PULL_PAIR_FIT_TRACES = tuple(f"benchmarks/traces/kernel_flash_ep1_t{t}.npz" for t in (3, 6, 8, 12, 16, 64))
 SM90_SKIP_FIT_KERNEL = SM90_FIT_KERNEL
 SM90_SKIP_FIT_DATE = SM90_FIT_DATE
 #: The kernel and day of the EP2 traces: v6.4's (the two-GPU machine was not lent in the
@@ -1327,6 +1380,10 @@ def refit_h200(root: str | None = None, toml_path: str | None = None) -> dict:
                                               load_hardware("h200").pull_fold_chunk_ns),
                                 traces=SM90_PULL_FIT_TRACES, profile_path=None, date=SM90_SKIP_FIT_DATE,
                                 kernel=SM90_SKIP_FIT_KERNEL, fitter="fit_sm90_pull"))
+    fit.update(sm90_fit_sources(fit_sm90_pull_pair([str(base / p) for p in SM90_PULL_PAIR_FIT_TRACES],
+                                                   load_hardware("h200").pull_fold_chunk_ns),
+                                traces=SM90_PULL_PAIR_FIT_TRACES, profile_path=None, date=SM90_SKIP_FIT_DATE,
+                                kernel=SM90_SKIP_FIT_KERNEL, fitter="fit_sm90_pull_pair"))
     fit.update(sm90_fit_sources(fit_sm90_local_count([str(base / p) for p in SM90_LOCAL_COUNT_FIT_TRACES]),
                                 traces=SM90_LOCAL_COUNT_FIT_TRACES,
                                 profile_path=None, date=SM90_SKIP_FIT_DATE, kernel=SM90_SKIP_FIT_KERNEL,

@@ -64,8 +64,9 @@ positions, a remote one paying ``SM90_REMOTE_ROUND_TRIPS`` NVLink round trips, o
 latency growing with its share of remote items), a round lasting ``sm90_pull_base_ns`` plus
 ``sm90_pull_warp_ns`` per dispatch warp pulling on the GPU plus a warp's fold rounds
 (``pull_fold_chunk_ns`` each), and a CTA with one item (EP1, block_m 16) pulling it with its four
-warps, a quarter of the fold rounds each, its pool blocks landing apart from the round's; the
-combine takes grid-stride rounds of
+warps, a quarter of the fold rounds each (at two CTAs per SM in ``sm90_pull_pair_ns`` besides
+them, not the line), its pool blocks landing apart from the round's; the combine takes grid-stride
+rounds of
 ``combine_round_ns``.
 
 Shared resources: HBM per GPU, NVLink egress and ingress per GPU (one direction each) and,
@@ -651,7 +652,9 @@ class _Engine:
                     for q in range(n_rounds)]
             base = [hw.sm90_pull_base_ns + hw.sm90_pull_warp_ns * b for b in busy]
             lats = [x + rounds * hw.pull_fold_chunk_ns for x in base]
-            lat_solo = base[0] + math.ceil(rounds / warps) * hw.pull_fold_chunk_ns
+            # at two CTAs per SM a lone pull takes sm90_pull_pair_ns whatever the warps pulling
+            lat_solo = ((hw.sm90_pull_pair_ns if rp.ctas_per_sm == 2 else base[0])
+                        + math.ceil(rounds / warps) * hw.pull_fold_chunk_ns)
             if solo.all():  # every CTA pulls one row at most
                 lats[0] = lat_solo
             elif solo.any():

@@ -80,6 +80,12 @@ Figures (units in the key names):
   ``sm90_pull_base_ns + sm90_pull_warp_ns x`` the dispatch warps pulling in that round on the GPU
   (the loads in flight queue: 2.1 us with 24 warps at one token, 3.4-4.0 us with 384-528); the
   SM100 design's pull keeps ``pull_latency_ns``.
+* ``sm90_pull_pair_ns`` — SM90 design, one rank at two CTAs per SM: a CTA's lone pull (its one item
+  pulled by its four dispatch warps, ``megamoe.design_sm90.ONE_ITEM_PULL_WARPS``) takes this besides
+  its fold rounds, whatever the warps pulling on the GPU, in place of the line above: the two-CTA
+  traces' lone pulls take 4.0-4.9 us at 3-64 tokens (72-816 warps pulling), 1.2-1.9 us above the
+  one-CTA line at 3-16 tokens, and do not grow with the warps (session 45's untested hypothesis: the
+  3168 warps polling the published counts meanwhile).
 * ``stage_handoff_ns`` — SM90 design: fixed cost of one pipeline stage (barrier waits and
   releases between producer and consumers, the fixed part of the WGMMA wait and promotion),
   paid per K block.
@@ -236,6 +242,7 @@ class Hardware:
     pull_fold_chunk_ns: float
     sm90_pull_base_ns: float
     sm90_pull_warp_ns: float
+    sm90_pull_pair_ns: float
     sm90_issue_kblock_ns: float
     sched_block_ns: float
     sched_ahead_ns: float
@@ -314,7 +321,7 @@ _FIGURES = [f.name for f in fields(Hardware) if f.name not in ("name", "sources"
 SM90_DESIGN_FIGURES = ("sm90_mma_fraction", "sm90_promotion_ns_per_row", "e2m1_decode_thread_ns_per_elem",
                        "stage_handoff_ns", "sm90_count_ns", "sm90_count_item_ns", "sm90_count_pair_ns", "sm90_local_count_ns",
                        "sm90_first_fill_ns", "sm90_first_kloop_ns", "sm90_fetch_counts_ns", "pull_fold_chunk_ns",
-                       "sm90_pull_base_ns", "sm90_pull_warp_ns", "sm90_issue_kblock_ns",
+                       "sm90_pull_base_ns", "sm90_pull_warp_ns", "sm90_pull_pair_ns", "sm90_issue_kblock_ns",
                        "sched_block_ns", "sched_ahead_ns", "sched_desc_ns", "sm90_pair_share", "sm90_pair_share_first",
                        "sched_step_ns", "sched_skip_ns", "sm90_mask_seen_ns", "sm90_mask_seen_relay_ns",
                        "l2_epilogue_fixed_ns", "l2_epilogue_ep_ns", "combine_round_ns", "combine_round_serial_ns",
@@ -363,6 +370,7 @@ FIGURE_RANGES: dict[str, tuple[float, float, str]] = {
     "pull_fold_chunk_ns": (0.01, 5_000.0, "ns"),
     "sm90_pull_base_ns": (0.01, 100_000.0, "ns"),
     "sm90_pull_warp_ns": (0.0, 1_000.0, "ns"),
+    "sm90_pull_pair_ns": (0.01, 100_000.0, "ns"),
     "sm90_issue_kblock_ns": (0.01, 5_000.0, "ns"),
     "sched_block_ns": (0.01, 10_000.0, "ns"),
     "sched_ahead_ns": (0.01, 10_000.0, "ns"),

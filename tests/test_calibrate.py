@@ -859,3 +859,37 @@ def test_block_jitter_fit_recovers_a_known_spread(tmp_path):
     assert fit_block_jitter([str(p)])["block_jitter"][0] == pytest.approx(0.03, rel=0.04)
     with pytest.raises(InputError, match="fit_block_jitter.*one CTA per SM"):
         fit_block_jitter([_root("benchmarks/traces/kernel_flash_ep1_t64.npz")])
+
+
+def test_pull_pair_is_the_median_lone_pull_at_two_ctas():
+    """sm90_pull_pair_ns: every CTA of the two-CTA traces at 3-64 tokens that holds one item (the T k
+    items split evenly over the 264 CTAs: 18 / 36 / 48 / 72 / 96 / 144 of them), its pull record less
+    two of the row's eight fold rounds (its four warps share them); the median over the 414 CTAs.
+    Read here from the NPZ arrays with a plain loop: 3836 ns on kernel v9.11's traces, 1.2-1.9 us
+    above the one-CTA line at 3-16 tokens."""
+    import statistics
+
+    import numpy as np
+
+    from megamoe.trace import KIND
+    from sim.calibrate import SM90_PULL_PAIR_FIT_TRACES, fit_sm90_pull_pair
+
+    fold = load_hardware("h200").pull_fold_chunk_ns
+    got, counts = [], []
+    for p in SM90_PULL_PAIR_FIT_TRACES:
+        d = np.load(_root(p))
+        ids = d["topk_idx_0"].reshape(-1).tolist()
+        n_ctas = 264
+        items = [0] * n_ctas
+        for c in range(n_ctas):
+            items[c] = sum(1 for x in ids[len(ids) * c // n_ctas:len(ids) * (c + 1) // n_ctas] if x >= 0)
+        k, sm, t0, t1 = d["kind"].tolist(), d["sm"].tolist(), d["t_start_ns"].tolist(), d["t_end_ns"].tolist()
+        lone = [t1[i] - t0[i] - 2 * fold for i in range(len(k)) if k[i] == KIND["pull"] and items[sm[i]] == 1]
+        counts.append(len(lone))
+        got += lone
+    assert counts == [18, 36, 48, 72, 96, 144]
+    v, how = fit_sm90_pull_pair([_root(p) for p in SM90_PULL_PAIR_FIT_TRACES], fold)["sm90_pull_pair_ns"]
+    assert v == statistics.median(got) == 3836.0
+    assert load_hardware("h200").sm90_pull_pair_ns == v and "pooled 3836 ns" in how
+    with pytest.raises(InputError, match="fit_sm90_pull_pair.*two CTAs per SM"):
+        fit_sm90_pull_pair([_root("benchmarks/traces/kernel_flash_ep1_t1.npz")], fold)

@@ -932,20 +932,22 @@ def test_sm90_pull_round_is_a_line_in_the_pulling_warps():
     """A pull round lasts sm90_pull_base_ns + sm90_pull_warp_ns x the dispatch warps pulling then on
     the GPU, plus the chunk rounds one warp folds one after another (4096 / 512 = 8 of
     pull_fold_chunk_ns); a CTA with one item at block_m 16 EP1 pulls it with its four warps, each
-    two of the eight (kernel v8.6), and counts four warps. Hand-counted (V4-Flash, top-k 6):
-    1 token: 6 items, 6 CTAs alone -> 24 warps, 2 folds; forced block_m 32: 6 CTAs, one warp each,
-    8 folds; 16 tokens at two CTAs per SM: 96 items on 264 CTAs, all alone -> 384 warps, 2 folds;
-    64 tokens: 384 items on 264 CTAs, 120 with two items and 144 with one -> 120 x 2 + 144 x 4 = 816
-    warps, a record for the lone CTAs (2 folds, 144 items) and one for the round (8 folds, 240)."""
+    two of the eight (kernel v8.6), and counts four warps; at two CTAs per SM such a lone pull takes
+    sm90_pull_pair_ns besides its folds, whatever the warps pulling. Hand-counted (V4-Flash, top-k
+    6): 1 token: 6 items, 6 CTAs alone -> 24 warps, 2 folds; forced block_m 32: 6 CTAs, one warp
+    each, 8 folds; 16 tokens at two CTAs per SM: 96 items on 264 CTAs, all alone -> the pair figure,
+    2 folds; 64 tokens: 384 items on 264 CTAs, 120 with two items and 144 with one -> a record for the
+    lone CTAs (the pair figure, 2 folds, 144 items) and one for the round of 120 x 2 + 144 x 4 = 816
+    warps (8 folds, 240)."""
     from megamoe.design_sm90 import ONE_ITEM_PULL_WARPS
 
     assert ONE_ITEM_PULL_WARPS == {16: 4, 32: 1, 64: 1, 128: 1}
     hw = _still("h200")
-    a, w, f = hw.sm90_pull_base_ns, hw.sm90_pull_warp_ns, hw.pull_fold_chunk_ns
-    assert a > 1000 and w > 1
+    a, w, f, p = hw.sm90_pull_base_ns, hw.sm90_pull_warp_ns, hw.pull_fold_chunk_ns, hw.sm90_pull_pair_ns
+    assert a > 1000 and w > 1 and p > a + 384 * w  # the lone pull at two CTAs: above the line at 16 tokens
     for tokens, bm, want in ((1, None, [(a + 24 * w + 2 * f, 6)]), (1, 32, [(a + 6 * w + 8 * f, 6)]),
-                             (16, None, [(a + 384 * w + 2 * f, 96)]),
-                             (64, None, [(a + 816 * w + 2 * f, 144), (a + 816 * w + 8 * f, 240)])):
+                             (16, None, [(p + 2 * f, 96)]),
+                             (64, None, [(p + 2 * f, 144), (a + 816 * w + 8 * f, 240)])):
         sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=tokens, design="megamoe-sm90",
                       hardware="h200", block_m=bm)
         pull = simulate(sc).trace.where(kind="pull")
