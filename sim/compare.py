@@ -153,7 +153,8 @@ def compare_traces(measured: Trace, simulated: Trace, num_sms: int, by_block: bo
 
 
 def scenario_from_meta(trace: Trace, policies: list | None = None):
-    """The :class:`Scenario` a trace file describes (its own routing, plan numbers from meta);
+    """The :class:`Scenario` a trace file describes (its own routing, plan numbers and seed from meta:
+    the seed draws the simulator's block jitter);
     ``policies`` (specs or objects, :mod:`megamoe.policies`) in place of the built-in policies the
     trace records by name (a policy of one's own is recorded only by its name).
 
@@ -226,7 +227,8 @@ def scenario_from_meta(trace: Trace, policies: list | None = None):
     # the scenario's other inputs where the trace records them (simulate --trace-npz records every
     # one; the kernel's traces record theirs, the defaults): left out, a what-if trace would be
     # compared with the default call
-    extra = {k: meta[k] for k in ("reserved_sms", "num_stages", "pool_tokens", "k_split", "combine_relay")
+    # (the seed draws the simulator's block jitter: the trace's routing is its own, below)
+    extra = {k: meta[k] for k in ("reserved_sms", "num_stages", "pool_tokens", "k_split", "combine_relay", "seed")
              if meta.get(k) is not None}
     pols = meta.get("policies") or {}
     require(isinstance(pols, dict), "trace.meta.policies", "an object (policy kind -> policy name)", pols)

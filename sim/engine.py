@@ -105,7 +105,7 @@ from megamoe.plan import L1, Plan
 from megamoe.scenario import Scenario
 from megamoe.trace import COLUMNS, KIND, ROLE, Trace
 
-from .hardware import Hardware, load_hardware
+from .hardware import Hardware, check_hardware, load_hardware
 
 BUCKET_NS = 250.0
 #: Most bandwidth-calendar buckets one simulation keeps over all its resources (HBM, NVLink
@@ -1410,6 +1410,8 @@ def _simulate(scenario: Scenario, hardware: Hardware | str | None, summarize) ->
     if not (hardware is None or isinstance(hardware, (Hardware, str))):
         raise InputError("hardware", "a sim.hardware.Hardware, a preset name or a .toml path",
                          type(hardware).__name__)
+    if isinstance(hardware, Hardware):
+        check_hardware(hardware)  # a file's figures were checked when it loaded
     hw = hardware if isinstance(hardware, Hardware) else \
         load_hardware(scenario.hardware if hardware is None else hardware)
     plan = scenario.plan(hw.num_sms, hw.smem_per_block_bytes)

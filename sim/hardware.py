@@ -147,10 +147,11 @@ Figures (units in the key names):
 * ``combine_round_serial_ns`` — the same round where the kernel loads a token's slots one at a
   time (``design_sm90.COMBINE_SLOTS`` 1: block_m 16 outside the one-CTA wide instance, i.e.
   the two-CTA instances at 3-682 tokens on V4-Flash).
-* ``block_jitter`` — how much a block's time varies from block to block: each block's K loop and
-  each block's epilogue take their modelled time times a factor ``exp(N(0, block_jitter))``
-  drawn once per block from the scenario's seed (:func:`sim.engine.block_jitter`; 0: every factor
-  1). Fitted to the K loops of one-CTA kernel traces (:func:`sim.calibrate.fit_block_jitter`).
+* ``block_jitter`` — how much a block's time varies from block to block (dimensionless, in
+  ``[0, 0.5]``: the standard deviation of the natural log of a factor, ~ its relative spread): each
+  block's K loop and each block's epilogue take their modelled time times a factor
+  ``exp(N(0, block_jitter))`` drawn once per block from the scenario's seed
+  (:func:`sim.engine.block_jitter`; 0: every factor 1, the deterministic model). Fitted to the K loops of one-CTA kernel traces (:func:`sim.calibrate.fit_block_jitter`).
   Without it the model's identical blocks run in lockstep and its ties resolve alike on every
   SM, which the GPU's do not.
 * ``legacy_launch_ns`` — per-kernel launch gap of the unfused path.
@@ -295,7 +296,8 @@ class Hardware:
             factors: figure -> factor (any figure but ``num_sms``).
 
         Raises:
-            InputError: an unknown figure, a factor that is not a finite number > 0, or a
+            InputError: an unknown figure, a factor that is not a finite number > 0 (>= 0 for a
+                figure whose range starts at 0, e.g. ``block_jitter``: 0 switches it off), or a
                 scaled figure outside its range (:data:`FIGURE_RANGES`).
         """
         vals = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -303,8 +305,10 @@ class Hardware:
             field = (labels or {}).get(k, f"hardware.{k} scale")
             require(k in FIGURE_RANGES and k != "num_sms", field,
                     "a hardware figure other than num_sms", k)
-            require(_is_number(v) and math.isfinite(v) and v > 0, field, "a finite number > 0", v)
             lo, hi, unit = FIGURE_RANGES[k]
+            # a figure that may be 0 may be scaled to 0 (switched off)
+            require(_is_number(v) and math.isfinite(v) and (v > 0 or (lo == 0 and v == 0)), field,
+                    f"a finite number {'>=' if lo == 0 else '>'} 0", v)
             x = vals[k] * v
             units = "" if unit in ("", "fraction") else f"{unit}; "
             require(lo <= x <= hi, field,
@@ -415,6 +419,19 @@ def check_figure(k: str, v: float, field: str | None = None) -> None:
     lo, hi, unit = FIGURE_RANGES[k]
     kind = "an integer" if k in _INTS else "a fraction" if unit == "fraction" else "a number"
     require(lo <= v <= hi, field or f"hardware.figures.{k}", f"{kind} in {_range_text(k)}", v)
+
+
+def check_hardware(hw: Hardware) -> None:
+    """Raise :class:`InputError` on ``hardware.<figure>`` unless every figure of ``hw`` is a number
+    (not a bool) in its range (:data:`FIGURE_RANGES`; the counts integers): a :class:`Hardware` made
+    with ``dataclasses.replace`` skips :func:`parse_hardware`'s checks, and a negative, NaN or
+    out-of-range figure would otherwise fail deep in the simulation or run silently."""
+    for k in _FIGURES:
+        v = getattr(hw, k)
+        require(_is_number(v), f"hardware.{k}", "a number", shown(v))
+        check_figure(k, v, f"hardware.{k}")
+        if k in _INTS:
+            require(float(v).is_integer(), f"hardware.{k}", "an integer", v)
 
 
 def parse_hardware(data: dict, path: str = "<dict>") -> Hardware:

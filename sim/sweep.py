@@ -196,7 +196,10 @@ def _axis_values(axis: str, text: str) -> list:
             out = [float(v) for v in vals]
         except ValueError:
             raise InputError(f"sweep.{axis}", "numbers", text) from None
-        require(all(math.isfinite(v) and v > 0 for v in out), f"sweep.{axis}", "finite factors > 0", text)
+        # a figure that may be 0 (block_jitter, the excess figures) may be scaled to 0: switched off
+        zero = FIGURE_RANGES[fig][0] == 0
+        require(all(math.isfinite(v) and (v > 0 or (zero and v == 0)) for v in out), f"sweep.{axis}",
+                f"finite factors {'>=' if zero else '>'} 0", text)
         return out
     return vals
 

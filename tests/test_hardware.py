@@ -232,6 +232,8 @@ def test_cli_simulate_with_an_out_of_range_figure_exits_2_with_one_line(tmp_path
     ({"hbm_efficiency": 2}, r"hardware.hbm_efficiency scale: expected a factor that keeps hbm_efficiency in "
                             r"\[0.05, 1\] \(B200 has 0.85\), got 2 \(hbm_efficiency 1.7\)"),
     ({"hbm_gbs": float("inf")}, r"hardware.hbm_gbs scale: expected a finite number > 0, got inf"),
+    ({"hbm_gbs": 0}, r"hardware.hbm_gbs scale: expected a finite number > 0, got 0"),
+    ({"block_jitter": -1}, r"hardware.block_jitter scale: expected a finite number >= 0, got -1"),
     ({"num_sms": 2}, r"hardware.num_sms scale: expected a hardware figure other than num_sms, got num_sms"),
 ])
 def test_scaled_figure_must_stay_in_range(factors, msg):
@@ -246,6 +248,7 @@ def test_scaled_names_the_users_axis_and_keeps_types():
         hw.scaled({"hbm_gbs": "sweep.hbm_scale"}, hbm_gbs=1e-6)
     s = hw.scaled(hbm_gbs=0.5, smem_per_block_bytes=0.5)
     assert s.hbm_gbs == 4000.0 and s.smem_per_block_bytes == 116224 and isinstance(s.smem_per_block_bytes, int)
+    assert hw.block_jitter > 0 and hw.scaled(block_jitter=0).block_jitter == 0.0  # a figure that may be 0
 
 
 def test_toml_suffix_is_case_blind(tmp_path, monkeypatch):

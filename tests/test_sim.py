@@ -991,6 +991,24 @@ def test_calendar_budget_refuses_runaway_simulated_time(monkeypatch):
         eng.simulate(Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=8192))  # ~1.6 ms
 
 
+def test_simulate_checks_a_hardware_object():
+    """A Hardware made with dataclasses.replace skips the TOML checks: simulate() checks its figures
+    itself, one line naming the figure (a negative block_jitter raised numpy's ValueError, 0.9 and
+    True ran silently, a negative sm90_pull_pair_ns ran: fresh-user report)."""
+    sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=12, design="megamoe-sm90", hardware="h200")
+    hw = load_hardware("h200")
+    for kw, msg in (({"block_jitter": -0.1}, "hardware.block_jitter: expected a number in [0, 0.5], got -0.1"),
+                    ({"block_jitter": float("nan")}, "hardware.block_jitter: expected a number in [0, 0.5], got nan"),
+                    ({"block_jitter": 0.9}, "hardware.block_jitter: expected a number in [0, 0.5], got 0.9"),
+                    ({"block_jitter": True}, "hardware.block_jitter: expected a number, got True"),
+                    ({"sm90_pull_pair_ns": -5.0}, "hardware.sm90_pull_pair_ns: expected a number in [0.01, 100000] (ns), "
+                                                  "got -5.0"),
+                    ({"num_sms": 132.5}, "hardware.num_sms: expected an integer, got 132.5")):
+        with pytest.raises(InputError) as e:
+            simulate(sc, dataclasses.replace(hw, **kw))
+        assert str(e.value) == msg
+
+
 def test_simulate_argument_types():
     """simulate() takes a Scenario and optionally a Hardware or a preset name / TOML path;
     anything else is a one-line InputError (they were AttributeErrors)."""

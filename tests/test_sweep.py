@@ -318,6 +318,31 @@ def test_scale_axes_name_a_figure_and_finite_factors():
         sweep({"hbm_scale": [1.0], "hbm_gbs_scale": [2.0]}, BASE, "unused-out", jobs=1, progress=False)
 
 
+def test_a_figure_that_may_be_0_scales_to_0(tmp_path):
+    """block_jitter's range starts at 0, so its scale may be 0 (jitter off: each point equals the
+    simulation at block_jitter 0, and differs from the preset's at 12 tokens, two CTAs per SM);
+    hbm_gbs's does not, so 0 is refused by the same rule ("finite factors > 0")."""
+    import dataclasses
+
+    from megamoe.scenario import Scenario
+    from sim import simulate
+    from sim.hardware import load_hardware
+
+    assert parse_values("block_jitter_scale", "0,1") == [0.0, 1.0]
+    with pytest.raises(InputError, match=r"^sweep.block_jitter_scale: expected finite factors >= 0, got -1,1$"):
+        parse_values("block_jitter_scale", "-1,1")
+    with pytest.raises(InputError, match=r"^sweep.hbm_scale: expected finite factors > 0, got 0,1$"):
+        parse_values("hbm_scale", "0,1")
+    base = {"shape": "deepseek-v4-flash", "num_ranks": 1, "tokens_per_rank": 12, "design": "megamoe-sm90",
+            "hardware": "h200"}
+    rows = sweep({"block_jitter_scale": [0.0, 1.0]}, base, str(tmp_path), jobs=1, progress=False)
+    sc = Scenario(**base)
+    hw = load_hardware("h200")
+    want = [simulate(sc, dataclasses.replace(hw, block_jitter=0.0)).summary["time_us"], simulate(sc).summary["time_us"]]
+    assert want[0] != want[1]
+    assert [r["time_us"] for r in sorted(rows, key=lambda r: r["block_jitter_scale"])] == pytest.approx(want, rel=1e-12)
+
+
 def test_sweep_at_the_range_ends_runs_and_plots(tmp_path):
     """Scales that take figures to the ends of their ranges run, and plot on a log axis (a
     factor ratio of 1e8 on launch_ns_scale)."""
