@@ -273,7 +273,8 @@ def fit_sm90_pull_pair(paths: list[str], fold_ns: float) -> dict:
 
     Raises:
         InputError: no trace, a trace of two ranks or not at two CTAs per SM at a block_m whose lone
-            item is pulled by several warps, or no CTA with one item in all.
+            item is pulled by several warps, or without pull records of one CTA each (a simulator's
+            pull rounds are the rank's), or no CTA with one item in all.
     """
     import math
 
@@ -297,6 +298,8 @@ def fit_sm90_pull_pair(paths: list[str], fold_ns: float) -> dict:
         i0 = cta_item_starts(T * K, rp.num_sms)
         n = np.array([int((ids[a:b] >= 0).sum()) for a, b in zip(i0[:-1], i0[1:])])
         pull = t.where(kind="pull")
+        require(len(pull) > 0 and (pull["sm"] >= 0).all(), "fit_sm90_pull_pair", "pull records of one CTA each (a "
+                "kernel trace's)", f"{path} ({len(pull)} pull records, {int((pull['sm'] < 0).sum())} of no CTA)")
         lone = n[pull["sm"].astype(np.int64)] == 1
         folds = math.ceil(math.ceil(int(meta["hidden"]) / PULL_ROUND_BYTES) / warps) * fold_ns
         v = ((pull["t_end_ns"] - pull["t_start_ns"])[lone] - folds).astype(float)
@@ -489,10 +492,10 @@ def _first_kloop_excess(t) -> list[float]:
 def fit_block_jitter(paths: list[str]) -> dict:
     """``block_jitter``: the spread of a block's K-loop time from block to block, read off one-rank,
     one-CTA-per-SM traces whose L1 K loops stream their weights steadily
-    (:data:`BLOCK_JITTER_FIT_TRACES`). Per CTA, its L1 MMA records in time order but the first (the
-    ring's first fill: ``sm90_first_kloop_ns``); the log of each record's duration over the one
-    before it; pooled over the CTAs and traces, ``1.4826 x`` their median absolute deviation (a
-    robust standard deviation) over ``sqrt(2)`` (two independent draws make one ratio).
+    (:data:`BLOCK_JITTER_FIT_TRACES`). Per CTA, its L1 MMA records of positive duration in time order
+    but the first (the ring's first fill: ``sm90_first_kloop_ns``); the log of each record's duration
+    over the one before it; pooled over the CTAs and traces, ``1.4826 x`` their median absolute
+    deviation (a robust standard deviation) over ``sqrt(2)`` (two independent draws make one ratio).
 
     Returns:
         ``{"block_jitter": (value, how)}``.
@@ -509,16 +512,16 @@ def fit_block_jitter(paths: list[str]) -> dict:
     for path in paths:
         t = Trace.load(path)
         meta = t.meta
-        ctas = int((meta.get("plan") or {}).get("ctas_per_sm", 1))
-        require(meta["num_ranks"] == 1 and ctas == 1, "fit_block_jitter", "one-rank traces at one CTA per SM",
-                f"{path} ({meta['num_ranks']} ranks, {ctas} CTAs per SM)")
+        rp = _sm90_plan(t).ranks[0]
+        require(meta["num_ranks"] == 1 and rp.ctas_per_sm == 1, "fit_block_jitter", "one-rank traces at one CTA per SM",
+                f"{path} ({meta['num_ranks']} ranks, {rp.ctas_per_sm} CTAs per SM)")
         mma = t.where(kind=KIND["l1_mma"])
+        mma = mma.select(mma["t_end_ns"] > mma["t_start_ns"])  # a record of no duration has no ratio
         key = mma.unit_keys()
         o = np.lexsort((mma["t_start_ns"], key))
         key, d = key[o], (mma["t_end_ns"] - mma["t_start_ns"])[o].astype(float)
         cut = np.flatnonzero(np.diff(key)) + 1
-        ratios = np.concatenate([np.diff(np.log(g[1:])) for g in np.split(d, cut) if len(g) >= 3 and (g > 0).all()]
-                                or [np.zeros(0)])
+        ratios = np.concatenate([np.diff(np.log(g[1:])) for g in np.split(d, cut) if len(g) >= 3] or [np.zeros(0)])
         per.append((int(meta["tokens_per_rank"][0]), len(ratios), _robust_sigma(ratios)))
         pooled.append(ratios)
     ratios = np.concatenate(pooled)
@@ -1358,7 +1361,9 @@ def refit_h200(root: str | None = None, toml_path: str | None = None) -> dict:
     (:data:`SM90_EP_FIT_TRACES`, on the L2 epilogue line just fitted, rounded as written) and
     ``sm90_local_count_ns`` to :data:`SM90_LOCAL_COUNT_FIT_TRACES` (:func:`fit_sm90_local_count`) and
     ``sm90_pair_share_first`` and ``sm90_pair_share`` to :data:`SM90_PAIR_FIT_TRACES` against
-    :data:`SM90_PAIR_ONE_CTA_TRACES` (:func:`fit_sm90_pair_share`), and
+    :data:`SM90_PAIR_ONE_CTA_TRACES` (:func:`fit_sm90_pair_share`), ``block_jitter`` to
+    :data:`BLOCK_JITTER_FIT_TRACES` (:func:`fit_block_jitter`) and ``sm90_pull_pair_ns`` to
+    :data:`SM90_PULL_PAIR_FIT_TRACES` (:func:`fit_sm90_pull_pair`), and
     write them with their sources into the H200 preset (or ``toml_path``), leaving every other
     line as it is.  Returns :func:`fit_tma_probe`, :func:`sm90_fit_sources` and
     :func:`sm90_ep_fit_sources` in one dict."""

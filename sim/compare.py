@@ -309,8 +309,12 @@ def compare_file(path: str, hardware=None, policies: list | None = None) -> tupl
         require(isinstance(figs, dict), "trace.meta.hardware_figures", "an object (figure -> number)",
                 type(figs).__name__)
         name = measured.meta.get("hardware_name", "recorded")
-        if "block_jitter" not in figs:  # made before the figure existed (2026-12-05): without jitter
-            figs = {**figs, "block_jitter": 0.0}
+        from .hardware import _FIGURES
+
+        # a figure the model gained after the trace was made: that model cannot be re-made
+        for k in _FIGURES:
+            require(k in figs, f"trace.meta.hardware_figures.{k}", "a number (a trace of an older simulator, made "
+                    "before this figure existed, cannot be re-made: simulate it again)", "missing")
         try:
             hw = parse_hardware({"name": name if isinstance(name, str) and name.strip() else "recorded",
                                  "figures": figs, "sources": {k: "recorded in the trace's meta" for k in figs}},

@@ -322,26 +322,47 @@ def sm90_walk_steps(rp) -> tuple[np.ndarray, np.ndarray]:
 
 
 _NO_JITTER = (1.0, 1.0)
-#: The stream of the scenario's seed the block jitter draws from (the routing draws from the seed itself).
+#: The block jitter of rank ``r`` draws from ``numpy.random.default_rng([seed, JITTER_STREAM, r])``
+#: (the routing draws from ``[seed, r]``, its hot-expert permutation from ``[seed, 1_000_003]``).
 JITTER_STREAM = 0x6A177E5
 
 
-def block_jitter(num_blocks: int, sigma: float, seed: int) -> list | None:
-    """Each block's K-loop and epilogue time factors: ``[num_blocks]`` pairs of independent
-    log-normal draws ``exp(N(0, sigma))`` (median 1), in block-id order (``_Engine.block_ids``),
-    from ``numpy.random.default_rng([seed, JITTER_STREAM])``; ``None`` where ``sigma`` is 0 (every
-    factor 1: the deterministic model). ``sigma`` is the hardware's ``block_jitter``: without it the
-    model's identical blocks run in lockstep, and the ties between the two CTAs of an SM resolve
-    the same way on every SM, which moves few-token makespans by up to 8% for a 0.1% change of a
-    figure (benchmarks/NOTES.md, forty-seventh session)."""
+def block_jitter(block_ids: np.ndarray, sigma: float, seed: int) -> list | None:
+    """Each block's K-loop and epilogue time factors, or ``None`` where ``sigma`` is 0 (every factor
+    1: the deterministic model).
+
+    Args:
+        block_ids: int ``[n, 9]``, the engine's block table (``_Engine.block_ids``: rank, unit,
+            phase, expert, m block, n block, wave, valid rows, K part).
+        sigma: the hardware's ``block_jitter``, the standard deviation of a factor's natural log.
+        seed: the scenario's seed.
+
+    Returns:
+        ``[n]`` pairs (K loop, epilogue) of independent log-normal draws ``exp(N(0, sigma))``
+        (median 1), in block-id order. Rank ``r`` draws ``[n_r, 2]`` from
+        ``numpy.random.default_rng([seed, JITTER_STREAM, r])`` and gives them to its blocks sorted by
+        (phase, expert, m block, n block, K part), so a block keeps its factors whatever unit runs it
+        and whatever the plan's order: two what-ifs with the same blocks (another wave width, policy
+        or SM count) meet the same draws (common random numbers).
+
+    Without the jitter the model's identical blocks run in lockstep, and the ties between the two
+    CTAs of an SM resolve the same way on every SM, which moved few-token makespans by up to 8% for
+    a 0.1% change of a figure (benchmarks/NOTES.md, forty-seventh session)."""
     if sigma == 0:
         return None
-    rng = np.random.default_rng([seed, JITTER_STREAM])
-    return rng.lognormal(0.0, sigma, (num_blocks, 2)).tolist()
+    out = np.empty((len(block_ids), 2))
+    ranks = block_ids[:, 0]
+    for r in np.unique(ranks).tolist():
+        mine = np.flatnonzero(ranks == r)
+        b = block_ids[mine]
+        order = np.lexsort((b[:, 8], b[:, 5], b[:, 4], b[:, 3], b[:, 2]))  # phase, expert, m, n, K part
+        out[mine[order]] = np.random.default_rng([seed, JITTER_STREAM, r]).lognormal(0.0, sigma, (len(mine), 2))
+    return out.tolist()
 
 
 class _Engine:
     def __init__(self, plan: Plan, hw: Hardware, launch_offsets_ns=None, seed: int = 0):
+        # seed: the scenario's, for the block jitter (block_jitter)
         self.plan, self.hw = plan, hw
         self.launch_offsets_ns = [0.0] * plan.num_ranks if launch_offsets_ns is None else list(launch_offsets_ns)
         self.env = simpy.Environment()
@@ -397,7 +418,7 @@ class _Engine:
             self.touched_a.append([False] * (3 * (nb + 1) * rp.k_split))
             self.tables.append(self._rank_tables(rp, ids))
         self.block_ids = (np.concatenate(ids) if ids else np.zeros((0, 9), np.int64)).astype(np.int32)
-        self.jitter = block_jitter(len(self.block_ids), hw.block_jitter, seed)
+        self.jitter = block_jitter(self.block_ids, hw.block_jitter, seed)  # per block: K loop, epilogue
         # an NVLink barrier across ranks; with one rank it is a grid sync
         self.barrier_ns = hw.nvl_barrier_ns if plan.num_ranks > 1 else hw.grid_sync_ns
         self.pre_pull_arrivals = 0
@@ -1011,6 +1032,11 @@ class _Engine:
                         mma_end = f
                 if adj:
                     f = cached[ca] + lat + loop2 * jk
+                    # (the cached offsets are the unjittered K blocks'; with a factor below 1 the
+                    # last K block could otherwise end before its data has landed)
+                    f1 = cached[1] + lat + t_k * jk
+                    if f1 > f:
+                        f = f1
                     if f > mma_end:
                         mma_end = f
                 if sm90:  # as in L1; each K block's issue also waits for its arrival-mask bits

@@ -149,11 +149,14 @@ Figures (units in the key names):
   the two-CTA instances at 3-682 tokens on V4-Flash).
 * ``block_jitter`` — how much a block's time varies from block to block (dimensionless, in
   ``[0, 0.5]``: the standard deviation of the natural log of a factor, ~ its relative spread): each
-  block's K loop and each block's epilogue take their modelled time times a factor
-  ``exp(N(0, block_jitter))`` drawn once per block from the scenario's seed
-  (:func:`sim.engine.block_jitter`; 0: every factor 1, the deterministic model). Fitted to the K loops of one-CTA kernel traces (:func:`sim.calibrate.fit_block_jitter`).
-  Without it the model's identical blocks run in lockstep and its ties resolve alike on every
-  SM, which the GPU's do not.
+  block's K loop (its K blocks' compute: the copy-bound limits, i.e. first-touch loads, copy issues
+  and the stage ring, are not scaled) and each block's epilogue take their modelled time times a
+  factor ``exp(N(0, block_jitter))`` of their own, drawn once per block from the scenario's seed
+  (:func:`sim.engine.block_jitter`; 0: every factor 1, the deterministic model). Fitted to the L1 K
+  loops of one-CTA kernel traces (:func:`sim.calibrate.fit_block_jitter`); the epilogues take the
+  same spread unfitted (their trace records hold waits and valid-row differences, 5-17% apart from
+  record to record, which the model prices apart). Without it the model's identical blocks run in
+  lockstep and its ties resolve alike on every SM, which the GPU's do not.
 * ``legacy_launch_ns`` — per-kernel launch gap of the unfused path.
 * ``legacy_a2a_latency_ns`` — fixed latency of each DeepEP all-to-all (dispatch, combine) of
   the unfused path beyond its bytes and barrier: notify round, layout and CPU-side sync.

@@ -843,7 +843,9 @@ def test_block_jitter_is_the_robust_spread_of_consecutive_l1_k_loops():
 
 def test_block_jitter_fit_recovers_a_known_spread(tmp_path):
     """fit_block_jitter on a trace whose L1 K loops were redrawn as 1 us x exp(N(0, 0.03)) each
-    (one CTA's first record aside) gives 0.03 within 4%; a two-CTA trace is refused by name."""
+    gives 0.03 within 4%; the same with its records shuffled in the file (the fit orders each CTA's by
+    start), and with every 25th record 3x as long (a robust spread: the ratios' plain standard
+    deviation over sqrt(2) would read ~0.22); a two-CTA trace is refused by name."""
     import numpy as np
 
     from megamoe.trace import KIND, Trace
@@ -857,6 +859,16 @@ def test_block_jitter_fit_recovers_a_known_spread(tmp_path):
     p = tmp_path / "redrawn.npz"
     t.save_npz(str(p))
     assert fit_block_jitter([str(p)])["block_jitter"][0] == pytest.approx(0.03, rel=0.04)
+    got = fit_block_jitter([str(p)])["block_jitter"][0]
+    perm = rng.permutation(len(t))
+    t.cols = {k: v[perm] for k, v in t.cols.items()}
+    t.save_npz(str(p))
+    assert fit_block_jitter([str(p)])["block_jitter"][0] == got
+    m = t.cols["kind"] == KIND["l1_mma"]
+    slow = np.flatnonzero(m)[::25]
+    t.cols["t_end_ns"][slow] = t.cols["t_start_ns"][slow] + 3 * (t.cols["t_end_ns"][slow] - t.cols["t_start_ns"][slow])
+    t.save_npz(str(p))
+    assert fit_block_jitter([str(p)])["block_jitter"][0] == pytest.approx(0.03, rel=0.1)
     with pytest.raises(InputError, match="fit_block_jitter.*one CTA per SM"):
         fit_block_jitter([_root("benchmarks/traces/kernel_flash_ep1_t64.npz")])
 

@@ -133,23 +133,23 @@ def test_a_simulator_trace_of_another_seed_is_remade_with_its_seed(tmp_path):
             compare_file(str(tmp_path / "bad.npz"))
 
 
-def test_a_simulator_trace_from_before_block_jitter_is_remade_without_it(tmp_path):
-    """A simulator trace whose recorded figures lack block_jitter (made before the figure existed,
-    2026-12-05) was made by the deterministic model: compare re-makes it with block_jitter 0, and
-    exactly (at 12 tokens, two CTAs per SM, the preset's jitter moves the makespan)."""
-    import dataclasses
-
-    hw = dataclasses.replace(load_hardware("h200"), block_jitter=0.0)
-    sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=12, design="megamoe-sm90", hardware="h200")
-    res = simulate(sc, hw)
-    assert res.trace.makespan_ns != simulate(sc).trace.makespan_ns
-    del res.trace.meta["hardware_figures"]["block_jitter"]
-    p = tmp_path / "old.npz"
-    res.trace.save_npz(str(p))
-    assert "block_jitter" not in json.loads(str(np.load(p)["meta_json"]))["hardware_figures"]
-    report, _, sim_res = compare_file(str(p))
-    assert sim_res.hardware.block_jitter == 0.0
-    assert report["makespan_error"] == pytest.approx(0.0, abs=1e-12)
+def test_a_simulator_trace_of_an_older_model_is_refused_by_the_figure_it_lacks(tmp_path):
+    """A simulator trace whose recorded figures lack one the model has since gained (block_jitter and
+    sm90_pull_pair_ns came on 2026-12-05) was made by a model that no figure value re-makes: compare
+    refuses it in one line naming the figure."""
+    res = simulate(Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=12, design="megamoe-sm90",
+                            hardware="h200"))
+    meta = res.trace.meta
+    for gone in ("block_jitter", "sm90_pull_pair_ns"):
+        figs = dict(meta["hardware_figures"])
+        del figs[gone]
+        res.trace.meta = {**meta, "hardware_figures": figs}
+        p = tmp_path / f"old_{gone}.npz"
+        res.trace.save_npz(str(p))
+        with pytest.raises(InputError) as e:
+            compare_file(str(p))
+        assert str(e.value) == (f"trace.meta.hardware_figures.{gone}: expected a number (a trace of an older simulator, "
+                                "made before this figure existed, cannot be re-made: simulate it again), got missing")
 
 
 def test_a_policy_of_ones_own_named_like_a_built_in_is_caught_by_the_plan(tmp_path):

@@ -243,7 +243,7 @@ def test_slower_nvlink_never_speeds_up():
     sc = Scenario(shape="deepseek-v4-flash", num_ranks=8, tokens_per_rank=256)
     hw = load_hardware("b200")
     fast = simulate(sc, hw).summary["time_us"]
-    slow = simulate(sc, dataclasses.replace(hw, nvlink_gbs_per_direction=90.0)).summary["time_us"]
+    slow = simulate(sc, dataclasses.replace(hw, nvlink_gbs_per_direction=100.0)).summary["time_us"]
     assert slow > fast * 1.2
 
 
@@ -574,26 +574,65 @@ def _k_loop_starts(tr, sm, hw) -> np.ndarray:
 
 def test_block_jitter_draws():
     """sim.engine.block_jitter: None at sigma 0 (every factor 1); else per block two log-normal
-    factors whose logs have mean 0 and standard deviation sigma (40000 draws: within 2% of sigma,
-    mean within 4 standard errors), the same for the same seed and different for another."""
-    from sim.engine import block_jitter
+    factors whose logs have mean 0 and standard deviation sigma (2 x 20000 draws: within 2% of sigma,
+    mean within 4 standard errors); the same for the same seed, different for another and for the
+    routing's streams ([seed, r]); each rank's blocks take their rank's draws in (phase, expert, m, n,
+    K part) order, so shuffling the table (another unit order) gives each block the same factors."""
+    from sim.engine import JITTER_STREAM, block_jitter
 
-    assert block_jitter(10, 0.0, 3) is None
-    f = np.array(block_jitter(20_000, 0.05, 3))
-    assert f.shape == (20_000, 2) and (f > 0).all()
+    rng = np.random.default_rng(0)
+    n = 20_000
+    ids = np.zeros((n, 9), np.int64)
+    ids[:, 0] = np.arange(n) % 2                           # two ranks
+    ids[:, 2] = 1 + (np.arange(n) // 2) % 2                # phase
+    ids[:, 3] = np.arange(n) // 4                          # expert: every (rank, phase, expert) once
+    assert block_jitter(ids[:10], 0.0, 3) is None
+    f = np.array(block_jitter(ids, 0.05, 3))
+    assert f.shape == (n, 2) and (f > 0).all()
     lg = np.log(f).ravel()
     assert np.std(lg) == pytest.approx(0.05, rel=0.02)
     assert abs(np.mean(lg)) < 4 * 0.05 / np.sqrt(lg.size)
-    assert block_jitter(20_000, 0.05, 3) == f.tolist()
-    assert not np.allclose(block_jitter(20_000, 0.05, 4), f)
+    assert block_jitter(ids, 0.05, 3) == f.tolist()
+    assert not np.allclose(block_jitter(ids, 0.05, 4), f)
+    # rank 1's blocks in (phase, expert) order take default_rng([3, JITTER_STREAM, 1])'s draws in order
+    r1 = np.flatnonzero(ids[:, 0] == 1)
+    order = r1[np.lexsort((ids[r1, 3], ids[r1, 2]))]
+    assert np.array_equal(f[order], np.random.default_rng([3, JITTER_STREAM, 1]).lognormal(0.0, 0.05, (len(r1), 2)))
+    for r in range(2):  # not a routing stream's draws
+        assert not np.allclose(f[order], np.random.default_rng([3, r]).lognormal(0.0, 0.05, (len(r1), 2)))
+    perm = rng.permutation(n)
+    assert np.array_equal(np.array(block_jitter(ids[perm], 0.05, 3)), f[perm])
+
+
+def test_block_jitter_keeps_a_blocks_factors_across_what_ifs():
+    """Common random numbers: 6 tokens at 16 and at 32 experts per wave (the same blocks in another
+    order, on other units) give every L1 epilogue the same factor, read as the ratio of its
+    duration with the jitter to its duration without (the L1 epilogue at one CTA per SM: its fixed
+    time x its factor, nothing binding)."""
+    hw = _still("h200")
+    sc = dict(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=6, design="megamoe-sm90", hardware="h200",
+              ctas_per_sm=1)
+    ratios = []
+    for epw in (16, 32):
+        recs = []
+        for jit in (0.0, 0.05):
+            tr = simulate(Scenario(**sc, experts_per_wave=epw), dataclasses.replace(hw, block_jitter=jit)).trace
+            e = tr.where(kind="l1_epilogue")
+            recs.append(dict(zip(zip(e["expert"].tolist(), e["m_block"].tolist(), e["n_block"].tolist()),
+                                 (e["t_end_ns"] - e["t_start_ns"]).tolist())))
+        ratios.append({k: recs[1][k] / recs[0][k] for k in recs[0]})
+    assert ratios[0].keys() == ratios[1].keys() and len(ratios[0]) > 100
+    assert all(ratios[0][k] == pytest.approx(ratios[1][k], rel=1e-9) for k in ratios[0])
+    assert np.std(np.log(list(ratios[0].values()))) > 0.03
 
 
 def test_block_jitter_scales_each_blocks_k_loop_and_epilogue():
-    """With block_jitter each block's K loop and L1 epilogue take their modelled time times that
+    """With block_jitter each block's K loop and epilogues take their modelled time times that
     block's own factors (sim.engine.block_jitter of the scenario's seed, in block-id order: the
     engine's block table). One CTA per SM on a two-SM H200 with nothing else binding (_UNBOUND):
     every L1 K loop is 4 K blocks x the lone K block x its block's first factor, every L1 epilogue
-    its fixed time x the second."""
+    its fixed time x the second, every L2 epilogue its fixed part and its per-row terms (block_m
+    rows and again the valid ones, test_sm90_ep_l2_epilogue_pays_the_peer_table) x the second."""
     from sim.engine import _Engine, block_jitter
 
     sigma, seed = 0.05, 7
@@ -605,22 +644,27 @@ def test_block_jitter_scales_each_blocks_k_loop_and_epilogue():
     bm = rp.config.block_m
     ids = _Engine(res.plan, hw).block_ids  # rank, unit, phase, expert, m, n, ...
     bid = {(int(u), int(ph), int(e), int(m), int(n)): i for i, (_, u, ph, e, m, n) in enumerate(ids[:, :6].tolist())}
-    f = np.array(block_jitter(len(ids), sigma, seed))
+    f = np.array(block_jitter(ids, sigma, seed))
     t_epi1 = (hw.l1_epilogue_thread_ns_per_elem * bm * 128 / rp.config.num_epilogue_threads + hw.block_overhead_ns)
-    seen = 0
+
+    def keys(rec, sm, phase):
+        return [bid[(sm, phase, e, m, n)] for e, m, n in zip(rec["expert"].tolist(), rec["m_block"].tolist(),
+                                                               rec["n_block"].tolist())]
+
+    seen = [0, 0]
     for sm in range(2):
         mma, epi, _ = _sm90_lanes(tr, sm)
         start = _k_loop_starts(tr, sm, hw)
-        for kind, epi_kind in ((KIND["l1_mma"], KIND["l1_epilogue"]),):
-            l1, l1e = mma["kind"] == kind, epi["kind"] == epi_kind
-            keys = [bid[(sm, 1, e, m, n)] for e, m, n in zip(mma["expert"][l1].tolist(), mma["m_block"][l1].tolist(),
-                                                              mma["n_block"][l1].tolist())]
-            assert np.allclose(mma["t_end_ns"][l1] - start[l1], 4 * _lone_k_block(hw, bm) * f[keys, 0])
-            keys = [bid[(sm, 1, e, m, n)] for e, m, n in zip(epi["expert"][l1e].tolist(), epi["m_block"][l1e].tolist(),
-                                                              epi["n_block"][l1e].tolist())]
-            assert np.allclose(epi["t_end_ns"][l1e] - epi["t_start_ns"][l1e], t_epi1 * f[keys, 1])
-            seen += len(keys)
-    assert seen == int(rp.m_blocks_per_expert.sum()) * rp.l1_n_blocks and f[:, 0].std() > 0.02
+        l1 = mma["kind"] == KIND["l1_mma"]
+        assert np.allclose(mma["t_end_ns"][l1] - start[l1], 4 * _lone_k_block(hw, bm) * f[keys(mma.select(l1), sm, 1), 0])
+        e1, e2 = epi.select(epi["kind"] == KIND["l1_epilogue"]), epi.select(epi["kind"] == KIND["l2_epilogue"])
+        assert np.allclose(e1["t_end_ns"] - e1["t_start_ns"], t_epi1 * f[keys(e1, sm, 1), 1])
+        t_epi2 = hw.l2_epilogue_fixed_ns + hw.l2_epilogue_thread_ns_per_elem * (bm + e2["tokens"]) * 128 / 256
+        assert np.allclose(e2["t_end_ns"] - e2["t_start_ns"], t_epi2 * f[keys(e2, sm, 2), 1])
+        seen[0] += len(e1)
+        seen[1] += len(e2)
+    mb = int(rp.m_blocks_per_expert.sum())
+    assert seen == [mb * rp.l1_n_blocks, mb * rp.l2_n_blocks] and f[:, 0].std() > 0.02
 
 
 def test_second_cta_priced_by_its_partner():
