@@ -667,6 +667,25 @@ class Gen:
             "The model predicts split-K slower at every one of these sizes." if all(worse) else
             "The model predicts split-K faster at " + ", ".join(
                 f"{r[0]} token{'s' * (r[0] != 1)}" for r, w in zip(rows, worse) if not w) + ".")
+        # 9. how far an answer moves with the seed's block jitter alone (the routing held: seed 0's)
+        import dataclasses
+
+        from sim.engine import simulate
+        from sim.hardware import load_hardware
+
+        hw = load_hardware("h200")
+        rows = []
+        for T in (6, 12, 64, 4096):
+            base = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=T, max_tokens_per_rank=8192,
+                            hardware="h200", design="megamoe-sm90")
+            held = dataclasses.replace(base, topk_idx=base.routing_ids())
+            times = [simulate(dataclasses.replace(held, seed=s), hw).summary["time_us"] for s in range(6)]
+            still = simulate(held, dataclasses.replace(hw, block_jitter=0.0)).summary["time_us"]
+            rows.append([T, held.plan(hw.num_sms, hw.smem_per_block_bytes).ranks[0].ctas_per_sm,
+                         f"{min(times):.1f} - {max(times):.1f}", f"{100 * (max(times) / min(times) - 1):.2f}%",
+                         f"{still:.1f}"])
+        self.snippets["whatif_jitter"] = _md_table(
+            ["tokens", "CTAs per SM", "time (us), seeds 0-5", "spread", "time (us), `block_jitter` 0"], rows)
 
     def policies_whatif(self) -> None:
         """Plug-in scheduler policies (``megamoe.policies``) against the reference choices."""
