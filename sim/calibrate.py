@@ -142,6 +142,20 @@ def _sm90_plan(t):
     return scenario_from_meta(t).plan(int(t.meta["num_sms"]), SMEM_LIMIT_SM90)
 
 
+def _one_rank_trace(path: str, fitter: str, ctas: int, also: bool = True, what: str = ""):
+    """A kernel trace and its rank's plan, for ``fitter``: refused by its name unless it is of one
+    rank at ``ctas`` CTAs per SM and ``also`` holds of its plan (``what`` says what ``also`` asks)."""
+    from megamoe.trace import Trace
+
+    t = Trace.load(path)
+    rp = _sm90_plan(t).ranks[0]
+    ok = t.meta["num_ranks"] == 1 and rp.ctas_per_sm == ctas and (also(rp) if callable(also) else also)
+    require(ok, fitter, f"one-rank traces at {'one CTA' if ctas == 1 else 'two CTAs'} per SM{what}",
+            f"{path} ({t.meta['num_ranks']} ranks, {rp.ctas_per_sm} CTAs per SM, block_m {rp.config.block_m}, "
+            f"local count {rp.local_count})")
+    return t, rp
+
+
 def _block_gaps(t) -> list:
     """Consumer idle time between a block's epilogue end and the next block's MMA start (the
     kernel's scheduler call and trace records), with the scheduler steps between the two
@@ -281,18 +295,14 @@ def fit_sm90_pull_pair(paths: list[str], fold_ns: float) -> dict:
     import numpy as np
 
     from megamoe.design_sm90 import ONE_ITEM_PULL_WARPS, PULL_ROUND_BYTES, cta_item_starts
-    from megamoe.trace import Trace
 
     require(isinstance(paths, (list, tuple)) and len(paths) >= 1, "fit_sm90_pull_pair", "a list of traces", paths)
     per, pooled = [], []
     for path in paths:
-        t = Trace.load(path)
+        t, rp = _one_rank_trace(path, "fit_sm90_pull_pair", 2, lambda rp: ONE_ITEM_PULL_WARPS.get(rp.config.block_m, 1) > 1,
+                                " whose lone items several warps pull")
         meta = t.meta
-        rp = _sm90_plan(t).ranks[0]
-        warps = ONE_ITEM_PULL_WARPS.get(rp.config.block_m, 1)
-        require(meta["num_ranks"] == 1 and rp.ctas_per_sm == 2 and warps > 1, "fit_sm90_pull_pair",
-                "one-rank traces at two CTAs per SM whose lone items several warps pull",
-                f"{path} ({meta['num_ranks']} ranks, {rp.ctas_per_sm} CTAs per SM, block_m {rp.config.block_m})")
+        warps = ONE_ITEM_PULL_WARPS[rp.config.block_m]
         T, K = int(meta["tokens_per_rank"][0]), int(meta["top_k"])
         ids = np.asarray(t.topk_idx[0]).reshape(-1)
         i0 = cta_item_starts(T * K, rp.num_sms)
@@ -372,17 +382,13 @@ def fit_sm90_count_pair(paths: list[str], hw) -> dict:
     import numpy as np
 
     from megamoe.design_sm90 import cta_item_starts
-    from megamoe.trace import Trace
 
     require(isinstance(paths, (list, tuple)) and len(paths) >= 1, "fit_sm90_count_pair", "a list of traces", paths)
     per = []
     for path in paths:
-        t = Trace.load(path)
+        t, rp = _one_rank_trace(path, "fit_sm90_count_pair", 2, lambda rp: not rp.local_count,
+                                " whose plan meets at the count barrier")
         meta = t.meta
-        rp = _sm90_plan(t).ranks[0]
-        require(meta["num_ranks"] == 1 and rp.ctas_per_sm == 2 and not rp.local_count, "fit_sm90_count_pair",
-                "one-rank traces at two CTAs per SM whose plan meets at the count barrier",
-                f"{path} ({meta['num_ranks']} ranks, {rp.ctas_per_sm} CTAs per SM, local count {rp.local_count})")
         pull = t.where(kind="pull")
         require(len(pull) > 0, "fit_sm90_count_pair", "pull records", f"{path} (none)")
         T, K = int(meta["tokens_per_rank"][0]), int(meta["top_k"])
@@ -505,16 +511,13 @@ def fit_block_jitter(paths: list[str]) -> dict:
     """
     import numpy as np
 
-    from megamoe.trace import KIND, Trace
+    from megamoe.trace import KIND
 
     require(isinstance(paths, (list, tuple)) and len(paths) >= 1, "fit_block_jitter", "a list of traces", paths)
     per, pooled = [], []
     for path in paths:
-        t = Trace.load(path)
+        t, _ = _one_rank_trace(path, "fit_block_jitter", 1)
         meta = t.meta
-        rp = _sm90_plan(t).ranks[0]
-        require(meta["num_ranks"] == 1 and rp.ctas_per_sm == 1, "fit_block_jitter", "one-rank traces at one CTA per SM",
-                f"{path} ({meta['num_ranks']} ranks, {rp.ctas_per_sm} CTAs per SM)")
         mma = t.where(kind=KIND["l1_mma"])
         mma = mma.select(mma["t_end_ns"] > mma["t_start_ns"])  # a record of no duration has no ratio
         key = mma.unit_keys()
