@@ -24,7 +24,8 @@ Kinds (``RoutingSpec.parse`` accepts the CLI spelling in brackets):
   other distinct experts drawn uniformly, in random slot order: the distribution of the
   kernel's input generator (``megamoe.kernel.check.make_inputs``: scores ``rand`` with
   expert 3's set to 10, then ``topk``), its one-hot-expert stress case.
-* ``file`` [``file:PATH``] — ``.npy``, ``.npz`` (first array) or ``.pt`` integer array
+* ``file`` [``file:PATH``] — a megamoe trace (``.npz`` with ``topk_idx_0`` .. ``topk_idx_{R-1}``:
+  ``simulate --trace-npz``, the kernel's traces: its routing), or an ``.npy``, ``.npz`` (first array) or ``.pt`` integer array
   ``[T, k]`` per rank: ``PATH`` may contain ``{rank}`` (one file per rank, ``{rank}``
   replaced by ``0 .. R-1``), or hold one ``[R, T, k]`` array, or (for one rank) a ``[T, k]``
   array.  ``{rank}`` is the only placeholder: any other ``{`` or ``}`` in ``PATH`` (a
@@ -187,6 +188,27 @@ def _sample_without_replacement(rng: np.random.Generator, num_tokens: int, num_e
     return out
 
 
+def _trace_routing(path: str) -> list[np.ndarray] | None:
+    """The routing a megamoe trace file (``.npz`` with arrays ``topk_idx_0`` .. ``topk_idx_{R-1}``:
+    ``megamoe simulate --trace-npz``, the kernel's traces) holds, one array per rank; ``None`` for
+    any other file (read, and refused where unreadable, as a routing array)."""
+    if not (path.endswith(".npz") and os.path.isfile(path)):
+        return None
+    try:
+        with np.load(path) as z:
+            names = [k for k in z.files if k.startswith("topk_idx_")]
+            if not names:
+                return None
+            want = [f"topk_idx_{r}" for r in range(len(names))]
+            require(sorted(names) == sorted(want), "routing.file", "a trace's arrays topk_idx_0 .. topk_idx_{R-1}",
+                    f"{path} with {', '.join(sorted(names))}")
+            return [np.asarray(z[k]) for k in want]
+    except InputError:
+        raise
+    except Exception:  # not a readable zip: _load_array reports it
+        return None
+
+
 def _load_array(path: str) -> np.ndarray:
     if not os.path.exists(path):
         raise InputError("routing.file", "an existing .npy/.npz/.pt file", path)
@@ -261,6 +283,11 @@ def load_routing_file(path: str, num_ranks: int, num_experts: int, top_k: int) -
     """
     require(isinstance(path, str), "routing.file", "a path string", path)
     _check_rank_placeholder(path)
+    ranks = _trace_routing(path)
+    if ranks is not None:  # a megamoe trace file: its routing, one array per rank
+        require(len(ranks) == num_ranks, "routing.file", f"a trace of {num_ranks} rank{'s' * (num_ranks != 1)} "
+                f"(arrays topk_idx_0 .. topk_idx_{num_ranks - 1})", f"{path} with {len(ranks)}")
+        return [check_ids(a, f"routing.file (topk_idx_{r})", num_experts, top_k) for r, a in enumerate(ranks)]
     if "{rank}" in path:  # plain replacement: str.format would read any other brace as a field
         return [check_ids(_load_array(path.replace("{rank}", str(r))), "routing.file", num_experts, top_k)
                 for r in range(num_ranks)]

@@ -346,8 +346,8 @@ def block_jitter(block_ids: np.ndarray, sigma: float, seed: int) -> list | None:
         or SM count) meet the same draws (common random numbers).
 
     Without the jitter the model's identical blocks run in lockstep, and the ties between the two
-    CTAs of an SM resolve the same way on every SM, which moved few-token makespans by up to 8% for
-    a 0.1% change of a figure (benchmarks/NOTES.md, forty-seventh session)."""
+    CTAs of an SM resolve the same way on every SM, which moved few-token makespans by up to 8 points
+    for a 0.2% change of a figure (benchmarks/NOTES.md, forty-seventh session)."""
     if sigma == 0:
         return None
     out = np.empty((len(block_ids), 2))

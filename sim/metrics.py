@@ -109,8 +109,10 @@ def overlap_efficiency(tr) -> float | None:
 
 
 def busy_fractions(tr, num_sms: int, span_ns) -> dict:
-    """Role -> mean over ranks of (work-interval time / (SMs x span)); intervals with
-    ``sm = -1`` count once for every SM.  ``span_ns``: one number or ``{rank: span}``."""
+    """Role -> mean over ranks of (work-interval time / (units x span)); intervals with
+    ``sm = -1`` count once for every unit.  ``num_sms``: the units the trace's ``sm`` column counts
+    (the SMs, or at two CTAs per SM the CTAs: ``RankPlan.num_sms``).  ``span_ns``: one number or
+    ``{rank: span}``."""
     kind, role, sm = tr["kind"], tr["role"], tr["sm"]
     dur = tr["t_end_ns"] - tr["t_start_ns"]
     out = {n: [] for n in ROLE}
@@ -159,7 +161,8 @@ def summarize(res) -> dict:
         "t_reduction_us": float(np.mean([m["t_reduction_us"] for m in per_rank])),
         "t_reduction_formula_us": float(np.mean([m["t_red_formula_us"] for m in per_rank])),
         "overlap_efficiency": overlap_efficiency(tr),
-        "busy_fraction": busy_fractions(tr, plan.num_sms, span),
+        # per unit: the SMs, or the CTAs where two share an SM (the trace records each CTA)
+        "busy_fraction": busy_fractions(tr, max(rp.num_sms for rp in plan.ranks), span),
         "speedup_vs_legacy": legacy["total_ns"] / 1e3 / time_us if time_us > 0 else 0.0,
         "legacy_us": {k.replace("_ns", "_us"): v / 1e3 for k, v in legacy.items()},
         "num_recv_tokens": [int(x) for x in recv],

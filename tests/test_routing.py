@@ -349,3 +349,33 @@ def test_scenario_accepts_numpy_integers():
     import json
 
     json.dumps(sc.to_dict())
+
+
+def test_a_megamoe_trace_file_is_a_routing_file(tmp_path):
+    """file:PATH takes a megamoe trace (.npz with topk_idx_0 .. topk_idx_{R-1}: simulate
+    --trace-npz, the kernel's traces) as the routing it holds, one array per rank, so a what-if can
+    hold the routing while the seed changes the jitter only; a trace of another rank count, or with
+    a gap in its arrays, is refused on routing.file."""
+    import numpy as np
+
+    from megamoe.errors import InputError
+    from megamoe.routing import load_routing_file
+    from megamoe.scenario import Scenario
+    from sim import simulate
+
+    sc = Scenario(shape="deepseek-v4-flash", num_ranks=2, tokens_per_rank=[5, 7], seed=3)
+    p = tmp_path / "t.npz"
+    simulate(sc).trace.save_npz(str(p))
+    got = load_routing_file(str(p), 2, 256, 6)
+    want = sc.routing_ids()
+    assert [a.shape for a in got] == [(5, 6), (7, 6)] and all(np.array_equal(a, b) for a, b in zip(got, want))
+    held = Scenario(shape="deepseek-v4-flash", num_ranks=2, routing=f"file:{p}", seed=9)
+    assert all(np.array_equal(a, b) for a, b in zip(held.routing_ids(), want))
+    with pytest.raises(InputError, match=r"^routing.file: expected a trace of 1 rank \(arrays topk_idx_0 .. "
+                                         r"topk_idx_0\), got .*t.npz with 2$"):
+        load_routing_file(str(p), 1, 256, 6)
+    gap = tmp_path / "gap.npz"
+    np.savez(gap, topk_idx_0=want[0], topk_idx_2=want[1])
+    with pytest.raises(InputError, match=r"^routing.file: expected a trace's arrays topk_idx_0 .. topk_idx_\{R-1\}, "
+                                         r"got .*gap.npz with topk_idx_0, topk_idx_2$"):
+        load_routing_file(str(gap), 2, 256, 6)

@@ -1035,6 +1035,23 @@ def test_calendar_budget_refuses_runaway_simulated_time(monkeypatch):
         eng.simulate(Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=8192))  # ~1.6 ms
 
 
+def test_busy_fractions_count_the_units():
+    """The summary's busy fraction of a role is its work time over units x the call's span; at two
+    CTAs per SM the units are the 264 CTAs the trace records, not the 132 SMs (dividing by the SMs
+    read 1.00 for the producer and the consumer at 12 tokens: fresh-user report). Recomputed here
+    from the trace's records."""
+    res = _sm90_flash(12)
+    rp, tr = res.plan.ranks[0], res.trace
+    assert rp.ctas_per_sm == 2 and rp.num_sms == 264 and res.plan.num_sms == 132
+    span = float(res.rank_end_ns[0])
+    for role in ("producer", "consumer"):
+        w = tr.where(role=role)
+        w = w.select(w["kind"] != KIND["idle_wait"])
+        assert (w["sm"] >= 0).all()
+        want = float((w["t_end_ns"] - w["t_start_ns"]).sum()) / (264 * span)
+        assert 0.3 < want < 0.95 and res.summary["busy_fraction"][role] == pytest.approx(want, rel=1e-12)
+
+
 def test_simulate_checks_a_hardware_object():
     """A Hardware made with dataclasses.replace skips the TOML checks: simulate() checks its figures
     itself, one line naming the figure (a negative block_jitter raised numpy's ValueError, 0.9 and
