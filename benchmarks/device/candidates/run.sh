@@ -3,9 +3,8 @@
 # build, then traces (3 calls each, the median kept) of the committed build and of the named
 # candidates at 1, 3 and 12 tokens; everything in $OUT/candidates.tgz, the A/B lines on stdout.
 # Usage (repo root, carry ["build/kernel", "out/var<NAME>", ...]):
-#   bash benchmarks/device/candidates/run.sh "X:1,2,3,12,64,256,1024 XS:1,3,6,12,16" "XS AXS"
-# probe2 (fault bit 512) is traced with FAULT=512 and FAULT=0 from its own tree when named in
-# the second list.
+#   bash benchmarks/device/candidates/run.sh "X:1,2,3,12,64,256,1024" "X"
+# (a probe with a fault bit, as session 47's probe2 was, adds a case below with its FAULT values)
 set -o pipefail
 OUT=${OUT:-/tmp/out}; R=$PWD; W=/tmp/cand; mkdir -p $OUT $W
 OLD=$R/$(ls -d build/kernel/d9de8ea2*/libmegamoe_sm90.so)
@@ -20,7 +19,6 @@ done
 for name in base $2; do
   case $name in
     base) dir=$R; runs="0" ;;
-    probe2) dir=$R/out/varprobe2; runs="0 512" ;;
     *) dir=$R/out/var$name; runs="0" ;;
   esac
   for f in $runs; do
