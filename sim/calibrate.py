@@ -156,6 +156,33 @@ def _one_rank_trace(path: str, fitter: str, ctas: int, also: bool = True, what: 
     return t, rp
 
 
+def _items_per_cta(t, num_ctas: int):
+    """int64 ``[num_ctas]``: the valid items (``topk_idx >= 0``) of each CTA's even share of a
+    one-rank trace's ``T k`` items (:func:`megamoe.design_sm90.cta_item_starts`)."""
+    import numpy as np
+
+    from megamoe.design_sm90 import cta_item_starts
+
+    ids = np.asarray(t.topk_idx[0]).reshape(-1)
+    i0 = cta_item_starts(len(ids), num_ctas)
+    if len(ids) == 0:
+        return np.zeros(num_ctas, np.int64)
+    n = np.add.reduceat((ids >= 0).astype(np.int64), i0[:-1])
+    n[np.diff(i0) == 0] = 0  # reduceat gives an empty range its start's item
+    return n
+
+
+def _unit_durations(recs) -> list:
+    """Each unit's record durations (float ``ns``) in time order, one array per unit (rank, SM)
+    in key order, for records of one kind (:meth:`megamoe.trace.Trace.unit_keys`)."""
+    import numpy as np
+
+    key = recs.unit_keys()
+    o = np.lexsort((recs["t_start_ns"], key))
+    key, d = key[o], (recs["t_end_ns"] - recs["t_start_ns"])[o].astype(float)
+    return np.split(d, np.flatnonzero(np.diff(key)) + 1) if len(d) else []
+
+
 def _block_gaps(t) -> list:
     """Consumer idle time between a block's epilogue end and the next block's MMA start (the
     kernel's scheduler call and trace records), with the scheduler steps between the two
@@ -235,25 +262,17 @@ def fit_sm90_pull(paths: list[str], fold_ns: float) -> dict:
 
     import numpy as np
 
-    from megamoe.design_sm90 import ONE_ITEM_PULL_WARPS, PULL_ROUND_BYTES, cta_item_starts
-    from megamoe.trace import Trace
+    from megamoe.design_sm90 import ONE_ITEM_PULL_WARPS, PULL_ROUND_BYTES
 
     require(isinstance(paths, (list, tuple)) and len(paths) >= 2, "fit_sm90_pull", "a list of two or more traces",
             paths)
     pts = []
     for path in paths:
-        t = Trace.load(path)
-        meta = t.meta
-        plan = meta.get("plan", {})
-        require(meta["num_ranks"] == 1 and plan.get("ctas_per_sm", 1) == 1, "fit_sm90_pull",
-                "one-rank traces at one CTA per SM", f"{path} ({meta['num_ranks']} ranks, {plan.get('ctas_per_sm')} CTAs per SM)")
-        T, K, S = int(meta["tokens_per_rank"][0]), int(meta["top_k"]), int(meta["num_sms"])
-        rounds = math.ceil(int(meta["hidden"]) / PULL_ROUND_BYTES)
-        warps = ONE_ITEM_PULL_WARPS.get(int(plan["block_m"]), 1)
-        ids = np.asarray(t.topk_idx[0]).reshape(-1)
-        i0 = cta_item_starts(T * K, S)
-        n = np.add.reduceat((ids >= 0).astype(np.int64), i0[:-1]) if T * K else np.zeros(S, np.int64)
-        n[np.diff(i0) == 0] = 0
+        t, rp = _one_rank_trace(path, "fit_sm90_pull", 1)
+        T = int(t.meta["tokens_per_rank"][0])
+        rounds = math.ceil(int(t.meta["hidden"]) / PULL_ROUND_BYTES)
+        warps = ONE_ITEM_PULL_WARPS.get(rp.config.block_m, 1)
+        n = _items_per_cta(t, rp.num_sms)
         pull = t.where(kind="pull")
         require(len(pull) > 0, "fit_sm90_pull", "pull records", f"{path} (none)")
         c = pull["sm"].astype(np.int64)
@@ -294,7 +313,7 @@ def fit_sm90_pull_pair(paths: list[str], fold_ns: float) -> dict:
 
     import numpy as np
 
-    from megamoe.design_sm90 import ONE_ITEM_PULL_WARPS, PULL_ROUND_BYTES, cta_item_starts
+    from megamoe.design_sm90 import ONE_ITEM_PULL_WARPS, PULL_ROUND_BYTES
 
     require(isinstance(paths, (list, tuple)) and len(paths) >= 1, "fit_sm90_pull_pair", "a list of traces", paths)
     per, pooled = [], []
@@ -303,10 +322,8 @@ def fit_sm90_pull_pair(paths: list[str], fold_ns: float) -> dict:
                                 " whose lone items several warps pull")
         meta = t.meta
         warps = ONE_ITEM_PULL_WARPS[rp.config.block_m]
-        T, K = int(meta["tokens_per_rank"][0]), int(meta["top_k"])
-        ids = np.asarray(t.topk_idx[0]).reshape(-1)
-        i0 = cta_item_starts(T * K, rp.num_sms)
-        n = np.array([int((ids[a:b] >= 0).sum()) for a, b in zip(i0[:-1], i0[1:])])
+        T = int(meta["tokens_per_rank"][0])
+        n = _items_per_cta(t, rp.num_sms)
         pull = t.where(kind="pull")
         require(len(pull) > 0 and (pull["sm"] >= 0).all(), "fit_sm90_pull_pair", "pull records of one CTA each (a "
                 "kernel trace's)", f"{path} ({len(pull)} pull records, {int((pull['sm'] < 0).sum())} of no CTA)")
@@ -487,12 +504,7 @@ def _first_kloop_excess(t) -> list[float]:
 
     from megamoe.trace import KIND
 
-    mma = t.where(kind=KIND["l1_mma"])
-    key = mma.unit_keys()
-    o = np.lexsort((mma["t_start_ns"], key))
-    key, d = key[o], (mma["t_end_ns"] - mma["t_start_ns"])[o].astype(float)
-    cut = np.flatnonzero(np.diff(key)) + 1
-    return [float(g[0] - np.median(g[1:])) for g in np.split(d, cut) if len(g) >= 2]
+    return [float(g[0] - np.median(g[1:])) for g in _unit_durations(t.where(kind=KIND["l1_mma"])) if len(g) >= 2]
 
 
 def fit_block_jitter(paths: list[str]) -> dict:
@@ -520,11 +532,7 @@ def fit_block_jitter(paths: list[str]) -> dict:
         meta = t.meta
         mma = t.where(kind=KIND["l1_mma"])
         mma = mma.select(mma["t_end_ns"] > mma["t_start_ns"])  # a record of no duration has no ratio
-        key = mma.unit_keys()
-        o = np.lexsort((mma["t_start_ns"], key))
-        key, d = key[o], (mma["t_end_ns"] - mma["t_start_ns"])[o].astype(float)
-        cut = np.flatnonzero(np.diff(key)) + 1
-        ratios = np.concatenate([np.diff(np.log(g[1:])) for g in np.split(d, cut) if len(g) >= 3] or [np.zeros(0)])
+        ratios = np.concatenate([np.diff(np.log(g[1:])) for g in _unit_durations(mma) if len(g) >= 3] or [np.zeros(0)])
         per.append((int(meta["tokens_per_rank"][0]), len(ratios), _robust_sigma(ratios)))
         pooled.append(ratios)
     ratios = np.concatenate(pooled)
@@ -1384,12 +1392,11 @@ def refit_h200(root: str | None = None, toml_path: str | None = None) -> dict:
     fit.update(sm90_ep_fit_sources(ep))
     from .hardware import load_hardware
 
-    fit.update(sm90_fit_sources(fit_sm90_pull([str(base / p) for p in SM90_PULL_FIT_TRACES],
-                                              load_hardware("h200").pull_fold_chunk_ns),
+    fold = load_hardware("h200").pull_fold_chunk_ns
+    fit.update(sm90_fit_sources(fit_sm90_pull([str(base / p) for p in SM90_PULL_FIT_TRACES], fold),
                                 traces=SM90_PULL_FIT_TRACES, profile_path=None, date=SM90_SKIP_FIT_DATE,
                                 kernel=SM90_SKIP_FIT_KERNEL, fitter="fit_sm90_pull"))
-    fit.update(sm90_fit_sources(fit_sm90_pull_pair([str(base / p) for p in SM90_PULL_PAIR_FIT_TRACES],
-                                                   load_hardware("h200").pull_fold_chunk_ns),
+    fit.update(sm90_fit_sources(fit_sm90_pull_pair([str(base / p) for p in SM90_PULL_PAIR_FIT_TRACES], fold),
                                 traces=SM90_PULL_PAIR_FIT_TRACES, profile_path=None, date=SM90_SKIP_FIT_DATE,
                                 kernel=SM90_SKIP_FIT_KERNEL, fitter="fit_sm90_pull_pair"))
     fit.update(sm90_fit_sources(fit_sm90_local_count([str(base / p) for p in SM90_LOCAL_COUNT_FIT_TRACES]),
