@@ -432,10 +432,16 @@ def check_hardware(hw: Hardware) -> None:
     out-of-range figure would otherwise fail deep in the simulation or run silently."""
     for k in _FIGURES:
         v = getattr(hw, k)
-        require(_is_number(v), f"hardware.{k}", "a number", shown(v))
-        check_figure(k, v, f"hardware.{k}")
-        if k in _INTS:
-            require(float(v).is_integer(), f"hardware.{k}", "an integer", v)
+        _check_value(k, v, f"hardware.{k}", shown(v))
+
+
+def _check_value(k: str, v, field: str, shown_as: str) -> None:
+    """Raise :class:`InputError` on ``field`` unless ``v`` is a number (not a bool; ``shown_as``
+    is how the message spells it) in figure ``k``'s range, an integer for a count."""
+    require(_is_number(v), field, "a number", shown_as)
+    check_figure(k, v, field)
+    if k in _INTS:
+        require(float(v).is_integer(), field, "an integer", v)
 
 
 def parse_hardware(data: dict, path: str = "<dict>") -> Hardware:
@@ -470,11 +476,9 @@ def parse_hardware(data: dict, path: str = "<dict>") -> Hardware:
     for k in _FIGURES:
         require(k in figs, f"hardware.figures.{k}", "a number", "missing")
         v = figs[k]
-        require(_is_number(v), f"hardware.figures.{k}", "a number",
-                ("true" if v else "false") if isinstance(v, bool) else shown(v))  # as the TOML spells it
-        check_figure(k, v)
+        _check_value(k, v, f"hardware.figures.{k}",
+                     ("true" if v else "false") if isinstance(v, bool) else shown(v))  # as the TOML spells it
         if k in _INTS:
-            require(float(v).is_integer(), f"hardware.figures.{k}", "an integer", v)
             v = int(v)
         require(isinstance(srcs.get(k), str) and srcs[k].strip() != "", f"hardware.sources.{k}",
                 "a non-empty source string", shown(srcs[k]) if k in srcs else "missing")
