@@ -496,7 +496,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
             plot_overlay(measured, res.trace, png)
         outs.commit()
     con = _console()
-    side = "recorded" if measured.meta.get("source") == "simulator" else "measured"  # a simulator's trace
+    side = "recorded" if measured.from_simulator else "measured"
     con.print(f"{a.trace}: {side} {report['makespan_measured_us']:.1f} us, simulated "
               f"{report['makespan_simulated_us']:.1f} us (the traced spans: launch not included), makespan error "
               f"{100 * report['makespan_error']:+.1f}%, median kind error {100 * report['median_kind_error']:.1f}% "

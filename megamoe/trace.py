@@ -142,6 +142,11 @@ class Trace:
             m &= self.cols[k] == v
         return self.select(m)
 
+    @property
+    def from_simulator(self) -> bool:
+        """Whether the simulator made this trace (``meta["source"]``), not a kernel run."""
+        return isinstance(self.meta, dict) and self.meta.get("source") == "simulator"
+
     def unit_keys(self) -> np.ndarray:
         """int64 ``[N]``: one key per record's unit, its (rank, SM) pair (the SM column holds the CTA
         at two CTAs per SM); records of one unit share a key, and keys sort by rank, then SM."""

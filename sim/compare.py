@@ -204,7 +204,7 @@ def scenario_from_meta(trace: Trace, policies: list | None = None):
             type(plan).__name__)
     # a kernel trace's plan numbers are what the kernel ran: they are the simulation's too; a
     # simulator trace's scenario makes its plan again (compare_file checks it against the record)
-    sim_trace = meta.get("source") == "simulator"
+    sim_trace = trace.from_simulator
     fixed = {}
     for key in ("experts_per_wave", "block_m"):
         v = plan.get(key, meta.get(key))
@@ -332,7 +332,7 @@ def compare_file(path: str, hardware=None, policies: list | None = None) -> tupl
     skew = launch_skew_from_trace(measured) if base.num_ranks > 1 else [0.0]
     sc = dataclasses.replace(base, launch_skew_us=skew) if any(skew) else base
     res = simulate(sc, hw)
-    if measured.meta.get("source") == "simulator":
+    if measured.from_simulator:
         # a simulator trace is re-made exactly or not at all: the plan must come out as recorded
         # (a policy of one's own recorded under a built-in's name would make another call)
         plan = measured.meta.get("plan") or {}
