@@ -16,14 +16,14 @@ import os
 import sys
 import tempfile
 
-from .errors import InputError, OneLineArgumentParser
+from .errors import InputError, OneLineArgumentParser, parse_float, parse_int
 from .outputs import Outputs
 
 
 def _one_of_ints(*allowed: int):
     def conv(text: str) -> int:
         try:
-            v = int(text)
+            v = parse_int(text)
         except ValueError:
             v = None
         if v not in allowed:
@@ -35,7 +35,7 @@ def _one_of_ints(*allowed: int):
 def _int_at_least(lo: int):
     def conv(text: str) -> int:
         try:
-            v = int(text)
+            v = parse_int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
         if v < lo:
@@ -92,7 +92,7 @@ def _clamp(text: str) -> float:
     import math
 
     try:
-        v = float(text)
+        v = parse_float(text)
     except ValueError:
         v = math.nan
     if not (math.isfinite(v) and v > 0):
@@ -105,7 +105,7 @@ def _skew(text: str) -> float | list[float]:
     from .scenario import MAX_LAUNCH_SKEW_US, skew_in_range
 
     try:
-        vals = [float(x) for x in text.split(",")]
+        vals = [parse_float(x) for x in text.split(",")]
     except ValueError:
         vals = [float("nan")]
     if not all(skew_in_range(v) for v in vals):

@@ -46,6 +46,31 @@ def is_int(v: object) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
+def parse_int(text: str) -> int:
+    """An integer as typed on a command line: Python's ``int()`` without the forms no option of
+    megamoe means (digit-group underscores such as ``1_000``, non-ASCII digits such as ``'١٢'``).
+
+    Raises:
+        ValueError: anything else (the caller names the option in its message).
+    """
+    if not text.isascii() or "_" in text:
+        raise ValueError(f"not a decimal integer: {text!r}")
+    return int(text)
+
+
+def parse_float(text: str) -> float:
+    """A number as typed on a command line: Python's ``float()`` (so ``1e3``, ``inf`` and ``nan``,
+    which the caller's range check refuses where they do not belong) without digit-group
+    underscores or non-ASCII digits.
+
+    Raises:
+        ValueError: anything else (the caller names the option in its message).
+    """
+    if not text.isascii() or "_" in text:
+        raise ValueError(f"not a decimal number: {text!r}")
+    return float(text)
+
+
 def is_real(v: object) -> bool:
     """A real number (``int`` / ``float`` or numpy scalar, not ``bool``); may be NaN or Inf."""
     return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))

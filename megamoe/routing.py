@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InputError, is_int, is_real, require, shown
+from .errors import InputError, is_int, is_real, parse_float, parse_int, require, shown
 
 KINDS = ("uniform", "masked", "zipf", "hot", "one_expert", "file")
 ONE_EXPERT_ID = 3  # the expert every token picks in ``one_expert`` (as megamoe.kernel.check.make_inputs)
@@ -118,11 +118,11 @@ class RoutingSpec:
             return cls(kind="file", path=rest)
         args = rest.split(":") if sep else []  # an empty part ("zipf:") is refused, not defaulted
 
-        def num(i: int, name: str, conv=float):
+        def num(i: int, name: str, conv=parse_float):
             try:
                 return conv(args[i])
             except ValueError:
-                raise InputError(f"routing.{name}", "an integer" if conv is int else "a number",
+                raise InputError(f"routing.{name}", "an integer" if conv is parse_int else "a number",
                                  args[i] or "''") from None
 
         if kind == "uniform" and not args:
@@ -135,7 +135,7 @@ class RoutingSpec:
             return cls(kind="zipf", zipf_exponent=num(0, "zipf_exponent") if args else 1.0)
         if kind == "hot" and len(args) <= 2:
             return cls(kind="hot", hot_fraction=num(0, "hot_fraction") if args else 0.5,
-                       hot_experts=num(1, "hot_experts", int) if len(args) > 1 else 4)
+                       hot_experts=num(1, "hot_experts", parse_int) if len(args) > 1 else 4)
         raise InputError("routing", "uniform | masked[:RATIO] | zipf[:S] | hot[:FRACTION[:N]] | one_expert | "
                          "file:PATH", text)
 

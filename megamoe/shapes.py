@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import InputError, require
+from .errors import InputError, parse_int, require
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ def get_shape(spec: str | MoEShape) -> MoEShape:
     parts = spec.split(",")
     if len(parts) == 4:
         try:
-            e, k, h, i = (int(p) for p in parts)
+            e, k, h, i = (parse_int(p) for p in parts)
         except ValueError:
             raise InputError("shape", f"one of {', '.join(sorted(PRESETS))} or four integers E,k,H,I", spec) from None
         return MoEShape("custom", e, k, h, i)

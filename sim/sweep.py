@@ -45,7 +45,7 @@ import re
 import stat
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
-from megamoe.errors import InputError, is_int, require
+from megamoe.errors import InputError, is_int, parse_float, parse_int, require
 
 SCENARIO_AXES = {"tokens": "tokens_per_rank", "ranks": "num_ranks", "shape": "shape", "routing": "routing",
                  "seed": "seed", "hardware": "hardware", "design": "design",
@@ -61,6 +61,8 @@ SCALE_ALIASES = {"nvlink_scale": "nvlink_gbs_per_direction", "hbm_scale": "hbm_g
 MAX_POINTS = 100_000
 INT_AXES = {"tokens", "ranks", "seed", "experts_per_wave", "block_m", "pool_tokens", "num_stages",
             "k_split", "reserved_sms", "max_tokens", "ctas_per_sm"}
+#: The smallest value of an integer axis where it is not 1 (the Scenario's own lower bounds).
+INT_AXIS_FLOOR = {"tokens": 0, "seed": 0, "reserved_sms": 0}
 RESULT_KEYS = ("time_us", "tflops", "hbm_gbs", "nvlink_gbs", "t_reduction_us", "overlap_efficiency",
                "speedup_vs_legacy")
 #: The fields a row has besides its axes (in this order), and so every line of points.jsonl.
@@ -136,6 +138,15 @@ def _point_key(axis: str, v, text: str):
     return v
 
 
+def _at_least_floor(axis: str, vals: list[int], text: str) -> list[int]:
+    """``vals`` when each is at least the axis's floor (``INT_AXIS_FLOOR``), refused up front
+    otherwise: a value below it would be an invalid point in every grid, not a what-if."""
+    lo = INT_AXIS_FLOOR.get(axis, 1)
+    bad = [v for v in vals if v < lo]
+    require(not bad, f"sweep.{axis}", f"integers >= {lo}", f"{bad[0]} in {text!r}" if bad else "")
+    return vals
+
+
 def _axis_values(axis: str, text: str) -> list:
     known = axis in SCENARIO_AXES or axis == "policy" or axis in SCALE_ALIASES or axis.endswith("_scale")
     require(known, "sweep axis", f"one of {', '.join([*SCENARIO_AXES, 'policy', *SCALE_ALIASES])} "
@@ -144,7 +155,7 @@ def _axis_values(axis: str, text: str) -> list:
     if numeric and ":" in text and "," not in text:
         parts = text.split(":")
         try:
-            nums = [int(p) for p in parts]
+            nums = [parse_int(p) for p in parts]
         except ValueError:
             raise InputError(f"sweep.{axis}", "start:stop[:step] integers", text) from None
         require(len(nums) in (2, 3) and (len(nums) == 2 or nums[2] > 0), f"sweep.{axis}",
@@ -153,7 +164,7 @@ def _axis_values(axis: str, text: str) -> list:
         require(len(r) <= MAX_POINTS, f"sweep.{axis}", f"a range of at most {MAX_POINTS} values", f"{text} ({len(r)})")
         vals = list(r)
         require(bool(vals), f"sweep.{axis}", "a non-empty range", text)
-        return vals
+        return _at_least_floor(axis, vals, text)
     if axis == "shape":  # a custom shape is itself E,k,H,I: shapes are separated by ';'
         parts = text.split(",")
         one_custom = ";" not in text and len(parts) == 4 and all(p.strip().isdigit() for p in parts)
@@ -169,15 +180,16 @@ def _axis_values(axis: str, text: str) -> list:
     require(len(vals) <= MAX_POINTS, f"sweep.{axis}", f"at most {MAX_POINTS} values", len(vals))
     if numeric:
         try:
-            return [int(v) for v in vals]
+            vals = [parse_int(v) for v in vals]
         except ValueError:
             raise InputError(f"sweep.{axis}", "integers", text) from None
+        return _at_least_floor(axis, vals, text)
     if axis == "combine_relay":  # on / off, as the CLI's --combine-relay
         require(all(v in ("on", "off") for v in vals), f"sweep.{axis}", "on and/or off", text)
         return vals  # kept as spelled in the rows and outputs; the Scenario gets a bool
     if axis == "launch_skew_us":  # the last rank's lateness, microseconds
         try:
-            out = [float(v) for v in vals]
+            out = [parse_float(v) for v in vals]
         except ValueError:
             raise InputError(f"sweep.{axis}", "numbers (microseconds)", text) from None
         from megamoe.scenario import MAX_LAUNCH_SKEW_US, skew_in_range
@@ -193,7 +205,7 @@ def _axis_values(axis: str, text: str) -> list:
                 "<hardware figure>_scale for a figure other than num_sms (or nvlink_scale, hbm_scale, tc_scale)",
                 axis)
         try:
-            out = [float(v) for v in vals]
+            out = [parse_float(v) for v in vals]
         except ValueError:
             raise InputError(f"sweep.{axis}", "numbers", text) from None
         # a figure that may be 0 (block_jitter, the excess figures) may be scaled to 0: switched off

@@ -71,6 +71,14 @@ def test_default_simulate_reports_the_table():
     (["--tokens", "1", "--max-tokens", "200000"], "max_tokens"),
     # the default pool is the most a call can need (V4-Pro EP8, 8192 tokens: 402432); more holds nothing
     (["--pool-tokens", "402433"], "pool_tokens: expected at most 402432 (the most one call can need"),
+    # Python's int() / float() take digit-group underscores and non-ASCII digits; no option means them
+    (["--seed", "1_000"], "--seed: expected an integer, got '1_000'"),
+    (["--seed", "\u0661\u0662"], "--seed: expected an integer, got '\u0661\u0662'"),
+    (["--tokens", "6_4"], "--tokens: expected an integer, got '6_4'"),
+    (["--launch-skew-us", "1_0"], "--launch-skew-us: expected microseconds"),
+    (["--routing", "zipf:1_2"], "routing.zipf_exponent: expected a number, got 1_2"),
+    (["--routing", "hot:0.5:\u0664"], "routing.hot_experts: expected an integer, got \u0664"),
+    (["--shape", "256,6,4_096,2048"], "shape: expected one of"),
 ])
 def test_bad_input_one_line_exit_2(args, field):
     rc, out, err = run("simulate", *args)

@@ -61,6 +61,11 @@ def test_a_value_given_twice_is_refused():
     ("hardware", "h200,a100", "'a100' in 'h200,a100' (hardware: a100)"),
     ("design", "sm90", "'sm90' in 'sm90' (design: sm90)"),
     ("l2_wait", "k_block,x", "'x' in 'k_block,x' (l2_wait: x)"),
+    # an integer axis below its floor (the Scenario's lower bound) is invalid in every grid
+    ("seed", "-3,1", "-3 in '-3,1'"),
+    ("tokens", "-2:2", "-2 in '-2:2'"),
+    ("ranks", "0,1", "0 in '0,1'"),
+    ("num_stages", "0:2", "0 in '0:2'"),
 ])
 def test_a_value_wrong_in_every_point_is_refused_up_front(axis, text, message):
     """A name that no grid point can take (an unknown shape, routing spec, policy, preset, design or
@@ -71,6 +76,17 @@ def test_a_value_wrong_in_every_point_is_refused_up_front(axis, text, message):
         parse_values(axis, text)
     assert e.value.field == f"sweep.{axis}" and str(e.value.got).startswith(message)
     assert parse_values("block_m", "16,17") == [16, 17]  # 17 fails as its points (the design decides)
+    assert parse_values("seed", "0,3") == [0, 3] and parse_values("reserved_sms", "0:1") == [0, 1]
+
+
+@pytest.mark.parametrize("axis,text", [("seed", "1_000"), ("tokens", "1:1_0"), ("seed", "\u0661"),
+                                       ("nvlink_scale", "1_0"), ("launch_skew_us", "\u0661")])
+def test_digit_group_underscores_and_non_ascii_digits_are_refused(axis, text):
+    """Python's int() / float() read '1_000' and Arabic-Indic digits; a sweep value that is not
+    plain ASCII is a typo, refused up front (fresh-user report, forty-seventh session)."""
+    with pytest.raises(InputError) as e:
+        parse_values(axis, text)
+    assert e.value.field == f"sweep.{axis}" and text in str(e.value.got)
 
 
 def test_an_empty_value_is_refused():
