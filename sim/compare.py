@@ -362,35 +362,47 @@ def compare_file(path: str, hardware=None, policies: list | None = None) -> tupl
     return report, measured, res
 
 
+def overlay_lane(trace: Trace, rank: int, sm: int) -> list[tuple[str, float, float, bool]]:
+    """The bars of one SM's lane in :func:`plot_overlay`: ``(kind, start us, duration us,
+    rank_wide)`` for every record of ``rank`` on ``sm`` and every rank-wide record (``sm = -1``: the
+    simulator's one count, pull, grid sync and combine record for the whole rank, which the kernel
+    records per CTA), idle waits left out."""
+    s = trace.where(rank=rank)
+    sel = ((s["sm"] == sm) | (s["sm"] == -1)) & (s["kind"] != KIND["idle_wait"])
+    return [(KINDS[k], t0 / 1e3, (t1 - t0) / 1e3, bool(u == -1))
+            for k, t0, t1, u in zip(s["kind"][sel], s["t_start_ns"][sel], s["t_end_ns"][sel], s["sm"][sel])]
+
+
 def plot_overlay(measured: Trace, simulated: Trace, path: str, rank: int = 0, sms: int = 6) -> None:
-    """PNG: for SMs 0..sms-1 of ``rank``, the measured (top) and simulated (bottom) lanes."""
+    """PNG: for SMs 0..sms-1 of ``rank``, the measured (top) and simulated (bottom) lanes
+    (:func:`overlay_lane`; a rank-wide record is drawn hatched and thinner on every lane)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     from .plots import COLORS
 
     fig, ax = plt.subplots(figsize=(13, 0.55 * 2 * sms + 1.5))
-    y = 0
-    labels = []
+    labels, used = [], set()
     for sm in range(sms):
         for name, t in (("measured", measured), ("simulated", simulated)):
-            s = t.where(rank=rank, sm=sm)
-            for k in np.unique(s["kind"]):
-                sel = s["kind"] == k
-                if KINDS[k] == "idle_wait":
-                    continue
-                ax.broken_barh(list(zip(s["t_start_ns"][sel] / 1e3, (s["t_end_ns"][sel] - s["t_start_ns"][sel]) / 1e3)),
-                               (y - 0.35, 0.7), facecolors=COLORS[KINDS[k]])
+            y = len(labels)
+            for kind, t0, dur, wide in overlay_lane(t, rank, sm):
+                h = 0.4 if wide else 0.7
+                ax.broken_barh([(t0, dur)], (y - h / 2, h), facecolors=COLORS[kind], edgecolor="#555555" if wide else "none",
+                               hatch="////" if wide else None, linewidth=0.3)
+                used.add(kind)
             labels.append(f"SM{sm} {name}")
-            y += 1
     ax.set_yticks(range(len(labels)))
     ax.set_yticklabels(labels, fontsize=7)
     ax.invert_yaxis()
+    handles = [Patch(color=COLORS[k], label=k) for k in sorted(used)]
+    handles.append(Patch(facecolor="white", edgecolor="#555555", hatch="////", label="one record for the whole rank"))
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0), frameon=False)
     ax.set_xlabel("time (us)")
     ax.set_title(f"rank {rank}: measured vs simulated")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
-

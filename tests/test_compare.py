@@ -8,7 +8,7 @@ import pytest
 from megamoe.cli import main
 from megamoe.errors import InputError
 from megamoe.scenario import Scenario
-from megamoe.trace import COLUMNS, Trace
+from megamoe.trace import COLUMNS, KIND, Trace
 from sim import simulate
 from sim.compare import compare_file, compare_traces
 from sim.hardware import load_hardware
@@ -514,3 +514,21 @@ def test_kind_quantile_errors_compare_the_distributions():
     one = compare_traces(Trace.from_rows(rows_m), Trace.from_rows([rows_s[0], rows_s[2]]), 2)
     want = np.median([3000 / q - 1 for q in (1200, 1500, 2000, 2500, 2800)])
     assert one["kind_quantile_errors"]["l1_mma"] == pytest.approx(want) == pytest.approx(0.5)
+
+
+def test_overlay_lane_draws_the_simulators_rank_wide_records_on_every_sm():
+    """The simulator records one count / pull / grid sync / combine for the whole rank (sm = -1),
+    the kernel one per CTA; the overlay used to draw only per-SM records, so the simulated lanes
+    lacked those bars (noted in session 47). Hand-built two-record trace: SM 3's lane holds its own
+    MMA and the rank-wide pull, SM 4's only the pull; idle waits are left out."""
+    from sim.compare import overlay_lane
+
+    cols = {c: np.zeros(4, dtype=np.int64) for c in COLUMNS}
+    cols["sm"] = np.array([-1, 3, 3, 5])
+    cols["kind"] = np.array([KIND["pull"], KIND["l1_mma"], KIND["idle_wait"], KIND["l1_mma"]])
+    cols["t_start_ns"] = np.array([0, 2000, 1000, 2000])
+    cols["t_end_ns"] = np.array([1500, 5000, 2000, 4000])
+    t = Trace(cols)
+    assert overlay_lane(t, 0, 3) == [("pull", 0.0, 1.5, True), ("l1_mma", 2.0, 3.0, False)]
+    assert overlay_lane(t, 0, 4) == [("pull", 0.0, 1.5, True)]
+    assert overlay_lane(t, 1, 3) == []  # another rank's lane
