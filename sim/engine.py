@@ -1233,10 +1233,13 @@ class _Engine:
             self.rows.append((r, -1, ROLE["epilogue"], KIND["grid_sync"], -1, -1, -1, -1,
                               float(max(self.cluster_end[r], self.last_write[r])), float(arrive[r]), 0, 0))
         barrier = float(arrive.max()) + self.barrier_ns
+        # the barrier's own kind: the SM90 kernel at one rank has no NVLink barrier, only grid syncs
+        # (as the barrier before the pull, _pre_pull_barrier)
+        bar_kind = KIND["grid_sync" if plan.design == "megamoe-sm90" and R == 1 else "nvl_barrier"]
         t_red = np.zeros(R)
         end = np.zeros(R)
         for r in range(R):
-            self.rows.append((r, -1, ROLE["epilogue"], KIND["nvl_barrier"], -1, -1, -1, -1,
+            self.rows.append((r, -1, ROLE["epilogue"], bar_kind, -1, -1, -1, -1,
                               float(arrive[r]), barrier, 0, 0))
             T = plan.ranks[r].num_tokens
             nbytes = (self.valid_slots[r] + T) * plan.hidden * 2
@@ -1260,7 +1263,7 @@ class _Engine:
         for r in range(R):
             self.rows.append((r, -1, ROLE["dispatch"], KIND["grid_sync"], -1, -1, -1, -1,
                               barrier, cleaned, 0, 0))
-            self.rows.append((r, -1, ROLE["dispatch"], KIND["nvl_barrier"], -1, -1, -1, -1,
+            self.rows.append((r, -1, ROLE["dispatch"], bar_kind, -1, -1, -1, -1,
                               cleaned, last, 0, 0))
             end[r] = max(barrier + t_red[r], last)
         return end, t_red

@@ -92,6 +92,12 @@ def test_sm90_one_rank_dispatch_starts_with_the_count_and_its_barrier():
     assert barrier["t_start_ns"][first] == pytest.approx(end)
     assert barrier["t_end_ns"][first] == pytest.approx(end + hw.grid_sync_ns)
     assert pull_start == pytest.approx(end + hw.grid_sync_ns)
+    # one rank has no NVLink: the call's end is grid syncs too (the arrival and the release, for the
+    # epilogues and for the dispatch warps' clean-up), where until session 48 two were nvl_barrier
+    assert not len(res.trace.where(kind="nvl_barrier"))
+    tail = res.trace.where(kind="grid_sync")
+    tail = tail.select(tail["t_start_ns"] > pull_start)
+    assert len(tail) == 4 and set(tail["role"].tolist()) == {ROLE["epilogue"], ROLE["dispatch"]}
 
 
 def test_sm90_wide_instance_counts_locally_with_no_count_barrier():
@@ -1226,7 +1232,7 @@ def test_sm90_combine_round_by_instance(tokens, ctas, serial):
     assert float(comb["t_end_ns"][0] - comb["t_start_ns"][0]) == pytest.approx(want)
     # the first round starts a while after the release (sm90_combine_start_ns, at two CTAs per SM
     # sm90_combine_start_pair_ns), and the call ends with the combine
-    release = float(res.trace.where(kind="nvl_barrier", role="epilogue")["t_end_ns"].max())
+    release = float(res.trace.where(kind="grid_sync", role="epilogue")["t_end_ns"].max())  # (one rank: no NVLink)
     start = hw.sm90_combine_start_pair_ns if rp.ctas_per_sm == 2 else hw.sm90_combine_start_ns
     assert 0 < hw.sm90_combine_start_ns < hw.sm90_combine_start_pair_ns
     assert float(comb["t_start_ns"][0]) - release == pytest.approx(start)
