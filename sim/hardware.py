@@ -86,7 +86,8 @@ Figures (units in the key names):
   traces' lone pulls take 4.0-4.9 us at 3-64 tokens (72-816 warps pulling), 1.2-1.9 us above the
   one-CTA line at 3-16 tokens, and do not grow with the warps. The cause is not known: it is not the
   warps polling the counts meanwhile (session 47's probe2 moved every poll 20 us later and the pull's
-  fold segment stayed at 3.1 us); the two-CTA instances' spills are the next suspect.
+  fold segment stayed at 3.1 us), nor the two-CTA dispatch warps' spills (session 48's probe R gave
+  them 16 more registers, a third fewer spills, and the lone pull took 0.3-0.9 us longer).
 * ``stage_handoff_ns`` — SM90 design: fixed cost of one pipeline stage (barrier waits and
   releases between producer and consumers, the fixed part of the WGMMA wait and promotion),
   paid per K block.

@@ -1,7 +1,7 @@
 #!/bin/bash
 # CPU side: build each named candidate into out/var<NAME>/ (a copy of HEAD's sources with the
 # patch applied), checking its build hash against the table in README.md, and the committed
-# build for the A/B's old library. Usage (repo root): bash benchmarks/device/candidates/prepare.sh X
+# build for the A/B's old library. Usage (repo root): bash benchmarks/device/candidates/prepare.sh NAME
 set -euo pipefail
 here=benchmarks/device/candidates
 megamoe build --arch sm_90a > /dev/null

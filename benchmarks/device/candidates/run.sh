@@ -3,7 +3,7 @@
 # build, then traces (3 calls each, the median kept) of the committed build and of the named
 # candidates at 1, 3 and 12 tokens; everything in $OUT/candidates.tgz, the A/B lines on stdout.
 # Usage (repo root, carry ["build/kernel", "out/var<NAME>", ...]):
-#   bash benchmarks/device/candidates/run.sh "X:1,2,3,12,64,256,1024" "X"
+#   bash benchmarks/device/candidates/run.sh "NAME:1,2,3,12,64,256,1024" "NAME"
 # (a probe with a fault bit, as session 47's probe2 was, adds a case below with its FAULT values)
 set -o pipefail
 OUT=${OUT:-/tmp/out}; R=$PWD; W=/tmp/cand; mkdir -p $OUT $W
