@@ -12,7 +12,7 @@ written in ``shared/anchors/README.md``, per rank and then averaged over ranks:
 Beyond the published ones: ``t_reduction_us`` (the simulated combine tail), overlap
 efficiency (``|comm ∩ compute| / min(|comm|, |compute|)`` per rank, with comm = pull rounds
 ∪ L2 epilogues (the NVLink write-back) and compute = MMA intervals on any SM), per-role busy
-fraction (summed interval time / (SMs x t)), and speedup vs the legacy 5-stage path.
+fraction (per unit the union of the role's work intervals, over units x t), and speedup vs the legacy 5-stage path.
 """
 
 from __future__ import annotations
@@ -108,25 +108,52 @@ def overlap_efficiency(tr) -> float | None:
     return float(np.mean(vals)) if vals else None
 
 
+def _union_length_by_unit(unit: np.ndarray, t0: np.ndarray, t1: np.ndarray) -> float:
+    """The lengths of the unions of each unit's intervals, summed over the units (overlapping
+    intervals of one unit, such as a load unit's copies in flight, count once). One pass: the
+    units' intervals are laid end to end on one axis, each unit ``width`` after the last."""
+    if len(unit) == 0:
+        return 0.0
+    o = np.lexsort((t0, unit))
+    u, s, e = unit[o], t0[o].astype(float), t1[o].astype(float)
+    base, width = float(s.min()), float(e.max() - s.min()) + 1.0
+    shift = np.concatenate([[0], np.cumsum(np.diff(u) != 0)]) * width - base
+    s, e = s + shift, e + shift
+    reach = np.maximum.accumulate(e)  # the furthest end so far, in start order
+    before = np.concatenate([[-np.inf], reach[:-1]])
+    return float(np.maximum(reach - np.maximum(s, before), 0.0).sum())
+
+
 def busy_fractions(tr, num_sms: int, span_ns) -> dict:
-    """Role -> mean over ranks of (work-interval time / (units x span)); intervals with
-    ``sm = -1`` count once for every unit.  ``num_sms``: the units the trace's ``sm`` column counts
-    (the SMs, or at two CTAs per SM the CTAs: ``RankPlan.num_sms``).  ``span_ns``: one number or
-    ``{rank: span}``."""
+    """Role -> mean over ranks of the time a role has work on a unit, over units x span: per unit
+    the length of the union of the role's work intervals (idle waits left out; intervals in flight
+    together count once, so a fraction is at most 1), summed over the units. An interval with
+    ``sm = -1`` (a record for the whole rank) counts on every unit. ``num_sms``: the units the
+    trace's ``sm`` column counts (the SMs, or at two CTAs per SM the CTAs: ``RankPlan.num_sms``;
+    a kernel trace's own: :func:`sim.compare.recorded_units`). ``span_ns``: one number or
+    ``{rank: span}``. (Until the forty-eighth session the fraction summed the intervals'
+    durations and was capped at 1, which hid overlapping loads: the default scenario's TMA roles
+    summed to 1.09.)"""
     kind, role, sm = tr["kind"], tr["role"], tr["sm"]
-    dur = tr["t_end_ns"] - tr["t_start_ns"]
+    t0, t1 = tr["t_start_ns"], tr["t_end_ns"]
     out = {n: [] for n in ROLE}
     for r, idx in _by_rank(tr):
         span = float(span_ns[r] if isinstance(span_ns, dict) else span_ns)
         if span <= 0:
             continue
         work = idx[kind[idx] != KIND["idle_wait"]]
-        ro, on = role[work], sm[work] >= 0
-        d = dur[work]
         for name, code in ROLE.items():
-            sel = ro == code
-            if sel.any():
-                out[name].append(min(1.0, (d[sel & on].sum() / num_sms + d[sel & ~on].sum()) / span))
+            sel = work[role[work] == code]
+            if not len(sel):
+                continue
+            on, wide = sel[sm[sel] >= 0], sel[sm[sel] < 0]
+            units, a, b = sm[on].astype(np.int64), t0[on], t1[on]
+            if len(wide):  # a whole-rank record: on every unit
+                units = np.concatenate([units, np.repeat(np.arange(num_sms, dtype=np.int64), len(wide))])
+                a = np.concatenate([a, np.tile(t0[wide], num_sms)])
+                b = np.concatenate([b, np.tile(t1[wide], num_sms)])
+            busy = _union_length_by_unit(units, a, b)
+            out[name].append(busy / (num_sms * span))
     return {k: float(np.mean(v)) for k, v in out.items() if v}
 
 

@@ -532,3 +532,71 @@ def test_overlay_lane_draws_the_simulators_rank_wide_records_on_every_sm():
     assert overlay_lane(t, 0, 3) == [("pull", 0.0, 1.5, True), ("l1_mma", 2.0, 3.0, False)]
     assert overlay_lane(t, 0, 4) == [("pull", 0.0, 1.5, True)]
     assert overlay_lane(t, 1, 3) == []  # another rank's lane
+    # times count from the trace's first record, as compare's milestones do (a simulator trace
+    # starts at its launch, a kernel trace at its first record)
+    cols["t_start_ns"], cols["t_end_ns"] = cols["t_start_ns"] + 3000, cols["t_end_ns"] + 3000
+    assert overlay_lane(Trace(cols), 0, 4) == [("pull", 0.0, 1.5, True)]
+
+
+def test_busy_fractions_take_the_union_of_a_units_intervals():
+    """Hand-built: unit 0's producer has two loads in flight together ([0, 4] and [2, 6]: busy 6,
+    not 8), unit 1 none of its own; a rank-wide producer record [8, 10] counts on both units. Over
+    2 units x a 10-ns span: (6 + 2 + 2) / 20 = 0.5. Summing the durations read (8 + 4) / 20 = 0.6,
+    and the default scenario's TMA roles summed past 1 and were capped there (fresh-user report,
+    session 48)."""
+    from megamoe.trace import ROLE
+    from sim.metrics import busy_fractions
+
+    cols = {c: np.zeros(4, dtype=np.int64) for c in COLUMNS}
+    cols["sm"] = np.array([0, 0, -1, 1])
+    cols["role"] = np.array([ROLE["producer"]] * 3 + [ROLE["consumer"]])
+    cols["kind"] = np.array([KIND["l1_load"], KIND["l1_load"], KIND["pull"], KIND["idle_wait"]])
+    cols["t_start_ns"] = np.array([0, 2, 8, 0])
+    cols["t_end_ns"] = np.array([4, 6, 10, 10])
+    got = busy_fractions(Trace(cols), 2, 10.0)
+    assert got == {"producer": pytest.approx(0.5)}  # the consumer's only record is an idle wait
+
+
+def test_the_default_scenarios_busy_fractions_are_unions_at_most_one():
+    """The default scenario (V4-Pro EP8 on B200): every role's busy fraction recomputed here per
+    rank and unit as the union of its intervals (a sweep over sorted starts), at most 1."""
+    from sim.metrics import busy_fractions
+
+    res = simulate(Scenario())
+    tr, units = res.trace, max(rp.num_sms for rp in res.plan.ranks)
+    span = {r: float(res.rank_end_ns[r]) for r in range(res.plan.num_ranks)}
+    got = busy_fractions(tr, units, span)
+    for role, v in got.items():
+        per_rank = []
+        for r in range(res.plan.num_ranks):
+            w = tr.where(rank=r, role=role)
+            w = w.select(w["kind"] != KIND["idle_wait"])
+            if not len(w):
+                continue
+            wide = w.select(w["sm"] < 0)
+            total = 0.0
+            for u in range(units):
+                own = w.select(w["sm"] == u)
+                iv = sorted(zip(np.r_[own["t_start_ns"], wide["t_start_ns"]].tolist(),
+                                np.r_[own["t_end_ns"], wide["t_end_ns"]].tolist()))
+                end = -np.inf
+                for a, b in iv:
+                    total += max(0.0, b - max(a, end))
+                    end = max(end, b)
+            per_rank.append(total / (units * span[r]))
+        assert 0 < v <= 1 and v == pytest.approx(float(np.mean(per_rank)), rel=1e-9), role
+
+
+def test_measured_busy_fractions_do_not_move_with_the_hardware(tmp_path):
+    """A kernel trace's busy fractions are over its own CTAs (meta num_sms x plan.ctas_per_sm), not
+    the simulated plan's units: compare on another preset read 0.12 / 0.52 / 0.59 for the 3-token
+    trace's dispatch / producer / consumer instead of 0.13 / 0.58 / 0.66 (fresh-user report,
+    session 48)."""
+    from sim.compare import recorded_units
+
+    p = "benchmarks/traces/kernel_flash_ep1_t3.npz"
+    assert recorded_units(Trace.load(p), 7) == 264
+    a, _, _ = compare_file(p)
+    b, _, _ = compare_file(p, load_hardware("b200"))
+    assert a["busy_fraction_measured"] == b["busy_fraction_measured"]
+    assert a["busy_fraction_simulated"] != b["busy_fraction_simulated"]
