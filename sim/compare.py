@@ -18,7 +18,8 @@ which unit runs a block is decided at run time, in the kernel and in the model a
   traces, ``sim.calibrate.fit_sm90_pair_share``), so a block's duration on one side is paired
   with the other CTA's price about half the time; the model can be held to the distribution,
   not to that pairing;
-* per role: busy fraction (summed interval time / (SMs x makespan)) in both traces and the
+* per role: busy fraction (:func:`sim.metrics.busy_fractions`: per unit the union of the role's
+  work intervals, over units x makespan, each trace over its own units) in both traces and the
   difference (``busy_fraction_error``);
 * overlap efficiency in both and the difference (``overlap_efficiency_error``);
 * unmatched intervals on either side, and ``unmatched_block_work``: block work intervals
@@ -100,9 +101,25 @@ def _keys(t: Trace, by_block: bool = False) -> dict:
     return out
 
 
-def compare_traces(measured: Trace, simulated: Trace, num_sms: int, by_block: bool = False) -> dict:
+def recorded_units(trace: Trace, default: int) -> int:
+    """The units a trace's ``sm`` column counts, as its meta records them: a kernel trace's
+    ``num_sms`` x ``plan.ctas_per_sm`` (the CTAs), else ``default`` (a simulator trace: the units of
+    the plan it is re-made with)."""
+    from megamoe.errors import is_int
+
+    meta = trace.meta if isinstance(trace.meta, dict) else {}
+    plan = meta.get("plan") if isinstance(meta.get("plan"), dict) else {}
+    n, c = meta.get("num_sms"), plan.get("ctas_per_sm", 1)
+    return int(n) * int(c) if is_int(n) and n >= 1 and c in (1, 2) and is_int(c) else default
+
+
+def compare_traces(measured: Trace, simulated: Trace, num_sms: int, by_block: bool = False,
+                   measured_sms: int | None = None) -> dict:
     """Errors of ``simulated`` against ``measured`` (see module docstring; ``by_block``: block
-    work matched without its SM)."""
+    work matched without its SM). ``num_sms``: the units of the simulated trace's ``sm`` column
+    (``RankPlan.num_sms``); ``measured_sms``: the measured trace's (default ``num_sms``; a kernel
+    trace's own, :func:`recorded_units`), so that its busy fractions do not move with the hardware
+    it is simulated on."""
     km, ks = _keys(measured, by_block), _keys(simulated, by_block)
     common = sorted(set(km) & set(ks))
     dm = measured["t_end_ns"] - measured["t_start_ns"]
@@ -122,7 +139,8 @@ def compare_traces(measured: Trace, simulated: Trace, num_sms: int, by_block: bo
             quantile_errors[KINDS[k]] = float(np.median(np.abs(np.percentile(b, QUANTILES)
                                                                / np.percentile(a, QUANTILES) - 1.0)))
     mk_m, mk_s = measured.makespan_ns, simulated.makespan_ns
-    bm, bs = busy_fractions(measured, num_sms, mk_m), busy_fractions(simulated, num_sms, mk_s)
+    bm = busy_fractions(measured, measured_sms or num_sms, mk_m)
+    bs = busy_fractions(simulated, num_sms, mk_s)
     om, os_ = overlap_efficiency(measured), overlap_efficiency(simulated)
     return {
         "makespan_measured_us": mk_m / 1e3,
@@ -353,7 +371,8 @@ def compare_file(path: str, hardware=None, policies: list | None = None) -> tupl
         per = f", {units // hw.num_sms} CTAs per SM" if units > hw.num_sms else ""
         raise InputError("trace.sm", f"SM indices < {units} (hardware {hw.name} has {hw.num_sms} SMs{per})",
                          f"record {i}: {int(measured['sm'][i])}")
-    report = compare_traces(measured, res.trace, plan_units, by_block=any(rp.block_tickets for rp in res.plan.ranks))
+    report = compare_traces(measured, res.trace, plan_units, by_block=any(rp.block_tickets for rp in res.plan.ranks),
+                            measured_sms=recorded_units(measured, plan_units))
     report["launch_skew_us"] = skew
     report["makespan_error_no_skew"] = (simulate(base, hw).trace.makespan_ns / measured.makespan_ns - 1.0
                                         if any(skew) else report["makespan_error"])
@@ -363,13 +382,15 @@ def compare_file(path: str, hardware=None, policies: list | None = None) -> tupl
 
 
 def overlay_lane(trace: Trace, rank: int, sm: int) -> list[tuple[str, float, float, bool]]:
-    """The bars of one SM's lane in :func:`plot_overlay`: ``(kind, start us, duration us,
-    rank_wide)`` for every record of ``rank`` on ``sm`` and every rank-wide record (``sm = -1``: the
+    """The bars of one SM's lane in :func:`plot_overlay`: ``(kind, start us from the trace's first
+    record, as compare's milestones count, duration us, rank_wide)`` for every record of ``rank``
+    on ``sm`` and every rank-wide record (``sm = -1``: the
     simulator's one count, pull, grid sync and combine record for the whole rank, which the kernel
     records per CTA), idle waits left out."""
+    origin = float(trace["t_start_ns"].min()) if len(trace) else 0.0
     s = trace.where(rank=rank)
     sel = ((s["sm"] == sm) | (s["sm"] == -1)) & (s["kind"] != KIND["idle_wait"])
-    return [(KINDS[k], t0 / 1e3, (t1 - t0) / 1e3, bool(u == -1))
+    return [(KINDS[k], (t0 - origin) / 1e3, (t1 - t0) / 1e3, bool(u == -1))
             for k, t0, t1, u in zip(s["kind"][sel], s["t_start_ns"][sel], s["t_end_ns"][sel], s["sm"][sel])]
 
 
@@ -401,7 +422,7 @@ def plot_overlay(measured: Trace, simulated: Trace, path: str, rank: int = 0, sm
     handles = [Patch(color=COLORS[k], label=k) for k in sorted(used)]
     handles.append(Patch(facecolor="white", edgecolor="#555555", hatch="////", label="one record for the whole rank"))
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0), frameon=False)
-    ax.set_xlabel("time (us)")
+    ax.set_xlabel("time from each trace's first record (us)")
     ax.set_title(f"rank {rank}: measured vs simulated")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
