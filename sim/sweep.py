@@ -63,6 +63,8 @@ INT_AXES = {"tokens", "ranks", "seed", "experts_per_wave", "block_m", "pool_toke
             "k_split", "reserved_sms", "max_tokens", "ctas_per_sm"}
 #: The smallest value of an integer axis where it is not 1 (the Scenario's own lower bounds).
 INT_AXIS_FLOOR = {"tokens": 0, "seed": 0, "reserved_sms": 0}
+#: The values an integer axis takes where they are a few (the Scenario's own choices).
+INT_AXIS_CHOICES = {"ctas_per_sm": (1, 2)}
 RESULT_KEYS = ("time_us", "tflops", "hbm_gbs", "nvlink_gbs", "t_reduction_us", "overlap_efficiency",
                "speedup_vs_legacy")
 #: The fields a row has besides its axes (in this order), and so every line of points.jsonl.
@@ -139,8 +141,13 @@ def _point_key(axis: str, v, text: str):
 
 
 def _at_least_floor(axis: str, vals: list[int], text: str) -> list[int]:
-    """``vals`` when each is at least the axis's floor (``INT_AXIS_FLOOR``), refused up front
-    otherwise: a value below it would be an invalid point in every grid, not a what-if."""
+    """``vals`` when each is at least the axis's floor (``INT_AXIS_FLOOR``) and one of its choices
+    where it has a few (``INT_AXIS_CHOICES``), refused up front otherwise: such a value would be an
+    invalid point in every grid, not a what-if."""
+    if axis in INT_AXIS_CHOICES:
+        ok = INT_AXIS_CHOICES[axis]
+        bad = [v for v in vals if v not in ok]
+        require(not bad, f"sweep.{axis}", " or ".join(map(str, ok)), f"{bad[0]} in {text!r}" if bad else "")
     lo = INT_AXIS_FLOOR.get(axis, 1)
     bad = [v for v in vals if v < lo]
     require(not bad, f"sweep.{axis}", f"integers >= {lo}", f"{bad[0]} in {text!r}" if bad else "")

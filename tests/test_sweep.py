@@ -66,6 +66,7 @@ def test_a_value_given_twice_is_refused():
     ("tokens", "-2:2", "-2 in '-2:2'"),
     ("ranks", "0,1", "0 in '0,1'"),
     ("num_stages", "0:2", "0 in '0:2'"),
+    ("ctas_per_sm", "1,3", "3 in '1,3'"),  # ran every point before "no valid point" (fresh-user report, s48)
 ])
 def test_a_value_wrong_in_every_point_is_refused_up_front(axis, text, message):
     """A name that no grid point can take (an unknown shape, routing spec, policy, preset, design or
