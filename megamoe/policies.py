@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import InputError, require
+from .errors import InputError, parse_int, require
 
 KIND_METHODS = {"wave": "experts_per_wave", "block_config": "block_config",
                 "pull_order": "pull_order", "scheduler": "block_list"}
@@ -339,7 +339,7 @@ def make_policy(spec: str | object):
             cls = BUILTINS[name]
             expected = {"fixed-waves": _FIXED_WAVES_EXPECTED, "block-m": "block-m:N with an integer N"}.get(name, name)
             try:
-                obj = cls(int(arg)) if arg else cls()
+                obj = cls(parse_int(arg)) if arg else cls()
             except InputError:
                 raise
             except (TypeError, ValueError):

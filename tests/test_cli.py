@@ -79,6 +79,8 @@ def test_default_simulate_reports_the_table():
     (["--routing", "zipf:1_2"], "routing.zipf_exponent: expected a number, got 1_2"),
     (["--routing", "hot:0.5:\u0664"], "routing.hot_experts: expected an integer, got \u0664"),
     (["--shape", "256,6,4_096,2048"], "shape: expected one of"),
+    (["--policy", "fixed-waves:1_0"], "policy: expected fixed-waves:N"),
+    (["--policy", "block-m:\u0661\u0666"], "policy: expected block-m:N with an integer N"),
 ])
 def test_bad_input_one_line_exit_2(args, field):
     rc, out, err = run("simulate", *args)
