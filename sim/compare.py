@@ -102,15 +102,18 @@ def _keys(t: Trace, by_block: bool = False) -> dict:
 
 
 def recorded_units(trace: Trace, default: int) -> int:
-    """The units a trace's ``sm`` column counts, as its meta records them: a kernel trace's
-    ``num_sms`` x ``plan.ctas_per_sm`` (the CTAs), else ``default`` (a simulator trace: the units of
-    the plan it is re-made with)."""
+    """The units a trace's ``sm`` column counts, as its meta records them, times ``plan.ctas_per_sm``
+    (at two CTAs per SM the CTAs): a kernel trace's ``num_sms``; a simulator trace's SMs, its
+    ``hardware_figures.num_sms`` less its ``reserved_sms``; else ``default``."""
     from megamoe.errors import is_int
 
     meta = trace.meta if isinstance(trace.meta, dict) else {}
     plan = meta.get("plan") if isinstance(meta.get("plan"), dict) else {}
+    figs = meta.get("hardware_figures") if isinstance(meta.get("hardware_figures"), dict) else {}
     n, c = meta.get("num_sms"), plan.get("ctas_per_sm", 1)
-    return int(n) * int(c) if is_int(n) and n >= 1 and c in (1, 2) and is_int(c) else default
+    if n is None and is_int(figs.get("num_sms")) and is_int(meta.get("reserved_sms", 0)):
+        n = figs["num_sms"] - meta.get("reserved_sms", 0)
+    return int(n) * int(c) if is_int(n) and n >= 1 and is_int(c) and c in (1, 2) else default
 
 
 def compare_traces(measured: Trace, simulated: Trace, num_sms: int, by_block: bool = False,
@@ -382,13 +385,14 @@ def compare_file(path: str, hardware=None, policies: list | None = None) -> tupl
 
 
 def overlay_lane(trace: Trace, rank: int, sm: int) -> list[tuple[str, float, float, bool]]:
-    """The bars of one SM's lane in :func:`plot_overlay`: ``(kind, start us from the trace's first
-    record, as compare's milestones count, duration us, rank_wide)`` for every record of ``rank``
-    on ``sm`` and every rank-wide record (``sm = -1``: the
-    simulator's one count, pull, grid sync and combine record for the whole rank, which the kernel
-    records per CTA), idle waits left out."""
-    origin = float(trace["t_start_ns"].min()) if len(trace) else 0.0
+    """The bars of one SM's lane in :func:`plot_overlay`: ``(kind, start us from the rank's first
+    record, duration us, rank_wide)`` for every record of ``rank`` on ``sm`` and every rank-wide
+    record (``sm = -1``: the simulator's count, pull, grid sync and combine records, kept for the
+    whole rank where the kernel records them per CTA), idle waits left out. Each rank counts from
+    its own first record, as a kernel trace's rank clocks do (the simulator starts a late rank at
+    its launch offset, which would put its lanes late by the skew)."""
     s = trace.where(rank=rank)
+    origin = float(s["t_start_ns"].min()) if len(s) else 0.0
     sel = ((s["sm"] == sm) | (s["sm"] == -1)) & (s["kind"] != KIND["idle_wait"])
     return [(KINDS[k], (t0 - origin) / 1e3, (t1 - t0) / 1e3, bool(u == -1))
             for k, t0, t1, u in zip(s["kind"][sel], s["t_start_ns"][sel], s["t_end_ns"][sel], s["sm"][sel])]
@@ -420,9 +424,9 @@ def plot_overlay(measured: Trace, simulated: Trace, path: str, rank: int = 0, sm
     ax.set_yticklabels(labels, fontsize=7)
     ax.invert_yaxis()
     handles = [Patch(color=COLORS[k], label=k) for k in sorted(used)]
-    handles.append(Patch(facecolor="white", edgecolor="#555555", hatch="////", label="one record for the whole rank"))
+    handles.append(Patch(facecolor="white", edgecolor="#555555", hatch="////", label="a record for the whole rank (sm = -1)"))
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0), frameon=False)
-    ax.set_xlabel("time from each trace's first record (us)")
+    ax.set_xlabel(f"time from rank {rank}'s first record in each trace (us)")
     ax.set_title(f"rank {rank}: measured vs simulated")
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -517,10 +517,10 @@ def test_kind_quantile_errors_compare_the_distributions():
 
 
 def test_overlay_lane_draws_the_simulators_rank_wide_records_on_every_sm():
-    """The simulator records one count / pull / grid sync / combine for the whole rank (sm = -1),
-    the kernel one per CTA; the overlay used to draw only per-SM records, so the simulated lanes
-    lacked those bars (noted in session 47). Hand-built two-record trace: SM 3's lane holds its own
-    MMA and the rank-wide pull, SM 4's only the pull; idle waits are left out."""
+    """The simulator keeps its count / pull / grid sync / combine records for the whole rank
+    (sm = -1), the kernel one per CTA; the overlay used to draw only per-SM records, so the
+    simulated lanes lacked those bars (noted in session 47). Hand-built four-record trace: SM 3's
+    lane holds its own MMA and the rank-wide pull, SM 4's only the pull; idle waits are left out."""
     from sim.compare import overlay_lane
 
     cols = {c: np.zeros(4, dtype=np.int64) for c in COLUMNS}
@@ -536,6 +536,14 @@ def test_overlay_lane_draws_the_simulators_rank_wide_records_on_every_sm():
     # starts at its launch, a kernel trace at its first record)
     cols["t_start_ns"], cols["t_end_ns"] = cols["t_start_ns"] + 3000, cols["t_end_ns"] + 3000
     assert overlay_lane(Trace(cols), 0, 4) == [("pull", 0.0, 1.5, True)]
+    # and each rank from its own first record: rank 1 launched 5 us late (a simulator trace's
+    # launch skew; a kernel trace's rank clocks each start at their first record)
+    two = {c: np.concatenate([v, v]) for c, v in cols.items()}
+    two["rank"] = np.array([0] * 4 + [1] * 4)
+    two["t_start_ns"][4:] += 5000
+    two["t_end_ns"][4:] += 5000
+    assert overlay_lane(Trace(two), 1, 3) == overlay_lane(Trace(two), 0, 3) == [("pull", 0.0, 1.5, True),
+                                                                                ("l1_mma", 2.0, 3.0, False)]
 
 
 def test_busy_fractions_take_the_union_of_a_units_intervals():
@@ -596,6 +604,12 @@ def test_measured_busy_fractions_do_not_move_with_the_hardware(tmp_path):
 
     p = "benchmarks/traces/kernel_flash_ep1_t3.npz"
     assert recorded_units(Trace.load(p), 7) == 264
+    # a simulator trace: its hardware's SMs less the reserved ones, times its CTAs per SM
+    res = simulate(Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=12, design="megamoe-sm90",
+                            hardware="h200", reserved_sms=4))
+    sim_path = tmp_path / "s.npz"
+    res.trace.save_npz(str(sim_path))
+    assert recorded_units(Trace.load(str(sim_path)), 7) == 2 * 128 == res.plan.ranks[0].num_sms
     a, _, _ = compare_file(p)
     b, _, _ = compare_file(p, load_hardware("b200"))
     assert a["busy_fraction_measured"] == b["busy_fraction_measured"]
