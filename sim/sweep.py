@@ -46,6 +46,7 @@ import stat
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
 from megamoe.errors import InputError, is_int, parse_float, parse_int, require
+from megamoe.scenario import MAX_TOKENS_PER_RANK
 
 SCENARIO_AXES = {"tokens": "tokens_per_rank", "ranks": "num_ranks", "shape": "shape", "routing": "routing",
                  "seed": "seed", "hardware": "hardware", "design": "design",
@@ -63,6 +64,8 @@ INT_AXES = {"tokens", "ranks", "seed", "experts_per_wave", "block_m", "pool_toke
             "k_split", "reserved_sms", "max_tokens", "ctas_per_sm"}
 #: The smallest value of an integer axis where it is not 1 (the Scenario's own lower bounds).
 INT_AXIS_FLOOR = {"tokens": 0, "seed": 0, "reserved_sms": 0}
+#: The largest value of an integer axis where the Scenario has one whatever the other axes are.
+INT_AXIS_CEILING = {"tokens": MAX_TOKENS_PER_RANK, "max_tokens": MAX_TOKENS_PER_RANK}
 #: The values an integer axis takes where they are a few (the Scenario's own choices).
 INT_AXIS_CHOICES = {"ctas_per_sm": (1, 2)}
 RESULT_KEYS = ("time_us", "tflops", "hbm_gbs", "nvlink_gbs", "t_reduction_us", "overlap_efficiency",
@@ -83,8 +86,9 @@ def parse_values(axis: str, text: str) -> list:
     """Values of one axis from ``a,b,c`` or ``start:stop[:step]`` (inclusive, integers).
 
     Raises:
-        InputError: unknown axis, bad number, empty range, a value given twice (it would be
-            simulated twice and give two identical rows).
+        InputError: unknown axis, bad number, empty range, an integer out of its axis's range
+            (``INT_AXIS_FLOOR``, ``INT_AXIS_CEILING``, ``INT_AXIS_CHOICES``), a value given twice (it
+            would be simulated twice and give two identical rows).
     """
     vals = _axis_values(axis, text)
     seen: dict = {}
@@ -140,17 +144,18 @@ def _point_key(axis: str, v, text: str):
     return v
 
 
-def _at_least_floor(axis: str, vals: list[int], text: str) -> list[int]:
-    """``vals`` when each is at least the axis's floor (``INT_AXIS_FLOOR``) and one of its choices
-    where it has a few (``INT_AXIS_CHOICES``), refused up front otherwise: such a value would be an
-    invalid point in every grid, not a what-if."""
+def _in_axis_range(axis: str, vals: list[int], text: str) -> list[int]:
+    """``vals`` when each is in the axis's range (``INT_AXIS_FLOOR``, ``INT_AXIS_CEILING``) and one
+    of its choices where it has a few (``INT_AXIS_CHOICES``), refused up front otherwise: such a
+    value would be an invalid point in every grid, not a what-if."""
     if axis in INT_AXIS_CHOICES:
         ok = INT_AXIS_CHOICES[axis]
         bad = [v for v in vals if v not in ok]
         require(not bad, f"sweep.{axis}", " or ".join(map(str, ok)), f"{bad[0]} in {text!r}" if bad else "")
-    lo = INT_AXIS_FLOOR.get(axis, 1)
-    bad = [v for v in vals if v < lo]
-    require(not bad, f"sweep.{axis}", f"integers >= {lo}", f"{bad[0]} in {text!r}" if bad else "")
+    lo, hi = INT_AXIS_FLOOR.get(axis, 1), INT_AXIS_CEILING.get(axis)
+    bad = [v for v in vals if v < lo or (hi is not None and v > hi)]
+    require(not bad, f"sweep.{axis}", f"integers >= {lo}" if hi is None else f"integers in [{lo}, {hi}]",
+            f"{bad[0]} in {text!r}" if bad else "")
     return vals
 
 
@@ -171,7 +176,7 @@ def _axis_values(axis: str, text: str) -> list:
         require(len(r) <= MAX_POINTS, f"sweep.{axis}", f"a range of at most {MAX_POINTS} values", f"{text} ({len(r)})")
         vals = list(r)
         require(bool(vals), f"sweep.{axis}", "a non-empty range", text)
-        return _at_least_floor(axis, vals, text)
+        return _in_axis_range(axis, vals, text)
     if axis == "shape":  # a custom shape is itself E,k,H,I: shapes are separated by ';'
         parts = text.split(",")
         one_custom = ";" not in text and len(parts) == 4 and all(p.strip().isdigit() for p in parts)
@@ -190,7 +195,7 @@ def _axis_values(axis: str, text: str) -> list:
             vals = [parse_int(v) for v in vals]
         except ValueError:
             raise InputError(f"sweep.{axis}", "integers", text) from None
-        return _at_least_floor(axis, vals, text)
+        return _in_axis_range(axis, vals, text)
     if axis == "combine_relay":  # on / off, as the CLI's --combine-relay
         require(all(v in ("on", "off") for v in vals), f"sweep.{axis}", "on and/or off", text)
         return vals  # kept as spelled in the rows and outputs; the Scenario gets a bool

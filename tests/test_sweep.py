@@ -67,6 +67,8 @@ def test_a_value_given_twice_is_refused():
     ("ranks", "0,1", "0 in '0,1'"),
     ("num_stages", "0:2", "0 in '0:2'"),
     ("ctas_per_sm", "1,3", "3 in '1,3'"),  # ran every point before "no valid point" (fresh-user report, s48)
+    ("tokens", "8,131073", "131073 in '8,131073'"),
+    ("max_tokens", "131073", "131073 in '131073'"),
 ])
 def test_a_value_wrong_in_every_point_is_refused_up_front(axis, text, message):
     """A name that no grid point can take (an unknown shape, routing spec, policy, preset, design or
@@ -638,3 +640,32 @@ def test_ctrl_c_on_a_multi_worker_sweep_is_one_line(tmp_path):
     err = p.communicate(timeout=60)[1].decode()
     assert p.returncode == 130 and err.splitlines() == ["megamoe: interrupted"], err
     assert 1 <= log.read_text().count("\n") < 3001
+
+
+def test_the_integer_axes_ranges_are_the_scenarios():
+    """Each integer axis's up-front range (INT_AXIS_FLOOR / CEILING / CHOICES) against Scenario
+    itself: the floor is accepted and one below it refused by the Scenario (so the sweep refuses
+    only what no grid point could take), on a small SM90 one-rank call where every axis applies."""
+    from megamoe.scenario import Scenario
+    from sim.sweep import INT_AXES, INT_AXIS_CEILING, INT_AXIS_CHOICES, INT_AXIS_FLOOR, SCENARIO_AXES
+
+    base = dict(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=16, design="megamoe-sm90", hardware="h200")
+    field = {**SCENARIO_AXES, "max_tokens": "max_tokens_per_rank"}
+    for axis in sorted(INT_AXES):
+        lo = INT_AXIS_FLOOR.get(axis, 1)
+        if axis == "ranks":
+            continue  # one rank fixed here; >= 1 is checked alone below
+        ok = INT_AXIS_CHOICES.get(axis, (lo,))[0]
+        kw = {**base, field[axis]: ok}
+        if axis == "max_tokens":
+            kw["tokens_per_rank"] = 1  # tokens <= max_tokens
+        Scenario(**kw)  # the floor (or first choice) is a valid scenario field value (the design
+        # may still refuse it at some points: block_m 1, say, is each point's own error)
+        with pytest.raises(InputError):
+            Scenario(**{**base, field[axis]: lo - 1})
+        if axis in INT_AXIS_CEILING:
+            hi = INT_AXIS_CEILING[axis]
+            with pytest.raises(InputError):
+                Scenario(**{**base, field[axis]: hi + 1, **({"max_tokens_per_rank": hi + 1} if axis == "tokens" else {})})
+    with pytest.raises(InputError):
+        Scenario(**{**base, "num_ranks": 0})
