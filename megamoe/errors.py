@@ -46,16 +46,23 @@ def is_int(v: object) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
+def _typed(text: str, conv):
+    """``conv(text)`` (``int`` or ``float``) for a number as typed on a command line, refusing
+    what Python reads and no option of megamoe means: digit-group underscores (``1_000``) and
+    non-ASCII digits (``'١٢'``). Raises ValueError (the caller names the option)."""
+    if not text.isascii() or "_" in text:
+        raise ValueError(f"not a plain ASCII number: {text!r}")
+    return conv(text)
+
+
 def parse_int(text: str) -> int:
-    """An integer as typed on a command line: Python's ``int()`` without the forms no option of
-    megamoe means (digit-group underscores such as ``1_000``, non-ASCII digits such as ``'١٢'``).
+    """An integer as typed on a command line: Python's ``int()`` (blanks around and a sign
+    allowed) without digit-group underscores or non-ASCII digits.
 
     Raises:
         ValueError: anything else (the caller names the option in its message).
     """
-    if not text.isascii() or "_" in text:
-        raise ValueError(f"not a decimal integer: {text!r}")
-    return int(text)
+    return _typed(text, int)
 
 
 def parse_float(text: str) -> float:
@@ -66,9 +73,7 @@ def parse_float(text: str) -> float:
     Raises:
         ValueError: anything else (the caller names the option in its message).
     """
-    if not text.isascii() or "_" in text:
-        raise ValueError(f"not a decimal number: {text!r}")
-    return float(text)
+    return _typed(text, float)
 
 
 def is_real(v: object) -> bool:
