@@ -530,7 +530,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
     con.print(t)
     for role, err in report["busy_fraction_error"].items():
         con.print(f"busy {role}: {side} {report['busy_fraction_measured'][role]:.2f}, simulated "
-                  f"{report['busy_fraction_simulated'][role]:.2f} ({err:+.2f})")
+                  f"{report['busy_fraction_simulated'][role]:.2f} ({round(err, 2) + 0.0:+.2f})")  # no "-0.00"
     con.print(f"overlap efficiency: {side} {_fmt_overlap(report['overlap_efficiency_measured'])}, simulated "
               f"{_fmt_overlap(report['overlap_efficiency_simulated'])}")
     from sim.compare import MILESTONE_LABELS

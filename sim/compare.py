@@ -27,7 +27,10 @@ which unit runs a block is decided at run time, in the kernel and in the model a
 * ``milestones``: where each side's call reaches its phases, in us from its first record
   (:data:`MILESTONES`: the last pull's end, the median unit's first L1 MMA, the last L1 MMA's end,
   the last L2 epilogue's end, the end), so that a makespan error can be placed in the start, the L1
-  phase, the L2 phase or the tail.
+  phase, the L2 phase or the tail;
+* ``compare_file`` adds ``scenario`` (as the trace records it), ``hardware_simulated`` (the name of the
+  hardware the simulation ran on, ``Hardware.name``: the trace's own, or ``compare --hardware``), ``launch_skew_us`` and
+  ``trace``.
 
 ``compare_file(path)`` loads a kernel trace (NPZ with ``meta`` and ``topk_idx``, see
 :mod:`megamoe.trace`), simulates the same scenario (shape, ranks, tokens, the trace's own
@@ -379,7 +382,8 @@ def compare_file(path: str, hardware=None, policies: list | None = None) -> tupl
     report["launch_skew_us"] = skew
     report["makespan_error_no_skew"] = (simulate(base, hw).trace.makespan_ns / measured.makespan_ns - 1.0
                                         if any(skew) else report["makespan_error"])
-    report["scenario"] = sc.to_dict()
+    report["scenario"] = sc.to_dict()  # as recorded: its hardware is the trace's
+    report["hardware_simulated"] = hw.name  # what the simulation ran on (compare --hardware)
     report["trace"] = str(path)
     return report, measured, res
 

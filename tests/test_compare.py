@@ -613,4 +613,7 @@ def test_measured_busy_fractions_do_not_move_with_the_hardware(tmp_path):
     a, _, _ = compare_file(p)
     b, _, _ = compare_file(p, load_hardware("b200"))
     assert a["busy_fraction_measured"] == b["busy_fraction_measured"]
+    # the report names what it simulated on, beside the scenario as recorded
+    assert (a["hardware_simulated"], b["hardware_simulated"]) == ("H200", "B200")  # Hardware.name
+    assert a["scenario"]["hardware"] == b["scenario"]["hardware"] == "h200"
     assert a["busy_fraction_simulated"] != b["busy_fraction_simulated"]
