@@ -110,18 +110,14 @@ def overlap_efficiency(tr) -> float | None:
 
 def _union_length_by_unit(unit: np.ndarray, t0: np.ndarray, t1: np.ndarray) -> float:
     """The lengths of the unions of each unit's intervals, summed over the units (overlapping
-    intervals of one unit, such as a load unit's copies in flight, count once). One pass: the
-    units' intervals are laid end to end on one axis, each unit ``width`` after the last."""
+    intervals of one unit, such as a load unit's copies in flight, count once): one :func:`_union`
+    with the units' intervals laid end to end, each unit ``width`` after the one before, so that
+    no two units' intervals meet."""
     if len(unit) == 0:
         return 0.0
-    o = np.lexsort((t0, unit))
-    u, s, e = unit[o], t0[o].astype(float), t1[o].astype(float)
-    base, width = float(s.min()), float(e.max() - s.min()) + 1.0
-    shift = np.concatenate([[0], np.cumsum(np.diff(u) != 0)]) * width - base
-    s, e = s + shift, e + shift
-    reach = np.maximum.accumulate(e)  # the furthest end so far, in start order
-    before = np.concatenate([[-np.inf], reach[:-1]])
-    return float(np.maximum(reach - np.maximum(s, before), 0.0).sum())
+    width = float(t1.max() - t0.min()) + 1.0
+    shift = np.unique(unit, return_inverse=True)[1] * width
+    return _length(_union(t0 + shift, t1 + shift))
 
 
 def busy_fractions(tr, num_sms: int, span_ns) -> dict:
