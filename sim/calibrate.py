@@ -1392,27 +1392,20 @@ def refit_h200(root: str | None = None, toml_path: str | None = None) -> dict:
     fit.update(sm90_ep_fit_sources(ep))
     from .hardware import load_hardware
 
+    def fitted(fitter, traces, *args) -> dict:
+        """``fitter`` on the committed ``traces`` (and ``args``), with its sources: the kernel and day
+        of those traces (:data:`SM90_SKIP_FIT_KERNEL`, :data:`SM90_SKIP_FIT_DATE`)."""
+        return sm90_fit_sources(fitter([str(base / p) for p in traces], *args), traces=traces, profile_path=None,
+                                date=SM90_SKIP_FIT_DATE, kernel=SM90_SKIP_FIT_KERNEL, fitter=fitter.__name__)
+
     fold = load_hardware("h200").pull_fold_chunk_ns
-    fit.update(sm90_fit_sources(fit_sm90_pull([str(base / p) for p in SM90_PULL_FIT_TRACES], fold),
-                                traces=SM90_PULL_FIT_TRACES, profile_path=None, date=SM90_SKIP_FIT_DATE,
-                                kernel=SM90_SKIP_FIT_KERNEL, fitter="fit_sm90_pull"))
-    fit.update(sm90_fit_sources(fit_sm90_pull_pair([str(base / p) for p in SM90_PULL_PAIR_FIT_TRACES], fold),
-                                traces=SM90_PULL_PAIR_FIT_TRACES, profile_path=None, date=SM90_SKIP_FIT_DATE,
-                                kernel=SM90_SKIP_FIT_KERNEL, fitter="fit_sm90_pull_pair"))
-    fit.update(sm90_fit_sources(fit_sm90_local_count([str(base / p) for p in SM90_LOCAL_COUNT_FIT_TRACES]),
-                                traces=SM90_LOCAL_COUNT_FIT_TRACES,
-                                profile_path=None, date=SM90_SKIP_FIT_DATE, kernel=SM90_SKIP_FIT_KERNEL,
-                                fitter="fit_sm90_local_count"))
-    fit.update(sm90_fit_sources(fit_sm90_combine_start([str(base / p) for p in (*SM90_FIT_TRACES, *SM90_PAIR_FIT_TRACES)]),
-                                traces=(*SM90_FIT_TRACES, *SM90_PAIR_FIT_TRACES), profile_path=None,
-                                date=SM90_SKIP_FIT_DATE, kernel=SM90_SKIP_FIT_KERNEL, fitter="fit_sm90_combine_start"))
-    fit.update(sm90_fit_sources(fit_block_jitter([str(base / p) for p in BLOCK_JITTER_FIT_TRACES]),
-                                traces=BLOCK_JITTER_FIT_TRACES, profile_path=None, date=SM90_SKIP_FIT_DATE,
-                                kernel=SM90_SKIP_FIT_KERNEL, fitter="fit_block_jitter"))
+    fit.update(fitted(fit_sm90_pull, SM90_PULL_FIT_TRACES, fold))
+    fit.update(fitted(fit_sm90_pull_pair, SM90_PULL_PAIR_FIT_TRACES, fold))
+    fit.update(fitted(fit_sm90_local_count, SM90_LOCAL_COUNT_FIT_TRACES))
+    fit.update(fitted(fit_sm90_combine_start, (*SM90_FIT_TRACES, *SM90_PAIR_FIT_TRACES)))
+    fit.update(fitted(fit_block_jitter, BLOCK_JITTER_FIT_TRACES))
     counted = dataclasses.replace(load_hardware("h200"), **{k: v for k, (v, _) in fit.items()})
-    fit.update(sm90_fit_sources(fit_sm90_count_pair([str(base / p) for p in SM90_COUNT_PAIR_FIT_TRACES], counted),
-                                traces=SM90_COUNT_PAIR_FIT_TRACES, profile_path=None, date=SM90_SKIP_FIT_DATE,
-                                kernel=SM90_SKIP_FIT_KERNEL, fitter="fit_sm90_count_pair"))
+    fit.update(fitted(fit_sm90_count_pair, SM90_COUNT_PAIR_FIT_TRACES, counted))
     # the pair share is fitted on the model with every figure just fitted (the H200 preset's others)
     hw = dataclasses.replace(load_hardware("h200"), **{k: v for k, (v, _) in fit.items()})
     fit.update(sm90_fit_sources(fit_sm90_pair_share([str(base / p) for p in SM90_PAIR_FIT_TRACES],
