@@ -108,8 +108,6 @@ def recorded_units(trace: Trace, default: int) -> int:
     """The units a trace's ``sm`` column counts, as its meta records them, times ``plan.ctas_per_sm``
     (at two CTAs per SM the CTAs): a kernel trace's ``num_sms``; a simulator trace's SMs, its
     ``hardware_figures.num_sms`` less its ``reserved_sms``; else ``default``."""
-    from megamoe.errors import is_int
-
     meta = trace.meta if isinstance(trace.meta, dict) else {}
     plan = meta.get("plan") if isinstance(meta.get("plan"), dict) else {}
     figs = meta.get("hardware_figures") if isinstance(meta.get("hardware_figures"), dict) else {}
