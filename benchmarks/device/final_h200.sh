@@ -30,8 +30,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv > $W/gpu.txt 2>
 python3 -c "import megamoe.kernel as k; print(k.build().path)" > $W/build.log 2>&1; stamp "$PART: build: $(tail -1 $W/build.log)"
 case $PART in
   suite)
-    timeout 300 python3 -m pytest -q -p no:cacheprovider --timeout 120 tests/test_kernel_gpu.py > $W/pytest.log 2>&1; stamp "EP1 suite: $(tail -1 $W/pytest.log)"
-    timeout 60 python3 -m pytest -q -p no:cacheprovider --timeout 40 tests/test_kernel_ep.py -k local > $W/ep_local.log 2>&1; stamp "EP local: $(tail -1 $W/ep_local.log)"
+    . benchmarks/device/ep1_suite.sh
     timeout 150 python3 benchmarks/device/numerics_h200.py $W/kernel_numerics_h200.json > $W/numerics.log 2>&1; stamp "numerics rc=$?"; tail -14 $W/numerics.log ;;
   check)
     if [ -n "$OLD_LIB" ]; then
