@@ -153,6 +153,51 @@ def busy_fractions(tr, num_sms: int, span_ns) -> dict:
     return {k: float(np.mean(v)) for k, v in out.items() if v}
 
 
+def balanced_time(tr, num_units: int, role: str = "consumer") -> dict:
+    """A one-rank call's time had ``role``'s work been spread evenly over its units, each record
+    costing what it cost in the trace: the role's first record's start (from the trace's first
+    record), plus its work per unit (:func:`busy_fractions`' per-unit union of the role's work
+    intervals, summed over the units, over ``num_units``), plus the trace's end after the role's
+    last record. For the consumers of a kernel trace this is the time no other assignment of the
+    same blocks, at the traced K-loop and epilogue costs, start and tail, could beat (each unit
+    has to run its share of the work between the two); ``benchmarks/streaming_bound.py`` sets it
+    against the time the weight-streaming target of issue 5 allows.
+
+    Args:
+        tr: a :class:`megamoe.trace.Trace` of one rank.
+        num_units: the units its ``sm`` column counts (SMs, or CTAs at two per SM;
+            :func:`sim.compare.recorded_units`).
+        role: a name of :data:`megamoe.trace.ROLES`.
+
+    Returns:
+        ``{"start_ns", "work_ns", "tail_ns", "balanced_ns", "makespan_ns"}``, ns; ``balanced_ns`` is
+        the sum of the first three.
+
+    Raises:
+        InputError: a trace of several ranks (``trace.rank``), ``num_units`` not a positive
+            integer (``num_units``), an unknown role (``role``), no work record of ``role``
+            (``trace``).
+    """
+    from megamoe.errors import InputError, is_int
+
+    if not is_int(num_units) or num_units < 1:
+        raise InputError("num_units", "a positive integer", num_units)
+    if role not in ROLE:
+        raise InputError("role", f"one of {', '.join(ROLE)}", role)
+    ranks = np.unique(tr["rank"])
+    if len(ranks) != 1:
+        raise InputError("trace.rank", "the records of one rank", f"ranks {ranks.tolist()}")
+    work = (tr["role"] == ROLE[role]) & (tr["kind"] != KIND["idle_wait"])
+    if not work.any():
+        raise InputError("trace", f"work records of the {role} role", "none")
+    t0, t1 = tr["t_start_ns"], tr["t_end_ns"]
+    first, end = float(t0.min()), float(t1.max())
+    busy = busy_fractions(tr.select(work), num_units, 1.0)[role]  # summed union over units / num_units
+    start, tail = float(t0[work].min()) - first, end - float(t1[work].max())
+    return {"start_ns": start, "work_ns": busy, "tail_ns": tail, "balanced_ns": start + busy + tail,
+            "makespan_ns": end - first}
+
+
 def summarize(res) -> dict:
     """Summary dict of a :class:`sim.engine.SimResult` (keys documented in the module)."""
     from .legacy import legacy_time_ns

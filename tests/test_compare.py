@@ -565,6 +565,62 @@ def test_busy_fractions_take_the_union_of_a_units_intervals():
     assert got == {"producer": pytest.approx(0.5)}  # the consumer's only record is an idle wait
 
 
+def test_balanced_time_spreads_a_roles_work_over_the_units():
+    """Hand-built, one rank, 2 units: unit 0's consumer runs [10, 30] and [25, 40] (union 30),
+    unit 1's [12, 20] (8) and an idle wait [0, 50] (not work); a producer record starts the
+    trace at 0 and a dispatch record ends it at 50. Start 10, work (30 + 8) / 2 = 19, tail
+    50 - 40 = 10: balanced 39 of a 50-ns makespan."""
+    from megamoe.errors import InputError
+    from megamoe.trace import ROLE
+    from sim.metrics import balanced_time
+
+    cols = {c: np.zeros(6, dtype=np.int64) for c in COLUMNS}
+    cols["sm"] = np.array([0, 0, 1, 1, 0, 1])
+    cols["role"] = np.array([ROLE["consumer"]] * 4 + [ROLE["producer"], ROLE["dispatch"]])
+    cols["kind"] = np.array([KIND["l1_mma"], KIND["l1_epilogue"], KIND["l2_mma"], KIND["idle_wait"],
+                             KIND["l1_load"], KIND["combine"]])
+    cols["t_start_ns"] = np.array([10, 25, 12, 0, 0, 45])
+    cols["t_end_ns"] = np.array([30, 40, 20, 50, 5, 50])
+    tr = Trace(cols)
+    assert balanced_time(tr, 2) == {"start_ns": 10.0, "work_ns": 19.0, "tail_ns": 10.0, "balanced_ns": 39.0,
+                                    "makespan_ns": 50.0}
+    # the producer's: start 0, work 5 / 2, tail 45
+    assert balanced_time(tr, 2, "producer")["balanced_ns"] == 47.5
+    for kw, field in (({"num_units": 0}, "num_units"), ({"num_units": 2.5}, "num_units"),
+                      ({"num_units": 2, "role": "mma_warp"}, "role"), ({"num_units": 2, "role": "tma_a"}, "trace")):
+        with pytest.raises(InputError, match=field):
+            balanced_time(tr, **kw)
+    cols["rank"] = np.array([0, 0, 0, 0, 1, 1])
+    with pytest.raises(InputError, match="trace.rank"):
+        balanced_time(Trace(cols), 2)
+
+
+def test_balanced_time_of_a_kernel_trace_by_a_sweep_per_cta():
+    """The committed 3-token kernel trace (264 CTAs): the consumers' work per CTA recomputed here
+    CTA by CTA as the union of its records (a sweep over sorted starts), the start and tail
+    from the records' extremes."""
+    from megamoe.trace import ROLE
+    from sim.compare import recorded_units
+    from sim.metrics import balanced_time
+
+    tr = Trace.load("benchmarks/traces/kernel_flash_ep1_t3.npz")
+    units = recorded_units(tr, 0)
+    got = balanced_time(tr, units)
+    c = tr.where(role=ROLE["consumer"])
+    c = c.select(c["kind"] != KIND["idle_wait"])
+    total = 0.0
+    for u in np.unique(c["sm"]).tolist():
+        own = c.select(c["sm"] == u)
+        end = -np.inf
+        for a, b in sorted(zip(own["t_start_ns"].tolist(), own["t_end_ns"].tolist())):
+            total += max(0.0, b - max(a, end))
+            end = max(end, b)
+    t0, t1 = tr["t_start_ns"].min(), tr["t_end_ns"].max()
+    assert got["work_ns"] == pytest.approx(total / units, rel=1e-12)
+    assert got["start_ns"] == c["t_start_ns"].min() - t0 and got["tail_ns"] == t1 - c["t_end_ns"].max()
+    assert got["balanced_ns"] < got["makespan_ns"] == t1 - t0
+
+
 def test_the_default_scenarios_busy_fractions_are_unions_at_most_one():
     """The default scenario (V4-Pro EP8 on B200): every role's busy fraction recomputed here per
     rank and unit as the union of its intervals (a sweep over sorted starts), at most 1."""
@@ -617,3 +673,29 @@ def test_measured_busy_fractions_do_not_move_with_the_hardware(tmp_path):
     assert (a["hardware_simulated"], b["hardware_simulated"]) == ("H200", "B200")  # Hardware.name
     assert a["scenario"]["hardware"] == b["scenario"]["hardware"] == "h200"
     assert a["busy_fraction_simulated"] != b["busy_fraction_simulated"]
+
+
+def test_streaming_bound_results_are_the_traces_recomputed():
+    """``benchmarks/results/streaming_bound_h200.json`` is what ``benchmarks/streaming_bound.py``
+    computes from the committed traces and benchmark now; at 1 token its t70 is recomputed by hand
+    from the anchors' formula (6 touched experts x 1.5 H I + 6 routed rows x (H + 2 I + 2 H) bytes
+    at 70% of the benchmark's copy bandwidth) and its K blocks from the shape, and each row's
+    balanced time is its three parts."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("streaming_bound", "benchmarks/streaming_bound.py")
+    sb = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sb)
+    rows, meta = sb.rows()
+    saved = json.load(open("benchmarks/results/streaming_bound_h200.json"))
+    assert saved == json.loads(json.dumps({"meta": meta, "rows": rows}))
+    one = rows[0]
+    H, I = 4096, 2048
+    assert one["tokens"] == 1 and one["ctas"] == 132
+    # 6 experts, each 32 L1 blocks of 32 K blocks and 32 L2 blocks of 16
+    assert one["k_blocks"] == 6 * (2 * I // 128 * H // 128 + H // 128 * I // 128) == 9216
+    assert one["t70_us"] == pytest.approx((6 * 1.5 * H * I + 6 * (H + 2 * I + 2 * H))
+                                          / (0.7 * meta["copy_gbs_steady"] * 1e3), rel=1e-12)
+    for r in rows:
+        assert r["balanced_us"] == pytest.approx(r["start_us"] + r["work_us"] + r["tail_us"], rel=1e-12)
+        assert r["start_us"] > 0 and r["tail_us"] > 0 and r["balanced_us"] < r["traced_makespan_us"]

@@ -446,6 +446,10 @@ def test_kernel_page_states_the_issue_targets_from_the_committed_runs(site: Path
     gshare = ours[64]["hbm_gbs_graph"] / d["copy_gbs_steady"]
     assert f"{100 * gshare:.1f}% at 64" in page
     assert ("faster than every peer: " + ("yes" if not slower else "no (" + ", ".join(slower) + ")")) in page
+    # what a perfect schedule of the traced work could reach (benchmarks/streaming_bound.py)
+    sb = json.loads((ROOT / "benchmarks/results/streaming_bound_h200.json").read_text())["rows"]
+    one = next(r for r in sb if r["tokens"] == 1)
+    assert f"1 token (work {one['work_us']:.1f} us, with start and tail {one['balanced_us']:.1f}" in page
 
 
 def test_readme_kernel_table_is_the_committed_benchmark():

@@ -926,6 +926,7 @@ class Gen:
                        "peer: " + ("yes" if not slower_g else "no (" + ", ".join(slower_g) + ")")
                        + (f" ({', '.join(uncapturable)}: not capturable, so not compared)" if uncapturable else "")
                        + ".")]
+        lines += self._streaming_bound_lines()
         ab = ROOT / "benchmarks/results/kernel_peer_ab_h200.json"
         if ab.exists():
             a = json.loads(ab.read_text())
@@ -945,6 +946,35 @@ class Gen:
                          + (" (faster everywhere)." if not not_faster else
                             f" (not faster at {', '.join(map(str, not_faster))} token{'s' if len(not_faster) > 1 else ''})."))
         return lines + [""]
+
+    def _streaming_bound_lines(self) -> list[str]:
+        """Issue 5's streaming target against what a perfect schedule of the traced work could
+        reach (``benchmarks/streaming_bound.py``'s ``streaming_bound_h200.json``): per token count,
+        the consumers' work spread evenly over the CTAs, with and without the traced start and
+        tail, against the time 70% of the copy allows."""
+        f = ROOT / "benchmarks/results/streaming_bound_h200.json"
+        if not f.exists():
+            return []
+        rows = json.loads(f.read_text())["rows"]
+
+        def cells(pred):
+            return ", ".join(f"{r['tokens']} token{'s' if r['tokens'] > 1 else ''} (work {r['work_us']:.1f} us, with start and tail "
+                             f"{r['balanced_us']:.1f}, t70 {r['t70_us']:.1f})" for r in rows if pred(r))
+
+        alone = cells(lambda r: r["work_us"] > r["t70_us"])
+        fixed = cells(lambda r: r["work_us"] <= r["t70_us"] < r["balanced_us"])
+        sched = [str(r["tokens"]) for r in rows if r["balanced_us"] <= r["t70_us"] < r["traced_makespan_us"]]
+        text = ("* what a perfect schedule of the same work could reach (`benchmarks/streaming_bound.py`, from the "
+                "committed traces: the consumers' traced start, their K loops and epilogues spread evenly over the "
+                "CTAs, and the traced tail, against the time 70% of the copy allows, t70)")
+        parts = []
+        if alone:
+            parts.append(f"the consumers' work alone exceeds t70 at {alone}")
+        if fixed:
+            parts.append(f"with the start and tail it exceeds t70 at {fixed}")
+        if sched:
+            parts.append(f"a better schedule could meet it at {', '.join(sched)} tokens")
+        return [text + (": " + "; ".join(parts) if parts else "") + "."]
 
     def _kernel_results(self, results: list[str]) -> None:
         """Tables and figures from committed kernel measurements (``benchmarks/results``)."""
