@@ -133,7 +133,7 @@ def add_scenario_args(p: argparse.ArgumentParser) -> None:
                    help="uniform | masked[:RATIO, default 0.5] | zipf[:S, default 1] | hot[:FRACTION[:N], "
                         "default 0.5:4] | one_expert (every token to expert 3 in slot 0, its other slots uniform) | file:PATH (PATH may hold {rank})")
     g.add_argument("--seed", type=_nonneg, default=0, help="seed of the routing and of the blocks' jitter (default %(default)s)")
-    g.add_argument("--hardware", default="b200", help="b200 | h200 | h20 | path to a TOML file (default %(default)s)")
+    g.add_argument("--hardware", default="b200", help="b200 | h200 | h100 | h20 | path to a TOML file (default %(default)s)")
     g.add_argument("--design", default="deepgemm-sm100", help="deepgemm-sm100 | megamoe-sm90 (default %(default)s)")
     g.add_argument("--reserved-sms", type=_nonneg, default=0,
                    help="SMs taken away from the kernel (default %(default)s)")

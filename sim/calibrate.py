@@ -65,7 +65,7 @@ import tomllib
 
 from megamoe.errors import InputError, require
 
-from .hardware import PRESET_DIR, parse_hardware
+from .hardware import PRESET_DIR, parse_hardware, preset_names, resolve_base
 
 
 def _time_cuda(fn, repeat: int = 10, warmup: int = 2) -> float:
@@ -1163,8 +1163,8 @@ def calibrated_toml(base: str, measured: dict, kernel: dict | None = None, date:
     """
     path = PRESET_DIR / f"{base.lower()}.toml"
     if not path.exists():
-        raise InputError("calibrate --base", "a preset (b200, h200, h20)", base)
-    data = tomllib.loads(path.read_text())
+        raise InputError("calibrate --base", f"a preset ({', '.join(preset_names())})", base)
+    data = resolve_base(tomllib.loads(path.read_text()))
     figs, srcs = dict(data["figures"]), dict(data["sources"])
     date = date or datetime.date.today().isoformat()
     where = f"measured by megamoe calibrate on {measured.get('device', 'the GPU')}, {date}"

@@ -1,9 +1,11 @@
 """Hardware models loaded from TOML files, each figure with its source.
 
 A hardware file has a ``name``, a ``[figures]`` table and a ``[sources]`` table with one
-entry (a string naming where the number comes from) for every figure.  Presets live in
-``sim/hardware/*.toml`` (``b200``, ``h200``, ``h20``); ``load_hardware`` takes a preset
-name or a path.
+entry (a string naming where the number comes from) for every figure.  With ``base = "PRESET"``
+it gives only the figures that differ from that preset's (a GPU of the same family, or a what-if
+on one figure): the others are the preset's, each with its source prefixed "estimate: <preset
+name>'s figure" (:func:`resolve_base`).  Presets live in ``sim/hardware/*.toml`` (``b200``,
+``h200``, ``h100``, ``h20``); ``load_hardware`` takes a preset name or a path.
 
 Figures (units in the key names):
 
@@ -445,11 +447,42 @@ def _check_value(k: str, v, field: str, shown_as: str) -> None:
         require(float(v).is_integer(), field, "an integer", v)
 
 
-def parse_hardware(data: dict, path: str = "<dict>") -> Hardware:
-    """Validate a parsed hardware TOML document.
+def resolve_base(data: dict, seen: tuple[str, ...] = ()) -> dict:
+    """A parsed hardware document with its ``base`` preset filled in: the figures and sources the
+    document does not give are the base preset's (itself resolved), each inherited source prefixed
+    ``estimate: <base name>'s figure (<preset>): `` so that :meth:`Hardware.is_estimate` counts
+    it; the result has no ``base`` key. A document without ``base`` is returned as it is.
 
     Raises:
-        InputError: not a table, a key other than name, figures and sources at the top level (a
+        InputError: ``base`` not a preset name (``hardware.base``), or a chain of bases that
+            comes back to a preset already in it.
+    """
+    if not isinstance(data, dict) or "base" not in data:
+        return data
+    base = data["base"]
+    require(isinstance(base, str) and (PRESET_DIR / f"{base.lower()}.toml").is_file(), "hardware.base",
+            f"a preset name ({', '.join(preset_names())})", shown(base))
+    base = base.lower()
+    require(base not in seen, "hardware.base", "a chain of presets that does not come back to one of them",
+            " -> ".join((*seen, base)))
+    parent = resolve_base(tomllib.loads((PRESET_DIR / f"{base}.toml").read_text()), (*seen, base))
+    out = {k: v for k, v in data.items() if k != "base"}
+    figs, srcs = data.get("figures", {}), data.get("sources", {})
+    if not (isinstance(figs, dict) and isinstance(srcs, dict)):
+        return out  # parse_hardware names the bad table
+    inherited = [k for k in parent["figures"] if k not in figs]
+    out["figures"] = {**{k: parent["figures"][k] for k in inherited}, **figs}
+    prefix = f"estimate: {parent['name']}'s figure ({base})"
+    out["sources"] = {**{k: f"{prefix}: {parent['sources'][k]}" for k in inherited if k in parent["sources"]}, **srcs}
+    return out
+
+
+def parse_hardware(data: dict, path: str = "<dict>") -> Hardware:
+    """Validate a parsed hardware TOML document (with its ``base`` preset filled in first:
+    :func:`resolve_base`).
+
+    Raises:
+        InputError: not a table, a key other than name, base, figures and sources at the top level (a
             typo would otherwise be ignored), a missing or non-numeric figure, a figure outside its range
             (:data:`FIGURE_RANGES`: e.g. a negative or infinite bandwidth, an efficiency above
             1), a non-integer count, a figure without a source, an empty name or source, or a
@@ -457,8 +490,10 @@ def parse_hardware(data: dict, path: str = "<dict>") -> Hardware:
             misspelt key would otherwise be ignored or reported as the right one missing).
     """
     require(isinstance(data, dict), "hardware", "a table (name, [figures], [sources])", type(data).__name__)
-    extra = sorted(set(data) - {"name", "figures", "sources"})
-    require(not extra, "hardware", "only name, [figures] and [sources] at the top level", ", ".join(map(str, extra)))
+    extra = sorted(set(data) - {"name", "base", "figures", "sources"})
+    require(not extra, "hardware", "only name, base, [figures] and [sources] at the top level",
+            ", ".join(map(str, extra)))
+    data = resolve_base(data)
     name = data.get("name")
     require(isinstance(name, str) and name.strip() != "", "hardware.name", "a non-empty string",
             "missing" if name is None else shown(name))
@@ -505,7 +540,7 @@ def hardware_path(spec: str) -> Path:
 
 
 def load_hardware(spec: str) -> Hardware:
-    """Load a preset (``b200``, ``h200``, ``h20``; case-insensitive) or a TOML path.
+    """Load a preset (``b200``, ``h200``, ``h100``, ``h20``; case-insensitive) or a TOML path.
 
     Raises:
         InputError: ``spec`` not a non-empty string, unknown preset, unreadable file, or an

@@ -771,7 +771,7 @@ def test_calibrate_names_its_options_in_errors(tmp_path, capsys):
     library's field (`hardware`, `trace`), before any GPU work; a bad figure inside a --base
     TOML keeps its own name."""
     assert main(["calibrate", "--base", "nosuch", "--out", str(tmp_path / "c.toml")]) == 2
-    assert capsys.readouterr().err == ("megamoe: error: --base: expected a preset (b200, h20, h200) or a .toml "
+    assert capsys.readouterr().err == ("megamoe: error: --base: expected a preset (b200, h100, h20, h200) or a .toml "
                                        "path, got nosuch\n")
     assert main(["calibrate", "--kernel-trace", str(tmp_path / "no.npz"), "--out", str(tmp_path / "c.toml")]) == 2
     assert capsys.readouterr().err.startswith("megamoe: error: --kernel-trace: expected an .npz trace file, got ")

@@ -10,7 +10,7 @@ from sim.hardware import PRESET_DIR, load_hardware, parse_hardware, preset_names
 
 
 def test_presets_load_with_a_source_per_figure():
-    assert preset_names() == ["b200", "h20", "h200"]
+    assert preset_names() == ["b200", "h100", "h20", "h200"]
     for n in preset_names():
         hw = load_hardware(n)
         assert hw.num_sms in (148, 132, 78)
@@ -26,6 +26,51 @@ def test_measured_h200_figures_match_anchors():
     assert hw.hbm_bytes_per_ns == pytest.approx(4240.0, rel=0.02)
     assert hw.fp8_dense_tflops * hw.mma_efficiency == pytest.approx(1424.0, rel=0.01)
     assert hw.nvlink_bytes_per_ns == pytest.approx(385.0, rel=0.01)
+
+
+def test_h100_is_the_h200_fit_with_its_own_memory_and_gemm_figures():
+    """sim/hardware/h100.toml (base = "h200"): its HBM and GEMM efficiencies are the copy and FP8
+    GEMM rates of the committed H100 benchmark over the datasheet figures; every figure it does
+    not give is the H200's, its source marked an estimate that names the H200."""
+    import json
+
+    h100, h200 = load_hardware("h100"), load_hardware("h200")
+    bench = json.loads((PRESET_DIR.parent.parent / "benchmarks/results/kernel_h100_ep1_bench.json").read_text())
+    assert "H100" in bench["device"]
+    assert h100.hbm_bytes_per_ns == pytest.approx(bench["copy_gbs"], rel=1e-3)
+    assert h100.fp8_dense_tflops * h100.mma_efficiency == pytest.approx(bench["fp8_gemm_tflops"], rel=1e-3)
+    own = set(tomllib.loads((PRESET_DIR / "h100.toml").read_text())["figures"])
+    assert own == {"num_sms", "clock_ghz", "l2_cache_bytes", "fp8_dense_tflops", "mma_efficiency", "hbm_gbs",
+                   "hbm_efficiency"}
+    for f in dataclasses.fields(h200):
+        if f.name in ("name", "sources", "path") or f.name in own:
+            continue
+        assert getattr(h100, f.name) == getattr(h200, f.name), f.name
+        assert h100.is_estimate(f.name) and h100.sources[f.name] == (
+            f"estimate: H200's figure (h200): {h200.sources[f.name]}"), f.name
+    assert not any(h100.is_estimate(k) for k in own)
+
+
+def test_a_hardware_file_may_give_only_what_differs_from_a_preset(tmp_path):
+    """``base = "h200"`` and one figure: the rest is the H200's (sources marked estimates); a base
+    that is no preset, not a string, or a chain that comes back on itself is refused on
+    ``hardware.base``."""
+    p = tmp_path / "fast_hbm.toml"
+    p.write_text('name = "H200, faster HBM"\nbase = "H200"\n[figures]\nhbm_gbs = 6000.0\n'
+                 '[sources]\nhbm_gbs = "what-if"\n')
+    hw, h200 = load_hardware(str(p)), load_hardware("h200")
+    assert (hw.name, hw.hbm_gbs, hw.sources["hbm_gbs"]) == ("H200, faster HBM", 6000.0, "what-if")
+    assert hw.hbm_efficiency == h200.hbm_efficiency and hw.is_estimate("hbm_efficiency")
+    for base, got in (('"nosuch"', "'nosuch'"), ("3", "3")):
+        p.write_text(f'name = "x"\nbase = {base}\n[figures]\n[sources]\n')
+        with pytest.raises(InputError, match=rf"^hardware.base: expected a preset name \(b200, h100, h20, h200\), "
+                                             rf"got {got} in "):
+            load_hardware(str(p))
+    # a chain: h100 names h200; a document naming h100 whose base chain were to reach h100 again
+    from sim.hardware import resolve_base
+    with pytest.raises(InputError, match=r"^hardware.base: expected a chain of presets that does not come back "
+                                         r"to one of them, got h100 -> h100$"):
+        resolve_base({"name": "x", "base": "h100", "figures": {}, "sources": {}}, ("h100",))
 
 
 def _data():
@@ -46,8 +91,8 @@ def test_unknown_top_level_key_is_rejected():
     """A misspelt table ([figure] for [figures]) or a stray key was silently ignored."""
     d = _data()
     d["foo"] = 3
-    with pytest.raises(InputError, match=r"^hardware: expected only name, \[figures\] and \[sources\] at the top "
-                                         r"level, got foo$"):
+    with pytest.raises(InputError, match=r"^hardware: expected only name, base, \[figures\] and \[sources\] at the "
+                                         r"top level, got foo$"):
         parse_hardware(d)
     d = _data()
     d["figure"] = d["figures"]
@@ -163,21 +208,25 @@ def test_figure_outside_its_range_is_one_line(key, value, msg):
 
 
 def test_every_preset_is_inside_the_ranges_and_valid_at_each_bound():
-    """Every shipped preset loads; each of its figures may sit at either end of its range
-    (the file still loads) and just outside it is refused, naming the figure."""
-    from sim.hardware import FIGURE_RANGES
+    """Every shipped preset loads; each of its figures (a derived preset's with its base's filled
+    in) may sit at either end of its range (the file still loads) and just outside it is refused,
+    naming the figure."""
+    from sim.hardware import FIGURE_RANGES, resolve_base
+
+    def read(n):
+        return resolve_base(tomllib.loads((PRESET_DIR / f"{n}.toml").read_text()))
 
     for n in preset_names():
-        base = tomllib.loads((PRESET_DIR / f"{n}.toml").read_text())
+        base = read(n)
         assert parse_hardware(base).name == base["name"]
         for k, (lo, hi, _unit) in FIGURE_RANGES.items():
             assert lo <= base["figures"][k] <= hi, (n, k)
             for v in (lo, hi):
-                d = tomllib.loads((PRESET_DIR / f"{n}.toml").read_text())
+                d = read(n)
                 d["figures"][k] = v
                 assert getattr(parse_hardware(d), k) == v
             for v in (lo * 0.999 if lo > 0 else -1, hi * 1.001):
-                d = tomllib.loads((PRESET_DIR / f"{n}.toml").read_text())
+                d = read(n)
                 d["figures"][k] = v
                 with pytest.raises(InputError, match=rf"^hardware.figures.{k}: expected "):
                     parse_hardware(d)

@@ -195,3 +195,55 @@ def test_plan_choices_at_few_tokens_ranked_like_the_kernel():
         if abs(r["ratio_median"] - 1) > 0.05:
             assert sim(r["tokens"], ctas_per_sm=2) > sim(r["tokens"], ctas_per_sm=1), r["tokens"]
     assert [r["tokens"] for r in rows if abs(r["ratio_median"] - 1) > 0.05] == [1]
+
+
+def _page_table_row(page: str, label: str) -> list[str]:
+    """The cells after the label of the row ``label`` in the first table after **The H100.**"""
+    line = next(ln for ln in page[page.index("**The H100.**"):].splitlines() if ln.startswith(f"| {label} |"))
+    return [c.strip() for c in line.strip("|").split("|")][1:]
+
+
+def test_validation_page_h100_table_is_the_model_and_the_committed_benchmark():
+    """docs/simulator/validation.md, **The H100**: the kernel row is the committed H100 benchmark's
+    CUPTI times, the model row the simulator on the ``h100`` preset (recomputed here), the last
+    row their ratio."""
+    from megamoe.scenario import Scenario
+    from sim import simulate
+
+    page = (ROOT / "docs/simulator/validation.md").read_text()
+    bench = json.loads((ROOT / "benchmarks/results/kernel_h100_ep1_bench.json").read_text())
+    ours = {r["tokens"]: r for r in bench["rows"] if r["impl"] == "megamoe_sm90"}
+    tokens = [int(t) for t in _page_table_row(page, "tokens")]
+    assert tokens == sorted(ours)
+    model = [simulate(Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=t, hardware="h100",
+                               design="megamoe-sm90")).summary["time_us"] for t in tokens]
+    assert _page_table_row(page, "H100 kernel alone (us)") == [f"{ours[t]['us_kernel']:.1f}" for t in tokens]
+    assert _page_table_row(page, "model, `h100` (us)") == [f"{m:.1f}" for m in model]
+    assert _page_table_row(page, "model / kernel") == [f"{m / ours[t]['us_kernel']:.3f}" for m, t in zip(model, tokens)]
+
+
+def test_validation_page_confined_two_cta_times_are_the_probe_and_the_model(tmp_path):
+    """The confined two-CTA times quoted under "Where the model is still wrong": the probe's
+    (``kernel_experiments_s49.json``, green-context entries 96g / 64g, each placed on that many
+    SMs by ``%smid``) and the model's on the ``h100`` preset with the probe's own routing and the
+    other SMs reserved, recomputed here."""
+    from megamoe.scenario import Scenario
+    from sim import simulate
+
+    page = " ".join((ROOT / "docs/simulator/validation.md").read_text().split())
+    d = json.loads((ROOT / "benchmarks/results/kernel_experiments_s49.json").read_text())["sm_rounds_probe"]["measured"]
+    cells = {}
+    for entry, n in (("96g", 96), ("64g", 64)):
+        model, kern = [], []
+        for T in ("3", "12", "64"):
+            row = d["tokens"][T]
+            assert row["sms"][entry]["traced_call_smids"] == n
+            p = tmp_path / f"r{T}.npy"
+            np.save(p, np.asarray(row["topk_idx"], dtype=np.int64))
+            sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=int(T), routing=f"file:{p}",
+                          hardware="h100", design="megamoe-sm90", reserved_sms=132 - n)
+            model.append(f"{simulate(sc).summary['time_us']:.1f}")
+            kern.append(f"{row['sms'][entry]['us_median']:.1f}")
+        cells[entry] = (" / ".join(model), " / ".join(kern))
+    assert (f"{cells['96g'][0]} us against {cells['96g'][1]}, and {cells['64g'][0]} against {cells['64g'][1]}"
+            in page)

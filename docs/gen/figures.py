@@ -1004,6 +1004,9 @@ class Gen:
             steady = any("us_steady" in r for r in d["rows"])  # back-to-back times (fifteenth session on)
             graph = any("us_graph" in r for r in d["rows"])  # CUDA-graph replays (twenty-sixth session on)
             sim_ok = True
+            # the preset of the GPU the file was measured on (the H100's is the H200's fit with its
+            # own HBM, L2 and GEMM figures: sim/hardware/h100.toml)
+            hw_name = "h100" if "H100" in str(d.get("device", "")) else "h200"
             rows = []
             for T in sorted(by):
                 r = by[T].get(ours, {})
@@ -1032,7 +1035,7 @@ class Gen:
                 if sim_ok:
                     try:
                         shape = f"{sh['E']},{sh['K']},{sh['H']},{sh['I']}" if sh else "deepseek-v4-flash"
-                        res = self.sim(shape=shape, num_ranks=ranks, tokens_per_rank=T, hardware="h200",
+                        res = self.sim(shape=shape, num_ranks=ranks, tokens_per_rank=T, hardware=hw_name,
                                        design="megamoe-sm90")
                         row.append(f"{res.summary['time_us']:.1f}")
                     except Exception:
@@ -1053,7 +1056,7 @@ class Gen:
                     head += ["back to back (us)", "its / ours, back to back"]
                 if graph:
                     head += ["as a CUDA graph (us)", "its / ours, as graphs"]
-            head += ["rel. L2 error vs reference", "simulator, `megamoe-sm90` on `h200` (us)"]
+            head += ["rel. L2 error vs reference", f"simulator, `megamoe-sm90` on `{hw_name}` (us)"]
             meta = ", ".join(f"{k} {d[k]}" for k in ("device", "torch", "date") if k in d)
             meta += f", kernel build `{d['build']}`" if "build" in d else ", kernel build not recorded in the file"
             extra = []
@@ -1085,7 +1088,7 @@ class Gen:
             for b, c in zip(base, ("#4e79a7", "#59a14f")):
                 ax.plot(Ts, [by[T].get(b, {}).get("us", np.nan) for T in Ts], "s-", label=f"{b} (measured)", color=c)
             if sim_ok:
-                ax.plot(Ts, [float(r[-1]) for r in rows], "^--", label="simulator, megamoe-sm90 on h200", color="#999")
+                ax.plot(Ts, [float(r[-1]) for r in rows], "^--", label=f"simulator, megamoe-sm90 on {hw_name}", color="#999")
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_xlabel("tokens")
