@@ -155,7 +155,7 @@ class Scenario:
             self.routing = RoutingSpec.parse(self.routing)
         require(is_int(self.seed) and self.seed >= 0, "seed", "an integer >= 0", shown(self.seed))
         require(isinstance(self.hardware, str) and bool(self.hardware), "hardware",
-                "a preset name (b200, h200, h100, h20) or a .toml path", shown(self.hardware))
+                "a preset name (b200, h100, h20, h200) or a .toml path", shown(self.hardware))
         require(isinstance(self.design, str) and self.design in DESIGNS, "design", " or ".join(DESIGNS),
                 self.design)
         require(isinstance(self.l2_wait, str) and self.l2_wait in L2_WAITS, "l2_wait", " or ".join(L2_WAITS),

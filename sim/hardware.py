@@ -455,7 +455,8 @@ def resolve_base(data: dict, seen: tuple[str, ...] = ()) -> dict:
 
     Raises:
         InputError: ``base`` not a preset name (``hardware.base``), or a chain of bases that
-            comes back to a preset already in it.
+            comes back to a preset already in it; a source for a figure the document does not give
+            (``hardware.sources``: it would relabel the inherited figure).
     """
     if not isinstance(data, dict) or "base" not in data:
         return data
@@ -470,6 +471,9 @@ def resolve_base(data: dict, seen: tuple[str, ...] = ()) -> dict:
     figs, srcs = data.get("figures", {}), data.get("sources", {})
     if not (isinstance(figs, dict) and isinstance(srcs, dict)):
         return out  # parse_hardware names the bad table
+    stray = sorted(map(str, set(srcs) - set(figs)))  # a source would relabel an inherited figure
+    require(not stray, "hardware.sources", f"sources only for the figures this file gives (the others are "
+            f"{parent['name']}'s, sourced there)", ", ".join(stray))
     inherited = [k for k in parent["figures"] if k not in figs]
     out["figures"] = {**{k: parent["figures"][k] for k in inherited}, **figs}
     prefix = f"estimate: {parent['name']}'s figure ({base})"

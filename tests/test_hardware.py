@@ -52,15 +52,28 @@ def test_h100_is_the_h200_fit_with_its_own_memory_and_gemm_figures():
 
 
 def test_a_hardware_file_may_give_only_what_differs_from_a_preset(tmp_path):
-    """``base = "h200"`` and one figure: the rest is the H200's (sources marked estimates); a base
-    that is no preset, not a string, or a chain that comes back on itself is refused on
-    ``hardware.base``."""
+    """``base = "h200"`` and one figure: the rest is the H200's (sources marked estimates); a source
+    for a figure the file does not give is refused on ``hardware.sources``; a base that is no
+    preset, not a string, or a chain that comes back on itself on ``hardware.base``."""
     p = tmp_path / "fast_hbm.toml"
     p.write_text('name = "H200, faster HBM"\nbase = "H200"\n[figures]\nhbm_gbs = 6000.0\n'
                  '[sources]\nhbm_gbs = "what-if"\n')
     hw, h200 = load_hardware(str(p)), load_hardware("h200")
     assert (hw.name, hw.hbm_gbs, hw.sources["hbm_gbs"]) == ("H200, faster HBM", 6000.0, "what-if")
     assert hw.hbm_efficiency == h200.hbm_efficiency and hw.is_estimate("hbm_efficiency")
+    # docs/simulator/scenarios.md: this what-if leaves V4-Flash at 64 tokens (SM90 design) where the H200 has it
+    from megamoe.scenario import Scenario
+    from sim import simulate
+
+    sc = dict(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=64, design="megamoe-sm90")
+    assert (simulate(Scenario(hardware=str(p), **sc)).summary["time_us"]
+            == simulate(Scenario(hardware="h200", **sc)).summary["time_us"])
+    # a source for an inherited figure would relabel it (fresh-user report, session 49)
+    p.write_text('name = "x"\nbase = "h200"\n[figures]\nhbm_gbs = 6000.0\n[sources]\nhbm_gbs = "what-if"\n'
+                 'sm90_pair_share = "fitted by me"\n')
+    with pytest.raises(InputError, match=r"^hardware.sources: expected sources only for the figures this file gives "
+                                         r"\(the others are H200's, sourced there\), got sm90_pair_share in "):
+        load_hardware(str(p))
     for base, got in (('"nosuch"', "'nosuch'"), ("3", "3")):
         p.write_text(f'name = "x"\nbase = {base}\n[figures]\n[sources]\n')
         with pytest.raises(InputError, match=rf"^hardware.base: expected a preset name \(b200, h100, h20, h200\), "
