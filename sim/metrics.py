@@ -160,8 +160,10 @@ def balanced_time(tr, num_units: int, role: str = "consumer") -> dict:
     intervals, summed over the units, over ``num_units``), plus the trace's end after the role's
     last record. For the consumers of a kernel trace this is the time no other assignment of the
     same blocks, at the traced K-loop and epilogue costs, start and tail, could beat (each unit
-    has to run its share of the work between the two); ``benchmarks/streaming_bound.py`` sets it
-    against the time the weight-streaming target of issue 5 allows.
+    has to run its share of the work between the two). A bound under that assumption only: at two
+    CTAs per SM a block's cost depends on what its partner runs, so another assignment changes the
+    costs too. ``benchmarks/streaming_bound.py`` sets it against the time the weight-streaming
+    target of issue 5 allows.
 
     Args:
         tr: a :class:`megamoe.trace.Trace` of one rank.
