@@ -361,8 +361,8 @@ def test_bad_stored_routing_or_meta_is_refused(tmp_path, capsys):
          "trace.meta.hardware: expected a string, got 5"),
         # (without recorded figures, as a kernel trace: the name must resolve)
         (_variant(tmp_path, z, "hwname", meta_json=np.array(json.dumps(
-            {**{k: v for k, v in meta.items() if k != "hardware_figures"}, "hardware": "h100"}))),
-         "trace.meta.hardware: expected a preset (b200, h20, h200) or a .toml path, got h100"),
+            {**{k: v for k, v in meta.items() if k != "hardware_figures"}, "hardware": "h300"}))),
+         "trace.meta.hardware: expected a preset (b200, h100, h20, h200) or a .toml path, got h300"),
         (_variant(tmp_path, z, "hwfig", meta_json=np.array(json.dumps(
             {**meta, "hardware_figures": {**meta["hardware_figures"], "hbm_gbs": -1}}))),
          "trace.meta.hardware_figures.hbm_gbs: expected a number in [200, 100000] (GB/s), got -1"),
