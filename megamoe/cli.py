@@ -673,10 +673,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_simulate)
     w = sub.add_parser("sweep", help="simulate a grid of scenario / plan / hardware choices")
     add_scenario_args(w)
+    from sim.sweep import SCALE_ALIASES, SCENARIO_AXES  # the axes, named once (sim.sweep: no simulator import)
+
     w.add_argument("--set", action="append", default=[], metavar="AXIS=VALUES",
-                   help="swept axis: tokens, ranks, experts_per_wave, block_m, k_split, combine_relay (on,off), ctas_per_sm, "
-                        "reserved_sms, routing, "
-                        "policy, launch_skew_us, nvlink_scale, hbm_scale, ... with a,b,c or start:stop[:step]; shapes are "
+                   help=f"swept axis: {', '.join([*SCENARIO_AXES, 'policy', *SCALE_ALIASES])} or any "
+                        "<hardware figure>_scale, with a,b,c or start:stop[:step] (combine_relay: on,off); shapes are "
                         "separated by ';' when one is a custom E,k,H,I; repeatable; an axis and its own option "
                         "together are refused (a policy axis adds to --policy)")
     w.add_argument("--out", type=_out_dir, default="sweep-out",

@@ -666,7 +666,7 @@ def plot_axes(rows: list[dict], axis_names: list[str], paths: dict[str, str]) ->
         if numeric and len(vals) > 2 and min(vals) > 0 and max(vals) / min(vals) > 50:
             ax.set_xscale("log")
         ax.set_xlabel(axis)
-        ax.set_ylabel("predicted time (us)" + (" (mean over other axes)" if len(axis_names) > 1 else ""))
+        ax.set_ylabel("predicted time (us)" + ("\n(mean over other axes)" if len(axis_names) > 1 else ""))
         ax.grid(alpha=0.3)
         fig.tight_layout()
         fig.savefig(paths[axis], dpi=100)

@@ -764,6 +764,11 @@ def test_help_states_the_parsers_own_defaults():
     assert literal == []
     help_text = sub.choices["run"].format_help()
     assert "tokens per rank (default 64)" in help_text and "input seed (default 0)" in help_text
+    # sweep --set names every axis sim.sweep takes (it listed some and "...": fresh-user report, session 49)
+    from sim.sweep import SCALE_ALIASES, SCENARIO_AXES
+
+    set_help = " ".join(next(a for a in sub.choices["sweep"]._actions if "--set" in a.option_strings).help.split())
+    assert all(f"{axis}," in set_help or f"{axis} " in set_help for axis in [*SCENARIO_AXES, "policy", *SCALE_ALIASES])
 
 
 def test_calibrate_names_its_options_in_errors(tmp_path, capsys):
