@@ -247,3 +247,15 @@ def test_validation_page_confined_two_cta_times_are_the_probe_and_the_model(tmp_
         cells[entry] = (" / ".join(model), " / ".join(kern))
     assert (f"{cells['96g'][0]} us against {cells['96g'][1]}, and {cells['64g'][0]} against {cells['64g'][1]}"
             in page)
+    # benchmarks/sm_rounds_model.py asks the model the same calls: the same numbers
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sm_rounds_model", ROOT / "benchmarks/sm_rounds_model.py")
+    smm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(smm)
+    rows = smm.model_rows(d, "h100")
+    for entry in ("96g", "64g"):
+        assert " / ".join(f"{rows[T][entry]['model_us']:.1f}" for T in ("3", "12", "64")) == cells[entry][0]
+        assert all(rows[T][entry]["confined"] for T in ("3", "12", "64"))
+    # the plain entries with more CTAs than SMs were spread over the GPU, and are marked so
+    assert [rows[T]["66"]["confined"] for T in ("1", "2", "3", "12", "64")] == [True, False, False, False, False]

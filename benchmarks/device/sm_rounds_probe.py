@@ -14,7 +14,7 @@ call first and records the distinct SM ids (``%smid``) its CTAs ran on, so the p
 checked, not assumed. Then in each of ``ROUNDS`` rounds (ABBA order) every entry's median CUPTI
 kernel time over five calls. Outputs are checked bitwise equal across the entries (each block's
 sums do not depend on where it runs); each token count's routing (``topk_idx``) is saved with
-its times, so the model can be asked the same calls.
+its times, so the model can be asked the same calls (``benchmarks/sm_rounds_model.py``).
 
 Usage (GPU): python benchmarks/device/sm_rounds_probe.py OUT.json [TOKENS] [ENTRIES]
 (defaults ``1,2`` and ``132,120,96,66``; the first entry is the baseline of the ratios; an SM
