@@ -278,18 +278,24 @@ def _print_summary(res) -> None:
                   "around grouped GEMMs at the FP4 weights' roofline), not a measured one; on "
                   f"{res.hardware.name} its all-to-all latency is not fitted (legacy_a2a_latency_ns: {src})",
                   highlight=False)
-    if plan.design == "megamoe-sm90":
-        from sim.hardware import SM90_DESIGN_FIGURES
-
-        est = [k for k in SM90_DESIGN_FIGURES if res.hardware.is_estimate(k)]
-        if est:
-            con.print(f"note: design megamoe-sm90 on {res.hardware.name}: {len(est)} of its {len(SM90_DESIGN_FIGURES)} "
-                      "SM90 figures are estimates, not fitted to traces of our SM90 kernel on this GPU (the h200 "
-                      "preset's are)", highlight=False)
+    if note := _sm90_estimates_note(plan.design, res.hardware):
+        con.print(note, highlight=False)
     if sum(s["num_recv_tokens"]) == 0:
         con.print("empty call (no token routed to an expert): time, busy fractions and speedup describe the "
                   "call's fixed cost (count exchange, grid syncs, barriers); overlap efficiency: n/a (no compute; "
                   "null in --json)", highlight=False)
+
+
+def _sm90_estimates_note(design: str, hw) -> str | None:
+    """The note under a simulated SM90-design call whose hardware's SM90 figures are estimates (not
+    fitted to traces of our SM90 kernel on that GPU), or None."""
+    if design != "megamoe-sm90":
+        return None
+    from sim.hardware import SM90_DESIGN_FIGURES
+
+    est = [k for k in SM90_DESIGN_FIGURES if hw.is_estimate(k)]
+    return (f"note: design megamoe-sm90 on {hw.name}: {len(est)} of its {len(SM90_DESIGN_FIGURES)} SM90 figures are "
+            "estimates, not fitted to traces of our SM90 kernel on this GPU (the h200 preset's are)") if est else None
 
 
 _SUFFIXES = {"json": (".json",), "trace": (".json", ".json.gz"), "npz": (".npz",), "plot": (".png", ".svg", ".pdf"),
@@ -510,6 +516,8 @@ def cmd_compare(a: argparse.Namespace) -> int:
         if not same:
             con.print(f"note: the trace was recorded on hardware {rec!r} (its meta); this run simulated it with "
                       f"{a.hardware!r} ({res.hardware.name})", highlight=False)
+    if note := _sm90_estimates_note(res.plan.design, res.hardware):
+        con.print(note, highlight=False)
     recorded, used = measured.meta.get("policies") or {}, res.scenario.to_dict()["policies"]
     if a.policy and used != recorded:
         con.print(f"note: the trace records the policies {recorded or 'none (the defaults)'}; this run simulated it "
