@@ -259,3 +259,21 @@ def test_validation_page_confined_two_cta_times_are_the_probe_and_the_model(tmp_
         assert all(rows[T][entry]["confined"] for T in ("3", "12", "64"))
     # the plain entries with more CTAs than SMs were spread over the GPU, and are marked so
     assert [rows[T]["66"]["confined"] for T in ("1", "2", "3", "12", "64")] == [True, False, False, False, False]
+
+
+def test_validation_page_h100_stream_ceiling_what_if(tmp_path):
+    """The what-if quoted under "The H100's weight stream": a file with ``base = "h100"`` and
+    ``hbm_efficiency`` 0.80, simulated at 16 / 64 / 256 tokens, over the committed H100 benchmark's
+    kernel-alone times."""
+    from megamoe.scenario import Scenario
+    from sim import simulate
+
+    hw = tmp_path / "ceiling.toml"
+    hw.write_text('name = "H100, stream ceiling"\nbase = "h100"\n[figures]\nhbm_efficiency = 0.80\n'
+                  '[sources]\nhbm_efficiency = "what-if"\n')
+    bench = json.loads((ROOT / "benchmarks/results/kernel_h100_ep1_bench.json").read_text())
+    ours = {r["tokens"]: r for r in bench["rows"] if r["impl"] == "megamoe_sm90"}
+    ratios = [simulate(Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=t, hardware=str(hw),
+                                design="megamoe-sm90")).summary["time_us"] / ours[t]["us_kernel"] for t in (16, 64, 256)]
+    page = " ".join((ROOT / "docs/simulator/validation.md").read_text().split())
+    assert "puts the model at " + " / ".join(f"{r:.3f}" for r in ratios) + " of the kernel at 16 / 64 / 256" in page
