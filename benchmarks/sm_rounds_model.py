@@ -62,7 +62,14 @@ def main(argv: list[str]) -> None:
     src, hardware = argv[0], argv[1] if len(argv) > 1 else "h200"
     dst = argv[2] if len(argv) > 2 else src.replace(".json", "_model.json")
     result = json.load(open(src))
-    result = result.get("sm_rounds_probe", {}).get("measured", result)  # a session's experiments file holds one
+    if isinstance(result, dict) and isinstance(result.get("sm_rounds_probe"), dict):
+        result = result["sm_rounds_probe"].get("measured", result)  # a session's experiments file holds one
+    if not (isinstance(result, dict) and isinstance(result.get("meta"), dict) and "sms_on_gpu" in result["meta"]
+            and isinstance(result.get("tokens"), dict)):
+        sys.exit(f"RESULT: expected an sm_rounds_probe.py result (meta.sms_on_gpu, tokens), got {src}")
+    if old := [T for T, row in result["tokens"].items() if "topk_idx" not in row]:
+        sys.exit(f"RESULT: expected each token count's routing (topk_idx, saved since session 49), got none at "
+                 f"{', '.join(old)} tokens in {src}")
     rows = model_rows(result, hardware)
     print(f"{result['meta']['device']}, build {result['meta']['build']}; model on {hardware}")
     print(f"{'tokens':>6} {'entry':>6} {'CTAs':>5} {'on SMs':>6} {'kernel us':>10} {'x first':>8} "
