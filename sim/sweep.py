@@ -665,6 +665,10 @@ def plot_axes(rows: list[dict], axis_names: list[str], paths: dict[str, str]) ->
             ax.set_xticklabels([str(v) for v in vals], rotation=20, fontsize=8)
         if numeric and len(vals) > 2 and min(vals) > 0 and max(vals) / min(vals) > 50:
             ax.set_xscale("log")
+        elif numeric and all(isinstance(v, int) for v in vals):  # no 4.5-token ticks on an integer axis
+            from matplotlib.ticker import MaxNLocator
+
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel(axis)
         ax.set_ylabel("predicted time (us)" + ("\n(mean over other axes)" if len(axis_names) > 1 else ""))
         ax.grid(alpha=0.3)
