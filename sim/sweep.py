@@ -103,7 +103,8 @@ def parse_values(axis: str, text: str) -> list:
 def _point_key(axis: str, v, text: str):
     """What decides the simulation an axis value gives, for spotting a value given twice: a routing
     spec as parsed (``UNIFORM`` is ``uniform``, ``zipf:1.0`` is ``zipf:1``), a shape's four numbers
-    (a preset and its ``E,k,H,I``), a policy axis's set of policies (``a+b`` is ``b+a``); the value
+    (a preset and its ``E,k,H,I``), a policy axis's set of policies (``a+b`` is ``b+a``), a hardware
+    preset's name in lower case (``H100`` is ``h100``: presets are case-insensitive); the value
     itself otherwise. A value of a name-like axis that is wrong in any grid point (an unknown shape,
     routing spec, policy, hardware preset, design or L2 wait) is refused here, before any point
     runs; whether a value fits the other axes' values (a block_m the design lacks) is each point's
@@ -131,9 +132,11 @@ def _point_key(axis: str, v, text: str):
             policies_from_specs(parts)
             return tuple(sorted(parts))
         if axis == "hardware":
-            from .hardware import load_hardware
+            from .hardware import PRESET_DIR, hardware_path, load_hardware
 
             load_hardware(v)
+            p = hardware_path(v)
+            return p.stem if p.parent == PRESET_DIR and p.is_file() else v  # a preset in any case: one key
         elif axis == "design":
             require(v in DESIGNS, "design", " or ".join(DESIGNS), v)
         elif axis == "l2_wait":

@@ -41,10 +41,13 @@ def test_a_value_given_twice_is_refused():
     for axis, text, pair in (("routing", "uniform,UNIFORM", "'uniform' and 'UNIFORM'"),
                              ("routing", "zipf:1,zipf:1.0", "'zipf:1' and 'zipf:1.0'"),
                              ("routing", "masked:0.5,masked", "'masked:0.5' and 'masked'"),
-                             ("shape", "deepseek-v4-flash;256,6,4096,2048", "'deepseek-v4-flash' and '256,6,4096,2048'")):
+                             ("shape", "deepseek-v4-flash;256,6,4096,2048", "'deepseek-v4-flash' and '256,6,4096,2048'"),
+                             # presets are case-insensitive (fresh-user report, session 49)
+                             ("hardware", "H100,h100", "'H100' and 'h100'")):
         with pytest.raises(InputError, match=rf"^sweep.{axis}: expected distinct values, got {pair} \(the same\) in "):
             parse_values(axis, text)
     assert parse_values("routing", "zipf:1,zipf:1.2") == ["zipf:1", "zipf:1.2"]
+    assert parse_values("hardware", "h100,h200") == ["h100", "h200"]
     # a policy axis value is a set of policies joined by '+': the order does not make another point
     with pytest.raises(InputError, match=r"^sweep.policy: expected distinct values, got 'interleaved\+rank-by-rank' "
                                          r"and 'rank-by-rank\+interleaved' \(the same\)"):
