@@ -555,7 +555,8 @@ def load_hardware(spec: str) -> Hardware:
     p = hardware_path(spec)
     if not (p.parent == PRESET_DIR and p.exists()):  # a path, not a preset
         require(spec.lower().endswith(".toml") or os.sep in spec, "hardware",
-                f"a preset ({', '.join(preset_names())}) or a .toml path", spec)
+                f"a preset ({', '.join(preset_names())}) or a .toml path",
+                spec if spec == spec.strip() else repr(spec))  # ' h100': the space shown
         require(p.is_file(), "hardware", "an existing TOML file", spec)
     try:
         data = tomllib.loads(p.read_bytes().decode("utf-8"))

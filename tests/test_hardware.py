@@ -51,6 +51,15 @@ def test_h100_is_the_h200_fit_with_its_own_memory_and_gemm_figures():
     assert not any(h100.is_estimate(k) for k in own)
 
 
+def test_an_unknown_preset_is_named_as_typed_with_its_spaces_shown():
+    """``--hardware h100x`` names the value as it is; ``' h100'`` (a stray space) quoted, so the
+    space that made it unknown shows (it printed "got  h100": fresh-user report, session 49)."""
+    for spec, got in (("h100x", "h100x"), (" h100", "' h100'"), ("h100 ", "'h100 '")):
+        with pytest.raises(InputError, match=rf"^hardware: expected a preset \(b200, h100, h20, h200\) or a \.toml "
+                                             rf"path, got {got}$"):
+            load_hardware(spec)
+
+
 def test_a_hardware_file_may_give_only_what_differs_from_a_preset(tmp_path):
     """``base = "h200"`` and one figure: the rest is the H200's (sources marked estimates); a source
     for a figure the file does not give is refused on ``hardware.sources``; a base that is no
