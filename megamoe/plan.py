@@ -111,7 +111,7 @@ def sm100_block_config(num_tokens: int, num_ranks: int, top_k: int, num_experts:
     """
     if block_m is not None:
         rows = [r for r in _SM100_BLOCK_TABLE if r[1] == block_m]
-        require(bool(rows), "block_m", "one of 16, 32, 64, 96, 128, 192", block_m)
+        require(bool(rows), "block_m", f"one of {', '.join(map(str, block_m_choices('deepgemm-sm100')))}", block_m)
         row = rows[0]
     else:
         e = expected_tokens_per_expert(num_tokens, num_ranks, top_k, num_experts)
@@ -520,6 +520,22 @@ def route_to_ranks(topk_idx: list[np.ndarray], num_experts: int, num_ranks: int
 
 
 DESIGNS = ("deepgemm-sm100", "megamoe-sm90")
+
+
+def block_m_choices(design: str) -> tuple[int, ...]:
+    """The block_m values a design takes: the SM100 reference's block table (DeepGEMM
+    ``get_block_config_for_mega_moe``), or the SM90 kernel's compiled instances
+    (:data:`megamoe.design_sm90.BLOCK_MS`).
+
+    Raises:
+        InputError: ``design`` not one of :data:`DESIGNS`.
+    """
+    require(design in DESIGNS, "design", " or ".join(DESIGNS), design)
+    if design == "megamoe-sm90":
+        from . import design_sm90
+
+        return tuple(design_sm90.BLOCK_MS)
+    return tuple(r[1] for r in _SM100_BLOCK_TABLE)
 
 
 def sm90_block_config(num_tokens: int, num_ranks: int, top_k: int, num_experts: int,

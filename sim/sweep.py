@@ -288,6 +288,26 @@ def check_scaled_hardware(points: list[dict], base: dict) -> None:
             loaded[spec].scaled(labels, **scales)
 
 
+def check_block_m(axes: dict[str, list], base: dict) -> None:
+    """Refuse a block_m axis value that no design of the sweep takes (every point with it would
+    be invalid: ``block_m=17`` ran each point to its error); one that only some designs take is
+    left to each point.
+
+    Raises:
+        InputError: ``sweep.block_m``, naming the value and the designs' choices.
+    """
+    if "block_m" not in axes:
+        return
+    from megamoe.plan import DESIGNS, block_m_choices
+    from megamoe.scenario import Scenario
+
+    designs = axes.get("design") or [base.get("design") or Scenario.__dataclass_fields__["design"].default]
+    ok = sorted({bm for d in designs if d in DESIGNS for bm in block_m_choices(d)})
+    bad = [v for v in axes["block_m"] if v not in ok]
+    require(not bad, "sweep.block_m", f"values a design of the sweep takes ({', '.join(designs)}: "
+            f"{', '.join(map(str, ok))})", ", ".join(map(str, bad)))
+
+
 def grid(axes: dict[str, list]) -> list[dict]:
     """Cartesian product of the axes, as a list of point dicts (first axis slowest).
 
@@ -525,7 +545,8 @@ def sweep(axes: dict[str, list], base: dict, out_dir: str, jobs: int | None = No
     Raises:
         InputError: ``jobs`` out of range (``sweep --jobs``), more than :data:`MAX_POINTS`
             points, a point whose scaled hardware leaves a figure's range (checked before
-            anything runs, see :func:`check_scaled_hardware`), a base hardware that does not
+            anything runs, see :func:`check_scaled_hardware`), a block_m no design of the sweep
+            takes (:func:`check_block_m`), a base hardware that does not
             load (``hardware``), a bad line in ``points.jsonl`` (:func:`read_log`), or no
             valid point (the first point's error is quoted), an ``address`` of neither form
             (``sweep.address``, before anything runs), or a cluster package missing.
@@ -543,6 +564,7 @@ def sweep(axes: dict[str, list], base: dict, out_dir: str, jobs: int | None = No
     log = os.path.join(out_dir, "points.jsonl")
     points = grid(axes)
     check_scaled_hardware(points, base)
+    check_block_m(axes, base)
     if "hardware" not in axes:  # one hardware for every point: a bad one refuses the sweep now
         from megamoe.scenario import Scenario
 

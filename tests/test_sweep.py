@@ -672,3 +672,29 @@ def test_the_integer_axes_ranges_are_the_scenarios():
                 Scenario(**{**base, field[axis]: hi + 1, **({"max_tokens_per_rank": hi + 1} if axis == "tokens" else {})})
     with pytest.raises(InputError):
         Scenario(**{**base, "num_ranks": 0})
+
+
+def test_a_block_m_no_design_of_the_sweep_takes_is_refused_up_front(tmp_path):
+    """block_m=17 made every point invalid, one simulation after another (session 48's left-alone
+    list): a value no design of the sweep takes is refused before anything runs or is written; one
+    that only some designs take stays each point's own error. The designs' choices: the SM100 block
+    table (16, 32, 64, 96, 128, 192) and the SM90 kernel's instances (16, 32, 64, 128)."""
+    from megamoe.errors import InputError
+    from megamoe.plan import block_m_choices
+
+    assert block_m_choices("deepgemm-sm100") == (16, 32, 64, 96, 128, 192)
+    assert block_m_choices("megamoe-sm90") == (16, 32, 64, 128)
+    base = {"shape": "deepseek-v4-flash", "num_ranks": 1, "tokens_per_rank": 4}
+    out = tmp_path / "s"
+    with pytest.raises(InputError, match=r"^sweep.block_m: expected values a design of the sweep takes "
+                                         r"\(deepgemm-sm100: 16, 32, 64, 96, 128, 192\), got 17$"):
+        sweep({"block_m": [16, 17]}, base, str(out), jobs=1, progress=False)
+    with pytest.raises(InputError, match=r"^sweep.block_m: expected values a design of the sweep takes "
+                                         r"\(megamoe-sm90: 16, 32, 64, 128\), got 96, 192$"):
+        sweep({"block_m": [16, 96, 192]}, {**base, "design": "megamoe-sm90"}, str(out), jobs=1, progress=False)
+    assert not out.exists()
+    rows = sweep({"design": ["megamoe-sm90", "deepgemm-sm100"], "block_m": [16, 96]}, base, str(out), jobs=1,
+                 progress=False)
+    assert [(r["design"], r["block_m"], r["time_us"] is None) for r in rows] == [
+        ("megamoe-sm90", 16, False), ("megamoe-sm90", 96, True), ("deepgemm-sm100", 16, False),
+        ("deepgemm-sm100", 96, False)]
