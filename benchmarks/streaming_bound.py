@@ -28,6 +28,7 @@ import re
 
 import numpy as np
 
+from megamoe.design_sm90 import BLOCK_K
 from megamoe.trace import KIND, Trace
 from sim.compare import recorded_units
 from sim.metrics import balanced_time, published_metrics
@@ -55,10 +56,10 @@ def rows() -> tuple[list[dict], dict]:
         pm = published_metrics(int(valid.size), int(np.unique(valid).size), T, 1.0, m["hidden"],
                                m["intermediate"], m["top_k"])
         units = recorded_units(tr, 0)
-        # K blocks of 128 (design_sm90's tile): an L1 block's K is the hidden size, an L2 block's
+        # K blocks of design_sm90.BLOCK_K: an L1 block's K is the hidden size, an L2 block's
         # the intermediate size
         n_kb = (int((tr["kind"] == KIND["l1_mma"]).sum()) * m["hidden"]
-                + int((tr["kind"] == KIND["l2_mma"]).sum()) * m["intermediate"]) // 128
+                + int((tr["kind"] == KIND["l2_mma"]).sum()) * m["intermediate"]) // BLOCK_K
         b = {k: v / 1e3 for k, v in balanced_time(tr, units).items()}  # us
         t70 = pm["hbm_bytes"] / (TARGET * copy * 1e9) * 1e6
         bench_row = ours.get(T, {})

@@ -162,6 +162,13 @@ def _in_axis_range(axis: str, vals: list[int], text: str) -> list[int]:
     return vals
 
 
+def _scenario_default(field: str):
+    """A :class:`megamoe.scenario.Scenario` field's default (what a point that does not set it gets)."""
+    from megamoe.scenario import Scenario
+
+    return Scenario.__dataclass_fields__[field].default
+
+
 def _axis_values(axis: str, text: str) -> list:
     known = axis in SCENARIO_AXES or axis == "policy" or axis in SCALE_ALIASES or axis.endswith("_scale")
     require(known, "sweep axis", f"one of {', '.join([*SCENARIO_AXES, 'policy', *SCALE_ALIASES])} "
@@ -264,11 +271,9 @@ def check_scaled_hardware(points: list[dict], base: dict) -> None:
             (``sweep.hbm_scale: expected a factor that keeps hbm_gbs in ...``).  A point whose
             hardware itself does not load is left to :func:`run_point`, which records it.
     """
-    from megamoe.scenario import Scenario
-
     from .hardware import load_hardware
 
-    default_hw = Scenario.__dataclass_fields__["hardware"].default
+    default_hw = _scenario_default("hardware")
     seen, loaded = set(), {}
     for p in points:
         kw, scales, labels = _split_point(p, base)
@@ -298,11 +303,10 @@ def check_block_m(axes: dict[str, list], base: dict) -> None:
     """
     if "block_m" not in axes:
         return
-    from megamoe.plan import DESIGNS, block_m_choices
-    from megamoe.scenario import Scenario
+    from megamoe.plan import block_m_choices
 
-    designs = axes.get("design") or [base.get("design") or Scenario.__dataclass_fields__["design"].default]
-    ok = sorted({bm for d in designs if d in DESIGNS for bm in block_m_choices(d)})
+    designs = axes.get("design") or [base.get("design") or _scenario_default("design")]
+    ok = sorted({bm for d in designs for bm in block_m_choices(d)})
     bad = [v for v in axes["block_m"] if v not in ok]
     require(not bad, "sweep.block_m", f"values a design of the sweep takes ({', '.join(designs)}: "
             f"{', '.join(map(str, ok))})", ", ".join(map(str, bad)))
@@ -344,12 +348,12 @@ def input_files(kw: dict) -> list[str]:
     parse name no file (the point fails when it runs)."""
     from megamoe.policies import is_builtin
     from megamoe.routing import RoutingSpec
-    from megamoe.scenario import MAX_RANKS_X_EXPERTS, Scenario
+    from megamoe.scenario import MAX_RANKS_X_EXPERTS
 
     from .hardware import hardware_path
 
     files = []
-    hw = kw.get("hardware") or Scenario.__dataclass_fields__["hardware"].default
+    hw = kw.get("hardware") or _scenario_default("hardware")
     if isinstance(hw, str):
         files.append(str(hardware_path(hw)))
     routing = kw.get("routing", "uniform")
@@ -359,7 +363,7 @@ def input_files(kw: dict) -> list[str]:
         spec = None
     if getattr(spec, "kind", None) == "file" and isinstance(spec.path, str):
         if "{rank}" in spec.path:
-            n = kw.get("num_ranks", Scenario.__dataclass_fields__["num_ranks"].default)
+            n = kw.get("num_ranks", _scenario_default("num_ranks"))
             n = n if is_int(n) and 1 <= n <= MAX_RANKS_X_EXPERTS else 0
             files += [spec.path.replace("{rank}", str(r)) for r in range(n)]
         else:
@@ -566,11 +570,9 @@ def sweep(axes: dict[str, list], base: dict, out_dir: str, jobs: int | None = No
     check_scaled_hardware(points, base)
     check_block_m(axes, base)
     if "hardware" not in axes:  # one hardware for every point: a bad one refuses the sweep now
-        from megamoe.scenario import Scenario
-
         from .hardware import load_hardware
 
-        load_hardware(base.get("hardware") or Scenario.__dataclass_fields__["hardware"].default)
+        load_hardware(base.get("hardware") or _scenario_default("hardware"))
     digests: dict[str, str] = {}  # each input file hashed once, before any point runs
     keys = [point_key(p, base, digests) for p in points]
     key_of = {json.dumps(p, sort_keys=True, default=str): k for p, k in zip(points, keys)}
