@@ -675,17 +675,13 @@ def test_measured_busy_fractions_do_not_move_with_the_hardware(tmp_path):
     assert a["busy_fraction_simulated"] != b["busy_fraction_simulated"]
 
 
-def test_streaming_bound_results_are_the_traces_recomputed():
+def test_streaming_bound_results_are_the_traces_recomputed(load_script):
     """``benchmarks/results/streaming_bound_h200.json`` is what ``benchmarks/streaming_bound.py``
     computes from the committed traces and benchmark now; at 1 token its t70 is recomputed by hand
     from the anchors' formula (6 touched experts x 1.5 H I + 6 routed rows x (H + 2 I + 2 H) bytes
     at 70% of the benchmark's copy bandwidth) and its K blocks from the shape, and each row's
     balanced time is its three parts."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("streaming_bound", "benchmarks/streaming_bound.py")
-    sb = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sb)
+    sb = load_script("benchmarks/streaming_bound.py")
     rows, meta = sb.rows()
     saved = json.load(open("benchmarks/results/streaming_bound_h200.json"))
     assert saved == json.loads(json.dumps({"meta": meta, "rows": rows}))

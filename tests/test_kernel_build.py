@@ -3,7 +3,6 @@
 import csv
 import ctypes
 import dataclasses
-import importlib.util
 import math
 import re
 import shutil
@@ -551,14 +550,11 @@ def test_strict_build_without_cuobjdump_is_a_setup_error(monkeypatch, tmp_path, 
         kbuild.build("sm_90a", strict=True)
 
 
-def test_ncu_summary_finds_the_k_loop_and_counts_its_stalls(tmp_path):
+def test_ncu_summary_finds_the_k_loop_and_counts_its_stalls(tmp_path, load_script):
     """benchmarks/device/ncu_summary.py on a hand-made ncu source page: the K loop is the
     smallest backward branch around two QGMMAs (not the outer block loop), instructions per
     K block = the loop's executions / one QGMMA's, stall fractions over the loop's samples."""
-    spec = importlib.util.spec_from_file_location(
-        "ncu_summary", Path(__file__).resolve().parents[1] / "benchmarks" / "device" / "ncu_summary.py")
-    ns = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ns)
+    ns = load_script("benchmarks/device/ncu_summary.py")
     hdr = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed",
            "stall_wait", "stall_barrier", "stall_wait (Not Issued)"]
     # (address, source, samples, executed, wait, barrier): outer loop 0x10..0x60, K loop 0x20..0x50
@@ -606,7 +602,7 @@ def test_ab_interleaved_rejects_bad_arguments_before_any_gpu_work(tmp_path, extr
     assert re.match(rf"ab_interleaved.py: error: ({field}): expected", last), last
 
 
-def test_sanitizer_launches_cover_the_ring_wrap_and_the_wide_instance(tmp_path):
+def test_sanitizer_launches_cover_the_ring_wrap_and_the_wide_instance(tmp_path, load_script):
     """benchmarks/device/sanitize_small.py: ``small`` keeps every CTA within one pass of the stage
     ring (racecheck there never sees a stage reused), ``ring`` wraps it several times over, and
     ``wide`` runs the wide instance and wraps it too (the racecheck hazards of session 33 need a
@@ -614,16 +610,11 @@ def test_sanitizer_launches_cover_the_ring_wrap_and_the_wide_instance(tmp_path):
     on a routing drawn like the script's (seeded, on the CPU here; the bounds for ``small`` and
     ``ring`` hold for any draw, by counting, ``wide``'s for this one: on the H200 its launch showed
     the hazards). A bad case name or no GPU is a one-line error, exit 2."""
-    import importlib.util
-
     torch = pytest.importorskip("torch")
     from megamoe.kernel.check import make_inputs
     from megamoe.kernel.schedule import block_sequence
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "device" / "sanitize_small.py"
-    spec = importlib.util.spec_from_file_location("sanitize_small", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("benchmarks/device/sanitize_small.py")
     assert set(mod.CASES) == {"small", "wide", "wide_pair", "ring", "pair", "pair_ring"}
     most = {}
     for name, (E, K, H, I, T, opts, _) in mod.CASES.items():
@@ -1022,16 +1013,13 @@ def test_ab_plan_refuses_bad_arguments_before_the_gpu(tmp_path, extra, want):
     assert _device_script_error(tmp_path, "ab_plan.py", str(tmp_path / "o.json"), *extra) == want
 
 
-def test_traces_script_keeps_the_median_call(tmp_path):
+def test_traces_script_keeps_the_median_call(tmp_path, load_script):
     """benchmarks/device/traces.py keeps, of its ``--calls`` traced calls, the one whose makespan
     is the median (the lower middle one for an even count), and refuses ``--calls 0``, a token
     count that is not an integer >= 1 and a ``--max-tokens`` below the largest count with one
     line before it touches the GPU."""
     pytest.importorskip("torch")
-    spec = importlib.util.spec_from_file_location(
-        "traces_script", Path(__file__).resolve().parents[1] / "benchmarks" / "device" / "traces.py")
-    ns = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ns)
+    ns = load_script("benchmarks/device/traces.py")
     assert ns.median_index([53.6, 52.1, 55.0]) == 0  # 52.1 < 53.6 < 55.0
     assert ns.median_index([4.0, 1.0, 3.0, 2.0]) == 3  # sorted 1, 2, 3, 4: the lower middle, 2.0
     assert ns.median_index([7.0]) == 0

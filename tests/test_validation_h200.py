@@ -222,7 +222,7 @@ def test_validation_page_h100_table_is_the_model_and_the_committed_benchmark():
     assert _page_table_row(page, "model / kernel") == [f"{m / ours[t]['us_kernel']:.3f}" for m, t in zip(model, tokens)]
 
 
-def test_validation_page_confined_two_cta_times_are_the_probe_and_the_model(tmp_path):
+def test_validation_page_confined_two_cta_times_are_the_probe_and_the_model(tmp_path, load_script):
     """The confined two-CTA times quoted under "Where the model is still wrong": the probe's
     (``kernel_experiments_s49.json``, green-context entries 96g / 64g, each placed on that many
     SMs by ``%smid``) and the model's on the ``h100`` preset with the probe's own routing and the
@@ -248,11 +248,7 @@ def test_validation_page_confined_two_cta_times_are_the_probe_and_the_model(tmp_
     assert (f"{cells['96g'][0]} us against {cells['96g'][1]}, and {cells['64g'][0]} against {cells['64g'][1]}"
             in page)
     # benchmarks/sm_rounds_model.py asks the model the same calls: the same numbers
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("sm_rounds_model", ROOT / "benchmarks/sm_rounds_model.py")
-    smm = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(smm)
+    smm = load_script("benchmarks/sm_rounds_model.py")
     rows = smm.model_rows(d, "h100")
     for entry in ("96g", "64g"):
         assert " / ".join(f"{rows[T][entry]['model_us']:.1f}" for T in ("3", "12", "64")) == cells[entry][0]

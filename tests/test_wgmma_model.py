@@ -78,14 +78,10 @@ def test_matches_the_tensor_core_bit_for_bit():
     assert (exact != torch.tensor(d["d"][:, 0])).double().mean() > 0.05
 
 
-def test_fit_script_reproduces_the_probe_with_the_kept_model(tmp_path):
+def test_fit_script_reproduces_the_probe_with_the_kept_model(tmp_path, load_script):
     """The fitting script's own (numpy) implementation of the kept model, including one step
     onto a given FP32 accumulator (variant 3, which h200_wgmma_partials never needs)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import wgmma_acc_fit as fit
-    finally:
-        sys.path.pop(0)
+    fit = load_script("benchmarks/wgmma_acc_fit.py")
     d = np.load(DATA)
     align, bits, final = next(iter(fit.MODELS.values()))
     m0 = fit.step(d["a"], d["b"], 0, None, align, bits, final)
