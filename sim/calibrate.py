@@ -65,7 +65,7 @@ import tomllib
 
 from megamoe.errors import InputError, require
 
-from .hardware import PRESET_DIR, parse_hardware, preset_names, resolve_base
+from .hardware import PRESET_DIR, parse_hardware, preset_names, preset_path, resolve_base
 
 
 def _time_cuda(fn, repeat: int = 10, warmup: int = 2) -> float:
@@ -309,11 +309,9 @@ def fit_sm90_pull_pair(paths: list[str], fold_ns: float) -> dict:
             item is pulled by several warps, or without pull records of one CTA each (a simulator's
             pull rounds are the rank's), or no CTA with one item in all.
     """
-    import math
-
     import numpy as np
 
-    from megamoe.design_sm90 import ONE_ITEM_PULL_WARPS, PULL_ROUND_BYTES
+    from megamoe.design_sm90 import ONE_ITEM_PULL_WARPS, fold_rounds
 
     require(isinstance(paths, (list, tuple)) and len(paths) >= 1, "fit_sm90_pull_pair", "a list of traces", paths)
     per, pooled = [], []

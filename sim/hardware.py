@@ -461,12 +461,12 @@ def resolve_base(data: dict, seen: tuple[str, ...] = ()) -> dict:
     if not isinstance(data, dict) or "base" not in data:
         return data
     base = data["base"]
-    require(isinstance(base, str) and (PRESET_DIR / f"{base.lower()}.toml").is_file(), "hardware.base",
-            f"a preset name ({', '.join(preset_names())})", shown(base))
-    base = base.lower()
+    path = preset_path(base)
+    require(path is not None, "hardware.base", f"a preset name ({', '.join(preset_names())})", shown(base))
+    base = path.stem
     require(base not in seen, "hardware.base", "a chain of presets that does not come back to one of them",
             " -> ".join((*seen, base)))
-    parent = resolve_base(tomllib.loads((PRESET_DIR / f"{base}.toml").read_text()), (*seen, base))
+    parent = resolve_base(tomllib.loads(path.read_text()), (*seen, base))
     out = {k: v for k, v in data.items() if k != "base"}
     figs, srcs = data.get("figures", {}), data.get("sources", {})
     if not (isinstance(figs, dict) and isinstance(srcs, dict)):
@@ -536,11 +536,16 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.toml"))
 
 
+def preset_path(spec: object) -> Path | None:
+    """The preset TOML that ``spec`` names (a preset name in any case: ``H100`` is ``h100``), or
+    None when ``spec`` is no preset name (a path, a misspelling, not a string)."""
+    return PRESET_DIR / f"{spec.lower()}.toml" if isinstance(spec, str) and spec.lower() in preset_names() else None
+
+
 def hardware_path(spec: str) -> Path:
     """The file a hardware spec names: its preset's TOML when ``spec`` is a preset name
     (case-insensitive), else ``spec`` itself as a path (not checked here)."""
-    p = PRESET_DIR / f"{spec.lower()}.toml"
-    return p if p.exists() else Path(spec)
+    return preset_path(spec) or Path(spec)
 
 
 def load_hardware(spec: str) -> Hardware:
@@ -553,7 +558,7 @@ def load_hardware(spec: str) -> Hardware:
     require(isinstance(spec, str) and spec != "", "hardware", "a preset name or a .toml path",
             type(spec).__name__ if not isinstance(spec, str) else "an empty string")
     p = hardware_path(spec)
-    if not (p.parent == PRESET_DIR and p.exists()):  # a path, not a preset
+    if preset_path(spec) is None:  # a path
         require(spec.lower().endswith(".toml") or os.sep in spec, "hardware",
                 f"a preset ({', '.join(preset_names())}) or a .toml path",
                 spec if spec == spec.strip() else repr(spec))  # ' h100': the space shown

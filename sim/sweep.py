@@ -132,11 +132,11 @@ def _point_key(axis: str, v, text: str):
             policies_from_specs(parts)
             return tuple(sorted(parts))
         if axis == "hardware":
-            from .hardware import PRESET_DIR, hardware_path, load_hardware
+            from .hardware import load_hardware, preset_path
 
             load_hardware(v)
-            p = hardware_path(v)
-            return p.stem if p.parent == PRESET_DIR and p.is_file() else v  # a preset in any case: one key
+            p = preset_path(v)
+            return p.stem if p is not None else v  # a preset in any case: one key
         elif axis == "design":
             require(v in DESIGNS, "design", " or ".join(DESIGNS), v)
         elif axis == "l2_wait":
