@@ -207,6 +207,14 @@ ONE_ITEM_PULL_WARPS = {16: 4, 32: 1, 64: 1, 128: 1}
 PULL_ROUND_BYTES = 32 * 16
 
 
+def fold_rounds(hidden: int, warps: int = 1) -> int:
+    """Chunk rounds one dispatch warp folds and stores, one after another, when ``warps`` warps
+    share a pulled row of ``hidden`` bytes (E4M3): ``ceil(ceil(hidden / PULL_ROUND_BYTES) / warps)``
+    (chunk round m goes to warp m % warps, ``pull_row_fold`` in ``csrc/megamoe/roles_shared.cuh``);
+    V4-Flash's 4096-byte row is 8 rounds alone, 2 with four warps."""
+    return -(-(-(-hidden // PULL_ROUND_BYTES)) // warps)
+
+
 #: Experts in one scan of the block scheduler: a warp's 32 lanes, one expert each
 #: (``Scheduler::next`` in ``csrc/megamoe/scheduler.cuh``).
 SCHED_CHUNK = 32

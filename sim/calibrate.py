@@ -258,11 +258,9 @@ def fit_sm90_pull(paths: list[str], fold_ns: float) -> dict:
         InputError: fewer than two traces, or fewer than two distinct warp counts, a trace of two
             ranks or of two CTAs per SM, or one without pull records.
     """
-    import math
-
     import numpy as np
 
-    from megamoe.design_sm90 import ONE_ITEM_PULL_WARPS, PULL_ROUND_BYTES
+    from megamoe.design_sm90 import ONE_ITEM_PULL_WARPS, fold_rounds
 
     require(isinstance(paths, (list, tuple)) and len(paths) >= 2, "fit_sm90_pull", "a list of two or more traces",
             paths)
@@ -270,7 +268,7 @@ def fit_sm90_pull(paths: list[str], fold_ns: float) -> dict:
     for path in paths:
         t, rp = _one_rank_trace(path, "fit_sm90_pull", 1)
         T = int(t.meta["tokens_per_rank"][0])
-        rounds = math.ceil(int(t.meta["hidden"]) / PULL_ROUND_BYTES)
+        H = int(t.meta["hidden"])
         warps = ONE_ITEM_PULL_WARPS.get(rp.config.block_m, 1)
         n = _items_per_cta(t, rp.num_sms)
         pull = t.where(kind="pull")
@@ -278,7 +276,7 @@ def fit_sm90_pull(paths: list[str], fold_ns: float) -> dict:
         c = pull["sm"].astype(np.int64)
         has = n[c] > 0
         alone = (n[c] == 1) & (warps > 1)
-        folds = np.where(alone, math.ceil(rounds / warps), rounds) * fold_ns
+        folds = np.where(alone, fold_rounds(H, warps), fold_rounds(H)) * fold_ns
         per = (pull["t_end_ns"] - pull["t_start_ns"])[has] / -(-n[c][has] // 4) - folds[has]
         lone = (n == 1) & (warps > 1)
         busy = int(np.minimum(n[~lone], 4).sum() + 4 * lone.sum())
@@ -326,7 +324,7 @@ def fit_sm90_pull_pair(paths: list[str], fold_ns: float) -> dict:
         require(len(pull) > 0 and (pull["sm"] >= 0).all(), "fit_sm90_pull_pair", "pull records of one CTA each (a "
                 "kernel trace's)", f"{path} ({len(pull)} pull records, {int((pull['sm'] < 0).sum())} of no CTA)")
         lone = n[pull["sm"].astype(np.int64)] == 1
-        folds = math.ceil(math.ceil(int(meta["hidden"]) / PULL_ROUND_BYTES) / warps) * fold_ns
+        folds = fold_rounds(int(meta["hidden"]), warps) * fold_ns
         v = ((pull["t_end_ns"] - pull["t_start_ns"])[lone] - folds).astype(float)
         per.append((T, len(v), float(np.median(v)) if len(v) else float("nan")))
         pooled.append(v)
@@ -1159,8 +1157,8 @@ def calibrated_toml(base: str, measured: dict, kernel: dict | None = None, date:
     Raises:
         InputError: the result does not validate (e.g. a measured figure <= 0).
     """
-    path = PRESET_DIR / f"{base.lower()}.toml"
-    if not path.exists():
+    path = preset_path(base)
+    if path is None:
         raise InputError("calibrate --base", f"a preset ({', '.join(preset_names())})", base)
     data = resolve_base(tomllib.loads(path.read_text()))
     figs, srcs = dict(data["figures"]), dict(data["sources"])

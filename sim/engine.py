@@ -91,12 +91,12 @@ from megamoe.design_sm90 import (
     BLOCK_DESCRIPTORS,
     FIRST_FILL_PER_SM,
     ONE_ITEM_PULL_WARPS,
-    PULL_ROUND_BYTES,
     RELAY_RELEASE,
     SCHED_CHUNK,
     WALK_IN_EPILOGUE,
     combine_slots,
     cta_item_starts,
+    fold_rounds,
     l1_promoted_once,
     wide_walk,
 )
@@ -662,7 +662,7 @@ class _Engine:
             item_round, pb_round, per_cta, item_cta = self._sm90_pull_rounds(rp, src)
             n_rounds = int(item_round.max()) + 1
             W = DISPATCH_WARPS_PER_SM
-            rounds = math.ceil(H / PULL_ROUND_BYTES)  # a whole row's chunk rounds, one after another
+            rounds = fold_rounds(H)  # a whole row's chunk rounds, one after another
             # a CTA with one item pulls it with all its dispatch warps, each its share of the
             # chunk rounds (kernel v8.6, EP1 at block_m 16); the others one item per warp
             warps = ONE_ITEM_PULL_WARPS.get(bm, 1) if R == 1 else 1
@@ -675,7 +675,7 @@ class _Engine:
             lats = [x + rounds * hw.pull_fold_chunk_ns for x in base]
             # at two CTAs per SM a lone pull takes sm90_pull_pair_ns whatever the warps pulling
             lat_solo = ((hw.sm90_pull_pair_ns if rp.ctas_per_sm == 2 else base[0])
-                        + math.ceil(rounds / warps) * hw.pull_fold_chunk_ns)
+                        + fold_rounds(H, warps) * hw.pull_fold_chunk_ns)
             if solo.all():  # every CTA pulls one row at most
                 lats[0] = lat_solo
             elif solo.any():

@@ -989,9 +989,13 @@ def test_sm90_pull_round_is_a_line_in_the_pulling_warps():
     2 folds; 64 tokens: 384 items on 264 CTAs, 120 with two items and 144 with one -> a record for the
     lone CTAs (the pair figure, 2 folds, 144 items) and one for the round of 120 x 2 + 144 x 4 = 816
     warps (8 folds, 240)."""
-    from megamoe.design_sm90 import ONE_ITEM_PULL_WARPS
+    from megamoe.design_sm90 import ONE_ITEM_PULL_WARPS, fold_rounds
 
     assert ONE_ITEM_PULL_WARPS == {16: 4, 32: 1, 64: 1, 128: 1}
+    # a row's 512-byte chunk rounds, round m to warp m % warps: V4-Pro's 7168 bytes are 14 rounds,
+    # 4 + 4 + 3 + 3 over four warps; 513 bytes are two rounds, one each for two of four warps
+    assert [fold_rounds(4096), fold_rounds(4096, 4), fold_rounds(7168, 4), fold_rounds(513), fold_rounds(513, 4)] \
+        == [8, 2, 4, 2, 1]
     hw = _still("h200")
     a, w, f, p = hw.sm90_pull_base_ns, hw.sm90_pull_warp_ns, hw.pull_fold_chunk_ns, hw.sm90_pull_pair_ns
     assert a > 1000 and w > 1 and p > a + 384 * w  # the lone pull at two CTAs: above the line at 16 tokens
