@@ -484,3 +484,70 @@ def test_kernel_page_h100_sentence_is_the_committed_h100_benchmark():
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert (f"faster than both peers at every size, {share[0]:.1f}% / {share[1]:.1f}% of that GPU's copy at 16 / 64 "
             f"tokens, {ours[8192]['tflops_steady']:.1f} TFLOP/s at 8192") in readme
+
+
+def test_readme_trace_errors_are_the_committed_comparison():
+    """README's simulator-against-kernel summary: every makespan error, the per-kind error ranges and
+    the EP2 shortfall recomputed from ``benchmarks/results/compare_h200.json`` (one CTA per SM at 1
+    token, 1024-8192 and the one-CTA traces; two at 3-512 tokens, block_m 16)."""
+    d = json.loads((ROOT / "benchmarks/results/compare_h200.json").read_text())
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    tr = {t["trace"].removeprefix("kernel_flash_").removesuffix(".npz"): t for t in d["traces"]}
+
+    def pct(name):
+        return f"{100 * tr[name]['makespan_error']:+.1f}"
+
+    one = ["ep1_one_cta_t64", "ep1_one_cta_t512", "ep1_t1", "ep1_t1024", "ep1_t4096", "ep1_t8192"]
+    two = [f"ep1_t{t}" for t in (3, 6, 8, 12, 16, 64, 256, 512)]
+    assert (f"one CTA per SM {pct('ep1_one_cta_t64')}% / {pct('ep1_one_cta_t512')}% at 64 / 512 tokens (the fit), "
+            f"{pct('ep1_t1024')} / {pct('ep1_t4096')} / {pct('ep1_t8192')}% at 1024 / 4096 / 8192, "
+            f"{pct('ep1_t1')}% at 1 token") in readme
+    assert (f"two CTAs per SM {pct('ep1_t64')}% at 64 (the fit), "
+            + " / ".join(pct(f"ep1_t{t}") for t in (3, 6, 8, 12, 16, 256, 512))
+            + "% at 3 / 6 / 8 / 12 / 16 / 256 / 512") in readme
+
+    def span(names, key):
+        v = [100 * tr[n][key] for n in names]
+        return f"{min(v):.1f}-{max(v):.1f}%"
+
+    assert (f"median per-kind errors are {span(one, 'median_kind_error')} at one CTA and "
+            f"{span(two, 'median_kind_error')} at two") in readme
+    assert f"duration distributions {span(two, 'median_kind_quantile_error')} apart" in readme
+    ep2 = [-100 * t["makespan_error"] for t in d["traces"] if t["ranks"] == 2]
+    assert f"{min(ep2):.0f}-{max(ep2):.0f}% short of the EP2 traces" in readme
+    # the validation page's EP2 sentence and its one-token launch skew, from the same file
+    page = " ".join((ROOT / "docs/simulator/validation.md").read_text().split())
+    ep2t = [t for t in d["traces"] if t["ranks"] == 2]
+    many = [-100 * t["makespan_error"] for t in ep2t if t["tokens"] >= 64]
+    no_skew = [-100 * t["makespan_error_no_skew"] for t in ep2t]
+    assert (f"{min(many):.0f}-{max(many):.0f}% short at 64-8192 tokens per rank ({min(ep2):.0f}-{max(ep2):.0f}% over "
+            "all five EP2 traces with the launch skew") in page
+    assert f"{min(no_skew):.0f}-{max(no_skew):.0f}% without it:" in page
+    t1 = next(t for t in ep2t if t["tokens"] == 1)
+    assert (f"the error is {100 * t1['makespan_error_no_skew']:.1f}% without it ({max(t1['launch_skew_us']):.1f} us)"
+            in page)
+
+
+def test_validation_page_fitted_figures_and_out_of_sample_traces(load_script):
+    """The validation page's table of the H200 preset's fitted figures and its list of traces in no
+    fit (docs/gen/figures.py): brace alternatives in a source expand to one trace each, a figure
+    whose source is a datasheet or a measurement stays out of the table, and on the committed
+    preset the 8192-token EP1 trace is in no fit while the 4096-token one (the main fit's) is."""
+    import tomllib
+
+    fig = load_script("docs/gen/figures.py")
+    doc = {"figures": {"a_ns": 12.5, "b_ns": 3.0, "c": 0.25},
+           "sources": {"a_ns": "fitted to benchmarks/traces/kernel_flash_ep1_t{1,3}.npz (kernel v9) by "
+                               "sim.calibrate.fit_x: median",
+                       "b_ns": "measured by megamoe calibrate on the H200",
+                       "c": "kept from the fit to kernel v9.0's traces (sim.calibrate.fit_y)"}}
+    assert fig._traces_named(doc) == {"kernel_flash_ep1_t1.npz", "kernel_flash_ep1_t3.npz"}
+    table = fig._fitted_figures_table(doc)
+    assert "| `a_ns` | 12.5 | `kernel_flash_ep1_t{1,3}.npz` | `sim.calibrate.fit_x` |" in table
+    assert "| `c` | 0.25 | kept from the fit to kernel v9.0's traces | - |" in table
+    assert "b_ns" not in table
+    h200 = tomllib.loads((ROOT / "sim/hardware/h200.toml").read_text())
+    named = fig._traces_named(h200)
+    assert "kernel_flash_ep1_t4096.npz" in named and "kernel_flash_ep1_t8192.npz" not in named
+    table = fig._fitted_figures_table(h200)
+    assert f"| `sm90_pair_share` | {h200['figures']['sm90_pair_share']:g} |" in table

@@ -58,6 +58,40 @@ def _md_table(header: list[str], rows: list[list], align: str | None = None) -> 
     return "\n".join(lines) + "\n"
 
 
+def _fitted_figures_table(doc: dict) -> str:
+    """The figures of a hardware TOML (parsed) read off traces or the cycle profile: each one's value,
+    what it was fitted on and by which function, from its ``[sources]`` text (a figure whose source
+    starts "fitted to", "measured in benchmarks/traces" or "kept from the fit")."""
+    import re
+
+    rows = []
+    for k, v in doc["figures"].items():
+        src = doc["sources"][k]
+        if not re.match(r"(fitted to|measured in benchmarks/traces|kept from the fit)", src):
+            continue
+        on = re.match(r"(?:fitted to|measured in) (\S+)", src)
+        by = re.search(r"by (sim\.calibrate\.\w+)", src)
+        on = (f"`{on.group(1).replace('benchmarks/traces/', '').replace('benchmarks/results/', '')}`"
+              if on else src.split(":")[0].split(" (")[0])
+        rows.append([f"`{k}`", f"{v:g}", on, f"`{by.group(1)}`" if by else "-"])
+    return _md_table(["figure", "value", "fitted on", "by"], rows, "lrll")
+
+
+def _traces_named(doc: dict) -> set[str]:
+    """The trace files (``kernel_flash_*.npz`` names) that any source of a hardware TOML (parsed)
+    names, with ``{a,b}`` alternatives expanded."""
+    import re
+
+    names = set()
+    for src in doc["sources"].values():
+        for m in re.finditer(r"benchmarks/traces/([\w{},.]+?\.npz)", src):
+            pat = m.group(1)
+            br = re.search(r"\{([^}]*)\}", pat)
+            alts = br.group(1).split(",") if br else [""]
+            names.update(pat[:br.start()] + a + pat[br.end():] if br else pat for a in alts)
+    return names
+
+
 class Gen:
     """Collects generated files and snippets; caches simulations."""
 
@@ -1261,6 +1295,13 @@ class Gen:
         self.snippets["b200_fitted"] = (f"{len(fitted)} figures of `b200.toml` are marked \"fitted\" in its "
                                         f"`[sources]` table ({', '.join(f'`{k}`' for k in fitted)})")
         self.snippets["hardware_fields"] = ", ".join(f"`{k}`" for k in fields)
+        self.snippets["h200_fitted_figures"] = _fitted_figures_table(hw["h200"])
+        compared = [t["trace"] for t in json.loads((ROOT / "benchmarks" / "results" / "compare_h200.json").read_text())["traces"]]
+        fitted = _traces_named(hw["h200"])
+        free = [t.removeprefix("kernel_flash_").removesuffix(".npz") for t in compared if t not in fitted]
+        self.snippets["h200_out_of_sample"] = (", ".join(f"`{t}`" for t in free) if free else "none") + (
+            f" ({len(free)} of the {len(compared)} compared traces; the others each fit a few figures, named in the "
+            "table above)")
 
     def run_all(self) -> None:
         import tempfile
