@@ -430,9 +430,8 @@ def _check_sweep_out(out: str, names: list[str]) -> None:
 
 
 def _options_given(argv: list[str], cmd: str) -> set[str]:
-    """The dests of the options of subcommand ``cmd`` that ``argv`` gives explicitly (however
-    argparse resolved them, abbreviations included): ``argv`` parsed again with every option's
-    default replaced by a marker (``None`` for the appending ones)."""
+    """The dests of the options of subcommand ``cmd`` that ``argv`` gives explicitly: ``argv`` parsed
+    again with every option's default replaced by a marker (``None`` for the appending ones)."""
     probe = build_parser()
     subs = next(x for x in probe._actions if isinstance(x, argparse._SubParsersAction))
     unset = object()

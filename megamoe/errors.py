@@ -110,9 +110,7 @@ _ARGPARSE_TYPES = {"int": "an integer", "float": "a number"}
 # argparse's own messages, and each one's field form (from the match's groups)
 _WHOLE = ((r"unrecognized arguments: (.*)",
            lambda g: f"arguments: expected only options the command takes (see its --help), got {g[0]}"),
-          (r"the following arguments are required: (.*)", lambda g: f"{g[0]}: expected a value (required), got none"),
-          (r"ambiguous option: (\S+) could match (.*)",
-           lambda g: f"{g[0]}: expected an option or an abbreviation of one only, got one of {g[1]}"))
+          (r"the following arguments are required: (.*)", lambda g: f"{g[0]}: expected a value (required), got none"))
 _OF_ARGUMENT = ((r"invalid choice: (.*) \(choose from (.*)\)",
                  lambda g: f"expected one of {g[1].replace(chr(39), '')}, got {g[0]}"),
                 (r"invalid (\w+) value: (.*)", lambda g: f"expected {_ARGPARSE_TYPES.get(g[0], g[0])}, got {g[1]}"),
@@ -121,8 +119,8 @@ _OF_ARGUMENT = ((r"invalid choice: (.*) \(choose from (.*)\)",
 
 def _field_form(message: str) -> str:
     """argparse's own messages in the project's ``<field>: expected <what>, got <value>`` form
-    (unrecognized and missing arguments, an ambiguous abbreviation, a bad choice or type, a missing
-    value); the ``argument <option>: `` prefix of a message that has the form already is dropped."""
+    (unrecognized and missing arguments, a bad choice or type, a missing value); the
+    ``argument <option>: `` prefix of a message that has the form already is dropped."""
     import re
 
     for pattern, form in _WHOLE:
@@ -145,10 +143,12 @@ class OneLineArgumentParser(argparse.ArgumentParser):
     """argparse with the project's rule for bad input: one line, ``<program>: error:
     <message>`` on stderr, exit code 2, no usage dump. The program is the first word of
     ``prog`` (a subcommand's parser, ``megamoe simulate``, reports as ``megamoe``). An option
-    that takes one value is refused when given twice. Used by the ``megamoe`` CLI and the
-    benchmark scripts."""
+    that takes one value is refused when given twice, and an option is spelled out in full (no
+    abbreviations: ``--tok`` is not ``--tokens``). Used by the ``megamoe`` CLI and the benchmark
+    scripts."""
 
     def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self.register("action", None, _StoreOnce)
         self.register("action", "store", _StoreOnce)

@@ -92,7 +92,7 @@ def test_bad_input_one_line_exit_2(args, field):
 @pytest.mark.parametrize("args,message", [
     (["--tokens=8", "--tokens", "16"], "--tokens: expected the option once, got it twice (8, then 16)"),
     (["--hardware", "h200", "--hardware", "b200"], "--hardware: expected the option once, got it twice (h200, then b200)"),
-    (["--js", "{d}/a.json", "--json", "{d}/b.json"],
+    (["--json={d}/a.json", "--json", "{d}/b.json"],
      "--json: expected the option once, got it twice ({d}/a.json, then {d}/b.json)"),
     (["--trace-sms", "4", "--json", "{d}/a.json"], "--trace-sms: expected a --trace to limit (it sets the Chrome "
                                                    "trace's SMs per rank), got --trace-sms 4 without --trace"),
@@ -111,8 +111,9 @@ def test_an_option_given_twice_or_for_nothing_is_refused(tmp_path, args, message
     (["compare"], "trace: expected a value (required), got none"),
     (["simulate", "--json"], "--json: expected a value, got none"),
     (["bogus"], "command: expected one of simulate, sweep, compare, calibrate, build, run, validate, got 'bogus'"),
-    (["simulate", "--trace-", "x"], "--trace-: expected an option or an abbreviation of one only, got one of "
-                                    "--trace-sms, --trace-npz"),
+    # options are spelled out: no abbreviation, ambiguous or not
+    (["simulate", "--trace-", "x"], "arguments: expected only options the command takes (see its --help), got --trace- x"),
+    (["simulate", "--tok", "64"], "arguments: expected only options the command takes (see its --help), got --tok 64"),
     (["simulate", "--combine-relay", "maybe"], "--combine-relay: expected one of on, off, got 'maybe'"),
 ])
 def test_argparse_messages_take_the_field_form(args, message):
@@ -421,10 +422,10 @@ def test_sweep_refuses_oversized_and_repeated_axes(tmp_path):
 
 def test_sweep_refuses_an_axis_also_given_as_its_option(tmp_path):
     """A swept axis replaces its option's value at every point, so giving both is refused (the
-    option was silently dropped), however the option is spelled (argparse's abbreviations too);
-    nothing is written. --policy is not such an option: a policy axis adds to its list."""
+    option was silently dropped); nothing is written. --policy is not such an option: a policy axis
+    adds to its list."""
     out = tmp_path / "sw"
-    for extra, name in ((["--tokens", "5"], "tokens"), (["--tok", "5"], "tokens"),
+    for extra, name in ((["--tokens", "5"], "tokens"),
                         (["--block-m", "16", "--design", "megamoe-sm90"], "block_m")):
         axis = "tokens=1,2" if name == "tokens" else "block_m=16,32"
         rc, outp, err = run("sweep", "--set", axis, *extra, "--out", str(out))
