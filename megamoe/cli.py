@@ -276,7 +276,7 @@ def _print_summary(res) -> None:
     elif res.hardware.is_estimate("legacy_a2a_latency_ns"):
         con.print("speedup vs legacy: against this model's idealised unfused path (sim.legacy: DeepEP all-to-alls "
                   "around grouped GEMMs at the FP4 weights' roofline), not a measured one; on "
-                  f"{res.hardware.name} its all-to-all latency is not fitted (legacy_a2a_latency_ns: {src})",
+                  f"{res.hardware.name} its all-to-all latency is not fitted to this GPU (legacy_a2a_latency_ns: {src})",
                   highlight=False)
     if note := _sm90_estimates_note(plan.design, res.hardware):
         con.print(note, highlight=False)

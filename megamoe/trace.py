@@ -192,7 +192,9 @@ class Trace:
             msg = (f": {str(exc).splitlines()[0]}" if zipped
                    else ": not a zip archive, which an .npz is" if isinstance(exc, ValueError) else "")
             kind = "zlib.error" if isinstance(exc, zlib.error) else type(exc).__name__
-            return InputError("trace", "an .npz trace file", f"{path} ({kind}{msg})")
+            p = os.fspath(path)
+            return InputError("trace", "an .npz trace file",  # an empty or padded path quoted: '' shows
+                              f"{p if p and p == p.strip() else repr(p)} ({kind}{msg})")
 
         # a truncated or corrupt zip raises BadZipFile / zlib.error / EOFError, at open or at read
         broken = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)

@@ -143,7 +143,9 @@ def _point_key(axis: str, v, text: str):
             require(v in ("k_block", "pool_block"), "l2_wait", "k_block or pool_block", v)
     except InputError as e:
         hint = "; a custom shape is E,k,H,I, and shapes are separated by ';' when one is custom" if axis == "shape" else ""
-        raise InputError(f"sweep.{axis}", f"{e.expected}{hint}", f"{v!r} in {text!r} ({e.field}: {e.got})") from None
+        got = repr(v) if text == str(v) else f"{v!r} in {text!r}"  # the value alone where it is the whole axis
+        same = e.field == axis and str(e.got).strip("'") == str(v)  # the inner error says only that again
+        raise InputError(f"sweep.{axis}", f"{e.expected}{hint}", got if same else f"{got} ({e.field}: {e.got})") from None
     return v
 
 

@@ -454,7 +454,7 @@ def test_shape_error_lists_presets_plainly():
             get_shape(bad)
 
 
-def test_legacy_speedup_says_when_its_latencies_are_estimates():
+def test_legacy_speedup_says_when_its_latencies_are_estimates(tmp_path):
     """The legacy path's all-to-all latency was fitted on B200 only, with several ranks (PR
     #316's speedup column): on the H200 preset it is an estimate, and at one rank (no all-to-all,
     sim.legacy) nothing of the path is fitted; the output says which under the table."""
@@ -466,6 +466,14 @@ def test_legacy_speedup_says_when_its_latencies_are_estimates():
     assert rc == 0 and "DeepEP all-to-alls" in out and "legacy_a2a_latency_ns: estimate" in out
     rc, out, _ = run("simulate", "--tokens", "64")
     assert rc == 0 and "speedup vs legacy: against" not in out  # b200, eight ranks: fitted
+    # a what-if file on the b200 preset inherits the B200's fit: said to be no fit to this GPU
+    hw = tmp_path / "hbm2x.toml"
+    hw.write_text('name = "B200 2x HBM"\nbase = "b200"\n[figures]\nhbm_gbs = 16000.0\n'
+                  '[sources]\nhbm_gbs = "what-if: twice the HBM"\n')
+    rc, out, _ = run("simulate", "--hardware", str(hw), "--tokens", "64")
+    out = " ".join(out.split())
+    assert rc == 0 and ("on B200 2x HBM its all-to-all latency is not fitted to this GPU (legacy_a2a_latency_ns: "
+                        "estimate: B200's figure (b200): fitted:") in out
 
 
 def test_oversized_total_work_is_refused_before_allocating(monkeypatch):
@@ -1099,3 +1107,17 @@ def test_sm90_design_figures_are_figures_and_described():
     assert len(set(h.SM90_DESIGN_FIGURES)) == len(h.SM90_DESIGN_FIGURES)
     for k in h.SM90_DESIGN_FIGURES:
         assert f"``{k}``" in h.__doc__, k
+
+
+def test_empty_or_padded_paths_and_whole_axis_values_are_shown_plainly(tmp_path):
+    """An empty trace path is shown quoted (it read "got  (FileNotFoundError)"), and a sweep value
+    that is its whole axis is not repeated ("got 'b300' in 'b300' (hardware: b300)")."""
+    rc, _, err = run("compare", "")
+    assert rc == 2 and err.strip() == "megamoe: error: trace: expected an .npz trace file, got '' (FileNotFoundError)"
+    rc, _, err = run("sweep", "--set", "hardware=b300", "--out", str(tmp_path / "s"))
+    assert rc == 2 and err.strip().endswith("or a .toml path, got 'b300'")
+    rc, _, err = run("sweep", "--set", "hardware=h200,b300", "--out", str(tmp_path / "s"))
+    assert rc == 2 and err.strip().endswith("got 'b300' in 'h200,b300'")
+    rc, _, err = run("sweep", "--set", "routing=zipf:x", "--out", str(tmp_path / "s"))
+    assert rc == 2 and err.strip().endswith("got 'zipf:x' (routing.zipf_exponent: x)")
+    assert not (tmp_path / "s").exists()

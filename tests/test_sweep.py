@@ -56,14 +56,14 @@ def test_a_value_given_twice_is_refused():
 
 
 @pytest.mark.parametrize("axis,text,message", [
-    ("shape", "384,6,7168,3072,deepseek-v4-flash", "'384' in '384,6,7168,3072,deepseek-v4-flash' (shape: 384)"),
-    ("shape", "bogus", "'bogus' in 'bogus' (shape: bogus)"),
-    ("routing", "zipf:x,uniform", "'zipf:x' in 'zipf:x,uniform'"),
-    ("routing", "zipf:-1", "'zipf:-1' in 'zipf:-1' (routing.zipf_exponent: -1.0)"),
-    ("policy", "interleaved,bogus", "'bogus' in 'interleaved,bogus' (policy: bogus)"),
-    ("hardware", "h200,a100", "'a100' in 'h200,a100' (hardware: a100)"),
-    ("design", "sm90", "'sm90' in 'sm90' (design: sm90)"),
-    ("l2_wait", "k_block,x", "'x' in 'k_block,x' (l2_wait: x)"),
+    ("shape", "384,6,7168,3072,deepseek-v4-flash", "'384' in '384,6,7168,3072,deepseek-v4-flash'"),
+    ("shape", "bogus", "'bogus'"),
+    ("routing", "zipf:x,uniform", "'zipf:x' in 'zipf:x,uniform' (routing.zipf_exponent: x)"),
+    ("routing", "zipf:-1", "'zipf:-1' (routing.zipf_exponent: -1.0)"),
+    ("policy", "interleaved,bogus", "'bogus' in 'interleaved,bogus'"),
+    ("hardware", "h200,a100", "'a100' in 'h200,a100'"),
+    ("design", "sm90", "'sm90'"),
+    ("l2_wait", "k_block,x", "'x' in 'k_block,x'"),
     # an integer axis below its floor (the Scenario's lower bound) is invalid in every grid
     ("seed", "-3,1", "-3 in '-3,1'"),
     ("tokens", "-2:2", "-2 in '-2:2'"),
@@ -80,7 +80,7 @@ def test_a_value_wrong_in_every_point_is_refused_up_front(axis, text, message):
     session). A value that fits some points and not others stays each point's error."""
     with pytest.raises(InputError) as e:
         parse_values(axis, text)
-    assert e.value.field == f"sweep.{axis}" and str(e.value.got).startswith(message)
+    assert e.value.field == f"sweep.{axis}" and str(e.value.got) == message  # a value alone is not repeated
     assert parse_values("block_m", "16,17") == [16, 17]  # 17 fails as its points (the design decides)
     assert parse_values("seed", "0,3") == [0, 3] and parse_values("reserved_sms", "0:1") == [0, 1]
 
