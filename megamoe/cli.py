@@ -278,7 +278,7 @@ def _print_summary(res) -> None:
                   "around grouped GEMMs at the FP4 weights' roofline), not a measured one; on "
                   f"{res.hardware.name} its all-to-all latency is not fitted to this GPU (legacy_a2a_latency_ns: {src})",
                   highlight=False)
-    if note := _sm90_estimates_note(plan.design, res.hardware):
+    for note in _design_notes(plan.design, res.hardware):
         con.print(note, highlight=False)
     if sum(s["num_recv_tokens"]) == 0:
         con.print("empty call (no token routed to an expert): time, busy fractions and speedup describe the "
@@ -286,16 +286,25 @@ def _print_summary(res) -> None:
                   "null in --json)", highlight=False)
 
 
-def _sm90_estimates_note(design: str, hw) -> str | None:
-    """The note under a simulated SM90-design call whose hardware's SM90 figures are estimates (not
-    fitted to traces of our SM90 kernel on that GPU), or None."""
-    if design != "megamoe-sm90":
-        return None
+def _design_notes(design: str, hw) -> list[str]:
+    """The notes under a simulated call about its design on its hardware: a design built for another
+    architecture than the GPU's (``arch`` of the hardware file against :data:`megamoe.plan.DESIGN_ARCH`:
+    a what-if), and an SM90-design call whose hardware's SM90 figures are estimates (not fitted to
+    traces of our SM90 kernel on that GPU)."""
+    from megamoe.plan import DESIGN_ARCH
     from sim.hardware import SM90_DESIGN_FIGURES
 
-    est = [k for k in SM90_DESIGN_FIGURES if hw.is_estimate(k)]
-    return (f"note: design megamoe-sm90 on {hw.name}: {len(est)} of its {len(SM90_DESIGN_FIGURES)} SM90 figures are "
-            "estimates, not fitted to traces of our SM90 kernel on this GPU (the h200 preset's are)") if est else None
+    notes = []
+    if hw.arch and DESIGN_ARCH[design] != hw.arch:
+        native = [d for d, a in DESIGN_ARCH.items() if a == hw.arch]
+        notes.append(f"note: design {design} is built for {DESIGN_ARCH[design].upper()} GPUs and {hw.name} is "
+                     f"{hw.arch.upper()}: a what-if of that design on {hw.name}'s figures"
+                     + (f"; --design {native[0]} models the kernel that runs there" if native else ""))
+    est = [k for k in SM90_DESIGN_FIGURES if hw.is_estimate(k)] if design == "megamoe-sm90" else []
+    if est:
+        notes.append(f"note: design megamoe-sm90 on {hw.name}: {len(est)} of its {len(SM90_DESIGN_FIGURES)} SM90 "
+                     "figures are estimates, not fitted to traces of our SM90 kernel on this GPU (the h200 preset's are)")
+    return notes
 
 
 _SUFFIXES = {"json": (".json",), "trace": (".json", ".json.gz"), "npz": (".npz",), "plot": (".png", ".svg", ".pdf"),
@@ -515,7 +524,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
         if not same:
             con.print(f"note: the trace was recorded on hardware {rec!r} (its meta); this run simulated it with "
                       f"{a.hardware!r} ({res.hardware.name})", highlight=False)
-    if note := _sm90_estimates_note(res.plan.design, res.hardware):
+    for note in _design_notes(res.plan.design, res.hardware):
         con.print(note, highlight=False)
     recorded, used = measured.meta.get("policies") or {}, res.scenario.to_dict()["policies"]
     if a.policy and used != recorded:

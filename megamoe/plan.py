@@ -520,6 +520,10 @@ def route_to_ranks(topk_idx: list[np.ndarray], num_experts: int, num_ranks: int
 
 
 DESIGNS = ("deepgemm-sm100", "megamoe-sm90")
+#: The compute-capability family each design's kernel is built for (sim.hardware's ``arch``):
+#: DeepGEMM's reference uses SM100's tcgen05 MMA, tensor memory and FP4 operands; this project's
+#: SM90 kernel uses sm_90a's WGMMA, which SM100 GPUs do not run.
+DESIGN_ARCH = {"deepgemm-sm100": "sm100", "megamoe-sm90": "sm90"}
 
 
 def block_m_choices(design: str) -> tuple[int, ...]:

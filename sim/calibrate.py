@@ -1185,7 +1185,8 @@ def calibrated_toml(base: str, measured: dict, kernel: dict | None = None, date:
     for key, value in (kernel or {}).items():
         put(key, round(value, 4), "from a megamoe kernel trace")
     lines = [f'# Calibrated from {base} by megamoe calibrate ({date}, {measured.get("device", "?")}).',
-             f'name = {json.dumps(data["name"])}', "", "[figures]"]
+             f'name = {json.dumps(data["name"])}', *([f'arch = {json.dumps(data["arch"])}'] if "arch" in data else []),
+             "", "[figures]"]
     lines += [f"{k} = {v!r}" for k, v in figs.items()]
     lines += ["", "[sources]"]
     lines += [f"{k} = {json.dumps(srcs[k])}" for k in figs]  # JSON strings are TOML basic strings

@@ -1,6 +1,8 @@
 """Hardware models loaded from TOML files, each figure with its source.
 
-A hardware file has a ``name``, a ``[figures]`` table and a ``[sources]`` table with one
+A hardware file has a ``name``, an optional ``arch`` (``"sm90"`` or ``"sm100"``: the compute
+capability family, which decides the design that runs there natively, :data:`megamoe.plan.DESIGN_ARCH`),
+a ``[figures]`` table and a ``[sources]`` table with one
 entry (a string naming where the number comes from) for every figure.  With ``base = "PRESET"``
 it gives only the figures that differ from that preset's (a GPU of the same family, or a what-if
 on one figure): the others are the preset's, each with its source prefixed "estimate: <preset
@@ -270,6 +272,7 @@ class Hardware:
     legacy_a2a_latency_ns: float
     sources: dict
     path: str = ""
+    arch: str = ""  # "sm90", "sm100", or "" (not given): the design note of the CLI reads it
 
     def is_estimate(self, figure: str) -> bool:
         """Whether ``figure``'s source marks it an estimate (its text starts with "estimate", in
@@ -325,7 +328,9 @@ class Hardware:
         return Hardware(**vals)
 
 
-_FIGURES = [f.name for f in fields(Hardware) if f.name not in ("name", "sources", "path")]
+_FIGURES = [f.name for f in fields(Hardware) if f.name not in ("name", "sources", "path", "arch")]
+#: The values of a hardware file's ``arch``.
+ARCHS = ("sm90", "sm100")
 # The figures only the megamoe-sm90 design uses (this module's docstring describes each): fitted to
 # our SM90 kernel's traces on the H200 preset, estimates elsewhere (the CLI says so when it runs
 # that design on a preset whose figures are estimates).
@@ -474,6 +479,8 @@ def resolve_base(data: dict, seen: tuple[str, ...] = ()) -> dict:
     stray = sorted(map(str, set(srcs) - set(figs)))  # a source would relabel an inherited figure
     require(not stray, "hardware.sources", f"sources only for the figures this file gives (the others are "
             f"{parent['name']}'s, sourced there)", ", ".join(stray))
+    if "arch" not in out and "arch" in parent:  # a GPU of the base's family unless the file says
+        out["arch"] = parent["arch"]
     inherited = [k for k in parent["figures"] if k not in figs]
     out["figures"] = {**{k: parent["figures"][k] for k in inherited}, **figs}
     prefix = f"estimate: {parent['name']}'s figure ({base})"
@@ -486,18 +493,22 @@ def parse_hardware(data: dict, path: str = "<dict>") -> Hardware:
     :func:`resolve_base`).
 
     Raises:
-        InputError: not a table, a key other than name, base, figures and sources at the top level (a
+        InputError: not a table, a key other than name, arch, base, figures and sources at the top level (a
             typo would otherwise be ignored), a missing or non-numeric figure, a figure outside its range
             (:data:`FIGURE_RANGES`: e.g. a negative or infinite bandwidth, an efficiency above
             1), a non-integer count, a figure without a source, an empty name or source, or a
             figure or source key that names no figure (checked first, with the nearest name: a
-            misspelt key would otherwise be ignored or reported as the right one missing).
+            misspelt key would otherwise be ignored or reported as the right one missing), an
+            ``arch`` not in :data:`ARCHS`.
     """
     require(isinstance(data, dict), "hardware", "a table (name, [figures], [sources])", type(data).__name__)
-    extra = sorted(set(data) - {"name", "base", "figures", "sources"})
-    require(not extra, "hardware", "only name, base, [figures] and [sources] at the top level",
+    extra = sorted(set(data) - {"name", "arch", "base", "figures", "sources"})
+    require(not extra, "hardware", "only name, arch, base, [figures] and [sources] at the top level",
             ", ".join(map(str, extra)))
     data = resolve_base(data)
+    arch = data.get("arch", "")
+    require(arch == "" and "arch" not in data or arch in ARCHS, "hardware.arch", " or ".join(map(repr, ARCHS)),
+            shown(arch))
     name = data.get("name")
     require(isinstance(name, str) and name.strip() != "", "hardware.name", "a non-empty string",
             "missing" if name is None else shown(name))
@@ -523,7 +534,7 @@ def parse_hardware(data: dict, path: str = "<dict>") -> Hardware:
         require(isinstance(srcs.get(k), str) and srcs[k].strip() != "", f"hardware.sources.{k}",
                 "a non-empty source string", shown(srcs[k]) if k in srcs else "missing")
         vals[k] = float(v) if k not in _INTS else v
-    return Hardware(name=name, sources=dict(srcs), path=path, **vals)
+    return Hardware(name=name, sources=dict(srcs), path=path, arch=arch, **vals)
 
 
 def _with_hint(key: str) -> str:

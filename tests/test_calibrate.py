@@ -23,6 +23,8 @@ def test_calibrated_toml_replaces_measured_figures(tmp_path):
     assert hw.mma_efficiency == pytest.approx(1424.0 / 1979.0, abs=1e-4)
     assert hw.nvlink_efficiency == pytest.approx(385.0 / 450.0, abs=1e-4)
     assert hw.grid_sync_ns == 1234.0
+    assert hw.arch == base.arch == "sm90"  # the base's family kept
+    assert calibrated_toml("h100", measured).count('arch = "sm90"') == 1  # a derived preset's, from its base
     assert hw.launch_ns == base.launch_ns  # not measured: kept with its source
     # the NVLink round trip comes from EP kernel traces, not from a copy: kept from the base file
     assert hw.nvlink_latency_ns == base.nvlink_latency_ns

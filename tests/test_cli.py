@@ -1121,3 +1121,21 @@ def test_empty_or_padded_paths_and_whole_axis_values_are_shown_plainly(tmp_path)
     rc, _, err = run("sweep", "--set", "routing=zipf:x", "--out", str(tmp_path / "s"))
     assert rc == 2 and err.strip().endswith("got 'zipf:x' (routing.zipf_exponent: x)")
     assert not (tmp_path / "s").exists()
+
+
+def test_a_design_built_for_another_architecture_is_noted():
+    """The default design (DeepGEMM's SM100 reference) on an SM90 preset is a what-if, and so is the
+    SM90 design on the B200: a note names both architectures and the native design; the native
+    pairings print no such note."""
+    args = ("--shape", "deepseek-v4-flash", "--ranks", "1", "--tokens", "16")
+    rc, out, _ = run("simulate", "--hardware", "h200", *args)
+    out = " ".join(out.split())
+    assert rc == 0 and ("note: design deepgemm-sm100 is built for SM100 GPUs and H200 is SM90: a what-if of that "
+                        "design on H200's figures; --design megamoe-sm90 models the kernel that runs there") in out
+    rc, out, _ = run("simulate", "--hardware", "b200", "--design", "megamoe-sm90", *args)
+    out = " ".join(out.split())
+    assert rc == 0 and "note: design megamoe-sm90 is built for SM90 GPUs and B200 is SM100" in out
+    assert "--design deepgemm-sm100 models the kernel that runs there" in out
+    for hw, design in (("h200", "megamoe-sm90"), ("h100", "megamoe-sm90"), ("b200", "deepgemm-sm100")):
+        rc, out, _ = run("simulate", "--hardware", hw, "--design", design, *args)
+        assert rc == 0 and "is built for" not in out, hw

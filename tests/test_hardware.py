@@ -43,12 +43,13 @@ def test_h100_is_the_h200_fit_with_its_own_memory_and_gemm_figures():
     assert own == {"num_sms", "clock_ghz", "l2_cache_bytes", "fp8_dense_tflops", "mma_efficiency", "hbm_gbs",
                    "hbm_efficiency"}
     for f in dataclasses.fields(h200):
-        if f.name in ("name", "sources", "path") or f.name in own:
+        if f.name in ("name", "sources", "path", "arch") or f.name in own:  # arch: inherited, no source
             continue
         assert getattr(h100, f.name) == getattr(h200, f.name), f.name
         assert h100.is_estimate(f.name) and h100.sources[f.name] == (
             f"estimate: H200's figure (h200): {h200.sources[f.name]}"), f.name
     assert not any(h100.is_estimate(k) for k in own)
+    assert h100.arch == h200.arch == "sm90"
 
 
 def test_an_unknown_preset_is_named_as_typed_with_its_spaces_shown():
@@ -113,7 +114,7 @@ def test_unknown_top_level_key_is_rejected():
     """A misspelt table ([figure] for [figures]) or a stray key was silently ignored."""
     d = _data()
     d["foo"] = 3
-    with pytest.raises(InputError, match=r"^hardware: expected only name, base, \[figures\] and \[sources\] at the "
+    with pytest.raises(InputError, match=r"^hardware: expected only name, arch, base, \[figures\] and \[sources\] at the "
                                          r"top level, got foo$"):
         parse_hardware(d)
     d = _data()
@@ -328,3 +329,21 @@ def test_toml_suffix_is_case_blind(tmp_path, monkeypatch):
     (tmp_path / "MY.TOML").write_text((PRESET_DIR / "h200.toml").read_text())
     monkeypatch.chdir(tmp_path)
     assert load_hardware("MY.TOML").num_sms == load_hardware("h200").num_sms == 132
+
+
+def test_arch_is_the_presets_family_inherited_and_checked(tmp_path):
+    """``arch``: the Hopper presets are sm90 and the B200 sm100 (the H100 through its h200 base); a
+    file on a base takes the base's unless it says its own; a value outside ARCHS (an empty string
+    included) is refused naming the field; a file without one has ``arch`` "" and no base."""
+    assert {n: load_hardware(n).arch for n in preset_names()} == {"b200": "sm100", "h100": "sm90", "h20": "sm90",
+                                                                  "h200": "sm90"}
+    d = _data()  # the b200 preset's document
+    assert parse_hardware({k: v for k, v in d.items() if k != "arch"}).arch == ""
+    for bad, got in (("sm80", "'sm80'"), ("", "''"), (90, "90"), ("SM90", "'SM90'")):
+        with pytest.raises(InputError, match=rf"^hardware.arch: expected 'sm90' or 'sm100', got {got}$"):
+            parse_hardware({**d, "arch": bad})
+    f = tmp_path / "x.toml"
+    f.write_text('name = "X"\nbase = "h200"\n[figures]\nhbm_gbs = 6000.0\n[sources]\nhbm_gbs = "what-if"\n')
+    assert load_hardware(str(f)).arch == "sm90"
+    f.write_text('name = "X"\nbase = "h200"\narch = "sm100"\n[figures]\nhbm_gbs = 6000.0\n[sources]\nhbm_gbs = "w"\n')
+    assert load_hardware(str(f)).arch == "sm100"
