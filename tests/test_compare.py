@@ -695,3 +695,21 @@ def test_streaming_bound_results_are_the_traces_recomputed(load_script):
     for r in rows:
         assert r["balanced_us"] == pytest.approx(r["start_us"] + r["work_us"] + r["tail_us"], rel=1e-12)
         assert r["start_us"] > 0 and r["tail_us"] > 0 and r["balanced_us"] < r["traced_makespan_us"]
+
+
+def test_l2_traffic_rows_are_the_plan_and_benchmark_recomputed(load_script):
+    """benchmarks/l2_traffic.py: the committed JSON is the script's output now; at 8192 tokens
+    (block_m 128) a K block's stage brings 128 x 128 token bytes + 128 x 64 weight bytes + 512 B of
+    weight scales + 128 x 8 B of token scales = 26112 B, every m block runs 32 x 32 L1 + 32 x 16 L2
+    K blocks (V4-Flash), and the rate is the bytes over the benchmark's back-to-back time."""
+    lt = load_script("benchmarks/l2_traffic.py")
+    rows = lt.rows()
+    saved = json.load(open("benchmarks/results/l2_traffic_h200.json"))["rows"]
+    assert saved == json.loads(json.dumps(rows))
+    r = next(x for x in rows if x["tokens"] == 8192)
+    assert r["block_m"] == 128 and r["bytes_per_k_block"] == 128 * 128 + 128 * 64 + 512 + 128 * 8 == 26112
+    assert r["k_blocks"] == r["m_blocks"] * (32 * 32 + 32 * 16)
+    bench = json.load(open("benchmarks/results/kernel_h200_ep1_wgmma.json"))
+    us = next(x["us_steady"] for x in bench["rows"] if x["impl"] == "megamoe_sm90" and x["tokens"] == 8192)
+    assert r["l2_to_sm_tbs"] == pytest.approx(r["k_blocks"] * 26112 / (us * 1e-6) / 1e12, rel=1e-12)
+    assert 0 < r["fill"] <= 1 and r["fill"] == pytest.approx(8192 * 6 / (r["m_blocks"] * 128), rel=1e-12)
