@@ -59,8 +59,9 @@ __global__ void latency_kernel(const uint8_t* src, size_t cta_off, size_t stride
 
 // Streaming: lane 0 of each of the CTA's warps keeps `stages` copies of `bytes` in flight (a
 // stage is refilled as soon as its copy lands); warp w of `warps` issues copies w, w + warps, ...
-// of its CTA's contiguous span (CTA c starts at c * span), wrapped inside `window` bytes (a power
-// of two) when window > 0: an L2-resident loop. ns[c] = the CTA's time (its slowest warp).
+// of its CTA's contiguous span (CTA c starts at c * span), wrapped inside one `window` of bytes (a
+// power of two) at the buffer's start when window > 0: an L2-resident loop that every CTA shares,
+// each starting at its own c * span inside it. ns[c] = the CTA's time (its slowest warp).
 __global__ void stream_kernel(const uint8_t* src, size_t span, size_t window, uint32_t bytes, int stages, int n,
                               unsigned long long* ns) {
     extern __shared__ __align__(128) uint8_t smem[];
@@ -71,14 +72,13 @@ __global__ void stream_kernel(const uint8_t* src, size_t span, size_t window, ui
     uint8_t* ws = smem + (size_t)warp * stages * bytes;
     if (threadIdx.x % 32 == 0) for (int s = 0; s < stages; ++s) mbar_init(&wb[s]);
     __syncthreads();
-    const uint8_t* base = src + blockIdx.x * span;
-    const size_t wmask = window ? window - 1 : ~size_t(0);
+    const size_t cta0 = (size_t)blockIdx.x * span, wmask = window ? window - 1 : ~size_t(0);
     uint64_t g0 = gtimer();
     if (threadIdx.x % 32 == 0) {
         for (int i = 0; i < n; ++i) {
             int s = i % stages;
             if (i >= stages) mbar_wait(&wb[s], ((i / stages) - 1) & 1);
-            bulk_load(ws + (size_t)s * bytes, base + (((size_t)i * warps + warp) * bytes & wmask), bytes, &wb[s]);
+            bulk_load(ws + (size_t)s * bytes, src + ((cta0 + ((size_t)i * warps + warp) * bytes) & wmask), bytes, &wb[s]);
         }
         for (int i = n > stages ? n - stages : 0; i < n; ++i) mbar_wait(&wb[i % stages], (i / stages) & 1);
         t_end[warp] = gtimer();
@@ -137,17 +137,20 @@ int main() {
     printf("],\n \"stream\": [");
     // Streaming rows: (CTAs, issuing warps per CTA, stages per warp, bytes per copy, where). One CTA
     // alone bounds one SM's engine (with four issuing warps, as the kernel's producer, the issue
-    // loop is not the limit); every SM at once gives the read-only HBM stream through the engines.
+    // loop is not the limit); every SM at once gives the read-only HBM stream through the engines,
+    // and, re-reading one 4 MiB window together, the L2's aggregate rate to the SMs (fiftieth session).
     first = true;
     struct Row { int ctas, warps, stages; uint32_t bytes; bool l2; };
     const Row rows[] = {{1, 1, 8, 16384, false}, {1, 1, 8, 16384, true}, {1, 1, 16, 8192, false}, {1, 1, 16, 8192, true},
                         {1, 4, 2, 16384, false}, {1, 4, 2, 16384, true}, {1, 4, 4, 8192, false}, {1, 4, 4, 8192, true},
                         {1, 4, 8, 4096, true}, {1, 8, 2, 8192, true},
-                        {sms, 1, 8, 16384, false}, {sms, 1, 16, 8192, false}, {sms, 1, 4, 8192, false}, {sms, 4, 4, 8192, false}};
+                        {sms, 1, 8, 16384, false}, {sms, 1, 16, 8192, false}, {sms, 1, 4, 8192, false}, {sms, 4, 4, 8192, false},
+                        {sms, 4, 4, 8192, true}, {sms, 4, 2, 16384, true}};
     for (const Row& r : rows) {
         const int copies = r.l2 ? 8192 : (r.ctas == 1 ? 8192 : 2048);  // per CTA
         const int per_warp = copies / r.warps;
-        const size_t span = buf_bytes / sms / r.bytes * r.bytes, window = r.l2 ? (size_t(4) << 20) : 0;
+        const size_t window = r.l2 ? (size_t(4) << 20) : 0;  // one CTA's span, or its place in the shared window
+        const size_t span = (r.l2 ? window / r.ctas : buf_bytes / sms) / r.bytes * r.bytes;
         const size_t smem = size_t(r.warps) * r.stages * r.bytes;
         double best = 0, gbs_all[3];
         std::vector<double> runs;
