@@ -480,16 +480,55 @@ def cmd_sweep(a: argparse.Namespace) -> int:
           "l2_wait": base.l2_wait,
           "reserved_sms": base.reserved_sms, "policies": list(a.policy),
           "launch_skew_us": base.launch_skew_us}
+    earlier = os.path.exists(os.path.join(a.out, "results.csv"))
     rows = sweep(axes, kw, a.out, jobs=a.jobs, resume=not a.no_resume, address=a.address)
     bad = [r for r in rows if r["error"]]  # not all: sweep() refuses a sweep with no valid point
     written = [f for f in ["results.csv", "results.parquet", *(f"time_us_vs_{x}.png" for x in axes)]
                if os.path.exists(os.path.join(a.out, f))]
     print(f"{len(rows)} point{'s' * (len(rows) != 1)} ({len(bad)} invalid) -> {a.out}/" + ", ".join(written))
+    if earlier:
+        print("(an earlier sweep's results.csv and plots there were replaced by this grid's; points.jsonl keeps "
+              "every point run in the folder)")
     if "results.parquet" not in written:
         print("no results.parquet: it needs pandas and pyarrow (pip install -e '.[analysis]')")
     if bad:
         print(f"first invalid point: {bad[0]['error']}")
+    _print_fastest(rows, list(axes), kw)
     return 0
+
+
+def _print_fastest(rows: list[dict], axes: list[str], base: dict) -> None:
+    """The sweep's fastest points as a table; for a sweep of plan decisions only, the plan's own
+    choice of the same call simulated once beside them (how many grid points beat it)."""
+    from rich.table import Table
+
+    from sim.sweep import PLAN_AXES, WORKLOAD_AXES, fastest, run_point
+
+    if set(axes) & WORKLOAD_AXES:  # different work per point: listed in the grid's order, not ranked
+        best = [r for r in rows if not r["error"]][:20]
+        title = f"the first {len(best)} valid of {len(rows)} points (grid order)"
+    else:
+        best = fastest(rows)
+        title = f"the fastest {len(best)} of {len(rows)} points"
+    chose = [k for k in ("block_m", "experts_per_wave") if k not in axes]  # what the plan decided per point
+    t = Table(title=title)
+    for c in [*axes, *(f"{k} (plan, rank 0)" for k in chose), "time (us)", "TFLOPS", "HBM GB/s"]:
+        t.add_column(c, justify="right")
+    for r in best:
+        t.add_row(*(str(r[x]) for x in axes), *(str(r[f"{k}_r0"]) for k in chose), f"{r['time_us']:.1f}",
+                  f"{r['tflops']:.0f}", f"{r['hbm_gbs']:.0f}")
+    con = _console()
+    con.print(t)
+    if set(axes) <= PLAN_AXES:
+        ref = run_point({}, base)
+        if ref["error"]:
+            con.print(f"the plan's own choice: invalid ({ref['error']})", highlight=False)
+        else:
+            valid = [r for r in rows if not r["error"]]
+            n = sum(1 for r in valid if r["time_us"] < ref["time_us"])
+            con.print(f"the plan's own choice (block_m {ref['block_m_r0']}, experts_per_wave {ref['experts_per_wave_r0']} "
+                      f"on rank 0): {ref['time_us']:.1f} us; {n} of the {len(valid)} valid points {'is' if n == 1 else 'are'} faster",
+                      highlight=False)
 
 
 def cmd_compare(a: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ Runs in parallel over local cores (``concurrent.futures``; at most :func:`max_jo
 processes, 4 per CPU, and never more than there are points to run) with a progress bar,
 appends every finished *valid* point to ``points.jsonl`` (so an interrupted sweep resumes
 where it stopped), and writes ``results.csv``, ``results.parquet`` and one PNG per swept axis
-(mean predicted time against the axis, other axes averaged).  ``address`` runs the points on
+(predicted time against the axis, a line per combination of the other axes' values).  ``address`` runs the points on
 a Dask (``tcp://...``) or Ray (``ray://...``) cluster instead (those packages are optional;
 the cluster's own workers run the points, so ``jobs`` is refused with it).
 
@@ -70,6 +70,13 @@ INT_AXIS_CEILING = {"tokens": MAX_TOKENS_PER_RANK, "max_tokens": MAX_TOKENS_PER_
 INT_AXIS_CHOICES = {"ctas_per_sm": (1, 2)}
 RESULT_KEYS = ("time_us", "tflops", "hbm_gbs", "nvlink_gbs", "t_reduction_us", "overlap_efficiency",
                "speedup_vs_legacy")
+#: The axes that override a plan decision (the scenario and hardware stay): for a sweep of these
+#: only, the plan's own choice is the same call and can be set beside the grid.
+PLAN_AXES = frozenset({"experts_per_wave", "block_m", "pool_tokens", "num_stages", "k_split", "combine_relay",
+                       "ctas_per_sm", "l2_wait", "policy"})
+#: The axes that change the work a call does (its tokens, routing, model): points that differ in
+#: one of them are not ranked against each other by time.
+WORKLOAD_AXES = frozenset({"tokens", "ranks", "shape", "routing", "seed", "max_tokens", "launch_skew_us"})
 #: The fields a row has besides its axes (in this order), and so every line of points.jsonl.
 ROW_FIELDS = (*RESULT_KEYS, "experts_per_wave_r0", "block_m_r0", "error")
 #: Local worker processes per CPU at most (``jobs``): more only add memory (each worker holds
@@ -622,6 +629,13 @@ def sweep(axes: dict[str, list], base: dict, out_dir: str, jobs: int | None = No
     return rows
 
 
+def fastest(rows: list[dict], n: int = 10) -> list[dict]:
+    """The ``n`` valid rows of a sweep with the shortest predicted time, fastest first (ties in the
+    grid's order)."""
+    ok = [r for r in rows if not r["error"] and r["time_us"] is not None]
+    return sorted(ok, key=lambda r: r["time_us"])[:n]
+
+
 def write_outputs(rows: list[dict], axis_names: list[str], out_dir: str) -> None:
     """``results.csv``, ``results.parquet`` (only with pandas and pyarrow, the ``analysis`` extra)
     and ``time_us_vs_<axis>.png``,
@@ -667,8 +681,16 @@ def write_outputs(rows: list[dict], axis_names: list[str], out_dir: str) -> None
             os.remove(path)
 
 
+#: Most lines one per-axis plot draws, one per combination of the other axes' values; with more
+#: combinations it draws the fastest over them and shades their range.
+MAX_PLOT_LINES = 8
+
+
 def plot_axes(rows: list[dict], axis_names: list[str], paths: dict[str, str]) -> None:
-    """One PNG per axis, ``paths[axis]``: predicted time against the axis (mean over the others)."""
+    """One PNG per axis, ``paths[axis]``: predicted time against the axis, one line per combination
+    of the other axes' values (at most :data:`MAX_PLOT_LINES`; beyond that the fastest over them,
+    with their range shaded), from 0 us up; an axis of powers of two spanning 8x or more on a
+    base-2 log scale, one spanning over 50x on a log scale."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -678,28 +700,49 @@ def plot_axes(rows: list[dict], axis_names: list[str], paths: dict[str, str]) ->
     if not ok:  # nothing valid to plot
         return
     for axis in axis_names:
-        vals = []
+        vals = list(dict.fromkeys(r[axis] for r in ok))
+        others = [x for x in axis_names if x != axis]
+        groups: dict[tuple, dict] = {}
         for r in ok:
-            if r[axis] not in vals:
-                vals.append(r[axis])
-        means = [sum(r["time_us"] for r in ok if r[axis] == v) / max(1, sum(1 for r in ok if r[axis] == v))
-                 for v in vals]
-        fig, ax = plt.subplots(figsize=(6, 3.6))
-        numeric = all(isinstance(v, (int, float)) for v in vals)
+            groups.setdefault(tuple(r[x] for x in others), {})[r[axis]] = r["time_us"]
+        fig, ax = plt.subplots(figsize=(6.4, 3.8))
+        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals)
         xs = vals if numeric else list(range(len(vals)))
-        # categories (routings, policies, on / off) get markers only: no line between them
-        ax.plot(xs, means, marker="o", linestyle="-" if numeric else "none")
+        pos = dict(zip(vals, xs))
+        style = dict(marker="o", linestyle="-" if numeric else "none")  # categories: markers only
+        if len(groups) <= MAX_PLOT_LINES:
+            for key, ys in groups.items():
+                label = ", ".join(f"{x}={v}" for x, v in zip(others, key)) or None
+                pts = [(pos[v], ys[v]) for v in vals if v in ys]
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], label=label, **style)
+            if others:
+                ax.legend(fontsize=7)
+            ylab = "predicted time (us)"
+        else:
+            lo = [min(g[v] for g in groups.values() if v in g) for v in vals]
+            hi = [max(g[v] for g in groups.values() if v in g) for v in vals]
+            ax.fill_between(xs, lo, hi, alpha=0.2, step=None if numeric else "mid")
+            ax.plot(xs, lo, **style)
+            ylab = f"predicted time (us)\nfastest of {len(groups)} other-axis points, their range shaded"
         if not numeric:
             ax.set_xticks(xs)
             ax.set_xticklabels([str(v) for v in vals], rotation=20, fontsize=8)
-        if numeric and len(vals) > 2 and min(vals) > 0 and max(vals) / min(vals) > 50:
-            ax.set_xscale("log")
-        elif numeric and all(isinstance(v, int) for v in vals):  # no 4.5-token ticks on an integer axis
-            from matplotlib.ticker import MaxNLocator
+        else:
+            if len(vals) > 2 and min(vals) > 0 and all(isinstance(v, int) and v & (v - 1) == 0 for v in vals) \
+                    and max(vals) / min(vals) >= 8:
+                ax.set_xscale("log", base=2)
+            elif len(vals) > 2 and min(vals) > 0 and max(vals) / min(vals) > 50:
+                ax.set_xscale("log")
+            if len(vals) <= 10:  # a tick at each value swept
+                ax.set_xticks(vals, [f"{v:g}" for v in vals])
+                ax.minorticks_off()
+            elif all(isinstance(v, int) for v in vals):  # no 4.5-token ticks on an integer axis
+                from matplotlib.ticker import MaxNLocator
 
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylim(bottom=0)
         ax.set_xlabel(axis)
-        ax.set_ylabel("predicted time (us)" + ("\n(mean over other axes)" if len(axis_names) > 1 else ""))
+        ax.set_ylabel(ylab, fontsize=9)
         ax.grid(alpha=0.3)
         fig.tight_layout()
         fig.savefig(paths[axis], dpi=100)

@@ -146,22 +146,35 @@ def test_combine_relay_axis_is_on_off_in_the_outputs(tmp_path):
     assert list(pd.read_parquet(tmp_path / "results.parquet")["combine_relay"]) == ["on", "off"]
 
 
-def test_plot_joins_numeric_points_only(tmp_path, monkeypatch):
-    """A numeric axis is drawn as a line through its points; a categorical one (on / off,
-    routings, policies) as markers only, in the order the axis lists them."""
+def test_plot_draws_a_line_per_combination_of_the_other_axes(tmp_path, monkeypatch):
+    """A numeric axis is drawn as lines through its points, one per value of the other axis (it used
+    to draw their mean); a categorical one (on / off, routings, policies) as markers only, at its
+    values' positions in the axis's order. With more than MAX_PLOT_LINES combinations the plot draws
+    the fastest over them and shades their range. Every plot starts at 0 us."""
     import matplotlib.axes
 
-    from sim.sweep import plot_axes
+    from sim.sweep import MAX_PLOT_LINES, plot_axes
 
-    seen = []
-    real = matplotlib.axes.Axes.plot
+    seen, bands, ylims = [], [], []
+    real, real_fill, real_ylim = matplotlib.axes.Axes.plot, matplotlib.axes.Axes.fill_between, matplotlib.axes.Axes.set_ylim
     monkeypatch.setattr(matplotlib.axes.Axes, "plot",
                         lambda self, *a, **k: (seen.append((list(a[0]), list(a[1]), k.get("linestyle"))), real(self, *a, **k))[1])
+    monkeypatch.setattr(matplotlib.axes.Axes, "fill_between",
+                        lambda self, *a, **k: (bands.append((list(a[0]), list(a[1]), list(a[2]))), real_fill(self, *a, **k))[1])
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_ylim",
+                        lambda self, *a, **k: (ylims.extend([k["bottom"]] if "bottom" in k else []), real_ylim(self, *a, **k))[1])
     rows = [{"tokens": t, "combine_relay": c, "time_us": float(t + (1 if c == "on" else 3))}
             for t in (1, 8) for c in ("on", "off")]
     plot_axes(rows, ["tokens", "combine_relay"], {"tokens": str(tmp_path / "t.png"), "combine_relay": str(tmp_path / "c.png")})
-    assert seen == [([1, 8], [3.0, 10.0], "-"), ([0, 1], [5.5, 7.5], "none")]
+    assert seen == [([1, 8], [2.0, 9.0], "-"), ([1, 8], [4.0, 11.0], "-"),  # tokens, one line per on / off
+                    ([0, 1], [2.0, 4.0], "none"), ([0, 1], [9.0, 11.0], "none")]  # on / off, one per token count
+    assert bands == [] and ylims == [0, 0]
     assert (tmp_path / "t.png").exists() and (tmp_path / "c.png").exists()
+    # nine seeds beside the tokens: the fastest per token count, the seeds' range shaded
+    seen.clear()
+    rows = [{"tokens": t, "seed": k, "time_us": float(10 * t + k)} for t in (1, 8) for k in range(MAX_PLOT_LINES + 1)]
+    plot_axes(rows, ["tokens", "seed"], {"tokens": str(tmp_path / "t.png"), "seed": str(tmp_path / "s.png")})
+    assert seen[0] == ([1, 8], [10.0, 80.0], "-") and bands[0] == ([1, 8], [10.0, 80.0], [18.0, 88.0])
 
 
 def test_cli_sweep_says_when_parquet_is_skipped(tmp_path, capsys, monkeypatch):
@@ -698,3 +711,34 @@ def test_a_block_m_no_design_of_the_sweep_takes_is_refused_up_front(tmp_path):
     assert [(r["design"], r["block_m"], r["time_us"] is None) for r in rows] == [
         ("megamoe-sm90", 16, False), ("megamoe-sm90", 96, True), ("deepgemm-sm100", 16, False),
         ("deepgemm-sm100", 96, False)]
+
+
+def test_cli_sweep_prints_the_fastest_points_and_the_plans_own_choice(tmp_path, capsys):
+    """A sweep of plan decisions prints its points fastest first and the plan's own choice of the same
+    call, simulated once (the same time as ``simulate`` gives), with how many points beat it; a sweep
+    over the work itself (tokens) lists its points in the grid's order, unranked, with no such line.
+    A second sweep into the same folder says it replaced the first one's results."""
+    from megamoe.scenario import Scenario
+    from sim import simulate
+    from sim.sweep import fastest
+
+    args = ["--shape", "deepseek-v4-flash", "--ranks", "1", "--tokens", "16", "--hardware", "h200",
+            "--design", "megamoe-sm90", "--jobs", "1"]
+    assert main(["sweep", *args, "--set", "block_m=16,32,64", "--out", str(tmp_path / "a")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    rows = [json.loads(x) for x in (tmp_path / "a" / "points.jsonl").read_text().splitlines()]
+    times = sorted(r["time_us"] for r in rows)
+    assert [r["time_us"] for r in fastest(rows)] == times and "the fastest 3 of 3 points" in out
+    assert out.index(f"{times[0]:.1f}") < out.index(f"{times[1]:.1f}") < out.index(f"{times[2]:.1f}")
+    own = simulate(Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=16, hardware="h200",
+                            design="megamoe-sm90"))
+    n = sum(t < own.summary["time_us"] for t in times)
+    assert (f"the plan's own choice (block_m {own.plan.ranks[0].config.block_m}, experts_per_wave "
+            f"{own.plan.ranks[0].experts_per_wave} on rank 0): {own.summary['time_us']:.1f} us; {n} of the 3 valid "
+            f"points {'is' if n == 1 else 'are'} faster") in out
+    assert "replaced" not in out
+    assert main(["sweep", *args[:4], *args[6:], "--set", "tokens=64,4", "--out", str(tmp_path / "a")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "the first 2 valid of 2 points (grid order)" in out and "plan's own choice" not in out
+    assert out.index("│ 64 │") < out.index("│ 4 │")
+    assert "an earlier sweep's results.csv and plots there were replaced by this grid's" in out
