@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import sys
 import tempfile
 
@@ -301,9 +302,20 @@ def _design_notes(design: str, hw) -> list[str]:
                      f"{hw.arch.upper()}: a what-if of that design on {hw.name}'s figures"
                      + (f"; --design {native[0]} models the kernel that runs there" if native else ""))
     est = [k for k in SM90_DESIGN_FIGURES if hw.is_estimate(k)] if design == "megamoe-sm90" else []
+    # a figure a file takes from its base preset, where the preset measured or fitted it (not an estimate there)
+    inherited = {}
+    for k in est:
+        m = re.match(r"estimate: .*?'s figure \((\w+)\): (.*)", hw.sources[k], re.S)
+        if m and not m.group(2).lstrip().lower().startswith("estimate"):
+            inherited.setdefault(m.group(1), []).append(k)
+    n_inh = sum(map(len, inherited.values()))
     if est:
-        notes.append(f"note: design megamoe-sm90 on {hw.name}: {len(est)} of its {len(SM90_DESIGN_FIGURES)} SM90 "
-                     "figures are estimates, not fitted to traces of our SM90 kernel on this GPU (the h200 preset's are)")
+        parts = [f"{len(ks)} are the {p} preset's, fitted there and taken through base" for p, ks in inherited.items()]
+        if len(est) > n_inh:
+            parts.append(f"{len(est) - n_inh} are estimates")
+        notes.append(f"note: design megamoe-sm90 on {hw.name}: of its {len(SM90_DESIGN_FIGURES)} SM90 figures "
+                     f"{len(est)} are not fitted to traces of our SM90 kernel on this GPU (the h200 preset's are): "
+                     + "; ".join(parts))
     return notes
 
 

@@ -152,7 +152,9 @@ def _point_key(axis: str, v, text: str):
         hint = "; a custom shape is E,k,H,I, and shapes are separated by ';' when one is custom" if axis == "shape" else ""
         got = repr(v) if text == str(v) else f"{v!r} in {text!r}"  # the value alone where it is the whole axis
         same = e.field == axis and str(e.got).strip("'") == str(v)  # the inner error says only that again
-        raise InputError(f"sweep.{axis}", f"{e.expected}{hint}", got if same else f"{got} ({e.field}: {e.got})") from None
+        # a field inside the value (a hardware file's arch, a routing's exponent) is named with what it expects
+        want = e.expected if e.field == axis else f"a value whose {e.field} is {e.expected}"
+        raise InputError(f"sweep.{axis}", f"{want}{hint}", got if same else f"{got} ({e.field}: {e.got})") from None
     return v
 
 

@@ -1071,13 +1071,16 @@ def test_compare_says_when_the_hardware_is_not_the_traces():
     assert "note: the trace was recorded on hardware 'h200' (its meta); this run simulated it with 'b200' (B200)" in out
     # and, as simulate does, that the SM90 figures it was simulated with are estimates there
     # (compare --hardware b200 said nothing of it: session 48's left-alone list)
-    assert "note: design megamoe-sm90 on B200: 31 of its 31 SM90 figures are estimates" in " ".join(out.split())
+    assert ("note: design megamoe-sm90 on B200: of its 31 SM90 figures 31 are not fitted to traces of our SM90 "
+            "kernel on this GPU (the h200 preset's are): 31 are estimates") in " ".join(out.split())
+    # the H100 preset takes them from its base, the h200 preset, where they are fitted: said so
     rc, out, err = run("compare", trace, "--hardware", "h100")
-    assert rc == 0 and "note: design megamoe-sm90 on H100: 31 of its 31 SM90 figures are estimates" in " ".join(
-        out.split()), err
+    assert rc == 0 and ("note: design megamoe-sm90 on H100: of its 31 SM90 figures 31 are not fitted to traces of "
+                        "our SM90 kernel on this GPU (the h200 preset's are): 31 are the h200 preset's, fitted there "
+                        "and taken through base") in " ".join(out.split()), err
     for extra in (["--hardware", "h200"], []):
         rc, out, err = run("compare", trace, *extra)
-        assert rc == 0 and "note: the trace was recorded" not in out and "are estimates" not in out, err
+        assert rc == 0 and "note: the trace was recorded" not in out and "not fitted to traces" not in out, err
 
 
 def test_simulate_says_when_the_sm90_figures_are_estimates():
@@ -1092,12 +1095,13 @@ def test_simulate_says_when_the_sm90_figures_are_estimates():
         assert n == len(SM90_DESIGN_FIGURES)  # the presets' own sources, read independently of the CLI
         rc, out, err = run(*base, "--design", "megamoe-sm90", "--hardware", hw)
         assert rc == 0, err
-        assert (f"note: design megamoe-sm90 on {load_hardware(hw).name}: {n} of its {n} SM90 figures are estimates"
+        assert (f"note: design megamoe-sm90 on {load_hardware(hw).name}: of its {n} SM90 figures {n} are not fitted "
+                f"to traces of our SM90 kernel on this GPU (the h200 preset's are): {n} are estimates"
                 in " ".join(out.split()))
     assert not any(load_hardware("h200").sources[k].startswith("estimate") for k in SM90_DESIGN_FIGURES)
     for extra in (["--design", "megamoe-sm90", "--hardware", "h200"], ["--design", "deepgemm-sm100", "--hardware", "b200"]):
         rc, out, err = run(*base, *extra)
-        assert rc == 0 and "SM90 figures are estimates" not in " ".join(out.split()), err
+        assert rc == 0 and "SM90 figures" not in " ".join(out.split()), err
 
 
 def test_sm90_design_figures_are_figures_and_described():
