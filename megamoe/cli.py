@@ -225,14 +225,13 @@ def _fmt_overlap(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.2f}"
 
 
-def _print_summary(res) -> None:
-    from rich.table import Table
-
+def _print_scenario(con, res) -> None:
+    """The two lines that name a simulated call: its scenario (shape, ranks, tokens, routing, seed,
+    hardware, design) and rank 0's plan (block sizes, waves, stages, SMs and CTAs, pool, blocks)."""
     from sim.hardware import preset_names
 
-    s, sc, plan = res.summary, res.scenario, res.plan
+    sc, plan = res.scenario, res.plan
     rp = plan.ranks[0]
-    con = _console()
     shape = sc.shape
     con.print(f"[bold]{shape.name}[/] (E={shape.num_experts}, k={shape.top_k}, H={shape.hidden}, "
               f"I={shape.intermediate})  EP{sc.num_ranks}  tokens/rank={_tokens_shown(sc)}  "
@@ -251,6 +250,14 @@ def _print_summary(res) -> None:
               + ("  combine relay (what-if)" if rp.combine_relay else "")
               + ("  count: local, no count barrier" if rp.local_count else "")
               + (f"  policies: {', '.join(f'{k}={v}' for k, v in plan.policies.items())}" if plan.policies else ""))
+
+
+def _print_summary(res) -> None:
+    from rich.table import Table
+
+    s, sc, plan = res.summary, res.scenario, res.plan
+    con = _console()
+    _print_scenario(con, res)
     t = Table()
     t.add_column("predicted (mean over ranks)")
     t.add_column("value", justify="right")
@@ -561,6 +568,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
             plot_overlay(measured, res.trace, png)
         outs.commit()
     con = _console()
+    _print_scenario(con, res)  # what the trace's call was simulated as
     side = "recorded" if measured.from_simulator else "measured"
     con.print(f"{a.trace}: {side} {report['makespan_measured_us']:.1f} us, simulated "
               f"{report['makespan_simulated_us']:.1f} us (the traced spans: launch not included), makespan error "
@@ -629,12 +637,13 @@ def _as_option(field: str, option: str):
 
 def cmd_calibrate(a: argparse.Namespace) -> int:
     from sim.calibrate import calibrated_toml, from_kernel_trace, measure
-    from sim.hardware import load_hardware
+    from sim.hardware import preset_names, preset_path
 
     with Outputs() as outs:  # a bad --base, --kernel-trace or --out is reported before measuring
         out = outs.reserve("--out", a.out, _SUFFIXES["toml"])
-        with _as_option("hardware", "--base"):
-            load_hardware(a.base)
+        if preset_path(a.base) is None:  # the calibrated file is the preset with the measured figures
+            raise InputError("--base", f"a preset ({', '.join(preset_names())})",
+                             a.base if a.base == a.base.strip() and a.base else repr(a.base))
         if a.kernel_trace:
             from megamoe.trace import Trace
             with _as_option("trace", "--kernel-trace"):
@@ -768,9 +777,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--plot", type=_out_path(".png", ".svg", ".pdf"),
                    help="write a measured-vs-simulated timeline figure")
     c.set_defaults(func=cmd_compare)
-    k = sub.add_parser("calibrate", help="measure this GPU and write a hardware TOML (needs a GPU)")
+    k = sub.add_parser("calibrate", help="measure this GPU and write a hardware TOML (needs a GPU)",
+                       description="Measure this GPU (SMs, L2, shared memory, copy bandwidth, FP8 GEMM rate, "
+                       "peer copy where two GPUs see each other) and write a hardware TOML: a preset with the "
+                       "measured figures replaced, each with its source; --kernel-trace adds the figures read "
+                       "off a trace of our kernel.")
     k.add_argument("--base", default="h200",
-                   help="preset whose datasheet figures and sources are kept (default %(default)s)")
+                   help="preset whose other figures and sources are kept (b200, h100, h20, h200; default %(default)s)")
     k.add_argument("--out", type=_out_path(".toml"), default="calibrated.toml",
                    help="hardware TOML to write (default %(default)s)")
     k.add_argument("--kernel-trace", help="a megamoe kernel trace (.npz) for grid sync and MMA-path figures")
