@@ -158,6 +158,31 @@ class OneLineArgumentParser(argparse.ArgumentParser):
         ns.__dict__.pop(_SEEN, None)
         return ns, rest
 
+    def parse_args(self, args=None, namespace=None):
+        ns, rest = self.parse_known_args(args, namespace)
+        if rest:  # argparse's "unrecognized arguments", with the nearest option of the command named
+            self.error(f"unrecognized arguments: {' '.join(rest)}{self._nearest_option(ns, rest)}")
+        return ns
+
+    def _nearest_option(self, ns, rest: list[str]) -> str:
+        """`` (did you mean --tokens?)`` for the first unknown ``--option`` in ``rest`` that starts
+        an option of the command (its subcommand's, where one was chosen) or is close to one."""
+        import difflib
+
+        opts = set(self._option_string_actions)
+        for act in self._actions:
+            if isinstance(act, argparse._SubParsersAction) and getattr(ns, act.dest, None) in act.choices:
+                opts |= set(act.choices[getattr(ns, act.dest)]._option_string_actions)
+        for tok in rest:
+            if tok.startswith("--"):
+                name = tok.split("=", 1)[0]
+                near = sorted(o for o in opts if o.startswith(name) and o.startswith("--")) or \
+                    difflib.get_close_matches(name, sorted(opts), n=1)
+                if near:
+                    return f" (did you mean {' or '.join(near[:3])}?)"
+                return ""
+        return ""
+
     def error(self, message: str):
         self.exit(2, f"{self.prog.split()[0]}: error: {_field_form(message)}\n")
 

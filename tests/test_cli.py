@@ -112,8 +112,12 @@ def test_an_option_given_twice_or_for_nothing_is_refused(tmp_path, args, message
     (["simulate", "--json"], "--json: expected a value, got none"),
     (["bogus"], "command: expected one of simulate, sweep, compare, calibrate, build, run, validate, got 'bogus'"),
     # options are spelled out: no abbreviation, ambiguous or not
-    (["simulate", "--trace-", "x"], "arguments: expected only options the command takes (see its --help), got --trace- x"),
-    (["simulate", "--tok", "64"], "arguments: expected only options the command takes (see its --help), got --tok 64"),
+    (["simulate", "--trace-", "x"], "arguments: expected only options the command takes (see its --help), got --trace- x "
+                                    "(did you mean --trace-npz or --trace-sms?)"),
+    (["simulate", "--tok", "64"], "arguments: expected only options the command takes (see its --help), got --tok 64 "
+                                  "(did you mean --tokens?)"),
+    (["sweep", "--tokns=4"], "arguments: expected only options the command takes (see its --help), got --tokns=4 "
+                             "(did you mean --tokens?)"),
     (["simulate", "--combine-relay", "maybe"], "--combine-relay: expected one of on, off, got 'maybe'"),
 ])
 def test_argparse_messages_take_the_field_form(args, message):
