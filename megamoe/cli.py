@@ -225,6 +225,22 @@ def _fmt_overlap(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.2f}"
 
 
+def _print_bounds(bnd: dict) -> None:
+    """``simulate --bounds``: each probe's time and change, then the verdict line."""
+    from rich.table import Table
+
+    from sim.studies import bound_verdict
+
+    t = Table(title="what bounds it: the call again with one resource made faster, the rest as it is")
+    for c in ("made faster", "time (us)", "change"):
+        t.add_column(c, justify="right" if c != "made faster" else "left")
+    for r in bnd["rows"]:
+        t.add_row(r["probe"], f"{r['time_us']:.1f}", f"{100 * r['change']:+.1f}%")
+    con = _console()
+    con.print(t)
+    con.print(bound_verdict(bnd), highlight=False)
+
+
 def _print_scenario(con, res) -> None:
     """The two lines that name a simulated call: its scenario (shape, ranks, tokens, routing, seed,
     hardware, design) and rank 0's plan (block sizes, waves, stages, SMs and CTAs, pool, blocks)."""
@@ -355,11 +371,17 @@ def cmd_simulate(a: argparse.Namespace) -> int:
             raise InputError("trace_sms", f"at most the plan's {n_sms} SMs per rank", a.trace_sms)
         trace_sms = min(8, n_sms) if a.trace_sms is None else a.trace_sms
         res = simulate(sc, hw)
+        if a.bounds:
+            from sim.studies import bounds
+
+            bnd = bounds(sc, hw, base=res)
         if j:
             out = dict(res.summary)
             out["plan"] = res.plan.to_dict()
             out["scenario"] = res.scenario.to_dict()
             out["hardware"] = {"name": res.hardware.name, "path": res.hardware.path}
+            if a.bounds:
+                out["bounds"] = bnd["rows"]
             with open(j, "w") as f:
                 json.dump(out, f, indent=1, allow_nan=False)
         if tr:
@@ -372,6 +394,8 @@ def cmd_simulate(a: argparse.Namespace) -> int:
             plot_timeline(res, png)
         outs.commit()  # all outputs produced: rename them into place, then report
     _print_summary(res)
+    if a.bounds:
+        _print_bounds(bnd)
     if a.json:
         print(f"wrote {a.json}")
     if a.trace:
@@ -746,6 +770,11 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--trace-npz", type=_out_path(".npz"),
                    help="write the full trace as columnar NPZ (with scenario meta and routing)")
     o.add_argument("--plot", type=_out_path(".png", ".svg", ".pdf"), help="write a timeline figure")
+    o.add_argument("--bounds", action="store_true",
+                   help="also say what bounds the call: simulate it again with one resource made faster at a time "
+                        "(HBM or tensor-core rate x2, NVLink x2 with several ranks, grid syncs and barriers x0.5, "
+                        "epilogues x0.5, the SM90 K loop's own work x0.5: sim.studies.BOUND_PROBES), 4-6 more "
+                        "simulations; in --json as 'bounds'")
     s.set_defaults(func=cmd_simulate)
     w = sub.add_parser("sweep", help="simulate a grid of scenario / plan / hardware choices")
     add_scenario_args(w)

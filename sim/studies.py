@@ -10,6 +10,9 @@
    one GPU pair carries 1/7 of a port (``nvlink_peer_gbs`` scaled by 1/7).
 
 Each ``study_*`` returns plain rows (lists of dicts); :func:`plot_study` draws one PNG.
+
+:func:`bounds` asks one call what bounds it (``megamoe simulate --bounds``): the call again with one
+resource made faster at a time.
 """
 
 from __future__ import annotations
@@ -60,6 +63,67 @@ def study_pull_order(fractions=(0.0, 0.3, 0.6, 0.9), tokens: int = 512) -> list[
                 rows.append({"fabric": fabric, "hot_fraction": f, "pull_order": policy, "time_us": r["time_us"],
                              "pull_us": r["pull_us"]})
     return rows
+
+
+#: The resources :func:`bounds` speeds up one at a time: (name, hardware figure -> factor, which
+#: calls it applies to: "all", "ep" (several ranks) or a design).
+BOUND_PROBES = (
+    ("HBM bandwidth x2", {"hbm_gbs": 2.0}, "all"),
+    ("tensor-core rate x2", {"fp8_dense_tflops": 2.0}, "all"),
+    ("NVLink bandwidth x2", {"nvlink_gbs_per_direction": 2.0, "nvlink_peer_gbs": 2.0}, "ep"),
+    ("grid syncs and NVLink barriers x0.5", {"grid_sync_ns": 0.5, "nvl_barrier_ns": 0.5}, "all"),
+    ("epilogues x0.5", {"l1_epilogue_thread_ns_per_elem": 0.5, "l2_epilogue_thread_ns_per_elem": 0.5}, "all"),
+    ("K loop's decode, promotion and stage hand-off x0.5",
+     {"e2m1_decode_thread_ns_per_elem": 0.5, "sm90_promotion_ns_per_row": 0.5, "stage_handoff_ns": 0.5},
+     "megamoe-sm90"),
+)
+
+
+def bounds(scenario: Scenario, hardware=None, base=None) -> dict:
+    """What bounds one call: the call simulated again with each of :data:`BOUND_PROBES` (one resource
+    made faster, every other figure as it is), against the call as it is.
+
+    Args:
+        scenario: the call.
+        hardware: as :func:`sim.simulate` takes it (default: the scenario's).
+        base: the call's own result on that hardware where the caller has it (not simulated again).
+
+    Returns:
+        ``{"time_us": the call's time, "rows": [{"probe", "factors", "time_us", "change"}]}``, ``change``
+        the probe's time over the call's less 1 (negative: faster), in :data:`BOUND_PROBES`' order,
+        the probes that do not apply left out (NVLink at one rank, the K-loop probe but for the
+        megamoe-sm90 design).
+
+    Raises:
+        InputError: as :func:`sim.simulate`.
+    """
+    from .hardware import Hardware, load_hardware
+
+    hw = hardware if isinstance(hardware, Hardware) else load_hardware(hardware or scenario.hardware)
+    base = base if base is not None else simulate(scenario, hw)
+    design = base.plan.design
+    rows = []
+    for name, factors, where in BOUND_PROBES:
+        if where == "ep" and scenario.num_ranks == 1 or where not in ("all", "ep", design):
+            continue
+        t = simulate(scenario, hw.scaled(**factors)).summary["time_us"]
+        rows.append({"probe": name, "factors": dict(factors), "time_us": t, "change": t / base.summary["time_us"] - 1})
+    return {"time_us": base.summary["time_us"], "rows": rows}
+
+
+def bound_verdict(result: dict) -> str:
+    """One line from :func:`bounds`: the probe that gains most, and the next where it gains over
+    half as much, with a caveat where the most is under 10%; or, where none gains 3%, that no one
+    resource bounds the call."""
+    rows = sorted(result["rows"], key=lambda r: r["change"])
+    if not rows or rows[0]["change"] > -0.03:
+        return "no one resource bounds it: none of these made faster gains 3% (the call's fixed costs and its chains)"
+    top = [rows[0]] + [r for r in rows[1:2] if r["change"] < rows[0]["change"] / 2]
+    line = "bound most by " + " and then ".join(
+        f"{r['probe'].rsplit(' x', 1)[0]} ({100 * r['change']:+.1f}% at {r['probe'].rsplit(' ', 1)[1]})" for r in top)
+    if rows[0]["change"] > -0.10:
+        line += "; no resource alone gains 10%: the call's fixed costs and dependency chains weigh more"
+    return line
 
 
 def plot_study(name: str, rows: list[dict], path: str) -> None:

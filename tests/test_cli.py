@@ -1165,3 +1165,39 @@ def test_compare_names_the_call_it_simulated():
     assert f"hardware={meta['hardware'].upper()}" in lines[0] and f"design={meta['design']}" in lines[0]
     assert lines[1].startswith("plan (rank 0): block_m=16 ") and " x 2 CTAs" in lines[1]
     assert lines[2].startswith(f"{trace}: measured ")
+
+
+def test_simulate_bounds_prints_the_probes_and_writes_them(tmp_path):
+    """--bounds: a table row per probe (time and change as sim.studies.bounds computes them), the
+    verdict line, and the same rows under 'bounds' in --json; without it neither."""
+    from megamoe.scenario import Scenario
+    from sim.studies import bound_verdict, bounds
+
+    args = ["simulate", "--shape", "deepseek-v4-flash", "--ranks", "1", "--tokens", "16", "--hardware", "h200",
+            "--design", "megamoe-sm90"]
+    rc, out, err = run(*args, "--bounds", "--json", str(tmp_path / "b.json"))
+    assert rc == 0, err
+    want = bounds(Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=16, hardware="h200",
+                           design="megamoe-sm90"))
+    flat = " ".join(out.split())
+    for r in want["rows"]:
+        assert f"│ {r['probe']}" in out and f"{r['time_us']:.1f} │ {100 * r['change']:+.1f}%" in flat
+    assert " ".join(bound_verdict(want).split()) in flat
+    saved = json.loads((tmp_path / "b.json").read_text())["bounds"]
+    assert [(r["probe"], r["time_us"]) for r in saved] == [(r["probe"], r["time_us"]) for r in want["rows"]]
+    rc, out, _ = run(*args, "--json", str(tmp_path / "n.json"))
+    assert rc == 0 and "what bounds it" not in out and "bounds" not in json.loads((tmp_path / "n.json").read_text())
+
+
+def test_cli_page_bounds_example_is_the_simulation():
+    """docs/simulator/cli.md's --bounds example (V4-Flash, 128 tokens per rank, eight B200s): its
+    three percentages are sim.studies.bounds' for that call."""
+    from megamoe.scenario import Scenario
+    from sim.studies import bounds
+
+    by = {r["probe"]: -100 * r["change"] for r in
+          bounds(Scenario(shape="deepseek-v4-flash", num_ranks=8, tokens_per_rank=128))["rows"]}
+    page = " ".join((Path(__file__).resolve().parents[1] / "docs/simulator/cli.md").read_text().split())
+    assert (f"gains {by['grid syncs and NVLink barriers x0.5']:.1f}% from halving the syncs and barriers, "
+            f"{by['HBM bandwidth x2']:.1f}% from twice the HBM, under 1% from the tensor cores or NVLink") in page
+    assert by["tensor-core rate x2"] < 1 and by["NVLink bandwidth x2"] < 1

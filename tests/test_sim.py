@@ -1267,3 +1267,38 @@ def test_legacy_path_at_one_rank_has_no_all_to_all():
     two = legacy_time_ns(sc2.plan(hw.num_sms, hw.smem_per_block_bytes), hw, sc2.routing_ids())
     assert two["dispatch_ns"] >= hw.legacy_launch_ns + hw.legacy_a2a_latency_ns + hw.nvl_barrier_ns
     assert two["combine_ns"] >= hw.legacy_launch_ns + hw.legacy_a2a_latency_ns + hw.nvl_barrier_ns
+
+
+def test_bounds_probe_one_resource_at_a_time():
+    """sim.studies.bounds: each probe is the call simulated on the hardware with that probe's figures
+    scaled (built here from the preset's TOML, not through Hardware.scaled), in BOUND_PROBES' order,
+    the NVLink probe only with several ranks and the K-loop probe only for the SM90 design; a
+    weight-streaming decode call gains more from HBM than from the tensor cores and a large prefill
+    on the B200 the other way round; the verdict names the largest gain."""
+    import tomllib
+
+    from sim.hardware import PRESET_DIR, parse_hardware
+    from sim.studies import BOUND_PROBES, bound_verdict, bounds
+
+    def scaled(preset, factors):
+        d = tomllib.loads((PRESET_DIR / f"{preset}.toml").read_text())
+        for k, f in factors.items():
+            d["figures"][k] = d["figures"][k] * f
+        return parse_hardware(d)
+
+    sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=64, hardware="h200", design="megamoe-sm90")
+    b = bounds(sc)
+    names = [p[0] for p in BOUND_PROBES if p[2] != "ep"]
+    assert [r["probe"] for r in b["rows"]] == names and b["time_us"] == simulate(sc).summary["time_us"]
+    for r, (name, factors, _) in zip(b["rows"], [p for p in BOUND_PROBES if p[2] != "ep"]):
+        want = simulate(sc, scaled("h200", factors)).summary["time_us"]
+        assert r["time_us"] == pytest.approx(want, rel=1e-12) and r["change"] == pytest.approx(want / b["time_us"] - 1)
+    best = min(b["rows"], key=lambda r: r["change"])
+    assert bound_verdict(b).startswith(f"bound most by {best['probe'].rsplit(' x', 1)[0]} ")
+    # V4-Flash EP8 on the B200: at 1 token the weights' stream, at 8192 the tensor cores
+    for tokens, faster in ((1, "HBM bandwidth x2"), (8192, "tensor-core rate x2")):
+        b = bounds(Scenario(shape="deepseek-v4-flash", num_ranks=8, tokens_per_rank=tokens))
+        by = {r["probe"]: r["change"] for r in b["rows"]}
+        assert "NVLink bandwidth x2" in by and not any("K loop" in p for p in by)
+        other = "tensor-core rate x2" if faster.startswith("HBM") else "HBM bandwidth x2"
+        assert by[faster] < by[other] <= 0.001, (tokens, by)
