@@ -1201,3 +1201,16 @@ def test_cli_page_bounds_example_is_the_simulation():
     assert (f"gains {by['grid syncs and NVLink barriers x0.5']:.1f}% from halving the syncs and barriers, "
             f"{by['HBM bandwidth x2']:.1f}% from twice the HBM, under 1% from the tensor cores or NVLink") in page
     assert by["tensor-core rate x2"] < 1 and by["NVLink bandwidth x2"] < 1
+
+
+def test_two_cta_token_range_in_readme_and_help_is_the_design_rule():
+    """The token range where the SM90 design runs two CTAs per SM on V4-Flash, one rank (README and
+    simulate --help say 3-682), found by asking megamoe.design_sm90.design_for at every count."""
+    from megamoe import design_sm90 as d
+
+    two = [t for t in range(1, 2049) if d.design_for(t, 4096, 2048, 256, 6, num_sms=132).ctas_per_sm == 2]
+    assert two == list(range(two[0], two[-1] + 1))  # one contiguous range
+    span = f"{two[0]}-{two[-1]} tokens on V4-Flash"
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    rc, out, _ = run("simulate", "--help")
+    assert f"from {two[0]} to {two[-1]} tokens on V4-Flash" in readme and span in " ".join(out.split()), span
