@@ -13,7 +13,6 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import sys
 import tempfile
 
@@ -316,7 +315,7 @@ def _design_notes(design: str, hw) -> list[str]:
     a what-if), and an SM90-design call whose hardware's SM90 figures are estimates (not fitted to
     traces of our SM90 kernel on that GPU)."""
     from megamoe.plan import DESIGN_ARCH
-    from sim.hardware import SM90_DESIGN_FIGURES
+    from sim.hardware import SM90_DESIGN_FIGURES, inherited_from
 
     notes = []
     if hw.arch and DESIGN_ARCH[design] != hw.arch:
@@ -328,9 +327,9 @@ def _design_notes(design: str, hw) -> list[str]:
     # a figure a file takes from its base preset, where the preset measured or fitted it (not an estimate there)
     inherited = {}
     for k in est:
-        m = re.match(r"estimate: .*?'s figure \((\w+)\): (.*)", hw.sources[k], re.S)
-        if m and not m.group(2).lstrip().lower().startswith("estimate"):
-            inherited.setdefault(m.group(1), []).append(k)
+        got = inherited_from(hw.sources[k])
+        if got and not got[1].lstrip().lower().startswith("estimate"):
+            inherited.setdefault(got[0], []).append(k)
     n_inh = sum(map(len, inherited.values()))
     if est:
         parts = [f"{len(ks)} are the {p} preset's, fitted there and taken through base" for p, ks in inherited.items()]

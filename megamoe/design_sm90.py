@@ -212,7 +212,8 @@ def fold_rounds(hidden: int, warps: int = 1) -> int:
     share a pulled row of ``hidden`` bytes (E4M3): ``ceil(ceil(hidden / PULL_ROUND_BYTES) / warps)``
     (chunk round m goes to warp m % warps, ``pull_row_fold`` in ``csrc/megamoe/roles_shared.cuh``);
     V4-Flash's 4096-byte row is 8 rounds alone, 2 with four warps."""
-    return -(-(-(-hidden // PULL_ROUND_BYTES)) // warps)
+    rounds = -(-hidden // PULL_ROUND_BYTES)  # ceil
+    return -(-rounds // warps)
 
 
 #: Experts in one scan of the block scheduler: a warp's 32 lanes, one expert each

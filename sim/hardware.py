@@ -452,6 +452,20 @@ def _check_value(k: str, v, field: str, shown_as: str) -> None:
         require(float(v).is_integer(), field, "an integer", v)
 
 
+#: The prefix :func:`resolve_base` puts before an inherited figure's source (read back by
+#: :func:`inherited_from`).
+_INHERITED = "estimate: {name}'s figure ({preset})"
+
+
+def inherited_from(source: str) -> tuple[str, str] | None:
+    """``(preset, the preset's own source)`` for a source :func:`resolve_base` wrote for a figure a
+    file takes from its base preset, else None."""
+    import re
+
+    m = re.match(r"estimate: .*?'s figure \((\w+)\): (.*)", source, re.S)
+    return (m.group(1), m.group(2)) if m else None
+
+
 def resolve_base(data: dict, seen: tuple[str, ...] = ()) -> dict:
     """A parsed hardware document with its ``base`` preset filled in: the figures and sources the
     document does not give are the base preset's (itself resolved), each inherited source prefixed
@@ -483,7 +497,7 @@ def resolve_base(data: dict, seen: tuple[str, ...] = ()) -> dict:
         out["arch"] = parent["arch"]
     inherited = [k for k in parent["figures"] if k not in figs]
     out["figures"] = {**{k: parent["figures"][k] for k in inherited}, **figs}
-    prefix = f"estimate: {parent['name']}'s figure ({base})"
+    prefix = _INHERITED.format(name=parent["name"], preset=base)
     out["sources"] = {**{k: f"{prefix}: {parent['sources'][k]}" for k in inherited if k in parent["sources"]}, **srcs}
     return out
 

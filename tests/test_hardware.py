@@ -347,3 +347,15 @@ def test_arch_is_the_presets_family_inherited_and_checked(tmp_path):
     assert load_hardware(str(f)).arch == "sm90"
     f.write_text('name = "X"\nbase = "h200"\narch = "sm100"\n[figures]\nhbm_gbs = 6000.0\n[sources]\nhbm_gbs = "w"\n')
     assert load_hardware(str(f)).arch == "sm100"
+
+
+def test_inherited_from_reads_back_resolve_bases_prefix():
+    """inherited_from: for each figure the h100 preset takes from h200, the preset and the h200
+    file's own source text; None for the h100's own figures and for a plain estimate."""
+    from sim.hardware import inherited_from
+
+    h100, h200 = load_hardware("h100"), load_hardware("h200")
+    own = set(tomllib.loads((PRESET_DIR / "h100.toml").read_text())["figures"])
+    for k, src in h100.sources.items():
+        assert inherited_from(src) == (None if k in own else ("h200", h200.sources[k])), k
+    assert inherited_from("estimate (same as B200)") is None
