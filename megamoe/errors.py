@@ -177,7 +177,7 @@ class OneLineArgumentParser(argparse.ArgumentParser):
             if tok.startswith("--"):
                 name = tok.split("=", 1)[0]
                 near = sorted(o for o in opts if o.startswith(name) and o.startswith("--")) or \
-                    difflib.get_close_matches(name, sorted(opts), n=1, cutoff=0.75)
+                    difflib.get_close_matches(name, sorted(opts), n=1, cutoff=0.85)
                 if near:
                     return f" (did you mean {' or '.join(near[:3])}?)"
                 return ""
