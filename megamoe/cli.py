@@ -233,6 +233,7 @@ def _print_bounds(bnd: dict) -> None:
     t = Table(title="what bounds it: the call again with one resource made faster, the rest as it is")
     for c in ("made faster", "time (us)", "change"):
         t.add_column(c, justify="right" if c != "made faster" else "left")
+    t.add_row("(nothing: the call as it is)", f"{bnd['time_us']:.1f}", "")
     for r in bnd["rows"]:
         t.add_row(r["probe"], f"{r['time_us']:.1f}", f"{100 * r['change']:+.1f}%")
     con = _console()
@@ -279,7 +280,8 @@ def _print_summary(res) -> None:
     t.add_row(f"time (us, {res.hardware.launch_ns / 1e3:g} us launch included)", f"{s['time_us']:.1f}")
     t.add_row("TFLOPS", f"{s['tflops']:.0f}")
     t.add_row("HBM GB/s", f"{s['hbm_gbs']:.0f}")
-    t.add_row("NVLink GB/s (PR #316 formula)", f"{s['nvlink_gbs']:.0f}")
+    t.add_row("NVLink GB/s (PR #316 formula" + ("; counts routed tokens, none cross NVLink at EP1)"
+                                                if sc.num_ranks == 1 else ")"), f"{s['nvlink_gbs']:.0f}")
     if sc.num_ranks == 1:  # the formula counts every received token; one rank moves none over NVLink
         t.add_row("NVLink bytes simulated (EP1)", f"{s.get('nvlink_bytes_simulated', 0):.0f}")
     t.add_row("reduction tail (us)", f"{s['t_reduction_us']:.1f}")
@@ -332,12 +334,13 @@ def _design_notes(design: str, hw) -> list[str]:
             inherited.setdefault(got[0], []).append(k)
     n_inh = sum(map(len, inherited.values()))
     if est:
-        parts = [f"{len(ks)} are the {p} preset's, fitted there and taken through base" for p, ks in inherited.items()]
+        n = len(SM90_DESIGN_FIGURES)
+        parts = [f"{len(ks)} are the {p} preset's fits, taken through base" for p, ks in inherited.items()]
         if len(est) > n_inh:
             parts.append(f"{len(est) - n_inh} are estimates")
-        notes.append(f"note: design megamoe-sm90 on {hw.name}: of its {len(SM90_DESIGN_FIGURES)} SM90 figures "
-                     f"{len(est)} are not fitted to traces of our SM90 kernel on this GPU (the h200 preset's are): "
-                     + "; ".join(parts))
+        lead = f"none of its {n} SM90 figures is" if len(est) == n else f"{len(est)} of its {n} SM90 figures are not"
+        notes.append(f"note: design megamoe-sm90 on {hw.name}: {lead} fitted to traces of our SM90 kernel on this "
+                     "GPU (the h200 preset's are): " + "; ".join(parts))
     return notes
 
 
@@ -380,7 +383,10 @@ def cmd_simulate(a: argparse.Namespace) -> int:
             out["scenario"] = res.scenario.to_dict()
             out["hardware"] = {"name": res.hardware.name, "path": res.hardware.path}
             if a.bounds:
+                from sim.studies import bound_verdict
+
                 out["bounds"] = bnd["rows"]
+                out["bounds_verdict"] = bound_verdict(bnd)
             with open(j, "w") as f:
                 json.dump(out, f, indent=1, allow_nan=False)
         if tr:
@@ -529,8 +535,8 @@ def cmd_sweep(a: argparse.Namespace) -> int:
                if os.path.exists(os.path.join(a.out, f))]
     print(f"{len(rows)} point{'s' * (len(rows) != 1)} ({len(bad)} invalid) -> {a.out}/" + ", ".join(written))
     if earlier:
-        print("(an earlier sweep's results.csv and plots there were replaced by this grid's; points.jsonl keeps "
-              "every point run in the folder)")
+        print("(results.csv and the plots there now hold this grid's points, an earlier sweep's replaced; "
+              "points.jsonl keeps every point run in the folder, and a point already in it is not run again)")
     if "results.parquet" not in written:
         print("no results.parquet: it needs pandas and pyarrow (pip install -e '.[analysis]')")
     if bad:

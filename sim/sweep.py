@@ -627,7 +627,7 @@ def sweep(axes: dict[str, list], base: dict, out_dir: str, jobs: int | None = No
     bad = [r for r in rows if r["error"]]
     if bad and len(bad) == len(rows):
         raise InputError("sweep", "at least one valid point", f"none ({bad[0]['error']})")
-    write_outputs(rows, list(axes), out_dir)
+    write_outputs(rows, list(axes), out_dir, fixed=fixed_title(base, list(axes)))
     return rows
 
 
@@ -638,7 +638,21 @@ def fastest(rows: list[dict], n: int = 10) -> list[dict]:
     return sorted(ok, key=lambda r: r["time_us"])[:n]
 
 
-def write_outputs(rows: list[dict], axis_names: list[str], out_dir: str) -> None:
+def fixed_title(base: dict, axis_names: list[str]) -> str:
+    """What a sweep holds fixed, for its plots' titles: the shape, ranks, tokens per rank, hardware
+    and design of ``base`` (the Scenario keywords) that no axis varies."""
+    def given(key):
+        v = base.get(key)
+        return _scenario_default(key) if v is None else v
+
+    shape, tokens = given("shape"), given("tokens_per_rank")
+    parts = {"shape": getattr(shape, "name", shape), "ranks": f"EP{given('num_ranks')}",
+             "tokens": None if tokens is None else f"{tokens} tokens/rank",  # None: a routing file's
+             "hardware": given("hardware"), "design": given("design")}
+    return ", ".join(str(v) for k, v in parts.items() if k not in axis_names and v is not None)
+
+
+def write_outputs(rows: list[dict], axis_names: list[str], out_dir: str, fixed: str = "") -> None:
     """``results.csv``, ``results.parquet`` (only with pandas and pyarrow, the ``analysis`` extra)
     and ``time_us_vs_<axis>.png``,
     all or nothing (:class:`megamoe.outputs.Outputs`: an error leaves the folder's earlier
@@ -674,7 +688,7 @@ def write_outputs(rows: list[dict], axis_names: list[str], out_dir: str) -> None
                 if df[c].map(type).nunique() > 1:
                     df[c] = df[c].astype(str)
             df.to_parquet(pq_path, index=False)
-        plot_axes(rows, axis_names, pngs)
+        plot_axes(rows, axis_names, pngs, fixed)
         outs.commit()
     mine = {os.path.basename(p) for p in pngs.values()}
     for f in os.listdir(out_dir):
@@ -688,11 +702,12 @@ def write_outputs(rows: list[dict], axis_names: list[str], out_dir: str) -> None
 MAX_PLOT_LINES = 8
 
 
-def plot_axes(rows: list[dict], axis_names: list[str], paths: dict[str, str]) -> None:
+def plot_axes(rows: list[dict], axis_names: list[str], paths: dict[str, str], fixed: str = "") -> None:
     """One PNG per axis, ``paths[axis]``: predicted time against the axis, one line per combination
     of the other axes' values (at most :data:`MAX_PLOT_LINES`; beyond that the fastest over them,
     with their range shaded), from 0 us up; an axis of powers of two spanning 8x or more on a
-    base-2 log scale, one spanning over 50x on a log scale."""
+    base-2 log scale, one spanning over 50x on a log scale; ``fixed`` (what the sweep held fixed) as
+    the title."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -743,6 +758,8 @@ def plot_axes(rows: list[dict], axis_names: list[str], paths: dict[str, str]) ->
 
                 ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylim(bottom=0)
+        if fixed:
+            ax.set_title(fixed, fontsize=8)
         ax.set_xlabel(axis)
         ax.set_ylabel(ylab, fontsize=9)
         ax.grid(alpha=0.3)

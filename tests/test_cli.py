@@ -1076,13 +1076,13 @@ def test_compare_says_when_the_hardware_is_not_the_traces():
     assert "note: the trace was recorded on hardware 'h200' (its meta); this run simulated it with 'b200' (B200)" in out
     # and, as simulate does, that the SM90 figures it was simulated with are estimates there
     # (compare --hardware b200 said nothing of it: session 48's left-alone list)
-    assert ("note: design megamoe-sm90 on B200: of its 31 SM90 figures 31 are not fitted to traces of our SM90 "
+    assert ("note: design megamoe-sm90 on B200: none of its 31 SM90 figures is fitted to traces of our SM90 "
             "kernel on this GPU (the h200 preset's are): 31 are estimates") in " ".join(out.split())
     # the H100 preset takes them from its base, the h200 preset, where they are fitted: said so
     rc, out, err = run("compare", trace, "--hardware", "h100")
-    assert rc == 0 and ("note: design megamoe-sm90 on H100: of its 31 SM90 figures 31 are not fitted to traces of "
-                        "our SM90 kernel on this GPU (the h200 preset's are): 31 are the h200 preset's, fitted there "
-                        "and taken through base") in " ".join(out.split()), err
+    assert rc == 0 and ("note: design megamoe-sm90 on H100: none of its 31 SM90 figures is fitted to traces of "
+                        "our SM90 kernel on this GPU (the h200 preset's are): 31 are the h200 preset's fits, taken "
+                        "through base") in " ".join(out.split()), err
     for extra in (["--hardware", "h200"], []):
         rc, out, err = run("compare", trace, *extra)
         assert rc == 0 and "note: the trace was recorded" not in out and "not fitted to traces" not in out, err
@@ -1100,7 +1100,7 @@ def test_simulate_says_when_the_sm90_figures_are_estimates():
         assert n == len(SM90_DESIGN_FIGURES)  # the presets' own sources, read independently of the CLI
         rc, out, err = run(*base, "--design", "megamoe-sm90", "--hardware", hw)
         assert rc == 0, err
-        assert (f"note: design megamoe-sm90 on {load_hardware(hw).name}: of its {n} SM90 figures {n} are not fitted "
+        assert (f"note: design megamoe-sm90 on {load_hardware(hw).name}: none of its {n} SM90 figures is fitted "
                 f"to traces of our SM90 kernel on this GPU (the h200 preset's are): {n} are estimates"
                 in " ".join(out.split()))
     assert not any(load_hardware("h200").sources[k].startswith("estimate") for k in SM90_DESIGN_FIGURES)
@@ -1183,8 +1183,11 @@ def test_simulate_bounds_prints_the_probes_and_writes_them(tmp_path):
     for r in want["rows"]:
         assert f"│ {r['probe']}" in out and f"{r['time_us']:.1f} │ {100 * r['change']:+.1f}%" in flat
     assert " ".join(bound_verdict(want).split()) in flat
-    saved = json.loads((tmp_path / "b.json").read_text())["bounds"]
-    assert [(r["probe"], r["time_us"]) for r in saved] == [(r["probe"], r["time_us"]) for r in want["rows"]]
+    saved = json.loads((tmp_path / "b.json").read_text())
+    assert [(r["probe"], r["time_us"]) for r in saved["bounds"]] == [(r["probe"], r["time_us"]) for r in want["rows"]]
+    assert saved["bounds_verdict"] == bound_verdict(want) and saved["time_us"] == want["time_us"]
+    base_row = next(line for line in out.splitlines() if "(nothing: the call as it is)" in line)
+    assert f" {want['time_us']:.1f} " in base_row  # the table's first row: what each change is against
     rc, out, _ = run(*args, "--json", str(tmp_path / "n.json"))
     assert rc == 0 and "what bounds it" not in out and "bounds" not in json.loads((tmp_path / "n.json").read_text())
 

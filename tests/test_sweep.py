@@ -736,9 +736,21 @@ def test_cli_sweep_prints_the_fastest_points_and_the_plans_own_choice(tmp_path, 
     assert (f"the plan's own choice (block_m {own.plan.ranks[0].config.block_m}, experts_per_wave "
             f"{own.plan.ranks[0].experts_per_wave} on rank 0): {own.summary['time_us']:.1f} us; {n} of the 3 valid "
             f"points {'is' if n == 1 else 'are'} faster") in out
-    assert "replaced" not in out
+    assert "an earlier sweep's replaced" not in out
     assert main(["sweep", *args[:4], *args[6:], "--set", "tokens=64,4", "--out", str(tmp_path / "a")]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "the first 2 valid of 2 points (grid order)" in out and "plan's own choice" not in out
     assert out.index("│ 64 │") < out.index("│ 4 │")
-    assert "an earlier sweep's results.csv and plots there were replaced by this grid's" in out
+    assert "results.csv and the plots there now hold this grid's points, an earlier sweep's replaced" in out
+
+
+def test_plot_titles_name_what_the_sweep_held_fixed():
+    """fixed_title: the shape, ranks, tokens per rank, hardware and design no axis varies (the
+    Scenario's defaults where the base leaves them out; no tokens where a routing file decides)."""
+    from sim.sweep import fixed_title
+
+    base = {"shape": "deepseek-v4-flash", "num_ranks": 1, "tokens_per_rank": 64, "hardware": "h200",
+            "design": "megamoe-sm90"}
+    assert fixed_title(base, ["block_m"]) == "deepseek-v4-flash, EP1, 64 tokens/rank, h200, megamoe-sm90"
+    assert fixed_title(base, ["tokens", "hardware"]) == "deepseek-v4-flash, EP1, megamoe-sm90"
+    assert fixed_title({"tokens_per_rank": None}, ["seed"]) == "deepseek-v4-pro, EP8, b200, deepgemm-sm100"
