@@ -235,7 +235,10 @@ def _print_bounds(bnd: dict) -> None:
         t.add_column(c, justify="right" if c != "made faster" else "left")
     t.add_row("(nothing: the call as it is)", f"{bnd['time_us']:.1f}", "")
     for r in bnd["rows"]:
-        t.add_row(r["probe"], f"{r['time_us']:.1f}", f"{100 * r['change']:+.1f}%")
+        if r["change"] is None:
+            t.add_row(r["probe"], "-", f"left out: {r['skipped']}")
+        else:
+            t.add_row(r["probe"], f"{r['time_us']:.1f}", f"{100 * r['change']:+.1f}%")
     con = _console()
     con.print(t)
     con.print(bound_verdict(bnd), highlight=False)

@@ -92,12 +92,14 @@ def bounds(scenario: Scenario, hardware=None, base=None) -> dict:
         ``{"time_us": the call's time, "rows": [{"probe", "factors", "time_us", "change"}]}``, ``change``
         the probe's time over the call's less 1 (negative: faster), in :data:`BOUND_PROBES`' order,
         the probes that do not apply left out (NVLink at one rank, the K-loop probe but for the
-        megamoe-sm90 design).
+        megamoe-sm90 design); a probe that would take a figure past its range
+        (:data:`sim.hardware.FIGURE_RANGES`) has ``time_us`` and ``change`` None and ``skipped``
+        saying which.
 
     Raises:
         InputError: as :func:`sim.simulate`.
     """
-    from .hardware import Hardware, load_hardware
+    from .hardware import FIGURE_RANGES, Hardware, load_hardware
 
     hw = hardware if isinstance(hardware, Hardware) else load_hardware(hardware or scenario.hardware)
     base = base if base is not None else simulate(scenario, hw)
@@ -105,6 +107,13 @@ def bounds(scenario: Scenario, hardware=None, base=None) -> dict:
     rows = []
     for name, factors, where in BOUND_PROBES:
         if where == "ep" and scenario.num_ranks == 1 or where not in ("all", "ep", design):
+            continue
+        past = [f"{k} x{f:g} = {getattr(hw, k) * f:g} {FIGURE_RANGES[k][2]}, past its range's "
+                f"{FIGURE_RANGES[k][0 if f < 1 else 1]:g}" for k, f in factors.items()
+                if not FIGURE_RANGES[k][0] <= getattr(hw, k) * f <= FIGURE_RANGES[k][1]]
+        if past:  # a figure already near the end of its range: this probe is left out, said why
+            rows.append({"probe": name, "factors": dict(factors), "time_us": None, "change": None,
+                         "skipped": "; ".join(past)})
             continue
         t = simulate(scenario, hw.scaled(**factors)).summary["time_us"]
         rows.append({"probe": name, "factors": dict(factors), "time_us": t, "change": t / base.summary["time_us"] - 1})
@@ -115,7 +124,7 @@ def bound_verdict(result: dict) -> str:
     """One line from :func:`bounds`: the probe that gains most, and the next where it gains over
     half as much, with a caveat where the most is under 10%; or, where none gains 3%, that no one
     resource bounds the call."""
-    rows = sorted(result["rows"], key=lambda r: r["change"])
+    rows = sorted((r for r in result["rows"] if r["change"] is not None), key=lambda r: r["change"])
     if not rows or rows[0]["change"] > -0.03:
         return "no one resource bounds it: none of these made faster gains 3% (the call's fixed costs and its chains)"
     top = [rows[0]] + [r for r in rows[1:2] if r["change"] < rows[0]["change"] / 2]

@@ -1302,3 +1302,19 @@ def test_bounds_probe_one_resource_at_a_time():
         assert "NVLink bandwidth x2" in by and not any("K loop" in p for p in by)
         other = "tensor-core rate x2" if faster.startswith("HBM") else "HBM bandwidth x2"
         assert by[faster] < by[other] <= 0.001, (tokens, by)
+
+
+def test_bounds_leaves_out_a_probe_past_its_figures_range():
+    """A probe that would take a figure past FIGURE_RANGES (HBM at 60000 GB/s doubled past 100000)
+    is left out with the reason, not an error; the verdict reads the other probes."""
+    from sim.hardware import FIGURE_RANGES, load_hardware
+    from sim.studies import bound_verdict, bounds
+
+    hw = load_hardware("b200").scaled(hbm_gbs=60000.0 / 8000.0)
+    assert hw.hbm_gbs == 60000.0 and FIGURE_RANGES["hbm_gbs"][1] == 100000.0
+    b = bounds(Scenario(shape="deepseek-v4-flash", num_ranks=8, tokens_per_rank=16), hw)
+    hbm = next(r for r in b["rows"] if r["probe"] == "HBM bandwidth x2")
+    assert hbm["time_us"] is None and hbm["change"] is None
+    assert hbm["skipped"] == "hbm_gbs x2 = 120000 GB/s, past its range's 100000"
+    assert all(r["change"] is not None for r in b["rows"] if r is not hbm)
+    assert "HBM" not in bound_verdict(b)
