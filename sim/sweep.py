@@ -654,7 +654,7 @@ def fixed_title(base: dict, axis_names: list[str]) -> str:
 
 def write_outputs(rows: list[dict], axis_names: list[str], out_dir: str, fixed: str = "") -> None:
     """``results.csv``, ``results.parquet`` (only with pandas and pyarrow, the ``analysis`` extra)
-    and ``time_us_vs_<axis>.png``,
+    and ``time_us_vs_<axis>.png`` (titled ``fixed``: :func:`fixed_title`),
     all or nothing (:class:`megamoe.outputs.Outputs`: an error leaves the folder's earlier
     results as they were). Once they are written, an earlier sweep's ``time_us_vs_*.png`` of
     another axis (a plot of results no longer in the folder) is removed.
