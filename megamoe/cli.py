@@ -277,6 +277,11 @@ def _print_summary(res) -> None:
     s, sc, plan = res.summary, res.scenario, res.plan
     con = _console()
     _print_scenario(con, res)
+    mem = plan.memory_per_rank()
+    con.print("HBM per rank (plan.memory_per_rank" + (", the symmetric buffer's workspace left out" if
+                                                      plan.design == "deepgemm-sm100" else "") + "): "
+              + " + ".join(f"{k} {mem[k] / 1e9:.2f}" for k in ("weights", "pools", "combine", "input"))
+              + f" = {mem['total'] / 1e9:.2f} GB", highlight=False)
     t = Table()
     t.add_column("predicted (mean over ranks)")
     t.add_column("value", justify="right")

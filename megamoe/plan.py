@@ -470,6 +470,38 @@ class Plan:
         """int64 ``[R]``: routed items each rank receives (``num_recv_tokens`` of the test)."""
         return np.array([int(r.recv_counts.sum()) for r in self.ranks], dtype=np.int64)
 
+    def memory_per_rank(self) -> dict[str, int]:
+        """HBM bytes one rank's call holds, by part: ``weights`` (its local experts' packed E2M1 weights,
+        ``1.5 H I`` bytes an expert, and their UE8M0 / fold scales, one byte per 32), ``pools`` (the
+        expert-contiguous L1 and L2 pools of ``pool_tokens`` rows with their scales and per-row
+        metadata), ``combine`` (the BF16 combine buffer ``[top_k, T_max, H]``) and ``input`` (the
+        FP8 tokens, their scales and top-k ids and weights of ``T_max`` tokens), and ``total``.
+
+        ``deepgemm-sm100``: the symmetric buffer's regions as ``get_symm_buffer_size_for_mega_moe``
+        lays them out (DeepGEMM ``csrc/apis/mega.hpp``, as shared/seeds/004 describes it: x, x_sf,
+        int64 top-k ids, FP32 weights; L1 pool + UE8M0 scales + FP32 top-k weight, L2 pool + scales;
+        combine), its workspace counters (a few KB) left out. ``megamoe-sm90``: the buffers
+        ``megamoe.kernel.runtime`` allocates (``pool_buffers``: FP8 rows, their UE8M0 bytes and FP32
+        64-K scales, token / slot / weight per row, arrival count and mask per pool block; the
+        combine buffer and the items' order), the caller's own input tensors counted as ``input``.
+        An estimate for the SM100 design (the layout from the seed, not from DeepGEMM's code run here).
+        """
+        H, I, k, T, P = self.hidden, self.intermediate, self.top_k, self.max_tokens_per_rank, self.pool_tokens
+        weights = self.experts_per_rank * (3 * H * I // 2 + 3 * H * I // 32)
+        combine = k * T * H * 2
+        if self.design == "megamoe-sm90":
+            bm = self.ranks[0].config.block_m
+            pools = (P * (H + H // 128 * 4 + I + I // 128 * 4 + 12)  # rows, UE8M0 bytes, token / slot / weight
+                     + (H + I) // 128 * (P // bm) * 2 * bm * 4  # FP32 scales per 64-K group and pool block
+                     + (P // bm) * 12)  # arrival count, L1 N-block mask
+            inputs = T * (H + H // 32 + k * 4 + k * 4) + 2 * T * k * 4  # x, x_sf, int32 ids, weights; item order
+        else:
+            pools = P * (H + H // 32 + 4 + I + I // 32)
+            inputs = T * (H + H // 32 + k * 8 + k * 4)
+        out = {"weights": weights, "pools": pools, "combine": combine, "input": inputs}
+        out["total"] = sum(out.values())
+        return out
+
     def to_dict(self) -> dict:
         """Every plan number as plain JSON types (per-rank arrays summarised)."""
         out = {k: getattr(self, k) for k in ("design", "num_experts", "top_k", "hidden",
@@ -477,6 +509,7 @@ class Plan:
                                              "num_sms", "pool_tokens", "bytes_per_pull", "l2_wait",
                                              "policies")}
         out["experts_per_rank"] = self.experts_per_rank
+        out["memory_per_rank_bytes"] = self.memory_per_rank()
         out["ranks"] = [{
             "rank": r.rank, "num_tokens": r.num_tokens, **asdict(r.config),
             "experts_per_wave": r.experts_per_wave, "num_waves": r.num_waves,

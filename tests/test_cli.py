@@ -1217,3 +1217,20 @@ def test_two_cta_token_range_in_readme_and_help_is_the_design_rule():
     readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
     rc, out, _ = run("simulate", "--help")
     assert f"from {two[0]} to {two[-1]} tokens on V4-Flash" in readme and span in " ".join(out.split()), span
+
+
+def test_simulate_prints_the_hbm_per_rank_and_the_cli_page_quotes_it(tmp_path):
+    """simulate's "HBM per rank" line is Plan.memory_per_rank of the call (in GB, its parts and
+    total), --json has it under plan, and the CLI page's 6.70 GB for the default call is that total."""
+    from megamoe.scenario import Scenario
+    from sim import simulate
+
+    mem = simulate(Scenario()).plan.memory_per_rank()
+    rc, out, err = run("simulate", "--json", str(tmp_path / "d.json"))
+    assert rc == 0, err
+    assert ("HBM per rank (plan.memory_per_rank, the symmetric buffer's workspace left out): "
+            + " + ".join(f"{k} {mem[k] / 1e9:.2f}" for k in ("weights", "pools", "combine", "input"))
+            + f" = {mem['total'] / 1e9:.2f} GB") in " ".join(out.split())
+    assert json.loads((tmp_path / "d.json").read_text())["plan"]["memory_per_rank_bytes"] == mem
+    page = " ".join((Path(__file__).resolve().parents[1] / "docs/simulator/cli.md").read_text().split())
+    assert f"8192 tokens per rank holds {mem['total'] / 1e9:.2f} GB a rank" in page

@@ -257,3 +257,35 @@ def test_sm90_k_split_repeats_each_block_per_k_part():
             P.build_plan(**kw, k_split=bad)
     with pytest.raises(InputError, match="^k_split: expected 1 with design deepgemm-sm100"):
         P.build_plan(**{**kw, "design": "deepgemm-sm100"}, k_split=2)
+
+
+def test_memory_per_rank_is_the_kernels_allocation_and_the_layouts_sum():
+    """Plan.memory_per_rank. megamoe-sm90: the pools are what megamoe.kernel.runtime.pool_buffers
+    allocates (summed here from tensors on torch's meta device, a second method), the combine
+    buffer K x T x H BF16. deepgemm-sm100, hand-computed for a tiny shape (E=8, k=2, H=512, I=256,
+    EP2, T_max=32): pool = align(2 x 32 x 2 + 4 x 191, 384) = 1152 rows of 512 + 16 + 4 + 256 + 8
+    bytes; weights 4 experts x (1.5 x 512 x 256 + 3 x 512 x 256 / 32); combine 2 x 32 x 512 x 2;
+    input 32 x (512 + 16 + 2 x 8 + 2 x 4)."""
+    torch = pytest.importorskip("torch")
+    from megamoe import design_sm90
+    from megamoe.kernel.runtime import pool_buffers
+    from megamoe.scenario import Scenario
+    from sim import simulate
+
+    res = simulate(Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=64, max_tokens_per_rank=64,
+                            design="megamoe-sm90", hardware="h200"))
+    des = design_sm90.design_for(64, 4096, 2048, 256, 6, num_sms=132)
+    assert res.plan.pool_tokens == des.pool_rows
+    mem = res.plan.memory_per_rank()
+    pools = sum(t.numel() * t.element_size() for t in pool_buffers(torch, des, 4096, 2048, "meta").values())
+    assert mem["pools"] == pools and mem["combine"] == 6 * 64 * 4096 * 2
+    assert mem["weights"] == 256 * (3 * 4096 * 2048 // 2 + 3 * 4096 * 2048 // 32)
+    assert mem["total"] == sum(v for k, v in mem.items() if k != "total")
+    plan = P.build_plan(design="deepgemm-sm100", num_experts=8, top_k=2, hidden=512, intermediate=256, num_ranks=2,
+                        tokens_per_rank=[4, 4], max_tokens_per_rank=32, num_sms=148,
+                        topk_idx=[np.zeros((4, 2), dtype=np.int64) + [0, 1]] * 2)
+    assert plan.pool_tokens == 1152
+    assert plan.memory_per_rank() == {"weights": 4 * (3 * 512 * 256 // 2 + 3 * 512 * 256 // 32),
+                                      "pools": 1152 * (512 + 16 + 4 + 256 + 8), "combine": 2 * 32 * 512 * 2,
+                                      "input": 32 * (512 + 16 + 16 + 8),
+                                      "total": 4 * (196608 + 12288) + 1152 * 796 + 65536 + 32 * 552}
