@@ -182,8 +182,12 @@ def _scenario_default(field: str):
 
 def _axis_values(axis: str, text: str) -> list:
     known = axis in SCENARIO_AXES or axis == "policy" or axis in SCALE_ALIASES or axis.endswith("_scale")
-    require(known, "sweep axis", f"one of {', '.join([*SCENARIO_AXES, 'policy', *SCALE_ALIASES])} "
-            "or <hardware figure>_scale", axis)
+    if not known:
+        import difflib
+
+        near = difflib.get_close_matches(axis, [*SCENARIO_AXES, "policy", *SCALE_ALIASES], n=1, cutoff=0.8)
+        raise InputError("sweep axis", f"one of {', '.join([*SCENARIO_AXES, 'policy', *SCALE_ALIASES])} "
+                         "or <hardware figure>_scale", f"{axis} (did you mean {near[0]}?)" if near else axis)
     numeric = axis in INT_AXES
     if numeric and ":" in text and "," not in text:
         parts = text.split(":")

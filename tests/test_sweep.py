@@ -20,8 +20,12 @@ def test_parse_values():
     assert parse_values("nvlink_scale", "0.5,1") == [0.5, 1.0]
     assert parse_values("routing", "uniform,zipf:1.2") == ["uniform", "zipf:1.2"]
     assert len(grid({"a": [1, 2], "b": ["x", "y", "z"]})) == 6
-    with pytest.raises(InputError, match="sweep axis"):
+    with pytest.raises(InputError, match="sweep axis") as e:
         parse_values("colour", "1")
+    assert e.value.got == "colour"  # nothing close: no hint
+    with pytest.raises(InputError, match="sweep axis") as e:
+        parse_values("tokns", "1,2")
+    assert e.value.got == "tokns (did you mean tokens?)"
     with pytest.raises(InputError, match="sweep.tokens"):
         parse_values("tokens", "a,b")
     with pytest.raises(InputError, match="sweep.hbm_scale"):
