@@ -224,11 +224,9 @@ def _fmt_overlap(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.2f}"
 
 
-def _print_bounds(bnd: dict) -> None:
+def _print_bounds(bnd: dict, verdict: str) -> None:
     """``simulate --bounds``: each probe's time and change, then the verdict line."""
     from rich.table import Table
-
-    from sim.studies import bound_verdict
 
     t = Table(title="what bounds it: the call again with one resource made faster, the rest as it is")
     for c in ("made faster", "time (us)", "change"):
@@ -241,7 +239,7 @@ def _print_bounds(bnd: dict) -> None:
             t.add_row(r["probe"], f"{r['time_us']:.1f}", f"{100 * r['change']:+.1f}%")
     con = _console()
     con.print(t)
-    con.print(bound_verdict(bnd), highlight=False)
+    con.print(verdict, highlight=False)
 
 
 def _print_scenario(con, res) -> None:
@@ -382,19 +380,18 @@ def cmd_simulate(a: argparse.Namespace) -> int:
         trace_sms = min(8, n_sms) if a.trace_sms is None else a.trace_sms
         res = simulate(sc, hw)
         if a.bounds:
-            from sim.studies import bounds
+            from sim.studies import bound_verdict, bounds
 
             bnd = bounds(sc, hw, base=res)
+            verdict = bound_verdict(bnd)
         if j:
             out = dict(res.summary)
             out["plan"] = res.plan.to_dict()
             out["scenario"] = res.scenario.to_dict()
             out["hardware"] = {"name": res.hardware.name, "path": res.hardware.path}
             if a.bounds:
-                from sim.studies import bound_verdict
-
                 out["bounds"] = bnd["rows"]
-                out["bounds_verdict"] = bound_verdict(bnd)
+                out["bounds_verdict"] = verdict
             with open(j, "w") as f:
                 json.dump(out, f, indent=1, allow_nan=False)
         if tr:
@@ -408,7 +405,7 @@ def cmd_simulate(a: argparse.Namespace) -> int:
         outs.commit()  # all outputs produced: rename them into place, then report
     _print_summary(res)
     if a.bounds:
-        _print_bounds(bnd)
+        _print_bounds(bnd, verdict)
     if a.json:
         print(f"wrote {a.json}")
     if a.trace:
@@ -673,14 +670,12 @@ def _as_option(field: str, option: str):
 
 
 def cmd_calibrate(a: argparse.Namespace) -> int:
-    from sim.calibrate import calibrated_toml, from_kernel_trace, measure
-    from sim.hardware import preset_names, preset_path
+    from sim.calibrate import base_preset, calibrated_toml, from_kernel_trace, measure
 
     with Outputs() as outs:  # a bad --base, --kernel-trace or --out is reported before measuring
         out = outs.reserve("--out", a.out, _SUFFIXES["toml"])
-        if preset_path(a.base) is None:  # the calibrated file is the preset with the measured figures
-            raise InputError("--base", f"a preset ({', '.join(preset_names())})",
-                             a.base if a.base == a.base.strip() and a.base else repr(a.base))
+        with _as_option("calibrate --base", "--base"):
+            base_preset(a.base)
         if a.kernel_trace:
             from megamoe.trace import Trace
             with _as_option("trace", "--kernel-trace"):
@@ -787,14 +782,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also say what bounds the call: simulate it again with one resource made faster at a time "
                         "(HBM or tensor-core rate x2, NVLink x2 with several ranks, grid syncs and barriers x0.5, "
                         "epilogues x0.5, the SM90 K loop's own work x0.5: sim.studies.BOUND_PROBES), 4-6 more "
-                        "simulations; in --json as 'bounds'")
+                        "simulations; in --json as 'bounds' and 'bounds_verdict'")
     s.set_defaults(func=cmd_simulate)
     w = sub.add_parser("sweep", help="simulate a grid of scenario / plan / hardware choices")
     add_scenario_args(w)
-    from sim.sweep import SCALE_ALIASES, SCENARIO_AXES  # the axes, named once (sim.sweep: no simulator import)
+    from sim.sweep import AXIS_NAMES  # the axes, named once (sim.sweep: no simulator import)
 
     w.add_argument("--set", action="append", default=[], metavar="AXIS=VALUES",
-                   help=f"swept axis: {', '.join([*SCENARIO_AXES, 'policy', *SCALE_ALIASES])} or any "
+                   help=f"swept axis: {', '.join(AXIS_NAMES)} or any "
                         "<hardware figure>_scale, with a,b,c or start:stop[:step] (combine_relay: on,off); shapes are "
                         "separated by ';' when one is a custom E,k,H,I; repeatable; an axis and its own option "
                         "together are refused (a policy axis adds to --policy)")

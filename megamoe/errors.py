@@ -87,6 +87,12 @@ def shown(v: object) -> object:
     return repr(v) if isinstance(v, str) else v
 
 
+def shown_text(text: str) -> str:
+    """A name or path typed by the user, for an error message: as typed, but quoted where it is
+    empty or has blanks around it (``''``, ``' h100'``), which would not show otherwise."""
+    return text if text and text == text.strip() else repr(text)
+
+
 _SEEN = "_megamoe_options_seen"  # the dests a parse has stored a value for (removed after it)
 
 

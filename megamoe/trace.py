@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InputError, require
+from .errors import InputError, require, shown_text
 
 ROLES = ("dispatch", "tma_a", "tma_b", "mma", "epilogue", "producer", "consumer")
 KINDS = ("count", "index_exchange", "grid_sync", "nvl_barrier", "pull", "l1_load", "l1_mma",
@@ -192,9 +192,7 @@ class Trace:
             msg = (f": {str(exc).splitlines()[0]}" if zipped
                    else ": not a zip archive, which an .npz is" if isinstance(exc, ValueError) else "")
             kind = "zlib.error" if isinstance(exc, zlib.error) else type(exc).__name__
-            p = os.fspath(path)
-            return InputError("trace", "an .npz trace file",  # an empty or padded path quoted: '' shows
-                              f"{p if p and p == p.strip() else repr(p)} ({kind}{msg})")
+            return InputError("trace", "an .npz trace file", f"{shown_text(os.fspath(path))} ({kind}{msg})")
 
         # a truncated or corrupt zip raises BadZipFile / zlib.error / EOFError, at open or at read
         broken = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)

@@ -62,8 +62,9 @@ import datetime
 import json
 import statistics
 import tomllib
+from pathlib import Path
 
-from megamoe.errors import InputError, require
+from megamoe.errors import InputError, require, shown_text
 
 from .hardware import PRESET_DIR, parse_hardware, preset_names, preset_path, resolve_base
 
@@ -1151,16 +1152,26 @@ def fit_sm90_ep_traces(paths: list[str], l2_epilogue_fixed_ns: float, l2_epilogu
     return out
 
 
+def base_preset(base: str) -> Path:
+    """The preset file a calibration starts from (``calibrate --base``): the calibrated file is that
+    preset with the measured figures replaced, so a path is refused.
+
+    Raises:
+        InputError: ``calibrate --base``, ``base`` no preset name.
+    """
+    path = preset_path(base)
+    if path is None:
+        raise InputError("calibrate --base", f"a preset ({', '.join(preset_names())})", shown_text(base))
+    return path
+
+
 def calibrated_toml(base: str, measured: dict, kernel: dict | None = None, date: str | None = None) -> str:
     """A hardware TOML: the base preset with measured figures replaced (sources say how).
 
     Raises:
         InputError: the result does not validate (e.g. a measured figure <= 0).
     """
-    path = preset_path(base)
-    if path is None:
-        raise InputError("calibrate --base", f"a preset ({', '.join(preset_names())})", base)
-    data = resolve_base(tomllib.loads(path.read_text()))
+    data = resolve_base(tomllib.loads(base_preset(base).read_text()))
     figs, srcs = dict(data["figures"]), dict(data["sources"])
     date = date or datetime.date.today().isoformat()
     where = f"measured by megamoe calibrate on {measured.get('device', 'the GPU')}, {date}"
@@ -1327,8 +1338,6 @@ def fit_tma_probe(path: str, label: str | None = None) -> dict:
     Raises:
         InputError: the file lacks the latency row or a one-CTA streaming row.
     """
-    from pathlib import Path
-
     d = json.loads(Path(path).read_text(encoding="utf-8"))
     sms = d["sms"]
     lat = [r for r in d["latency"] if r["bytes"] == TMA_PROBE_LATENCY_BYTES and r["source"] == "hbm"
@@ -1376,7 +1385,6 @@ def refit_h200(root: str | None = None, toml_path: str | None = None) -> dict:
     line as it is.  Returns :func:`fit_tma_probe`, :func:`sm90_fit_sources` and
     :func:`sm90_ep_fit_sources` in one dict."""
     import re
-    from pathlib import Path
 
     base = Path(root) if root else Path(__file__).resolve().parent.parent
     prof = json.loads((base / SM90_FIT_PROFILE).read_text())

@@ -203,7 +203,7 @@ import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from megamoe.errors import InputError, require, shown
+from megamoe.errors import InputError, require, shown, shown_text
 from megamoe.plan import MAX_SMS
 
 PRESET_DIR = Path(__file__).parent / "hardware"
@@ -321,7 +321,7 @@ class Hardware:
                     f"a finite number {'>=' if lo == 0 else '>'} 0", v)
             x = vals[k] * v
             units = "" if unit in ("", "fraction") else f"{unit}; "
-            require(lo <= x <= hi, field,
+            require(in_range(k, x), field,
                     f"a factor that keeps {k} in [{_num(lo)}, {_num(hi)}] ({units}{self.name} has {_num(vals[k])})",
                     f"{_num(v)} ({k} {_num(x)})")
             vals[k] = int(x) if k in _INTS else float(x)
@@ -425,12 +425,19 @@ def _range_text(k: str) -> str:
     return f"[{_num(lo)}, {_num(hi)}]" + ("" if unit in ("", "fraction") else f" ({unit})")
 
 
+def in_range(k: str, v: float) -> bool:
+    """Whether the number ``v`` lies in figure ``k``'s closed range (:data:`FIGURE_RANGES`; a
+    non-finite ``v`` never does)."""
+    lo, hi, _ = FIGURE_RANGES[k]
+    return lo <= v <= hi
+
+
 def check_figure(k: str, v: float, field: str | None = None) -> None:
     """Raise :class:`InputError` on ``field`` (default ``hardware.figures.<k>``) unless the
     number ``v`` lies in figure ``k``'s range (a non-finite ``v`` never does)."""
-    lo, hi, unit = FIGURE_RANGES[k]
+    unit = FIGURE_RANGES[k][2]
     kind = "an integer" if k in _INTS else "a fraction" if unit == "fraction" else "a number"
-    require(lo <= v <= hi, field or f"hardware.figures.{k}", f"{kind} in {_range_text(k)}", v)
+    require(in_range(k, v), field or f"hardware.figures.{k}", f"{kind} in {_range_text(k)}", v)
 
 
 def check_hardware(hw: Hardware) -> None:
@@ -586,7 +593,7 @@ def load_hardware(spec: str) -> Hardware:
     if preset_path(spec) is None:  # a path
         require(spec.lower().endswith(".toml") or os.sep in spec, "hardware",
                 f"a preset ({', '.join(preset_names())}) or a .toml path",
-                spec if spec == spec.strip() else repr(spec))  # ' h100': the space shown
+                shown_text(spec))  # ' h100': the space shown
         require(p.is_file(), "hardware", "an existing TOML file", spec)
     try:
         data = tomllib.loads(p.read_bytes().decode("utf-8"))

@@ -99,7 +99,7 @@ def bounds(scenario: Scenario, hardware=None, base=None) -> dict:
     Raises:
         InputError: as :func:`sim.simulate`.
     """
-    from .hardware import FIGURE_RANGES, Hardware, load_hardware
+    from .hardware import FIGURE_RANGES, Hardware, in_range, load_hardware
 
     hw = hardware if isinstance(hardware, Hardware) else load_hardware(hardware or scenario.hardware)
     base = base if base is not None else simulate(scenario, hw)
@@ -109,8 +109,7 @@ def bounds(scenario: Scenario, hardware=None, base=None) -> dict:
         if where == "ep" and scenario.num_ranks == 1 or where not in ("all", "ep", design):
             continue
         past = [f"{k} x{f:g} = {getattr(hw, k) * f:g} {FIGURE_RANGES[k][2]}, past its range's "
-                f"{FIGURE_RANGES[k][0 if f < 1 else 1]:g}" for k, f in factors.items()
-                if not FIGURE_RANGES[k][0] <= getattr(hw, k) * f <= FIGURE_RANGES[k][1]]
+                f"{FIGURE_RANGES[k][0 if f < 1 else 1]:g}" for k, f in factors.items() if not in_range(k, getattr(hw, k) * f)]
         if past:  # a figure already near the end of its range: this probe is left out, said why
             rows.append({"probe": name, "factors": dict(factors), "time_us": None, "change": None,
                          "skipped": "; ".join(past)})

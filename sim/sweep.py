@@ -58,6 +58,8 @@ SCENARIO_AXES = {"tokens": "tokens_per_rank", "ranks": "num_ranks", "shape": "sh
                  "max_tokens": "max_tokens_per_rank", "launch_skew_us": "launch_skew_us"}
 SCALE_ALIASES = {"nvlink_scale": "nvlink_gbs_per_direction", "hbm_scale": "hbm_gbs",
                  "tc_scale": "fp8_dense_tflops"}
+#: Every named axis (a hardware figure's ``<figure>_scale`` besides these).
+AXIS_NAMES = (*SCENARIO_AXES, "policy", *SCALE_ALIASES)
 #: Most values per axis and most points per sweep (a point is one simulation: seconds each).
 MAX_POINTS = 100_000
 INT_AXES = {"tokens", "ranks", "seed", "experts_per_wave", "block_m", "pool_tokens", "num_stages",
@@ -181,13 +183,12 @@ def _scenario_default(field: str):
 
 
 def _axis_values(axis: str, text: str) -> list:
-    known = axis in SCENARIO_AXES or axis == "policy" or axis in SCALE_ALIASES or axis.endswith("_scale")
-    if not known:
+    if axis not in AXIS_NAMES and not axis.endswith("_scale"):
         import difflib
 
-        near = difflib.get_close_matches(axis, [*SCENARIO_AXES, "policy", *SCALE_ALIASES], n=1, cutoff=0.8)
-        raise InputError("sweep axis", f"one of {', '.join([*SCENARIO_AXES, 'policy', *SCALE_ALIASES])} "
-                         "or <hardware figure>_scale", f"{axis} (did you mean {near[0]}?)" if near else axis)
+        near = difflib.get_close_matches(axis, AXIS_NAMES, n=1, cutoff=0.8)
+        raise InputError("sweep axis", f"one of {', '.join(AXIS_NAMES)} or <hardware figure>_scale",
+                         f"{axis} (did you mean {near[0]}?)" if near else axis)
     numeric = axis in INT_AXES
     if numeric and ":" in text and "," not in text:
         parts = text.split(":")
