@@ -8,8 +8,8 @@ For each token count of the committed H200 benchmark from 256 tokens up (V4-Flas
 ``block_m`` and the m blocks the benchmark's kind of routing makes (``megamoe.kernel.check.make_inputs``
 on the CPU, seed 100 + T as the benchmark seeds its GPU draw: the same distribution, not the same
 draw), the K blocks every m block runs (L1: 2I/128 n blocks x H/128 K blocks; L2: H/128 x I/128) and
-the bytes each K block's stage brings into shared memory (``design_sm90.stage_bytes`` less its
-1024-B rounding: the token tile, the packed weights, their scales, the token scales). Their product
+the bytes each K block's stage brings into shared memory (``design_sm90.stage_copy_bytes``: the
+token tile, the packed weights, their scales, the token scales). Their product
 over the benchmark's back-to-back time is the rate the SMs read from the L2 cache (weights and
 tokens are read by many blocks each, so nearly all of it is L2 hits, not HBM). Also the m blocks'
 fill (routed rows / (m blocks x block_m)): the WGMMAs and the token-tile loads run whole blocks.
@@ -43,7 +43,7 @@ def rows() -> list[dict]:
         bm = d.design_for(T, H, I, E, K, num_sms=132).block_m
         m_blocks = int(((counts + bm - 1) // bm).sum())
         k_blocks = m_blocks * ((2 * I // d.BLOCK_K) * (H // d.BLOCK_K) + (H // d.BLOCK_K) * (I // d.BLOCK_K))
-        per_k = bm * d.BLOCK_K + 8192 + 512 + bm * 8  # stage_bytes' parts, without the rounding
+        per_k = d.stage_copy_bytes(bm)
         moved = k_blocks * per_k
         out.append({"tokens": T, "block_m": bm, "m_blocks": m_blocks, "fill": int(counts.sum()) / (m_blocks * bm),
                     "k_blocks": k_blocks, "bytes_per_k_block": per_k, "l2_to_sm_gb": moved / 1e9,

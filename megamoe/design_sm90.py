@@ -403,13 +403,19 @@ def block_m_for(expected_tokens_per_expert: float) -> int:
     return BLOCK_MS[-1]
 
 
+def stage_copy_bytes(block_m: int) -> int:
+    """Bytes the producer copies into one pipeline stage: token tile ``[block_m][128]`` E4M3,
+    packed weights ``[128][64]`` (decoded into registers, never into shared memory), weight
+    scales ``[128][4]`` and the token scales as FP32 ``[2][block_m]`` (one per 64-K group: the
+    pools' ``l1_pool_fsx`` / ``l2_pool_fsx`` slab the producer copies with the stage, kernel v7.5).
+    Also what one K block reads from L2 or HBM (``benchmarks/l2_traffic.py``)."""
+    return block_m * BLOCK_K + 8192 + 512 + block_m * 8
+
+
 def stage_bytes(block_m: int) -> int:
-    """Shared memory of one pipeline stage, rounded up to 1024 B (WGMMA's 128-byte swizzle
-    atoms need 1024-B alignment): token tile ``[block_m][128]`` E4M3, packed weights
-    ``[128][64]`` (decoded into registers, never into shared memory), weight scales
-    ``[128][4]`` and the token scales as FP32 ``[2][block_m]`` (one per 64-K group: the pools'
-    ``l1_pool_fsx`` / ``l2_pool_fsx`` slab the producer copies with the stage, kernel v7.5)."""
-    return _align(block_m * BLOCK_K + 8192 + 512 + block_m * 8, 1024)
+    """Shared memory of one pipeline stage: :func:`stage_copy_bytes` rounded up to 1024 B
+    (WGMMA's 128-byte swizzle atoms need 1024-B alignment)."""
+    return _align(stage_copy_bytes(block_m), 1024)
 
 
 #: Rows of ``block_m`` FP32 in the L1 epilogue's shared scratch (``fixed_bytes``).
