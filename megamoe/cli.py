@@ -557,8 +557,9 @@ def _print_fastest(rows: list[dict], axes: list[str], base: dict) -> None:
 
     from sim.sweep import PLAN_AXES, WORKLOAD_AXES, fastest, run_point
 
+    valid = [r for r in rows if not r["error"]]
     if set(axes) & WORKLOAD_AXES:  # different work per point: listed in the grid's order, not ranked
-        best = [r for r in rows if not r["error"]][:20]
+        best = valid[:20]
         title = f"the first {len(best)} valid of {len(rows)} points (grid order)"
     else:
         best = fastest(rows)
@@ -577,7 +578,6 @@ def _print_fastest(rows: list[dict], axes: list[str], base: dict) -> None:
         if ref["error"]:
             con.print(f"the plan's own choice: invalid ({ref['error']})", highlight=False)
         else:
-            valid = [r for r in rows if not r["error"]]
             n = sum(1 for r in valid if r["time_us"] < ref["time_us"])
             con.print(f"the plan's own choice (block_m {ref['block_m_r0']}, experts_per_wave {ref['experts_per_wave_r0']} "
                       f"on rank 0): {ref['time_us']:.1f} us; {n} of the {len(valid)} valid points {'is' if n == 1 else 'are'} faster",
