@@ -80,6 +80,14 @@ REGS_DISPATCH, REGS_PRODUCER, REGS_CONSUMER = 64, 64, 192
 #: the accumulator, in the consumers' 192 registers: both groups of a K block at once up to
 #: block_m 64, one at a time at 128.
 WGMMAS_IN_FLIGHT = {16: 4, 32: 4, 64: 4, 128: 2}
+#: Token step of the consumers' WGMMA N per block_m, where it is finer than the block: the GEMM
+#: runs "swap AB" (``csrc/megamoe/mma_sm90.cuh``: the tokens are WGMMA's N), so a block whose
+#: valid rows fall short of block_m could issue ``wgmma.m64nNk32`` with N its valid rows rounded
+#: up to this step, and skip the columns past them (both epilogues leave those tokens out).
+#: Kernel v9.11 runs every block at its whole block_m (no entry here). Candidate TN
+#: (``benchmarks/device/candidates/TN_s51.patch``, not measured) steps by 32 at block_m 128; the
+#: simulator prices a block's K loop at its N (:func:`wgmma_n`).
+WGMMA_N_STEP: dict[int, int] = {}
 #: Largest dynamic shared memory one block may opt into on SM90 (227 KB).
 SMEM_LIMIT_SM90 = 232448
 #: Most stages the kernel accepts.
@@ -384,6 +392,16 @@ def l1_promoted_once(block_m: int) -> bool:
     """Whether the L1 GEMM promotes each K block once at this block_m (its x folded per 128-K
     group, the whole K block: :data:`L1_X_FOLD_K`) instead of once per 64-K group."""
     return L1_X_FOLD_K.get(block_m) == BLOCK_K
+
+
+def wgmma_n(block_m: int, valid_rows: int) -> int:
+    """The WGMMA N (tokens) of a block with ``valid_rows`` valid rows at this block_m: the block_m,
+    or where :data:`WGMMA_N_STEP` has a step for it, the valid rows rounded up to that step (at
+    most block_m). Raises ``ValueError`` for valid rows outside 1..block_m."""
+    if not 1 <= valid_rows <= block_m:
+        raise ValueError(f"valid_rows: expected 1..{block_m} (block_m), got {valid_rows}")
+    step = WGMMA_N_STEP.get(block_m, block_m)
+    return min(block_m, -(-valid_rows // step) * step)
 
 
 def _align(x: int, a: int) -> int:

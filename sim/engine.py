@@ -94,10 +94,12 @@ from megamoe.design_sm90 import (
     RELAY_RELEASE,
     SCHED_CHUNK,
     WALK_IN_EPILOGUE,
+    WGMMA_N_STEP,
     combine_slots,
     cta_item_starts,
     fold_rounds,
     l1_promoted_once,
+    wgmma_n,
     wide_walk,
 )
 from megamoe.errors import InputError
@@ -523,7 +525,7 @@ class _Engine:
         else:
             epi2 = [hw.l2_epilogue_thread_ns_per_elem * bm * bn / threads] * n_pb
             walks = [(repeat(0.0), 0.0)] * len(lens)
-        return clusters, act1, act2, l1_out, wb, epi2, walks
+        return clusters, act1, act2, l1_out, wb, epi2, walks, valid
 
     def _sm90_walks(self, rp, rows, lens) -> list:
         """Per CTA of the SM90 kernel: the scheduler's cost before each of its blocks and after
@@ -814,7 +816,7 @@ class _Engine:
         cfg = rp.config
         bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
         cs = cfg.cluster_size  # SMs per unit: 2 (2-CTA cluster, lockstep) or 1
-        clusters, act1, act2, l1_out, wb, epi2, walks = self.tables[r]
+        clusters, act1, act2, l1_out, wb, epi2, walks, valid = self.tables[r]
         sm90 = plan.design == "megamoe-sm90"
         # SM90 at two CTAs per SM (kernel v9.2): a CTA's consumer and producer work takes a share
         # times as long as a lone CTA's, and it gets half the SM's load rate. The two do not share
@@ -858,7 +860,6 @@ class _Engine:
         c_less = hw.sched_block_ns - hw.sched_ahead_ns if sm90 and WALK_IN_EPILOGUE.get(bm, False) else 0.0
         c_desc = sm90 and BLOCK_DESCRIPTORS.get(bm, False)
         tc = hw.tc_flops_per_ns_per_sm * (hw.sm90_mma_fraction if sm90 else 1.0)
-        t_mma_k = 2.0 * bm * bn * bk / tc
         # global bytes one SM moves per K block: its share of A (half with 2-CTA multicast),
         # its B tile in FP4, and the scales
         stage_bytes = (bm // cs) * bk + bn * bk / 2 + (bm + bn) * bk / 32
@@ -868,10 +869,12 @@ class _Engine:
         ks = rp.k_split
         kb1, kb2 = H // bk // ks, I // bk // ks
 
-        def priced(f: float) -> tuple:
-            """The block figures, ns, at share ``f`` of a lone CTA's consumer and producer time:
+        def priced(f: float, nm: int = bm) -> tuple:
+            """The block figures, ns, at share ``f`` of a lone CTA's consumer and producer time
+            and WGMMA N ``nm`` (the tokens its WGMMAs and promotions cover, design_sm90.wgmma_n):
             K block (L2, L1), L1 epilogue, K loops, ring prefetches (L1, L2), each L2 K block's
             offset in its loop, one K block's copy issue, the K loops' issues, ``f``."""
+            t_mma_k = 2.0 * nm * bn * bk / tc
             if sm90:
                 # the consumer warps prepare the stage (kernel v5-v7.4: the token-scale table and a
                 # warpgroup barrier, v7.5: the weight rows' fold-table offsets; the E2M1 -> E4M3
@@ -881,7 +884,7 @@ class _Engine:
                            + hw.stage_handoff_ns) * f, stage_bytes / load_rate)
                 # an L1 K block promoted once (x folded per 128-K group at this block_m, kernel v7.6:
                 # design_sm90.L1_X_FOLD_K) saves one 64-K group's promotion
-                t_k1 = (max(t_k - hw.sm90_promotion_ns_per_row * bm * f, stage_bytes / load_rate)
+                t_k1 = (max(t_k - hw.sm90_promotion_ns_per_row * nm * f, stage_bytes / load_rate)
                         if l1_promoted_once(bm) else t_k)
             else:
                 t_k = max(t_mma_k, stage_bytes / load_rate) + hw.block_overhead_ns / max(1, H // bk)
@@ -900,6 +903,12 @@ class _Engine:
                     [i * t_k for i in range(kb2)], t_iss, kb1 * t_iss, kb2 * t_iss, f)
 
         prices = [priced(f) for f in shares]
+        # SM90 where the WGMMAs cover a block's valid rows only (design_sm90.WGMMA_N_STEP): the
+        # figures per WGMMA N, picked per block by its pool block's valid rows
+        n_of = [wgmma_n(bm, v) for v in valid] if sm90 and WGMMA_N_STEP.get(bm, bm) < bm else None
+        if n_of is not None:
+            by_n = {nm: [priced(f, nm) for f in shares] for nm in set(n_of)}
+            by_share_n = {nm: [(p[7], p[8]) for p in ps] for nm, ps in by_n.items()}
         t_k, t_k1, t_epi1, loop1, loop2, pre1, pre2, _, t_iss, iss1, iss2, esh = prices[-1 if partner is not None else 0]
         ca = 2  # where this block's share's L2 readiness figures start in a ready_cache entry
         # split-K (a what-if, RankPlan.blocks): a row runs 1 / ks of its GEMM's K blocks; the
@@ -947,6 +956,9 @@ class _Engine:
         jitter = self.jitter
         for phase, n, pb, key_w, key_a, kp, bid, gap in rows:
             jk, je = jitter[bid] if jitter is not None else _NO_JITTER  # the block's K-loop and epilogue factors
+            if n_of is not None:  # this block's WGMMA N
+                prices, by_share = by_n[n_of[pb]], by_share_n[n_of[pb]]
+                t_k, t_k1, t_epi1, loop1, loop2, pre1, pre2, _, t_iss, iss1, iss2, esh = prices[-1 if partner is not None else 0]
             adj = False  # L2: wait per K block (ready_cache entry's [ca], [ca + 1])
             if phase == L1:
                 dep = arrival[pb]

@@ -893,6 +893,33 @@ def test_sm90_k_block_priced_linearly_in_block_m():
         assert float(np.median(mma["t_end_ns"] - mma["t_start_ns"])) / (4096 // 128) == pytest.approx(t_k1), bm
 
 
+def test_sm90_wgmma_n_step_prices_a_block_at_its_valid_rows(monkeypatch):
+    """design_sm90.WGMMA_N_STEP (candidate TN, swap AB: the tokens are WGMMA's N): with a step of 32
+    at block_m 128, a block's K loop is priced as one of block_m N = its valid rows rounded up to
+    32 (the WGMMA and its promotions at N tokens; the decode and hand-off whole). Checked per N on
+    the median L1 block of that N; without a step every block is priced at block_m (the test
+    above). design_sm90.wgmma_n by hand: the step, its ceiling at block_m, a bad row count."""
+    from megamoe import design_sm90 as d
+
+    assert d.WGMMA_N_STEP.get(128) is None and d.wgmma_n(128, 1) == 128  # kernel v9.11: whole blocks
+    monkeypatch.setitem(d.WGMMA_N_STEP, 128, 32)
+    assert [d.wgmma_n(128, v) for v in (1, 32, 33, 96, 97, 128)] == [32, 32, 64, 96, 128, 128]
+    assert d.wgmma_n(64, 33) == 64  # no step at block_m 64
+    with pytest.raises(ValueError, match="valid_rows"):
+        d.wgmma_n(128, 129)
+    hw = _still("h200")
+    mma = _sm90_flash(2048, block_m=128, ctas_per_sm=1).trace.where(kind="l1_mma")  # 28-68 rows an expert
+    n = np.array([-(-v // 32) * 32 for v in mma["tokens"].tolist()])  # valid rows rounded up by hand
+    assert len(set(n.tolist())) >= 2
+    for nm in sorted(set(n.tolist())):
+        t_k1 = (2.0 * nm * 128 * 128 / (hw.tc_flops_per_ns_per_sm * hw.sm90_mma_fraction)
+                + hw.e2m1_decode_thread_ns_per_elem * 128 * 128 / 256 + hw.stage_handoff_ns
+                - hw.sm90_promotion_ns_per_row * nm)  # an L1 K block at block_m 128 promoted once
+        sel = n == nm
+        dur = (mma["t_end_ns"] - mma["t_start_ns"])[sel]
+        assert float(np.median(dur)) / (4096 // 128) == pytest.approx(t_k1), nm
+
+
 def test_sm90_ep_l2_epilogue_pays_the_peer_table():
     """With several ranks every SM90 L2 epilogue takes ``l2_epilogue_ep_ns`` more (the rows go
     through the symmetric-memory peer table, whichever rank they go to); the fixed part and
