@@ -1,7 +1,7 @@
 #!/bin/bash
 # Device side, one call: crossover CUPTI A/B of each prepared candidate against the committed
 # build, then traces (3 calls each, the median kept) of the committed build and of the named
-# candidates at 1, 3 and 12 tokens; everything in $OUT/candidates.tgz, the A/B lines on stdout.
+# candidates at $TRACE_TOKENS (default 1,3,12) tokens; everything in $OUT/candidates.tgz, the A/B lines on stdout.
 # Usage (repo root, carry ["build/kernel", "out/var<NAME>", ...]):
 #   bash benchmarks/device/candidates/run.sh "NAME:1,2,3,12,64,256,1024" "NAME"
 # (a probe with a fault bit, as session 47's probe2 was, adds a case below with its FAULT values)
@@ -24,7 +24,7 @@ for name in base $2; do
   for f in $runs; do
     echo "== traces $name FAULT=$f"
     (cd $dir && mkdir -p $W/tr_${name}_$f && FAULT=$f OUT=$W/tr_${name}_$f PYTHONPATH=$PWD timeout 120 \
-       python3 benchmarks/device/traces.py 1,3,12 --max-tokens 8192 --calls 3 > $W/tr_${name}_$f/traces.log 2>&1;
+       python3 benchmarks/device/traces.py ${TRACE_TOKENS:-1,3,12} --max-tokens 8192 --calls 3 > $W/tr_${name}_$f/traces.log 2>&1;
      tail -2 $W/tr_${name}_$f/traces.log)
   done
 done
