@@ -9,8 +9,9 @@ short of block_m could issue its WGMMAs at N = those rows rounded up to a step
 (``megamoe.design_sm90.WGMMA_N_STEP``, :func:`megamoe.design_sm90.wgmma_n`). Kernel v9.11 runs
 whole blocks; candidate TN (``benchmarks/device/candidates/TN_s51.patch``) steps by 32 at block_m
 128, TN8 (``TN8_s51.patch``) also by 8 at block_m 16. For V4-Flash, EP1, the H200 figures
-(``sim/hardware/h200.toml``) and uniform routing, this simulates each token count with the table
-as committed (v9.11) and with each candidate's, and prints the predicted time, its ratio to
+(``sim/hardware/h200.toml``) and uniform routing, this simulates each token count as committed
+(v9.11) and with each candidate's step at the call's block_m (the scenario's ``wgmma_n_step``
+what-if), and prints the predicted time, its ratio to
 v9.11's, the blocks' fill (valid rows over block_m) and the WGMMAs' (valid rows over N). CPU only:
 a prediction from the model's per-row K-block line, not a measurement.
 """
@@ -38,26 +39,21 @@ def rows() -> list[dict]:
     from megamoe.scenario import Scenario
     from sim.engine import simulate
 
-    committed = dict(d.WGMMA_N_STEP)
     out = []
     for t in TOKENS:
-        sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=t, design="megamoe-sm90")
-        base = simulate(sc, "h200")
+        kw = dict(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=t, design="megamoe-sm90", hardware="h200")
+        base = simulate(Scenario(**kw), "h200")
         bm = base.plan.ranks[0].config.block_m
         tpe = np.asarray(base.plan.ranks[0].tokens_per_expert)
         valid = np.concatenate([np.minimum(bm, n - bm * np.arange(-(-n // bm))) for n in tpe if n])
         row = {"tokens": t, "block_m": bm, "blocks_fill": float(valid.sum() / (len(valid) * bm)),
                "us_v911": us(base), "candidates": {}}
         for name, table in CANDIDATES.items():
-            d.WGMMA_N_STEP.clear()
-            d.WGMMA_N_STEP.update(table)
-            try:
-                n = np.array([d.wgmma_n(bm, int(v)) for v in valid])
-                r = simulate(sc, "h200") if bm in table else base
-            finally:
-                d.WGMMA_N_STEP.clear()
-                d.WGMMA_N_STEP.update(committed)
-            row["candidates"][name] = {"us": us(r), "ratio": us(r) / us(base), "wgmma_fill": float(valid.sum() / n.sum())}
+            step = table.get(bm, bm)  # the candidate's step at this call's block_m (the what-if's)
+            r = simulate(Scenario(**kw, wgmma_n_step=step), "h200") if step < bm else base
+            n = np.array([d.wgmma_n(bm, int(v), step) for v in valid])
+            row["candidates"][name] = {"wgmma_n_step": step, "us": us(r), "ratio": us(r) / us(base),
+                                       "wgmma_fill": float(valid.sum() / n.sum())}
         out.append(row)
     return out
 

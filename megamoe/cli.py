@@ -160,6 +160,11 @@ def add_scenario_args(p: argparse.ArgumentParser) -> None:
                         "(split-K; the last part's CTA adds the others' FP32 partial sums and runs the "
                         "epilogue). N divides hidden/128 and intermediate/128. The H200 kernel is built "
                         "without it (default: no split)")
+    g.add_argument("--wgmma-n-step", type=_positive, default=None,
+                   help="megamoe-sm90 what-if: each block's WGMMAs (swap AB: the tokens are their N) cover its "
+                        "valid rows rounded up to this many tokens, a multiple of 8 from 8 to 128, not the whole "
+                        "block_m (at or above a block_m: whole blocks). The H200 kernel v9.11 runs whole blocks "
+                        "(default: the kernel's)")
     g.add_argument("--ctas-per-sm", type=_one_of_ints(1, 2), default=None,
                    help="megamoe-sm90: CTAs sharing one SM, 1 or 2 (default: the kernel's rule, two at block_m 16 "
                         "and one rank where the one-CTA wave rule gives at most 128 experts per wave, 3-682 "
@@ -186,7 +191,8 @@ def scenario_from_args(a: argparse.Namespace):
                     max_tokens_per_rank=a.max_tokens, routing=a.routing, seed=a.seed,
                     hardware=a.hardware, design=a.design, experts_per_wave=a.experts_per_wave,
                     block_m=a.block_m, pool_tokens=a.pool_tokens, num_stages=a.num_stages,
-                    k_split=a.k_split, combine_relay=None if a.combine_relay is None else a.combine_relay == "on",
+                    k_split=a.k_split, wgmma_n_step=a.wgmma_n_step,
+                    combine_relay=None if a.combine_relay is None else a.combine_relay == "on",
                     ctas_per_sm=a.ctas_per_sm, l2_wait=a.l2_wait, reserved_sms=a.reserved_sms, policies=a.policy,
                     launch_skew_us=a.launch_skew_us)
 
@@ -264,6 +270,8 @@ def _print_scenario(con, res) -> None:
               + f" pool={plan.pool_tokens} tokens "
               f"pull={plan.bytes_per_pull} B  blocks={len(rp.blocks())}"
               + (f"  k_split={rp.k_split} (what-if)" if rp.k_split > 1 else "")
+              + (f"  WGMMA N step={rp.wgmma_n_step}" + (" (what-if)" if sc.wgmma_n_step is not None else "")
+                 if rp.wgmma_n_step < rp.config.block_m else "")
               + ("  combine relay (what-if)" if rp.combine_relay else "")
               + ("  count: local, no count barrier" if rp.local_count else "")
               + (f"  policies: {', '.join(f'{k}={v}' for k, v in plan.policies.items())}" if plan.policies else ""))
@@ -529,7 +537,8 @@ def cmd_sweep(a: argparse.Namespace) -> int:
           "max_tokens_per_rank": a.max_tokens, "routing": base.routing, "seed": base.seed,
           "hardware": base.hardware, "design": base.design, "experts_per_wave": base.experts_per_wave,
           "block_m": base.block_m, "pool_tokens": base.pool_tokens, "num_stages": base.num_stages,
-          "k_split": base.k_split, "combine_relay": base.combine_relay, "ctas_per_sm": base.ctas_per_sm,
+          "k_split": base.k_split, "wgmma_n_step": base.wgmma_n_step, "combine_relay": base.combine_relay,
+          "ctas_per_sm": base.ctas_per_sm,
           "l2_wait": base.l2_wait,
           "reserved_sms": base.reserved_sms, "policies": list(a.policy),
           "launch_skew_us": base.launch_skew_us}

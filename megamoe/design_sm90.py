@@ -394,13 +394,17 @@ def l1_promoted_once(block_m: int) -> bool:
     return L1_X_FOLD_K.get(block_m) == BLOCK_K
 
 
-def wgmma_n(block_m: int, valid_rows: int) -> int:
-    """The WGMMA N (tokens) of a block with ``valid_rows`` valid rows at this block_m: the block_m,
-    or where :data:`WGMMA_N_STEP` has a step for it, the valid rows rounded up to that step (at
-    most block_m). Raises ``ValueError`` for valid rows outside 1..block_m."""
+def wgmma_n(block_m: int, valid_rows: int, step: int | None = None) -> int:
+    """The WGMMA N (tokens) of a block with ``valid_rows`` valid rows at this block_m: the valid
+    rows rounded up to ``step`` tokens, at most block_m (``step`` None: the kernel's,
+    :data:`WGMMA_N_STEP`, or the whole block_m where it has none; the plan's is
+    ``RankPlan.wgmma_n_step``). Raises ``ValueError`` for valid rows outside 1..block_m or a
+    step below 1."""
     if not 1 <= valid_rows <= block_m:
         raise ValueError(f"valid_rows: expected 1..{block_m} (block_m), got {valid_rows}")
-    step = WGMMA_N_STEP.get(block_m, block_m)
+    step = WGMMA_N_STEP.get(block_m, block_m) if step is None else step
+    if step < 1:
+        raise ValueError(f"step: expected >= 1, got {step}")
     return min(block_m, -(-valid_rows // step) * step)
 
 

@@ -310,6 +310,10 @@ class RankPlan:
         ctas_per_sm: ``megamoe-sm90``: CTAs sharing one SM (kernel v9.2,
             :func:`megamoe.design_sm90.ctas_per_sm`: 2 at block_m 16 and one rank where the one-CTA
             wave rule gives at most 128 experts per wave, else 1); 1 for the reference design.
+        wgmma_n_step: ``megamoe-sm90``: the token step of the consumers' WGMMA N: a block's
+            WGMMAs cover its valid rows rounded up to this (at most block_m,
+            :func:`megamoe.design_sm90.wgmma_n`); block_m (or more) runs whole blocks, as kernel
+            v9.11 does (:data:`megamoe.design_sm90.WGMMA_N_STEP`). block_m for the reference design.
         local_count: ``megamoe-sm90`` at one rank, where the kernel runs its wide instance
             (:func:`megamoe.design_sm90.local_count`, kernel v8.9): every CTA counts all items
             itself and the pulls start with no count barrier; False elsewhere (a count barrier,
@@ -330,6 +334,7 @@ class RankPlan:
     pull_policy: object = field(default=None, repr=False)
     scheduler: object = field(default=None, repr=False)
     k_split: int = 1
+    wgmma_n_step: int = 0
     combine_relay: bool = False
     local_count: bool = False
     ctas_per_sm: int = 1
@@ -518,7 +523,8 @@ class Plan:
             "num_recv_tokens": int(r.recv_counts.sum()),
             "tokens_per_expert": r.tokens_per_expert.tolist(),
             "pool_block_offset": r.pool_block_offset.tolist(),
-            "k_split": r.k_split, "combine_relay": r.combine_relay, "local_count": r.local_count,
+            "k_split": r.k_split, "wgmma_n_step": r.wgmma_n_step, "combine_relay": r.combine_relay,
+            "local_count": r.local_count,
             "ctas_per_sm": r.ctas_per_sm, "num_units": r.num_sms, "block_tickets": r.block_tickets, "wave_lag": r.wave_lag,
             "num_blocks": int(len(r.blocks())),
         } for r in self.ranks]
@@ -599,7 +605,8 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
                design: str = "deepgemm-sm100", experts_per_wave: int | None = None,
                block_m: int | None = None, pool_tokens: int | None = None,
                num_stages: int | None = None, l2_wait: str = "k_block", k_split: int | None = None,
-               combine_relay: bool | None = None, policies=None, ctas_per_sm: int | None = None) -> Plan:
+               combine_relay: bool | None = None, policies=None, ctas_per_sm: int | None = None,
+               wgmma_n_step: int | None = None) -> Plan:
     """Make every scheduling decision for one call.
 
     Args:
@@ -620,6 +627,10 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
             equal parts on consecutive block indices (split-K; see :meth:`RankPlan.blocks`);
             None or 1: no split (the built kernel). It must divide both GEMMs' K block counts
             (``hidden / 128`` and ``intermediate / 128``).
+        wgmma_n_step: ``megamoe-sm90`` only, a what-if: each block's WGMMAs at its valid rows
+            rounded up to this many tokens (see :class:`RankPlan`), a multiple of 8 from 8 to 128;
+            None: the built kernel's step (:data:`megamoe.design_sm90.WGMMA_N_STEP`, whole blocks
+            where it has none).
         combine_relay: ``megamoe-sm90`` with one rank only, a what-if (see :class:`RankPlan`):
             True models it; None or False: the combine after the final barrier, as the kernel is
             built.
@@ -649,6 +660,10 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
     ks = 1 if k_split is None else int(k_split)
     require(sm90 or ks == 1, "k_split", "1 with design deepgemm-sm100 (split-K is modelled for megamoe-sm90 only)", ks)
     require(combine_relay in (None, False, True), "combine_relay", "None, False or True", combine_relay)
+    require(wgmma_n_step is None or (is_int(wgmma_n_step) and 8 <= wgmma_n_step <= 128 and wgmma_n_step % 8 == 0),
+            "wgmma_n_step", "None or a multiple of 8 from 8 to 128 (WGMMA N steps of 8 tokens)", wgmma_n_step)
+    require(sm90 or wgmma_n_step is None, "wgmma_n_step",
+            "no value with design deepgemm-sm100 (the WGMMA N step is modelled for megamoe-sm90)", wgmma_n_step)
     # the CLI's on / off beside the API's True / False (combine_relay is True when these fail)
     require(sm90 or not combine_relay, "combine_relay",
             "off (False or None) with design deepgemm-sm100 (the relay is modelled for megamoe-sm90)", "on (True)")
@@ -738,6 +753,8 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
                       wave_lag=sm90 and design_sm90.wave_lag(ctas), l1_n_blocks=2 * intermediate // cfg.block_n,
                       l2_n_blocks=hidden // cfg.block_n, pull_policy=pol.pull_order,
                       scheduler=pol.scheduler, k_split=ks, combine_relay=bool(combine_relay),
+                      wgmma_n_step=(min(cfg.block_m, int(wgmma_n_step)) if wgmma_n_step is not None
+                                    else design_sm90.WGMMA_N_STEP.get(cfg.block_m, cfg.block_m)) if sm90 else cfg.block_m,
                       local_count=sm90 and design_sm90.local_count(cfg.block_m, epw, num_ranks))
         used = int(rp.pool_block_offset[-1]) * cfg.block_m
         if pool_tokens is None:

@@ -93,6 +93,10 @@ class Scenario:
             consecutive block indices (split-K, :meth:`megamoe.plan.RankPlan.blocks`); None or 1:
             no split, as the kernel is built. An integer >= 1 dividing ``hidden / 128`` and
             ``intermediate / 128`` (checked by :meth:`plan`).
+        wgmma_n_step: ``megamoe-sm90`` what-if: each block's WGMMAs (the tokens are their N) cover
+            its valid rows rounded up to this many tokens, a multiple of 8 from 8 to 128 (checked
+            by :meth:`plan`; at or above a block_m, whole blocks); None: the built kernel's
+            (:data:`megamoe.design_sm90.WGMMA_N_STEP`, :attr:`megamoe.plan.RankPlan.wgmma_n_step`).
         ctas_per_sm: ``megamoe-sm90``: CTAs sharing one SM, None (the rule,
             :func:`megamoe.design_sm90.ctas_per_sm`: two at block_m 16 and one rank where the one-CTA
             wave rule gives at most 128 experts per wave, kernel v9.2), 1, or 2 where the kernel has
@@ -117,7 +121,8 @@ class Scenario:
         InputError: bad field (one-line message naming it: ``shape``, ``ranks``, ``tokens``,
             ``max_tokens``, ``routing`` / ``routing.<param>``, ``seed``, ``hardware``,
             ``design``, ``l2_wait``, ``reserved_sms``, ``experts_per_wave``, ``block_m``,
-            ``pool_tokens``, ``num_stages``, ``k_split``, ``combine_relay``, ``ctas_per_sm``, ``policies`` /
+            ``pool_tokens``, ``num_stages``, ``k_split``, ``wgmma_n_step``, ``combine_relay``, ``ctas_per_sm``,
+            ``policies`` /
             ``policy ...``,
             ``topk_idx[r]``,
             ``launch_skew_us``); the CLI's names are used for ``num_ranks`` (``ranks``),
@@ -138,6 +143,7 @@ class Scenario:
     num_stages: int | None = None
     l2_wait: str = "k_block"
     k_split: int | None = None
+    wgmma_n_step: int | None = None
     combine_relay: bool | None = None
     ctas_per_sm: int | None = None
     reserved_sms: int = 0
@@ -227,7 +233,7 @@ class Scenario:
         require(isinstance(self.policies, (list, tuple)), "policies",
                 "a list of policy specs or objects (e.g. ['rank-by-rank'])", self.policies)
         self._policies = policies_from_specs(self.policies)
-        for name in ("experts_per_wave", "block_m", "pool_tokens", "num_stages", "k_split"):
+        for name in ("experts_per_wave", "block_m", "pool_tokens", "num_stages", "k_split", "wgmma_n_step"):
             v = getattr(self, name)
             require(v is None or (is_int(v) and v >= 1), name, "a positive integer", shown(v))
         require(self.combine_relay in (None, False, True), "combine_relay", "None, False or True",
@@ -236,7 +242,7 @@ class Scenario:
                 "1 or 2 (or unset: the kernel's rule)", shown(self.ctas_per_sm))
         # checked integers: a numpy integer is kept as the same Python int (JSON-able in to_dict)
         for name in ("num_ranks", "seed", "max_tokens_per_rank", "reserved_sms", "experts_per_wave", "block_m",
-                     "pool_tokens", "num_stages", "k_split", "ctas_per_sm"):
+                     "pool_tokens", "num_stages", "k_split", "wgmma_n_step", "ctas_per_sm"):
             if isinstance(getattr(self, name), np.integer):
                 setattr(self, name, int(getattr(self, name)))
         # one source per decision: a fixed override and a policy for the same choice conflict
@@ -297,7 +303,8 @@ class Scenario:
                           design=self.design, experts_per_wave=self.experts_per_wave,
                           block_m=self.block_m, pool_tokens=self.pool_tokens,
                           num_stages=self.num_stages, l2_wait=self.l2_wait, k_split=self.k_split,
-                          combine_relay=self.combine_relay, policies=self._policies, ctas_per_sm=self.ctas_per_sm)
+                          combine_relay=self.combine_relay, policies=self._policies, ctas_per_sm=self.ctas_per_sm,
+                          wgmma_n_step=self.wgmma_n_step)
 
     def to_dict(self) -> dict:
         """Every input as plain JSON types."""
@@ -309,7 +316,8 @@ class Scenario:
             "routing": self.routing.describe(), "seed": self.seed, "hardware": self.hardware,
             "design": self.design, "experts_per_wave": self.experts_per_wave,
             "block_m": self.block_m, "pool_tokens": self.pool_tokens, "num_stages": self.num_stages,
-            "l2_wait": self.l2_wait, "k_split": self.k_split, "combine_relay": self.combine_relay,
+            "l2_wait": self.l2_wait, "k_split": self.k_split, "wgmma_n_step": self.wgmma_n_step,
+            "combine_relay": self.combine_relay,
             "ctas_per_sm": self.ctas_per_sm,
             "reserved_sms": self.reserved_sms,
             "policies": self._policies.names(), "launch_skew_us": self.launch_offsets_us(),

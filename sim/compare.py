@@ -250,7 +250,8 @@ def scenario_from_meta(trace: Trace, policies: list | None = None):
     # one; the kernel's traces record theirs, the defaults): left out, a what-if trace would be
     # compared with the default call
     # (the seed draws the simulator's block jitter: the trace's routing is its own, below)
-    extra = {k: meta[k] for k in ("reserved_sms", "num_stages", "pool_tokens", "k_split", "combine_relay", "seed")
+    extra = {k: meta[k] for k in ("reserved_sms", "num_stages", "pool_tokens", "k_split", "wgmma_n_step",
+                                  "combine_relay", "seed")
              if meta.get(k) is not None}
     pols = meta.get("policies") or {}
     require(isinstance(pols, dict), "trace.meta.policies", "an object (policy kind -> policy name)", pols)

@@ -94,7 +94,6 @@ from megamoe.design_sm90 import (
     RELAY_RELEASE,
     SCHED_CHUNK,
     WALK_IN_EPILOGUE,
-    WGMMA_N_STEP,
     combine_slots,
     cta_item_starts,
     fold_rounds,
@@ -903,9 +902,9 @@ class _Engine:
                     [i * t_k for i in range(kb2)], t_iss, kb1 * t_iss, kb2 * t_iss, f)
 
         prices = [priced(f) for f in shares]
-        # SM90 where the WGMMAs cover a block's valid rows only (design_sm90.WGMMA_N_STEP): the
+        # SM90 where the WGMMAs cover a block's valid rows only (RankPlan.wgmma_n_step): the
         # figures per WGMMA N, picked per block by its pool block's valid rows
-        n_of = [wgmma_n(bm, v) for v in valid] if sm90 and WGMMA_N_STEP.get(bm, bm) < bm else None
+        n_of = [wgmma_n(bm, v, rp.wgmma_n_step) for v in valid] if sm90 and rp.wgmma_n_step < bm else None
         if n_of is not None:
             by_n = {nm: [priced(f, nm) for f in shares] for nm in set(n_of)}
             by_share_n = {nm: [(p[7], p[8]) for p in ps] for nm, ps in by_n.items()}

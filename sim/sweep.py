@@ -2,7 +2,7 @@
 
 Axes are scenario fields (``tokens``, ``ranks``, ``shape``, ``routing``, ``seed``,
 ``hardware``, ``design``, ``experts_per_wave``, ``block_m``, ``pool_tokens``, ``num_stages``,
-``k_split``, ``combine_relay`` (on / off), ``l2_wait``, ``reserved_sms``, ``max_tokens``), ``policy`` (one policy spec per point; join
+``k_split``, ``wgmma_n_step``, ``combine_relay`` (on / off), ``l2_wait``, ``reserved_sms``, ``max_tokens``), ``policy`` (one policy spec per point; join
 several with ``+``), or hardware scale factors ``<figure>_scale`` (e.g. ``nvlink_gbs_per_direction_scale``,
 with the short forms ``nvlink_scale``, ``hbm_scale``, ``tc_scale``).  Values: ``a,b,c`` or an
 inclusive integer range ``start:stop[:step]``.  The grid is the Cartesian product.  A scaled
@@ -51,7 +51,8 @@ from megamoe.scenario import MAX_TOKENS_PER_RANK
 SCENARIO_AXES = {"tokens": "tokens_per_rank", "ranks": "num_ranks", "shape": "shape", "routing": "routing",
                  "seed": "seed", "hardware": "hardware", "design": "design",
                  "experts_per_wave": "experts_per_wave", "block_m": "block_m", "pool_tokens": "pool_tokens",
-                 "num_stages": "num_stages", "k_split": "k_split", "combine_relay": "combine_relay",
+                 "num_stages": "num_stages", "k_split": "k_split", "wgmma_n_step": "wgmma_n_step",
+                 "combine_relay": "combine_relay",
                  "ctas_per_sm": "ctas_per_sm",
                  "l2_wait": "l2_wait",
                  "reserved_sms": "reserved_sms",
@@ -63,7 +64,7 @@ AXIS_NAMES = (*SCENARIO_AXES, "policy", *SCALE_ALIASES)
 #: Most values per axis and most points per sweep (a point is one simulation: seconds each).
 MAX_POINTS = 100_000
 INT_AXES = {"tokens", "ranks", "seed", "experts_per_wave", "block_m", "pool_tokens", "num_stages",
-            "k_split", "reserved_sms", "max_tokens", "ctas_per_sm"}
+            "k_split", "wgmma_n_step", "reserved_sms", "max_tokens", "ctas_per_sm"}
 #: The smallest value of an integer axis where it is not 1 (the Scenario's own lower bounds).
 INT_AXIS_FLOOR = {"tokens": 0, "seed": 0, "reserved_sms": 0}
 #: The largest value of an integer axis where the Scenario has one whatever the other axes are.
@@ -74,7 +75,8 @@ RESULT_KEYS = ("time_us", "tflops", "hbm_gbs", "nvlink_gbs", "t_reduction_us", "
                "speedup_vs_legacy")
 #: The axes that override a plan decision (the scenario and hardware stay): for a sweep of these
 #: only, the plan's own choice is the same call and can be set beside the grid.
-PLAN_AXES = frozenset({"experts_per_wave", "block_m", "pool_tokens", "num_stages", "k_split", "combine_relay",
+PLAN_AXES = frozenset({"experts_per_wave", "block_m", "pool_tokens", "num_stages", "k_split", "wgmma_n_step",
+                       "combine_relay",
                        "ctas_per_sm", "l2_wait", "policy"})
 #: The axes that change the work a call does (its tokens, routing, model): points that differ in
 #: one of them are not ranked against each other by time.

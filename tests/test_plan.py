@@ -259,6 +259,31 @@ def test_sm90_k_split_repeats_each_block_per_k_part():
         P.build_plan(**{**kw, "design": "deepgemm-sm100"}, k_split=2)
 
 
+def test_sm90_wgmma_n_step_is_the_kernels_or_the_what_ifs(monkeypatch):
+    """RankPlan.wgmma_n_step: the kernel's step at the rank's block_m (design_sm90.WGMMA_N_STEP;
+    whole blocks where it has none, as kernel v9.11), or the what-if's, at most block_m (a step
+    past it runs whole blocks); a multiple of 8 from 8 to 128, megamoe-sm90 only; in to_dict."""
+    from megamoe import design_sm90
+
+    ids = [np.array([[0], [0], [1], [2], [2], [2], [3], [0]])]
+    kw = {"num_experts": 4, "top_k": 1, "hidden": 256, "intermediate": 256, "num_ranks": 1, "tokens_per_rank": [8],
+          "max_tokens_per_rank": 8, "topk_idx": ids, "num_sms": 4, "design": "megamoe-sm90"}
+    assert P.build_plan(**kw).ranks[0].config.block_m == 16
+    assert P.build_plan(**kw).ranks[0].wgmma_n_step == 16
+    assert P.build_plan(**kw, wgmma_n_step=8).ranks[0].wgmma_n_step == 8
+    assert P.build_plan(**kw, wgmma_n_step=32).ranks[0].wgmma_n_step == 16
+    assert P.build_plan(**kw, wgmma_n_step=8).to_dict()["ranks"][0]["wgmma_n_step"] == 8
+    monkeypatch.setitem(design_sm90.WGMMA_N_STEP, 16, 8)  # a kernel built with a step at block_m 16
+    assert P.build_plan(**kw).ranks[0].wgmma_n_step == 8
+    assert P.build_plan(**kw, wgmma_n_step=16).ranks[0].wgmma_n_step == 16
+    for bad in (0, 4, 12, 136, True, 8.0, "8"):
+        with pytest.raises(InputError, match="^wgmma_n_step: expected None or a multiple of 8 from 8 to 128"):
+            P.build_plan(**kw, wgmma_n_step=bad)
+    with pytest.raises(InputError, match="^wgmma_n_step: expected no value with design deepgemm-sm100"):
+        P.build_plan(**{**kw, "design": "deepgemm-sm100"}, wgmma_n_step=8)
+    assert P.build_plan(**{**kw, "design": "deepgemm-sm100"}).ranks[0].wgmma_n_step == 16  # whole blocks
+
+
 def test_memory_per_rank_is_the_kernels_allocation_and_the_layouts_sum():
     """Plan.memory_per_rank. megamoe-sm90: the pools are what megamoe.kernel.runtime.pool_buffers
     allocates (summed here from tensors on torch's meta device, a second method), the combine

@@ -894,21 +894,28 @@ def test_sm90_k_block_priced_linearly_in_block_m():
 
 
 def test_sm90_wgmma_n_step_prices_a_block_at_its_valid_rows(monkeypatch):
-    """design_sm90.WGMMA_N_STEP (candidate TN, swap AB: the tokens are WGMMA's N): with a step of 32
-    at block_m 128, a block's K loop is priced as one of block_m N = its valid rows rounded up to
-    32 (the WGMMA and its promotions at N tokens; the decode and hand-off whole). Checked per N on
-    the median L1 block of that N; without a step every block is priced at block_m (the test
-    above). design_sm90.wgmma_n by hand: the step, its ceiling at block_m, a bad row count."""
+    """The WGMMA N step (``wgmma_n_step``, a what-if; candidate TN, swap AB: the tokens are WGMMA's
+    N): with a step of 32 at block_m 128, a block's K loop is priced as one of block_m N = its valid
+    rows rounded up to 32 (the WGMMA and its promotions at N tokens; the decode and hand-off whole).
+    Checked per N on the median L1 block of that N; without a step every block is priced at block_m
+    (the test above). design_sm90.wgmma_n by hand: the step, its ceiling at block_m, the kernel's
+    table as the default, bad inputs."""
     from megamoe import design_sm90 as d
 
     assert d.WGMMA_N_STEP.get(128) is None and d.wgmma_n(128, 1) == 128  # kernel v9.11: whole blocks
+    assert [d.wgmma_n(128, v, 32) for v in (1, 32, 33, 96, 97, 128)] == [32, 32, 64, 96, 128, 128]
+    assert d.wgmma_n(16, 3, 32) == 16 and d.wgmma_n(16, 3, 8) == 8  # a step past block_m: whole blocks
     monkeypatch.setitem(d.WGMMA_N_STEP, 128, 32)
-    assert [d.wgmma_n(128, v) for v in (1, 32, 33, 96, 97, 128)] == [32, 32, 64, 96, 128, 128]
-    assert d.wgmma_n(64, 33) == 64  # no step at block_m 64
+    assert d.wgmma_n(128, 33) == 64 and d.wgmma_n(64, 33) == 64  # the table's step; none at block_m 64
     with pytest.raises(ValueError, match="valid_rows"):
         d.wgmma_n(128, 129)
+    with pytest.raises(ValueError, match="step"):
+        d.wgmma_n(128, 5, 0)
+    monkeypatch.delitem(d.WGMMA_N_STEP, 128)
     hw = _still("h200")
-    mma = _sm90_flash(2048, block_m=128, ctas_per_sm=1).trace.where(kind="l1_mma")  # 28-68 rows an expert
+    res = _sm90_flash(2048, block_m=128, ctas_per_sm=1, wgmma_n_step=32)  # 28-68 rows an expert
+    assert res.plan.ranks[0].wgmma_n_step == 32
+    mma = res.trace.where(kind="l1_mma")
     n = np.array([-(-v // 32) * 32 for v in mma["tokens"].tolist()])  # valid rows rounded up by hand
     assert len(set(n.tolist())) >= 2
     for nm in sorted(set(n.tolist())):

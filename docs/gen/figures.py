@@ -701,6 +701,26 @@ class Gen:
             "The model predicts split-K slower at every one of these sizes." if all(worse) else
             "The model predicts split-K faster at " + ", ".join(
                 f"{r[0]} token{'s' * (r[0] != 1)}" for r, w in zip(rows, worse) if not w) + ".")
+        # 10. WGMMA N at a block's valid rows (SM90, H200, EP1)
+        rows = []
+        for T in (1, 64, 256, 2731, 4096, 8192):
+            kw = {"shape": "deepseek-v4-flash", "num_ranks": 1, "tokens_per_rank": T, "max_tokens_per_rank": 8192,
+                  "hardware": "h200", "design": "megamoe-sm90"}
+            whole = self.sim(**kw)
+            rp = whole.plan.ranks[0]
+            bm = rp.config.block_m
+            fill = float(rp.tokens_per_expert.sum()) / (int(rp.pool_block_offset[-1]) * bm)  # valid rows / rows
+            cells = [T, bm, f"{fill:.2f}", f"{whole.summary['time_us']:.1f}"]
+            for step in (32, 8):
+                if step < bm:
+                    r = self.sim(**kw, wgmma_n_step=step)
+                    d = r.summary["time_us"] / whole.summary["time_us"] - 1
+                    cells.append(f"{r.summary['time_us']:.1f} ({100 * d:+.1f}%)")
+                else:
+                    cells.append("whole blocks")
+            rows.append(cells)
+        self.snippets["whatif_wgmma_n"] = _md_table(
+            ["tokens", "block_m", "rows filled", "time (us), whole blocks", "`--wgmma-n-step 32`", "`--wgmma-n-step 8`"], rows)
         # 9. how far an answer moves with the seed's block jitter alone (the routing held: seed 0's)
         import dataclasses
 
