@@ -394,14 +394,19 @@ def test_design_from_plan_takes_the_plan_numbers(E, K, H, I, T):
     # the plan's what-ifs are the model's, not the kernel's: refused by name
     kw = dict(num_experts=E, top_k=K, hidden=H, intermediate=I, num_ranks=1, tokens_per_rank=[T],
               max_tokens_per_rank=T, topk_idx=[idx], num_sms=132, design="megamoe-sm90")
+    bm = r.config.block_m
+    kernel_step = min(bm, d.WGMMA_N_STEP.get(bm, bm))
+    other = 8 if kernel_step != 8 else 16  # a what-if step other than the kernel's
     for what, msg in (({"k_split": 2}, "k_split 1"), ({"combine_relay": True}, "no combine relay"),
-                      ({"wgmma_n_step": 8}, "the kernel's WGMMA N step")):
+                      ({"wgmma_n_step": other}, "the kernel's WGMMA N step")):
         if "k_split" in what and (I // 128) % 2:
             continue  # one L2 K block: no split to refuse
         with pytest.raises(InputError, match=f"^plan: expected {msg}"):
             design_from_plan(plan_mod.build_plan(**kw, **what))
-    # a what-if step at or past block_m is the kernel's whole blocks: taken
-    assert design_from_plan(plan_mod.build_plan(**kw, wgmma_n_step=128)).block_m == r.config.block_m
+    # the kernel's own step as a what-if (at or past block_m: whole blocks) is taken
+    assert design_from_plan(plan_mod.build_plan(**kw, wgmma_n_step=kernel_step)).block_m == bm
+    if kernel_step == bm:
+        assert design_from_plan(plan_mod.build_plan(**kw, wgmma_n_step=128)).block_m == bm
 
 
 @pytest.mark.parametrize("clamp,sf_lo", [(None, 119), (0.05, 119), (None, 100), (0.05, 100)])

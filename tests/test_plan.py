@@ -269,7 +269,7 @@ def test_sm90_wgmma_n_step_is_the_kernels_or_the_what_ifs(monkeypatch):
     kw = {"num_experts": 4, "top_k": 1, "hidden": 256, "intermediate": 256, "num_ranks": 1, "tokens_per_rank": [8],
           "max_tokens_per_rank": 8, "topk_idx": ids, "num_sms": 4, "design": "megamoe-sm90"}
     assert P.build_plan(**kw).ranks[0].config.block_m == 16
-    assert P.build_plan(**kw).ranks[0].wgmma_n_step == 16
+    assert P.build_plan(**kw).ranks[0].wgmma_n_step == min(16, design_sm90.WGMMA_N_STEP.get(16, 16))
     assert P.build_plan(**kw, wgmma_n_step=8).ranks[0].wgmma_n_step == 8
     assert P.build_plan(**kw, wgmma_n_step=32).ranks[0].wgmma_n_step == 16
     assert P.build_plan(**kw, wgmma_n_step=8).to_dict()["ranks"][0]["wgmma_n_step"] == 8
