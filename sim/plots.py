@@ -14,8 +14,32 @@ COLORS = {
 }
 
 
-def utilization(trace, rank: int, num_sms: int, bins: int = 400) -> dict:
+def _per_sm_union(s: np.ndarray, e: np.ndarray, sm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The intervals ``[s, e)`` merged per SM (overlaps of one SM's intervals counted once)."""
+    out_s, out_e = [], []
+    order = np.lexsort((s, sm))
+    cur_sm, a, b = None, 0.0, 0.0
+    for i in order.tolist():
+        if sm[i] == cur_sm and s[i] <= b:
+            b = max(b, e[i])
+            continue
+        if cur_sm is not None:
+            out_s.append(a)
+            out_e.append(b)
+        cur_sm, a, b = sm[i], s[i], e[i]
+    if cur_sm is not None:
+        out_s.append(a)
+        out_e.append(b)
+    return np.asarray(out_s, dtype=np.float64), np.asarray(out_e, dtype=np.float64)
+
+
+def utilization(trace, rank: int, num_sms: int, bins: int = 400, mma_role: str = "mma") -> dict:
     """Fraction of SMs in MMA, in a pull round, in an L2 epilogue over time (rank ``rank``).
+
+    ``tensor``: the share of the ``num_sms`` SMs with a block in its K loop, from the MMA records
+    (``l1_mma``, ``l2_mma``) of role ``mma_role``: ``mma`` for ``deepgemm-sm100``, ``consumer``
+    for ``megamoe-sm90``, whose units at two CTAs per SM are CTAs (units ``c`` and ``c + num_sms``
+    share SM ``c``; an SM with both CTAs in MMA counts once).
 
     Returns dict with ``t_us`` (bin centres) and one array per resource."""
     t = trace.where(rank=rank)
@@ -23,8 +47,7 @@ def utilization(trace, rank: int, num_sms: int, bins: int = 400) -> dict:
     edges = np.linspace(0.0, t_end, bins + 1)
     width = edges[1] - edges[0]
 
-    def cover(mask: np.ndarray, per_sm: bool) -> np.ndarray:
-        s, e = t["t_start_ns"][mask], t["t_end_ns"][mask]
+    def cover(s: np.ndarray, e: np.ndarray, per_sm: bool) -> np.ndarray:
         acc = np.zeros(bins)
         for a, b in zip(s, e):
             i0, i1 = int(a // width), min(int(b // width), bins - 1)
@@ -38,13 +61,17 @@ def utilization(trace, rank: int, num_sms: int, bins: int = 400) -> dict:
                 acc[i1] += (b - i1 * width) / width
         return acc / (num_sms if per_sm else 1.0)
 
+    def records(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return t["t_start_ns"][mask], t["t_end_ns"][mask]
+
     kind = t["kind"]
-    mma = (kind == KIND["l1_mma"]) | (kind == KIND["l2_mma"])
+    mma = ((kind == KIND["l1_mma"]) | (kind == KIND["l2_mma"])) & (t["role"] == ROLE[mma_role])
+    ms, me = _per_sm_union(*records(mma), t["sm"][mma] % num_sms)
     return {
         "t_us": (edges[:-1] + width / 2) / 1e3,
-        "tensor": np.clip(cover(mma & (t["role"] == ROLE["mma"]), True), 0, 1),
-        "pull": np.clip(cover(kind == KIND["pull"], False), 0, 1),
-        "l2_writeback": np.clip(cover(kind == KIND["l2_epilogue"], True), 0, 1),
+        "tensor": np.clip(cover(ms, me, True), 0, 1),
+        "pull": np.clip(cover(*records(kind == KIND["pull"]), False), 0, 1),
+        "l2_writeback": np.clip(cover(*records(kind == KIND["l2_epilogue"]), True), 0, 1),
     }
 
 
@@ -78,7 +105,8 @@ def plot_timeline(res, path: str, rank: int = 0, sms: int = 8) -> None:
     sc = res.scenario
     ax.set_title(f"{sc.shape.name} EP{sc.num_ranks} T={sc.tokens_per_rank} on {res.hardware.name} "
                  f"({res.plan.design}): rank {rank}, {res.summary['time_us']:.1f} us")
-    u = utilization(res.trace, rank, res.plan.num_sms)
+    sm90 = res.plan.design == "megamoe-sm90"
+    u = utilization(res.trace, rank, res.plan.num_sms, mma_role="consumer" if sm90 else "mma")
     ax2.plot(u["t_us"], u["tensor"], label="tensor cores (SMs in MMA)", color="#2ca02c")
     ax2.plot(u["t_us"], u["pull"], label="dispatch pulls", color="#1f77b4")
     ax2.plot(u["t_us"], u["l2_writeback"], label="L2 write-back (SMs)", color="#d62728")

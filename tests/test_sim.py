@@ -1352,3 +1352,31 @@ def test_bounds_leaves_out_a_probe_past_its_figures_range():
     assert hbm["skipped"] == "hbm_gbs x2 = 120000 GB/s, past its range's 100000"
     assert all(r["change"] is not None for r in b["rows"] if r is not hbm)
     assert "HBM" not in bound_verdict(b)
+
+
+def test_utilization_counts_each_sms_mma_once_for_either_design():
+    """sim.plots.utilization's tensor line: the share of the SMs with a block in its K loop, from
+    the MMA records of the design's role (``mma``; ``consumer`` for megamoe-sm90, whose simulated
+    plot read 0 everywhere until session 51: it counted role ``mma`` only). Hand-built trace over
+    2 SMs and 4 us in 4 bins: units 0 and 2 are SM 0's two CTAs (MMA 0-2 us and 1-3 us: SM 0 busy
+    0-3 us, counted once), unit 1 is SM 1 (MMA 2-4 us); a producer's load is not MMA."""
+    from megamoe.trace import COLUMNS, KIND, ROLE, Trace
+    from sim.plots import utilization
+
+    n = 4
+    cols = {c: np.zeros(n, dtype=np.int64) for c in COLUMNS}
+    cols["sm"] = np.array([0, 2, 1, 1])
+    cols["role"] = np.array([ROLE["consumer"]] * 3 + [ROLE["producer"]])
+    cols["kind"] = np.array([KIND["l1_mma"], KIND["l2_mma"], KIND["l1_mma"], KIND["l1_load"]])
+    cols["t_start_ns"] = np.array([0.0, 1000.0, 2000.0, 0.0])
+    cols["t_end_ns"] = np.array([2000.0, 3000.0, 4000.0, 4000.0])
+    u = utilization(Trace(cols), 0, 2, bins=4, mma_role="consumer")
+    # per bin: SM 0 busy in bins 0-2, SM 1 in bins 2-3 -> 1/2, 1/2, 2/2, 1/2
+    assert u["tensor"].tolist() == [0.5, 0.5, 1.0, 0.5]
+    assert u["t_us"].tolist() == [0.5, 1.5, 2.5, 3.5]
+    assert utilization(Trace(cols), 0, 2, bins=4)["tensor"].tolist() == [0.0] * 4  # no role mma here
+    # the simulated SM90 call (two CTAs per SM at 16 tokens) has its tensor cores busy in the plot
+    res = _sm90_flash(16)
+    assert res.plan.ranks[0].ctas_per_sm == 2
+    t = utilization(res.trace, 0, res.plan.num_sms, mma_role="consumer")["tensor"]
+    assert 0.3 < t.max() <= 1.0
