@@ -16,7 +16,7 @@ import os
 import sys
 import tempfile
 
-from .errors import InputError, OneLineArgumentParser, parse_float, parse_int
+from .errors import InputError, OneLineArgumentParser, parse_float, parse_int, require
 from .outputs import Outputs
 
 
@@ -325,6 +325,29 @@ def _print_summary(res) -> None:
                   "null in --json)", highlight=False)
 
 
+def _kernel_build_notes(meta: dict, res) -> list[str]:
+    """The note under ``compare`` of a kernel trace recorded by another kernel build than the one
+    most of the hardware's SM90 figures were fitted to (the ``build <hash>`` their sources name):
+    part of such a trace's difference is the kernel's own change between the builds."""
+    import re
+    from collections import Counter
+
+    from sim.hardware import SM90_DESIGN_FIGURES
+
+    build, hw = meta.get("kernel_build"), res.hardware
+    if res.plan.design != "megamoe-sm90" or not isinstance(build, str) or len(build) < 8:
+        return []
+    fits = Counter(b for k in SM90_DESIGN_FIGURES for b in set(re.findall(r"build ([0-9a-f]{8})", hw.sources.get(k, ""))))
+    if not fits or fits.most_common(1)[0][0] == build[:8]:
+        return []
+    main, n = fits.most_common(1)[0]
+    own = fits.get(build[:8], 0)
+    return [f"note: the trace was recorded by kernel build {build[:8]}; {n} of {hw.name}'s {len(SM90_DESIGN_FIGURES)} "
+            f"SM90 figures were fitted to traces of build {main}"
+            + (f" ({own} to this build's)" if own else " (none to this build's)")
+            + ": part of a difference may be the kernel's own change between the builds"]
+
+
 def _design_notes(design: str, hw) -> list[str]:
     """The notes under a simulated call about its design on its hardware: a design built for another
     architecture than the GPU's (``arch`` of the hardware file against :data:`megamoe.plan.DESIGN_ARCH`:
@@ -626,7 +649,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
         if not same:
             con.print(f"note: the trace was recorded on hardware {rec!r} (its meta); this run simulated it with "
                       f"{a.hardware!r} ({res.hardware.name})", highlight=False)
-    for note in _design_notes(res.plan.design, res.hardware):
+    for note in _design_notes(res.plan.design, res.hardware) + _kernel_build_notes(measured.meta, res):
         con.print(note, highlight=False)
     recorded, used = measured.meta.get("policies") or {}, res.scenario.to_dict()["policies"]
     if a.policy and used != recorded:
@@ -714,6 +737,8 @@ def cmd_run(a: argparse.Namespace) -> int:
     from .shapes import get_shape
 
     s = get_shape(a.shape)  # bad --shape / --routing / --tokens / --trace / kernel limits are reported before looking for a GPU
+    # the ranks named as simulate names them (the kernel's API says num_ranks)
+    require(s.num_experts % a.ranks == 0, "ranks", f"a divisor of the expert count {s.num_experts}", a.ranks)
     check_kernel_shape(s.num_experts, s.top_k, s.hidden, s.intermediate, a.ranks)
     check_tokens_per_rank(a.tokens)
     routing = kernel_routing_name(a.routing)  # simulate's vocabulary -> the kernel generator's name
@@ -893,9 +918,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         argv = sys.argv[1:] if argv is None else argv
         parser = build_parser()
-        if not argv:
+        if not argv:  # the help, and the one-line error of a missing command
             parser.print_help()
-            return 0
+            commands = next(x.choices for x in parser._actions if isinstance(x, argparse._SubParsersAction))
+            raise InputError("command", "one of " + ", ".join(commands), "none")
         args = parser.parse_args(argv)
         args.argv = list(argv)  # what was given (cmd_sweep: an option and its axis both)
         if not getattr(args, "func", None):

@@ -120,7 +120,8 @@ _WHOLE = ((r"unrecognized arguments: (.*)",
 _OF_ARGUMENT = ((r"invalid choice: (.*) \(choose from (.*)\)",
                  lambda g: f"expected one of {g[1].replace(chr(39), '')}, got {g[0]}"),
                 (r"invalid (\w+) value: (.*)", lambda g: f"expected {_ARGPARSE_TYPES.get(g[0], g[0])}, got {g[1]}"),
-                (r"expected (?:one|at least one) argument", lambda g: "expected a value, got none"))
+                (r"expected (?:one|at least one) argument", lambda g: "expected a value, got none"),
+                (r"ignored explicit argument (.*)", lambda g: f"expected no value (a flag), got {g[0]}"))
 
 
 def _field_form(message: str) -> str:
@@ -141,7 +142,10 @@ def _field_form(message: str) -> str:
     for pattern, form in _OF_ARGUMENT:
         m = re.fullmatch(pattern, rest)
         if m:
-            return f"{opt}: {form(m.groups())}"
+            hint = ""
+            if form is _OF_ARGUMENT[2][1] and opt.startswith("--"):  # the value may have looked like an option
+                hint = f" (a value that starts with '-' goes as {opt.split('/')[-1]}=VALUE)"
+            return f"{opt}: {form(m.groups())}{hint}"
     return f"{opt}: {rest}"
 
 

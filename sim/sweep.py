@@ -583,6 +583,9 @@ def sweep(axes: dict[str, list], base: dict, out_dir: str, jobs: int | None = No
     require(not address or (isinstance(address, str) and (
         address == "ray" or re.fullmatch(r"(tcp|tls|ucx|inproc|ws|wss|ray)://\S+|[\w.\-]+:\d+", address))),
         "sweep.address", "tcp://host:port or host:port (Dask), or ray://host:port or ray (Ray)", address)
+    port = re.search(r":(\d+)/?$", address) if address else None
+    require(port is None or 1 <= int(port.group(1)) <= 65535, "sweep.address",
+            "a port from 1 to 65535", address)
     log = os.path.join(out_dir, "points.jsonl")
     points = grid(axes)
     check_scaled_hardware(points, base)

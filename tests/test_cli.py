@@ -114,7 +114,11 @@ def test_an_option_given_twice_or_for_nothing_is_refused(tmp_path, args, message
 @pytest.mark.parametrize("args,message", [
     (["simulate", "--bogus"], "arguments: expected only options the command takes (see its --help), got --bogus"),
     (["compare"], "trace: expected a value (required), got none"),
-    (["simulate", "--json"], "--json: expected a value, got none"),
+    (["simulate", "--json"], "--json: expected a value, got none (a value that starts with '-' goes as --json=VALUE)"),
+    # a value that looks like an option (fresh-user report, session 51)
+    (["simulate", "--shape", "-256,6,4096,2048"],
+     "--shape: expected a value, got none (a value that starts with '-' goes as --shape=VALUE)"),
+    (["simulate", "--bounds=1"], "--bounds: expected no value (a flag), got '1'"),
     (["bogus"], "command: expected one of simulate, sweep, compare, calibrate, build, run, validate, got 'bogus'"),
     # options are spelled out: no abbreviation, ambiguous or not
     (["simulate", "--trace-", "x"], "arguments: expected only options the command takes (see its --help), got --trace- x "
@@ -129,6 +133,15 @@ def test_argparse_messages_take_the_field_form(args, message):
     """argparse's own refusals read '<field>: expected <what>, got <value>' like every other."""
     rc, _, err = run(*args)
     assert rc == 2 and err.splitlines() == [f"megamoe: error: {message}"], err
+
+
+def test_no_command_prints_the_help_and_refuses():
+    """``megamoe`` alone: the help on stdout, then the missing command's one-line error, exit 2
+    (it exited 0 until session 51: a script that forgot its command went on as if it ran)."""
+    rc, out, err = run()
+    assert rc == 2 and "simulate" in out and "usage:" in out
+    assert err.splitlines() == ["megamoe: error: command: expected one of simulate, sweep, compare, calibrate, build, "
+                                "run, validate, got none"], err
 
 
 def test_appending_options_may_repeat():
@@ -263,7 +276,7 @@ def test_run_without_torch_is_one_line(monkeypatch, capsys, ranks):
 
 
 @pytest.mark.parametrize("args, line", [
-    (["--shape", "256,6,4096,2048", "--ranks", "3"], "num_ranks: expected a divisor of num_experts = 256, got 3"),
+    (["--shape", "256,6,4096,2048", "--ranks", "3"], "ranks: expected a divisor of the expert count 256, got 3"),
     (["--shape", "512,6,4096,2048"], "shape.num_experts: expected <= 256 per rank (scheduler lane cache), got 512"),
     (["--shape", "8,2,256,8192"], "shape.inter: expected <= 4096 (64 L1 N blocks per mask word), got 8192"),
 ])
@@ -1068,6 +1081,28 @@ def test_plan_line_names_the_wave_lag_order_only_when_it_is_the_list(capsys):
     assert main([a if a != "16" else "3" for a in args]) == 0
     out = capsys.readouterr().out
     assert "waves=1 " in out and "x 2 CTAs (blocks by ticket)" in out and "wave-lag order" not in out
+
+
+def test_compare_says_when_the_trace_is_from_another_kernel_build():
+    """A kernel trace recorded by another build than the one most SM90 figures were fitted to (the
+    EP2 traces: v6.4, build fbc2931d; the H200 fit: v9.11, build 9fbc8612, named in 26 of the 31
+    figures' sources, fbc2931d in 1) says so; a trace of the fitted build does not (fresh-user
+    report, session 51: the EP2 trace's -32% came with no word)."""
+    import re
+
+    from sim.hardware import SM90_DESIGN_FIGURES, load_hardware
+
+    hw = load_hardware("h200")
+    named = [set(re.findall(r"build ([0-9a-f]{8})", hw.sources[k])) for k in SM90_DESIGN_FIGURES]
+    assert (sum("9fbc8612" in b for b in named), sum("fbc2931d" in b for b in named), len(named)) == (26, 1, 31)
+    traces = Path(__file__).resolve().parent.parent / "benchmarks" / "traces"
+    rc, out, err = run("compare", str(traces / "kernel_flash_ep2_t64.npz"))
+    assert rc == 0, err
+    assert ("note: the trace was recorded by kernel build fbc2931d; 26 of H200's 31 SM90 figures were fitted to "
+            "traces of build 9fbc8612 (1 to this build's): part of a difference may be the kernel's own change "
+            "between the builds") in " ".join(out.split())
+    rc, out, err = run("compare", str(traces / "kernel_flash_ep1_t64.npz"))
+    assert rc == 0 and "kernel build" not in out, err
 
 
 def test_compare_says_when_the_hardware_is_not_the_traces():

@@ -536,6 +536,14 @@ def test_missing_sources_and_tools_are_setup_errors(monkeypatch, tmp_path, capsy
     monkeypatch.setattr(kbuild, "find_cutlass_include", lambda: str(tmp_path))
     assert build_main("sm_90a") == 1
     assert "nvcc failed (1)" in capsys.readouterr().err
+    # a build folder that cannot be made (a file in its place, /proc): named, exit 2, nothing compiled
+    (tmp_path / "afile").write_text("")
+    for bad, why in ((tmp_path / "afile", "Not a directory"), (Path("/proc/megamoe-x"), "No such file or directory")):
+        monkeypatch.setenv("MEGAMOE_BUILD_DIR", str(bad))
+        assert build_main("sm_90a") == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"megamoe: error: MEGAMOE_BUILD_DIR: expected a folder this process can create and "
+                              f"write, got {bad}/") and err.endswith(f"({why})\n") and err.count("\n") == 1, err
 
 
 def test_strict_build_without_cuobjdump_is_a_setup_error(monkeypatch, tmp_path, capsys):

@@ -240,6 +240,16 @@ def test_malformed_cluster_address_is_refused_before_anything_runs(tmp_path, add
     assert not out.exists()
 
 
+@pytest.mark.parametrize("address", ["tcp://127.0.0.1:99999", "127.0.0.1:0", "ray://head:70000"])
+def test_cluster_address_port_out_of_range_is_refused_before_anything_runs(tmp_path, address):
+    """A port outside 1-65535 is refused by name before any connection is tried (it used to try,
+    then report an unreachable scheduler; fresh-user report, session 51)."""
+    out = tmp_path / "out"
+    with pytest.raises(InputError, match=rf"^sweep.address: expected a port from 1 to 65535, got {re.escape(address)}$"):
+        sweep({"tokens": [4]}, BASE, str(out), address=address, progress=False)
+    assert not out.exists()
+
+
 def test_resume_recomputes_points_of_another_base(tmp_path):
     """A finished point is reused only for the same base scenario: the same grid resumed with
     another hardware preset must give that preset's numbers, not the first run's."""

@@ -300,7 +300,12 @@ def build(arch: str = "sm_90a", force: bool = False, strict: bool = False, verbo
                     "`pip install 'nvidia-cutlass>=4.2'`), or set MEGAMOE_CUTLASS_INCLUDE=/path/to/cutlass/include "
                     "or CUTLASS_PATH=/path/to/cutlass")
             includes = [f"-I{inc}"]
-        out.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # e.g. MEGAMOE_BUILD_DIR under /proc, or a file where a folder goes
+            where = "MEGAMOE_BUILD_DIR" if os.environ.get("MEGAMOE_BUILD_DIR") else "build folder"
+            raise BuildSetupError(f"{where}: expected a folder this process can create and write, got "
+                                  f"{out.parent} ({e.strerror or type(e).__name__})") from None
         tmp = out.with_suffix(".tmp.so")
         cmd = [nvcc, f"-gencode={GENCODE[arch]}", *FLAGS, *includes, "-o", str(tmp), str(CSRC / SOURCES[arch])]
         p = subprocess.run(cmd, capture_output=True, text=True)
