@@ -1066,3 +1066,21 @@ def test_device_scripts_without_torch_answer_in_one_line(tmp_path, script, args,
     """The benchmark and trace scripts check their arguments before they need torch, and without
     torch (here hidden from the import system) say so in one line, exit code 2, no traceback."""
     assert _device_script_error(tmp_path, script, *args, hide_torch=True) == want
+
+
+@pytest.mark.parametrize("probe", ["wgmma_acc_probe.cu", "wgmma_n_probe.cu"])
+def test_device_probes_on_the_kernels_mma_header_compile(probe, tmp_path):
+    """The device probes built on ``csrc/megamoe/mma_sm90.cuh`` (the numerics probe and the WGMMA-N
+    timing probe) still compile against it for sm_90a, with no spills and no WGMMA serialization
+    (the device has no CUTLASS headers: the probes are built here and carried)."""
+    nvcc, inc = kbuild.find_nvcc(), kbuild.find_cutlass_include()
+    if nvcc is None or inc is None:
+        pytest.skip("nvcc or the CUTLASS headers not installed")
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.run([nvcc, "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-Xptxas", "-v",
+                        "-I", str(root / "csrc/megamoe"), "-I", str(inc), "-o", str(tmp_path / "probe"),
+                        str(root / "benchmarks/device" / probe)], capture_output=True, text=True)
+    log = p.stdout + p.stderr
+    assert p.returncode == 0, log[-2000:]
+    assert "C7511" not in log and "wgmma" not in log.lower().replace("wgmma_", ""), log[-2000:]
+    assert re.findall(r"(\d+) bytes spill stores", log) and all(int(x) == 0 for x in re.findall(r"(\d+) bytes spill stores", log))
