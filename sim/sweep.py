@@ -70,7 +70,9 @@ INT_AXIS_FLOOR = {"tokens": 0, "seed": 0, "reserved_sms": 0}
 #: The largest value of an integer axis where the Scenario has one whatever the other axes are.
 INT_AXIS_CEILING = {"tokens": MAX_TOKENS_PER_RANK, "max_tokens": MAX_TOKENS_PER_RANK}
 #: The values an integer axis takes where they are a few (the Scenario's own choices).
-INT_AXIS_CHOICES = {"ctas_per_sm": (1, 2)}
+INT_AXIS_CHOICES = {"ctas_per_sm": (1, 2), "wgmma_n_step": tuple(range(8, 129, 8))}
+#: How a refusal names an axis's choices where listing them would be long.
+INT_AXIS_CHOICES_TEXT = {"wgmma_n_step": "multiples of 8 from 8 to 128"}
 RESULT_KEYS = ("time_us", "tflops", "hbm_gbs", "nvlink_gbs", "t_reduction_us", "overlap_efficiency",
                "speedup_vs_legacy")
 #: The axes that override a plan decision (the scenario and hardware stay): for a sweep of these
@@ -169,7 +171,8 @@ def _in_axis_range(axis: str, vals: list[int], text: str) -> list[int]:
     if axis in INT_AXIS_CHOICES:
         ok = INT_AXIS_CHOICES[axis]
         bad = [v for v in vals if v not in ok]
-        require(not bad, f"sweep.{axis}", " or ".join(map(str, ok)), f"{bad[0]} in {text!r}" if bad else "")
+        require(not bad, f"sweep.{axis}", INT_AXIS_CHOICES_TEXT.get(axis, " or ".join(map(str, ok))),
+                f"{bad[0]} in {text!r}" if bad else "")
     lo, hi = INT_AXIS_FLOOR.get(axis, 1), INT_AXIS_CEILING.get(axis)
     bad = [v for v in vals if v < lo or (hi is not None and v > hi)]
     require(not bad, f"sweep.{axis}", f"integers >= {lo}" if hi is None else f"integers in [{lo}, {hi}]",

@@ -66,8 +66,8 @@ def test_default_simulate_reports_the_table():
     (["--wgmma-n-step", "8"], "wgmma_n_step: expected no value with design deepgemm-sm100"),
     (["--wgmma-n-step", "0"], "--wgmma-n-step"),
     (["--design", "megamoe-sm90", "--hardware", "h200", "--shape", "deepseek-v4-flash", "--ranks", "1",
-      "--wgmma-n-step", "12"], "wgmma_n_step: expected None or a multiple of 8 from 8 to 128 (WGMMA N steps of 8 "
-                               "tokens), got 12"),
+      "--wgmma-n-step", "12"], "wgmma_n_step: expected a multiple of 8 from 8 to 128 (WGMMA N steps of 8 "
+                               "tokens; unset: the kernel's), got 12"),
     (["--design", "megamoe-sm90", "--hardware", "h200", "--shape", "deepseek-v4-flash", "--ranks", "1",
       "--k-split", "3"], "k_split: expected a divisor of both GEMMs' K blocks (32 and 16), got 3"),
     (["--tokens", "abc"], "tokens"),

@@ -74,6 +74,8 @@ def test_a_value_given_twice_is_refused():
     ("ranks", "0,1", "0 in '0,1'"),
     ("num_stages", "0:2", "0 in '0:2'"),
     ("ctas_per_sm", "1,3", "3 in '1,3'"),  # ran every point before "no valid point" (fresh-user report, s48)
+    ("wgmma_n_step", "8,12", "12 in '8,12'"),  # each an invalid row before (fresh-user report, s51)
+    ("wgmma_n_step", "136", "136 in '136'"),
     ("tokens", "8,131073", "131073 in '8,131073'"),
     ("max_tokens", "131073", "131073 in '131073'"),
 ])
@@ -87,6 +89,9 @@ def test_a_value_wrong_in_every_point_is_refused_up_front(axis, text, message):
     assert e.value.field == f"sweep.{axis}" and str(e.value.got) == message  # a value alone is not repeated
     assert parse_values("block_m", "16,17") == [16, 17]  # 17 fails as its points (the design decides)
     assert parse_values("seed", "0,3") == [0, 3] and parse_values("reserved_sms", "0:1") == [0, 1]
+    assert parse_values("wgmma_n_step", "8:128:8") == list(range(8, 129, 8))
+    with pytest.raises(InputError, match=r"^sweep.wgmma_n_step: expected multiples of 8 from 8 to 128, got 4 in '4'$"):
+        parse_values("wgmma_n_step", "4")
 
 
 @pytest.mark.parametrize("axis,text", [("seed", "1_000"), ("tokens", "1:1_0"), ("seed", "\u0661"),
