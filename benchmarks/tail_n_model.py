@@ -8,7 +8,7 @@ The SM90 kernel runs the GEMM "swap AB" (tokens are WGMMA's N), so a block whose
 short of block_m could issue its WGMMAs at N = those rows rounded up to a step
 (``megamoe.design_sm90.WGMMA_N_STEP``, :func:`megamoe.design_sm90.wgmma_n`). Kernel v9.11 runs
 whole blocks; candidate TN (``benchmarks/device/candidates/TN_s51.patch``) steps by 32 at block_m
-128, TN8 (``TN8_s51.patch``) also by 8 at block_m 16. For V4-Flash, EP1, the H200 figures
+128, TN8 (dropped after its H100 A/B, session 51) also by 8 at block_m 16. For V4-Flash, EP1, the H200 figures
 (``sim/hardware/h200.toml``) and uniform routing, this simulates each token count as committed
 (v9.11) and with each candidate's step at the call's block_m (the scenario's ``wgmma_n_step``
 what-if), and prints the predicted time, its ratio to

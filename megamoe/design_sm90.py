@@ -85,8 +85,8 @@ WGMMAS_IN_FLIGHT = {16: 4, 32: 4, 64: 4, 128: 2}
 #: valid rows fall short of block_m could issue ``wgmma.m64nNk32`` with N its valid rows rounded
 #: up to this step, and skip the columns past them (both epilogues leave those tokens out).
 #: Kernel v9.11 runs every block at its whole block_m (no entry here). Candidate TN
-#: (``benchmarks/device/candidates/TN_s51.patch``, not measured) steps by 32 at block_m 128; the
-#: simulator prices a block's K loop at its N (:func:`wgmma_n`).
+#: (``benchmarks/device/candidates/TN_s51.patch``, measured on an H100, not landed) steps by 32 at
+#: block_m 128; the simulator prices a block's K loop at its N (:func:`wgmma_n`).
 WGMMA_N_STEP: dict[int, int] = {}
 #: Largest dynamic shared memory one block may opt into on SM90 (227 KB).
 SMEM_LIMIT_SM90 = 232448

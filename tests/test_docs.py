@@ -490,6 +490,29 @@ def test_readme_traced_spans_against_the_back_to_back_times():
             f"traced, {b2b[lo]:.1f} back to back; not explained) to {100 * rel[hi]:.1f}% over ({hi} tokens)") in readme
 
 
+def test_wgmma_n_what_if_sentences_are_the_committed_measurements():
+    """docs what-if 10 and README on candidate TN: its H100 A/B ratios (median of 8 crossover rounds)
+    recomputed from ``kernel_experiments_h100_s51.json``, the model's from ``tail_n_model_h200.json``,
+    the outputs bitwise equal at every size, and the K-block saving of a 96-token block in TN's trace."""
+    d = json.loads((ROOT / "benchmarks/results/kernel_experiments_h100_s51.json").read_text())
+    ab = d["ab_TN"]["tokens"]
+    sizes = ("2731", "4096", "6144", "8192")
+    assert all(ab[t]["bitwise_equal"] for t in ab) and "H100" in d["device"]
+    model = {str(r["tokens"]): r["candidates"]["TN"]["ratio"] for r in json.loads(
+        (ROOT / "benchmarks/results/tail_n_model_h200.json").read_text())["rows"]}
+    page = " ".join((ROOT / "docs/simulator/what-if.md").read_text().split())
+    assert ("took " + " / ".join(f"{ab[t]['ratio_median']:.3f}" for t in sizes) + " of v9.11's kernel time at 2731 / "
+            "4096 / 6144 / 8192 tokens with bitwise-equal outputs, against the model's "
+            + " / ".join(f"{model[t]:.3f}" for t in sizes)) in page
+    k = d["k_loop_per_n_t4096_h100"]
+    saved = [k["base"][f"{g}_ns_per_k_block_median_by_n32"]["96"] - k["TN"][f"{g}_ns_per_k_block_median_by_n32"]["96"]
+             for g in ("l1_mma", "l2_mma")]
+    assert f"a 96-token K block {min(saved):.0f}-{max(saved):.0f} ns under a 128-token one" in page
+    r = [ab[t]["ratio_median"] for t in sizes]
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"took {min(r):.2f}-{max(r):.2f} of its time at 2731-8192 tokens on an H100" in readme
+
+
 def test_kernel_page_h100_sentence_is_the_committed_h100_benchmark():
     """docs/kernel.md's sentence on the H100 run (and README's): the copy shares at 16 / 64 tokens and the TFLOP/s
     at 8192 (back to back), recomputed from ``kernel_h100_ep1_bench.json``, and "faster than both

@@ -6,7 +6,9 @@ with a masked slot) and ``ring`` (8 experts, H 1024, 64 tokens on 2 SMs: ~130 K 
 every stage is refilled several times after the consumers release it), these three at one CTA per
 SM; ``pair`` (8 experts, 40 tokens, two CTAs on each of the device's SMs: the two-CTA instance,
 design_sm90.ctas_per_sm, with CTAs sharing SMs) and ``pair_ring`` (``ring`` at two CTAs per SM,
-4 CTAs: its ring wraps).
+4 CTAs: its ring wraps); ``m128`` (8 experts, 600 tokens at block_m 128 on 4 SMs: each expert's
+blocks hold 128 rows and its remainder, so a candidate that runs a block's WGMMAs at its valid rows
+runs several N).
 Usage (GPU): compute-sanitizer --tool racecheck python3 benchmarks/device/sanitize_small.py [CASE ...]"""
 import sys
 
@@ -28,6 +30,7 @@ CASES = {  # name: (E, K, H, I, T, kernel options, masked slot)
     "ring": (8, 2, 1024, 128, 64, {"num_sms": 2, "ctas_per_sm": 1}, False),
     "pair": (8, 2, 256, 128, 40, {}, False),
     "pair_ring": (8, 2, 1024, 128, 64, {"num_sms": 2}, False),
+    "m128": (8, 2, 256, 128, 600, {"num_sms": 4, "ctas_per_sm": 1, "block_m": 128}, False),
 }
 
 
