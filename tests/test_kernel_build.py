@@ -639,8 +639,8 @@ def test_sanitizer_launches_cover_the_ring_wrap_and_the_wide_instance(tmp_path, 
     from megamoe.kernel.schedule import block_sequence
 
     mod = load_script("benchmarks/device/sanitize_small.py")
-    assert set(mod.CASES) == {"small", "wide", "wide_pair", "ring", "pair", "pair_ring"}
-    most = {}
+    assert set(mod.CASES) == {"small", "wide", "wide_pair", "ring", "pair", "pair_ring", "m128"}
+    most, valid = {}, {}
     for name, (E, K, H, I, T, opts, _) in mod.CASES.items():
         des = d.design_for(T, H, I, E, K, **{"num_sms": 132, **opts})  # pair: the H200's 132 SMs
         _, _, idx, _ = make_inputs(T, E, K, H, "cpu", seed=3)
@@ -648,6 +648,7 @@ def test_sanitizer_launches_cover_the_ring_wrap_and_the_wide_instance(tmp_path, 
         seq = block_sequence(counts, des.block_m, 2 * I // 128, H // 128, des.experts_per_wave, des.num_ctas)
         kb = [sum(H // 128 if ph == 1 else I // 128 for ph, *_ in blocks) for blocks in seq.values()]
         most[name] = (max(kb), des.num_stages, d.wide_walk(des.block_m, des.experts_per_wave))
+        valid[name] = {min(des.block_m, c - des.block_m * m) for c in counts for m in range(-(-c // des.block_m))}
         assert des.ctas_per_sm == (2 if "pair" in name else 1), name
     # pair: 264 CTAs, more than the SMs, so CTAs share SMs; pair_ring: 64 tokens on 2 SMs x 2 CTAs:
     # >= 8 x (2 x 8 + 8 x 1) / 4 = 48 K blocks per CTA, over twice its 8 stages (by ticket, kernel
@@ -661,7 +662,13 @@ def test_sanitizer_launches_cover_the_ring_wrap_and_the_wide_instance(tmp_path, 
     assert most["ring"][0] >= 96 > 2 * most["ring"][1] and not most["ring"][2]
     assert most["wide"][0] > most["wide"][1] and most["wide"][2], most
     assert most["wide_pair"][2], most  # the two-CTA wide instance (kernel v9.5)
-    assert re.match(r"sanitize_small.py: error: CASE: expected small, wide, wide_pair, ring, pair, pair_ring, got nosuch$",
+    # m128 (session 51): block_m 128 with full blocks (an expert's rows: binomial, mean 150, sd 10.6)
+    # and the remainders, so a WGMMA N per block (candidate TN) runs the whole-block variant and
+    # narrower ones (which ones: the GPU's draw, not this CPU one)
+    assert d.design_for(600, 256, 128, 8, 2, num_sms=4, ctas_per_sm=1, block_m=128).block_m == 128
+    classes = {-(-v // 32) for v in valid["m128"]}
+    assert 4 in classes and len(classes) >= 2, sorted(valid["m128"])
+    assert re.match(r"sanitize_small.py: error: CASE: expected small, wide, wide_pair, ring, pair, pair_ring, m128, got nosuch$",
                     _device_script_error(tmp_path, "sanitize_small.py", "nosuch", "small"))
     from megamoe.kernel import cuda_available
 
