@@ -333,6 +333,23 @@ def check_block_m(axes: dict[str, list], base: dict) -> None:
             f"{', '.join(map(str, ok))})", ", ".join(map(str, bad)))
 
 
+def check_design_only_axes(axes: dict[str, list], base: dict) -> None:
+    """Refuse an axis that only design megamoe-sm90 models (``wgmma_n_step``, ``k_split`` above 1)
+    in a sweep none of whose designs is megamoe-sm90: every point would be invalid (it ran each to
+    its error; fresh-user report, session 51).
+
+    Raises:
+        InputError: ``sweep.<axis>``, naming the sweep's designs.
+    """
+    designs = axes.get("design") or [base.get("design") or _scenario_default("design")]
+    if "megamoe-sm90" in designs:
+        return
+    for axis, ok in (("wgmma_n_step", lambda v: False), ("k_split", lambda v: v == 1)):
+        bad = [v for v in axes.get(axis, []) if not ok(v)]
+        require(not bad, f"sweep.{axis}", f"design megamoe-sm90 among the sweep's designs (it is modelled for "
+                f"that design only; the sweep's: {', '.join(designs)})", ", ".join(map(str, bad)))
+
+
 def grid(axes: dict[str, list]) -> list[dict]:
     """Cartesian product of the axes, as a list of point dicts (first axis slowest).
 
@@ -593,6 +610,7 @@ def sweep(axes: dict[str, list], base: dict, out_dir: str, jobs: int | None = No
     points = grid(axes)
     check_scaled_hardware(points, base)
     check_block_m(axes, base)
+    check_design_only_axes(axes, base)
     if "hardware" not in axes:  # one hardware for every point: a bad one refuses the sweep now
         from .hardware import load_hardware
 

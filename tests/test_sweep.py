@@ -773,3 +773,23 @@ def test_plot_titles_name_what_the_sweep_held_fixed():
     assert fixed_title(base, ["block_m"]) == "deepseek-v4-flash, EP1, 64 tokens/rank, h200, megamoe-sm90"
     assert fixed_title(base, ["tokens", "hardware"]) == "deepseek-v4-flash, EP1, megamoe-sm90"
     assert fixed_title({"tokens_per_rank": None}, ["seed"]) == "deepseek-v4-pro, EP8, b200, deepgemm-sm100"
+
+
+def test_an_sm90_only_axis_without_that_design_is_refused_up_front(tmp_path):
+    """wgmma_n_step, and k_split above 1, are modelled for design megamoe-sm90 only: in a sweep none of
+    whose designs is it, every point would be invalid (each ran to its error, then the sweep refused
+    with two lines of output; fresh-user report, session 51). Refused before any point runs or the
+    folder is made; with megamoe-sm90 among the designs each point decides."""
+    from sim.sweep import check_design_only_axes
+
+    out = tmp_path / "out"
+    with pytest.raises(InputError, match=r"^sweep.wgmma_n_step: expected design megamoe-sm90 among the sweep's "
+                                         r"designs \(it is modelled for that design only; the sweep's: "
+                                         r"deepgemm-sm100\), got 8, 16$"):
+        sweep({"wgmma_n_step": [8, 16]}, BASE, str(out), progress=False)
+    with pytest.raises(InputError, match=r"^sweep.k_split: expected design megamoe-sm90 .* got 2$"):
+        sweep({"k_split": [1, 2]}, BASE, str(out), progress=False)
+    assert not out.exists()
+    check_design_only_axes({"k_split": [1]}, BASE)  # no split: every design takes it
+    check_design_only_axes({"wgmma_n_step": [8], "design": ["deepgemm-sm100", "megamoe-sm90"]}, BASE)
+    check_design_only_axes({"wgmma_n_step": [8]}, {**BASE, "design": "megamoe-sm90"})
