@@ -394,15 +394,21 @@ def l1_promoted_once(block_m: int) -> bool:
     return L1_X_FOLD_K.get(block_m) == BLOCK_K
 
 
+def kernel_wgmma_n_step(block_m: int) -> int:
+    """The built kernel's WGMMA N step at this block_m, at most block_m (block_m: whole blocks):
+    :data:`WGMMA_N_STEP`'s entry, or block_m where it has none. The plan's default
+    (``RankPlan.wgmma_n_step``) and what ``megamoe.kernel.runtime.design_from_plan`` requires."""
+    return min(block_m, WGMMA_N_STEP.get(block_m, block_m))
+
+
 def wgmma_n(block_m: int, valid_rows: int, step: int | None = None) -> int:
     """The WGMMA N (tokens) of a block with ``valid_rows`` valid rows at this block_m: the valid
     rows rounded up to ``step`` tokens, at most block_m (``step`` None: the kernel's,
-    :data:`WGMMA_N_STEP`, or the whole block_m where it has none; the plan's is
-    ``RankPlan.wgmma_n_step``). Raises ``ValueError`` for valid rows outside 1..block_m or a
-    step below 1."""
+    :func:`kernel_wgmma_n_step`; the plan's is ``RankPlan.wgmma_n_step``). Raises ``ValueError``
+    for valid rows outside 1..block_m or a step below 1."""
     if not 1 <= valid_rows <= block_m:
         raise ValueError(f"valid_rows: expected 1..{block_m} (block_m), got {valid_rows}")
-    step = WGMMA_N_STEP.get(block_m, block_m) if step is None else step
+    step = kernel_wgmma_n_step(block_m) if step is None else step
     if step < 1:
         raise ValueError(f"step: expected >= 1, got {step}")
     return min(block_m, -(-valid_rows // step) * step)

@@ -755,7 +755,7 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
                       l2_n_blocks=hidden // cfg.block_n, pull_policy=pol.pull_order,
                       scheduler=pol.scheduler, k_split=ks, combine_relay=bool(combine_relay),
                       wgmma_n_step=(min(cfg.block_m, int(wgmma_n_step)) if wgmma_n_step is not None
-                                    else design_sm90.WGMMA_N_STEP.get(cfg.block_m, cfg.block_m)) if sm90 else cfg.block_m,
+                                    else design_sm90.kernel_wgmma_n_step(cfg.block_m)) if sm90 else cfg.block_m,
                       local_count=sm90 and design_sm90.local_count(cfg.block_m, epw, num_ranks))
         used = int(rp.pool_block_offset[-1]) * cfg.block_m
         if pool_tokens is None:

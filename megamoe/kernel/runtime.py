@@ -645,9 +645,9 @@ def design_from_plan(plan, rank: int = 0):
             f"k_split={rp.k_split}")
     require(not rp.combine_relay, "plan", "no combine relay (a simulator what-if; the kernel combines after "
             "its last barrier)", "combine_relay=True")
-    step = design_sm90.WGMMA_N_STEP.get(bm, bm)
-    require(rp.wgmma_n_step == min(step, bm), "plan",
-            f"the kernel's WGMMA N step at block_m {bm} ({'whole blocks' if step >= bm else step}; "
+    step = design_sm90.kernel_wgmma_n_step(bm)
+    require(rp.wgmma_n_step == step, "plan",
+            f"the kernel's WGMMA N step at block_m {bm} ({'whole blocks' if step == bm else step}; "
             "another step is a simulator what-if)", f"wgmma_n_step={rp.wgmma_n_step}")
     max_t = getattr(plan, "max_tokens_per_rank", None) or max(r.num_tokens for r in plan.ranks)
     rows = design_sm90.pool_rows_for(max(max_t, 1), plan.top_k, plan.num_experts, bm, len(plan.ranks))
