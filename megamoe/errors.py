@@ -113,15 +113,18 @@ class _StoreOnce(argparse.Action):
 _ARGPARSE_TYPES = {"int": "an integer", "float": "a number"}
 
 
-# argparse's own messages, and each one's field form (from the match's groups)
+# argparse's own messages, and each one's field form (from the match's groups; an option's form
+# also from the option's name)
 _WHOLE = ((r"unrecognized arguments: (.*)",
            lambda g: f"arguments: expected only options the command takes (see its --help), got {g[0]}"),
           (r"the following arguments are required: (.*)", lambda g: f"{g[0]}: expected a value (required), got none"))
 _OF_ARGUMENT = ((r"invalid choice: (.*) \(choose from (.*)\)",
-                 lambda g: f"expected one of {g[1].replace(chr(39), '')}, got {g[0]}"),
-                (r"invalid (\w+) value: (.*)", lambda g: f"expected {_ARGPARSE_TYPES.get(g[0], g[0])}, got {g[1]}"),
-                (r"expected (?:one|at least one) argument", lambda g: "expected a value, got none"),
-                (r"ignored explicit argument (.*)", lambda g: f"expected no value (a flag), got {g[0]}"))
+                 lambda g, opt: f"expected one of {g[1].replace(chr(39), '')}, got {g[0]}"),
+                (r"invalid (\w+) value: (.*)", lambda g, opt: f"expected {_ARGPARSE_TYPES.get(g[0], g[0])}, got {g[1]}"),
+                # the value may have looked like an option (argparse takes '-256,6,...' for one)
+                (r"expected (?:one|at least one) argument", lambda g, opt: "expected a value, got none" + (
+                    f" (a value that starts with '-' goes as {opt.split('/')[-1]}=VALUE)" if opt.startswith("--") else "")),
+                (r"ignored explicit argument (.*)", lambda g, opt: f"expected no value (a flag), got {g[0]}"))
 
 
 def _field_form(message: str) -> str:
@@ -142,10 +145,7 @@ def _field_form(message: str) -> str:
     for pattern, form in _OF_ARGUMENT:
         m = re.fullmatch(pattern, rest)
         if m:
-            hint = ""
-            if form is _OF_ARGUMENT[2][1] and opt.startswith("--"):  # the value may have looked like an option
-                hint = f" (a value that starts with '-' goes as {opt.split('/')[-1]}=VALUE)"
-            return f"{opt}: {form(m.groups())}{hint}"
+            return f"{opt}: {form(m.groups(), opt)}"
     return f"{opt}: {rest}"
 
 
