@@ -314,6 +314,11 @@ def check_scaled_hardware(points: list[dict], base: dict) -> None:
             loaded[spec].scaled(labels, **scales)
 
 
+def _designs(axes: dict[str, list], base: dict) -> list[str]:
+    """The designs a sweep's points run: its design axis, else the base's (or the default)."""
+    return axes.get("design") or [base.get("design") or _scenario_default("design")]
+
+
 def check_block_m(axes: dict[str, list], base: dict) -> None:
     """Refuse a block_m axis value that no design of the sweep takes (every point with it would
     be invalid: ``block_m=17`` ran each point to its error); one that only some designs take is
@@ -326,7 +331,7 @@ def check_block_m(axes: dict[str, list], base: dict) -> None:
         return
     from megamoe.plan import block_m_choices
 
-    designs = axes.get("design") or [base.get("design") or _scenario_default("design")]
+    designs = _designs(axes, base)
     ok = sorted({bm for d in designs for bm in block_m_choices(d)})
     bad = [v for v in axes["block_m"] if v not in ok]
     require(not bad, "sweep.block_m", f"values a design of the sweep takes ({', '.join(designs)}: "
@@ -341,7 +346,7 @@ def check_design_only_axes(axes: dict[str, list], base: dict) -> None:
     Raises:
         InputError: ``sweep.<axis>``, naming the sweep's designs.
     """
-    designs = axes.get("design") or [base.get("design") or _scenario_default("design")]
+    designs = _designs(axes, base)
     if "megamoe-sm90" in designs:
         return
     for axis, ok in (("wgmma_n_step", lambda v: False), ("k_split", lambda v: v == 1)):
