@@ -6,8 +6,11 @@
 // memory (its descriptor): per K block four k32 steps chained into one partial (as the kernel's
 // block_m 128 L1 GEMM), wait, and (PROMOTE) the partial promoted into the accumulator with one
 // FFMA per element, as the kernel does. Operand values are fixed (timing only).
+// SPLIT (N = 128 only): each k32 step as two n64 WGMMAs over the two halves of the tokens (B
+// descriptors 64 rows = 8192 B apart), into two 32-float halves of the partial: whether N = 128's
+// slower rate is the instruction's or the accumulator's (session 52).
 // Each warpgroup's thread 0 records globaltimer and clock64 around its K blocks; the host prints
-// JSON: per (N, warpgroups, promote) the median over CTAs of ns and cycles per K block.
+// JSON: per (N, warpgroups, promote, split) the median over CTAs of ns and cycles per K block.
 // Build (CUTLASS headers of the nvidia-cutlass wheel), run on the GPU machine:
 //   python3 benchmarks/device/wgmma_n_probe.py OUT.json
 #include <cstdio>
@@ -37,9 +40,10 @@ __device__ __forceinline__ uint64_t globaltimer() {
     return t;
 }
 
-template <int N, bool PROMOTE>
+template <int N, bool PROMOTE, bool SPLIT = false>
 __global__ void __launch_bounds__(256, 1) k_blocks(int wgs, unsigned long long* out) {
-    using Op = typename probe::OpOf<N>::Op;
+    static_assert(!SPLIT || N == 128, "SPLIT runs N = 128 as two n64 WGMMAs");
+    using Op = typename probe::OpOf<SPLIT ? N / 2 : N>::Op;
     constexpr int NV = N / 2;  // accumulator floats per thread
     __shared__ __align__(1024) uint8_t sb[kTokens * 128];
     for (int i = threadIdx.x; i < kTokens * 128 / 16; i += blockDim.x)
@@ -53,16 +57,19 @@ __global__ void __launch_bounds__(256, 1) k_blocks(int wgs, unsigned long long* 
     float part[NV], acc[NV];
     #pragma unroll
     for (int j = 0; j < NV; ++j) acc[j] = 0.0f;
-    constexpr auto seq = std::make_integer_sequence<int, NV>{};
+    constexpr auto seq = std::make_integer_sequence<int, SPLIT ? NV / 2 : NV>{};
+    constexpr uint64_t kHalf = (64 * 128) >> 4;  // the second n64's B: 64 token rows on (descriptor units)
     __syncwarp();
     const uint64_t t0 = globaltimer();
     const long long c0 = clock64();
     for (int it = 0; it < kIters; ++it) {
         cute::warpgroup_arrive();
-        megamoe::gmma_rs<Op>(a0, a8, db, part, cute::SM90::GMMA::ScaleOut::Zero, seq);
-        megamoe::gmma_rs<Op>(a0, a8, db + 2, part, cute::SM90::GMMA::ScaleOut::One, seq);
-        megamoe::gmma_rs<Op>(a0, a8, db + 4, part, cute::SM90::GMMA::ScaleOut::One, seq);
-        megamoe::gmma_rs<Op>(a0, a8, db + 6, part, cute::SM90::GMMA::ScaleOut::One, seq);
+        #pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const auto so = k == 0 ? cute::SM90::GMMA::ScaleOut::Zero : cute::SM90::GMMA::ScaleOut::One;
+            megamoe::gmma_rs<Op>(a0, a8, db + 2 * k, part, so, seq);
+            if constexpr (SPLIT) megamoe::gmma_rs<Op>(a0, a8, db + kHalf + 2 * k, part + NV / 2, so, seq);
+        }
         cute::warpgroup_commit_batch();
         cute::warpgroup_wait<0>();
         #pragma unroll
@@ -85,12 +92,12 @@ __global__ void __launch_bounds__(256, 1) k_blocks(int wgs, unsigned long long* 
     }
 }
 
-template <int N, bool PROMOTE>
+template <int N, bool PROMOTE, bool SPLIT = false>
 static void run(int sms, int wgs, bool first) {
     unsigned long long* d;
     cudaMalloc(&d, sizeof(unsigned long long) * sms * 2 * 3);
     cudaMemset(d, 0, sizeof(unsigned long long) * sms * 2 * 3);
-    for (int rep = 0; rep < 3; ++rep) k_blocks<N, PROMOTE><<<sms, 256>>>(wgs, d);  // the last one kept
+    for (int rep = 0; rep < 3; ++rep) k_blocks<N, PROMOTE, SPLIT><<<sms, 256>>>(wgs, d);  // the last one kept
     cudaError_t e = cudaDeviceSynchronize();
     std::vector<unsigned long long> h(sms * 2 * 3);
     cudaMemcpy(h.data(), d, h.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost);
@@ -106,9 +113,9 @@ static void run(int sms, int wgs, bool first) {
     const double p50 = ns[ns.size() / 2];
     // FLOP per K block and warpgroup: 2 x 64 rows x N tokens x 128 K; over every warpgroup of every SM
     const double tflops = 2.0 * 64 * N * 128 * wgs * sms / p50 / 1e3;
-    printf("%s  {\"n\": %d, \"warpgroups\": %d, \"promote\": %s, \"ns_per_k_block_p50\": %.2f, \"ns_p10\": %.2f, "
+    printf("%s  {\"n\": %d, \"warpgroups\": %d, \"promote\": %s, \"split\": %s, \"ns_per_k_block_p50\": %.2f, \"ns_p10\": %.2f, "
            "\"ns_p90\": %.2f, \"cycles_per_k_block_p50\": %.1f, \"tflops\": %.1f, \"error\": \"%s\"}",
-           first ? "" : ",\n", N, wgs, PROMOTE ? "true" : "false", p50, ns[ns.size() / 10], ns[ns.size() * 9 / 10],
+           first ? "" : ",\n", N, wgs, PROMOTE ? "true" : "false", SPLIT ? "true" : "false", p50, ns[ns.size() / 10], ns[ns.size() * 9 / 10],
            cyc[cyc.size() / 2], tflops, e == cudaSuccess ? "" : cudaGetErrorString(e));
 }
 
@@ -120,6 +127,7 @@ static void all_n(int sms, int wgs, bool& first) {
     run<64, PROMOTE>(sms, wgs, first);
     run<96, PROMOTE>(sms, wgs, first);
     run<128, PROMOTE>(sms, wgs, first);
+    run<128, PROMOTE, true>(sms, wgs, first);
 }
 
 int main() {

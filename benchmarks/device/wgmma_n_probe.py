@@ -50,9 +50,9 @@ def main(argv: list[str]) -> int:
     res.update(date=datetime.date.today().isoformat(), nvidia_smi_before=clocks,
                source="benchmarks/device/wgmma_n_probe.cu")
     print(f"{res['device']}, {res['sms']} SMs, {res['iters']} K blocks per warpgroup; nvidia-smi before: {clocks}")
-    print(f"{'N':>4} {'WGs':>3} {'promote':>7} {'ns/K block':>10} {'p10':>7} {'p90':>7} {'cycles':>7} {'TFLOP/s':>8}")
+    print(f"{'N':>4} {'WGs':>3} {'promote':>7} {'split':>5} {'ns/K block':>10} {'p10':>7} {'p90':>7} {'cycles':>7} {'TFLOP/s':>8}")
     for r in res["rows"]:
-        print(f"{r['n']:>4} {r['warpgroups']:>3} {str(r['promote']):>7} {r['ns_per_k_block_p50']:>10.1f} "
+        print(f"{r['n']:>4} {r['warpgroups']:>3} {str(r['promote']):>7} {str(r.get('split', False)):>5} {r['ns_per_k_block_p50']:>10.1f} "
               f"{r['ns_p10']:>7.1f} {r['ns_p90']:>7.1f} {r['cycles_per_k_block_p50']:>7.0f} {r['tflops']:>8.1f}"
               + (f"  {r['error']}" if r["error"] else ""))
     out.write_text(json.dumps(res, indent=1) + "\n")
