@@ -84,7 +84,7 @@ PLAN_AXES = frozenset({"experts_per_wave", "block_m", "pool_tokens", "num_stages
 #: one of them are not ranked against each other by time.
 WORKLOAD_AXES = frozenset({"tokens", "ranks", "shape", "routing", "seed", "max_tokens", "launch_skew_us"})
 #: The fields a row has besides its axes (in this order), and so every line of points.jsonl.
-ROW_FIELDS = (*RESULT_KEYS, "experts_per_wave_r0", "block_m_r0", "error")
+ROW_FIELDS = (*RESULT_KEYS, "experts_per_wave_r0", "block_m_r0", "wgmma_n_step_r0", "error")
 #: Local worker processes per CPU at most (``jobs``): more only add memory (each worker holds
 #: a Python interpreter and the simulator), not speed.
 JOBS_PER_CPU = 4
@@ -509,7 +509,7 @@ def run_point(point: dict, base: dict) -> dict:
     from .hardware import load_hardware
 
     row = {**point, **{k: None for k in RESULT_KEYS}, "experts_per_wave_r0": None, "block_m_r0": None,
-           "error": ""}
+           "wgmma_n_step_r0": None, "error": ""}
     try:
         kw, scales, labels = _split_point(point, base)
         sc = Scenario(**kw)
@@ -521,6 +521,7 @@ def run_point(point: dict, base: dict) -> dict:
             row[k] = res.summary[k]
         row["experts_per_wave_r0"] = res.plan.ranks[0].experts_per_wave
         row["block_m_r0"] = res.plan.ranks[0].config.block_m
+        row["wgmma_n_step_r0"] = res.plan.ranks[0].wgmma_n_step  # the effective step (at most block_m)
     except InputError as exc:
         row["error"] = str(exc)
     return row

@@ -793,3 +793,21 @@ def test_an_sm90_only_axis_without_that_design_is_refused_up_front(tmp_path):
     check_design_only_axes({"k_split": [1]}, BASE)  # no split: every design takes it
     check_design_only_axes({"wgmma_n_step": [8], "design": ["deepgemm-sm100", "megamoe-sm90"]}, BASE)
     check_design_only_axes({"wgmma_n_step": [8]}, {**BASE, "design": "megamoe-sm90"})
+
+
+def test_a_row_records_the_effective_wgmma_n_step():
+    """A point's row holds the step the plan ran (``wgmma_n_step_r0``): the asked one capped at the
+    block's block_m, so a sweep's CSV does not claim a step no block could take (left alone in
+    session 51, mended in 52). One rank at 8 tokens plans block_m 16 (the SM90 table's smallest)."""
+    from sim.sweep import run_point
+
+    base = {"shape": "deepseek-v4-flash", "num_ranks": 1, "tokens_per_rank": 8, "design": "megamoe-sm90",
+            "hardware": "h200"}
+    asked_64 = run_point({"wgmma_n_step": 64}, base)
+    asked_8 = run_point({"wgmma_n_step": 8}, base)
+    unset = run_point({}, base)
+    assert asked_64["error"] == asked_8["error"] == unset["error"] == ""
+    assert asked_64["block_m_r0"] == 16
+    assert (asked_64["wgmma_n_step_r0"], asked_8["wgmma_n_step_r0"], unset["wgmma_n_step_r0"]) == (16, 8, 16)
+    # the capped step is the whole block: the same time as the kernel's own whole-block step
+    assert asked_64["time_us"] == unset["time_us"]
