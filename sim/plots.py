@@ -14,6 +14,12 @@ COLORS = {
 }
 
 
+
+def _edge(kind: str) -> str:
+    """A bar's (and its legend patch's) edge: idle_wait's near-white fill needs one to be seen."""
+    return "#666666" if kind == "idle_wait" else "none"
+
+
 def _per_sm_union(s: np.ndarray, e: np.ndarray, sm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The intervals ``[s, e)`` merged per SM (overlaps of one SM's intervals counted once)."""
     out_s, out_e = [], []
@@ -94,13 +100,14 @@ def plot_timeline(res, path: str, rank: int = 0, sms: int = 8) -> None:
         for k in np.unique(tr["kind"][sel]):
             s2 = sel & (tr["kind"] == k)
             bars = list(zip(tr["t_start_ns"][s2] / 1e3, (tr["t_end_ns"][s2] - tr["t_start_ns"][s2]) / 1e3))
-            ax.broken_barh(bars, (y - 0.4, 0.8), facecolors=COLORS[KINDS[k]],
-                           edgecolor="#666666" if KINDS[k] == "idle_wait" else "none", linewidth=0.3)
+            ax.broken_barh(bars, (y - 0.4, 0.8), facecolors=COLORS[KINDS[k]], edgecolor=_edge(KINDS[k]),
+                           linewidth=0.3)
     ax.set_yticks(range(len(lanes)))
     ax.set_yticklabels(["rank (all SMs)" if sm < 0 else f"SM{sm} {role}" for sm, role in lanes], fontsize=7)
     ax.invert_yaxis()
     used = sorted({KINDS[k] for k in np.unique(tr["kind"])})
-    ax.legend(handles=[Patch(color=COLORS[k], label=k) for k in used], ncol=1, fontsize=7,
+    ax.legend(handles=[Patch(facecolor=COLORS[k], edgecolor=_edge(k), linewidth=0.3, label=k) for k in used],
+              ncol=1, fontsize=7,
               loc="upper left", bbox_to_anchor=(1.005, 1.0), frameon=False)
     sc = res.scenario
     ax.set_title(f"{sc.shape.name} EP{sc.num_ranks} T={sc.tokens_per_rank} on {res.hardware.name} "

@@ -1380,3 +1380,29 @@ def test_utilization_counts_each_sms_mma_once_for_either_design():
     assert res.plan.ranks[0].ctas_per_sm == 2
     t = utilization(res.trace, 0, res.plan.num_sms, mma_role="consumer")["tensor"]
     assert 0.3 < t.max() <= 1.0
+
+
+def test_timeline_legend_patches_look_like_their_bars(tmp_path, monkeypatch):
+    """The timeline's legend draws each kind as its bars are drawn: idle_wait's near-white fill with
+    the grey edge its bars have (its legend patch had none, nearly invisible: left alone in session
+    51, mended in 52); every other kind filled, no edge."""
+    import matplotlib
+    from matplotlib.colors import to_rgba
+    from matplotlib.figure import Figure
+
+    from sim.plots import COLORS, plot_timeline
+
+    figs = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: figs.append(self))
+    res = _sm90_flash(16)
+    plot_timeline(res, str(tmp_path / "t.png"))
+    ax = figs[0].axes[0]
+    patches = {h.get_label(): h for h in ax.get_legend().get_patches()}
+    assert "idle_wait" in patches and "l1_mma" in patches
+    assert patches["idle_wait"].get_edgecolor() == to_rgba("#666666")
+    assert patches["idle_wait"].get_facecolor() == to_rgba(COLORS["idle_wait"])
+    assert patches["l1_mma"].get_edgecolor()[3] == 0.0  # "none": transparent
+    # the idle_wait bars themselves: the same edge
+    idle = [c for c in ax.collections if tuple(c.get_facecolor()[0]) == to_rgba(COLORS["idle_wait"])]
+    assert idle and all(tuple(c.get_edgecolor()[0]) == to_rgba("#666666") for c in idle)
+    matplotlib.pyplot.close("all")
