@@ -329,6 +329,8 @@ def test_build_sm90a_and_resources():
     # the design's mirrors of the kernel's compile-time choices
     assert {bm: lib.megamoe_sm90_wgmmas_in_flight(bm) for bm in d.BLOCK_MS} == d.WGMMAS_IN_FLIGHT
     assert lib.megamoe_sm90_wgmmas_in_flight(48) == -1
+    assert {bm: lib.megamoe_sm90_wgmma_n_step(bm) for bm in d.BLOCK_MS} == {bm: d.WGMMA_N_STEP.get(bm, bm) for bm in d.BLOCK_MS}
+    assert lib.megamoe_sm90_wgmma_n_step(48) == -1
     assert {bm: lib.megamoe_sm90_l1_x_fold_k(bm) for bm in d.BLOCK_MS} == d.L1_X_FOLD_K
     assert lib.megamoe_sm90_l1_x_fold_k(48) == -1
     assert {bm: lib.megamoe_sm90_combine_slots(bm) for bm in d.BLOCK_MS} == d.COMBINE_SLOTS
@@ -663,7 +665,7 @@ def test_sanitizer_launches_cover_the_ring_wrap_and_the_wide_instance(tmp_path, 
     assert most["wide"][0] > most["wide"][1] and most["wide"][2], most
     assert most["wide_pair"][2], most  # the two-CTA wide instance (kernel v9.5)
     # m128 (session 51): block_m 128 with full blocks (an expert's rows: binomial, mean 150, sd 10.6)
-    # and the remainders, so a WGMMA N per block (candidate TN) runs the whole-block variant and
+    # and the remainders, so a WGMMA N per block (kernel v9.12) runs the whole-block variant and
     # narrower ones (which ones: the GPU's draw, not this CPU one)
     assert d.design_for(600, 256, 128, 8, 2, num_sms=4, ctas_per_sm=1, block_m=128).block_m == 128
     classes = {-(-v // 32) for v in valid["m128"]}

@@ -894,7 +894,7 @@ def test_sm90_k_block_priced_linearly_in_block_m():
 
 
 def test_sm90_wgmma_n_step_prices_a_block_at_its_valid_rows(monkeypatch):
-    """The WGMMA N step (``wgmma_n_step``, a what-if; candidate TN, swap AB: the tokens are WGMMA's
+    """The WGMMA N step (``wgmma_n_step``, kernel v9.12 at block_m 128 and a what-if; swap AB: the tokens are WGMMA's
     N): with a step of 32 at block_m 128, a block's K loop is priced as one of block_m N = its valid
     rows rounded up to 32 (the WGMMA and its promotions at N tokens; the decode and hand-off whole).
     Checked per N on the median L1 block of that N; without a step every block is priced at block_m
@@ -902,7 +902,7 @@ def test_sm90_wgmma_n_step_prices_a_block_at_its_valid_rows(monkeypatch):
     table as the default, bad inputs."""
     from megamoe import design_sm90 as d
 
-    assert d.WGMMA_N_STEP.get(128) is None and d.wgmma_n(128, 1) == 128  # kernel v9.11: whole blocks
+    assert d.WGMMA_N_STEP.get(128) == 32 and d.wgmma_n(128, 1) == 32  # kernel v9.12
     assert [d.wgmma_n(128, v, 32) for v in (1, 32, 33, 96, 97, 128)] == [32, 32, 64, 96, 128, 128]
     assert d.wgmma_n(16, 3, 32) == 16 and d.wgmma_n(16, 3, 8) == 8  # a step past block_m: whole blocks
     monkeypatch.setitem(d.WGMMA_N_STEP, 128, 32)

@@ -909,36 +909,87 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
         // (A lane test from %tid.x put an S2R's latency in front of every release: +3..+10%.
         // Kernel v7.9, benchmarks/NOTES_kernel.md.)
         constexpr bool one = BM >= kL1Fold128BlockM;
-        for (int kb = 0; kb < b.num_k_blocks; ++kb) {
-            // After an error every wait fails fast; keep walking the block list so that all
-            // consumer warps still meet at the named barriers (no hang).
-            long long c0 = pclock();
-            if (!dead && !mbar_wait(p, full + s, parity, kRoleConsumer)) dead = true;
-            long long c1 = pclock();
-            cyc_full += c1 - c0;
-            // Lanes leave the spin wait at different times: the vote reconverges them before
-            // the .aligned ops
-            dead = __any_sync(0xffffffffu, dead);
-            const Stage st = get_stage<BM>(stages, s);
-            // Each thread reads its two weight rows' packed chunk and scale bytes and decodes them
-            // into WGMMA registers (mma_sm90.cuh), and its tokens' FP32 scales of the two 64-K
-            // groups straight from the stage (st.fsx [2][BM], bulk-copied by the producer: no
-            // table to build, no warpgroup barrier, no byte extraction).
-            const int n0 = tile.row_of(0);
-            const uint32_t* w0 = reinterpret_cast<const uint32_t*>(st.bpk + n0 * 64 + (lane & 3) * 16);
-            const uint32_t* w8 = w0 + 8 * 16;  // row n0 + 8
-            const uint32_t o0 = *reinterpret_cast<const uint32_t*>(st.sfb + n0 * 4);  // fold-table offsets
-            const uint32_t o8 = *reinterpret_cast<const uint32_t*>(st.sfb + (n0 + 8) * 4);
-            // (The token tile was written by TMA, the async proxy WGMMA reads it through: no
-            // proxy fence; the full barrier's completion makes it visible.)
-            c0 = pclock();
-            cyc_decode += c0 - c1;
-            if (!dead && mma_on) tile.mma_k_block(w0, w8, o0, o8, fold_tab, st.a, st.fsx, one && opaque_u32(b.phase) == kPhaseL1);
-            __syncwarp();
-            if (BM == 128 ? cute::elect_one_sync() : lane == 0) mbar_arrive(empty + s);  // one lane
-            cyc_mma += pclock() - c0;
-            ++it;
-            if (++s == S) { s = 0; parity ^= 1u; }
+        static_assert(Tile::WGMMA_N_STEP == (BM == 128 ? 32 : BM), "the K loop's WGMMA N variants below");
+        // Kernel v9.12: at block_m 128 one copy of the K loop per WGMMA N (NA active n8 tiles: N = 32
+        // / 64 / 96 / 128, the block's valid rows rounded up to 32), picked once per block (a switch
+        // inside the loop, candidate TN, cost the full blocks 4-5% per K block). The loop body is
+        // written twice: as a lambda at block_m 128 only, and as v9.11's plain loop below it (the
+        // lambda's by-reference closure in scope changed every instance's SASS, and block_m 32
+        // read 1.050 of v9.11's kernel time at 1024 tokens on the H200: candidate TN2, session 52).
+        if constexpr (BM == 128) {
+            const auto k_loop = [&](auto na) {
+                for (int kb = 0; kb < b.num_k_blocks; ++kb) {
+                    // After an error every wait fails fast; keep walking the block list so that all
+                    // consumer warps still meet at the named barriers (no hang).
+                    long long c0 = pclock();
+                    if (!dead && !mbar_wait(p, full + s, parity, kRoleConsumer)) dead = true;
+                    long long c1 = pclock();
+                    cyc_full += c1 - c0;
+                    // Lanes leave the spin wait at different times: the vote reconverges them before
+                    // the .aligned ops
+                    dead = __any_sync(0xffffffffu, dead);
+                    const Stage st = get_stage<BM>(stages, s);
+                    // Each thread reads its two weight rows' packed chunk and scale bytes and decodes them
+                    // into WGMMA registers (mma_sm90.cuh), and its tokens' FP32 scales of the two 64-K
+                    // groups straight from the stage (st.fsx [2][BM], bulk-copied by the producer: no
+                    // table to build, no warpgroup barrier, no byte extraction).
+                    const int n0 = tile.row_of(0);
+                    const uint32_t* w0 = reinterpret_cast<const uint32_t*>(st.bpk + n0 * 64 + (lane & 3) * 16);
+                    const uint32_t* w8 = w0 + 8 * 16;  // row n0 + 8
+                    const uint32_t o0 = *reinterpret_cast<const uint32_t*>(st.sfb + n0 * 4);  // fold-table offsets
+                    const uint32_t o8 = *reinterpret_cast<const uint32_t*>(st.sfb + (n0 + 8) * 4);
+                    // (The token tile was written by TMA, the async proxy WGMMA reads it through: no
+                    // proxy fence; the full barrier's completion makes it visible.)
+                    c0 = pclock();
+                    cyc_decode += c0 - c1;
+                    if (!dead && mma_on)
+                        tile.template mma_k_block<decltype(na)::value>(w0, w8, o0, o8, fold_tab, st.a, st.fsx,
+                                                                       one && opaque_u32(b.phase) == kPhaseL1);
+                    __syncwarp();
+                    if (BM == 128 ? cute::elect_one_sync() : lane == 0) mbar_arrive(empty + s);  // one lane
+                    cyc_mma += pclock() - c0;
+                    ++it;
+                    if (++s == S) { s = 0; parity ^= 1u; }
+                }
+            };
+            switch ((b.valid_m + 31) >> 5) {  // n32 token steps with a valid row
+            case 1: k_loop(std::integral_constant<int, 4>{}); break;
+            case 2: k_loop(std::integral_constant<int, 8>{}); break;
+            case 3: k_loop(std::integral_constant<int, 12>{}); break;
+            default: k_loop(std::integral_constant<int, NJ>{}); break;
+            }
+        } else {  // below 128: v9.11's loop itself, SASS unchanged
+            for (int kb = 0; kb < b.num_k_blocks; ++kb) {
+                // After an error every wait fails fast; keep walking the block list so that all
+                // consumer warps still meet at the named barriers (no hang).
+                long long c0 = pclock();
+                if (!dead && !mbar_wait(p, full + s, parity, kRoleConsumer)) dead = true;
+                long long c1 = pclock();
+                cyc_full += c1 - c0;
+                // Lanes leave the spin wait at different times: the vote reconverges them before
+                // the .aligned ops
+                dead = __any_sync(0xffffffffu, dead);
+                const Stage st = get_stage<BM>(stages, s);
+                // Each thread reads its two weight rows' packed chunk and scale bytes and decodes them
+                // into WGMMA registers (mma_sm90.cuh), and its tokens' FP32 scales of the two 64-K
+                // groups straight from the stage (st.fsx [2][BM], bulk-copied by the producer: no
+                // table to build, no warpgroup barrier, no byte extraction).
+                const int n0 = tile.row_of(0);
+                const uint32_t* w0 = reinterpret_cast<const uint32_t*>(st.bpk + n0 * 64 + (lane & 3) * 16);
+                const uint32_t* w8 = w0 + 8 * 16;  // row n0 + 8
+                const uint32_t o0 = *reinterpret_cast<const uint32_t*>(st.sfb + n0 * 4);  // fold-table offsets
+                const uint32_t o8 = *reinterpret_cast<const uint32_t*>(st.sfb + (n0 + 8) * 4);
+                // (The token tile was written by TMA, the async proxy WGMMA reads it through: no
+                // proxy fence; the full barrier's completion makes it visible.)
+                c0 = pclock();
+                cyc_decode += c0 - c1;
+                if (!dead && mma_on) tile.mma_k_block(w0, w8, o0, o8, fold_tab, st.a, st.fsx, one && opaque_u32(b.phase) == kPhaseL1);
+                __syncwarp();
+                if (BM == 128 ? cute::elect_one_sync() : lane == 0) mbar_arrive(empty + s);  // one lane
+                cyc_mma += pclock() - c0;
+                ++it;
+                if (++s == S) { s = 0; parity ^= 1u; }
+            }
         }
         if (ctid == 0) progress(p, 5, (uint32_t)it);
         if (lane == 0) progress(p, wslot, 0x03000000 | (dead ? 0x800000 : 0) | (uint32_t)it);
@@ -1452,6 +1503,12 @@ int megamoe_sm90_local_count(int block_m, int experts_per_wave, int num_ranks) {
 // unsupported block_m.
 int megamoe_sm90_wgmmas_in_flight(int block_m) {
     return at_block_m(block_m, [](auto bm) { return megamoe::Sm90Tile<bm()>::WGMMAS_IN_FLIGHT; });
+}
+
+// The WGMMA N step at this block_m (Sm90Tile::WGMMA_N_STEP: a block's WGMMAs cover its valid rows
+// rounded up to it; mirrored by megamoe.design_sm90.WGMMA_N_STEP); -1 for an unsupported block_m.
+int megamoe_sm90_wgmma_n_step(int block_m) {
+    return at_block_m(block_m, [](auto bm) { return megamoe::Sm90Tile<bm()>::WGMMA_N_STEP; });
 }
 
 // Producer warps that issue K blocks at this block_m (Producer::NW; mirrored by

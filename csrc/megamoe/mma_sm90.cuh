@@ -63,6 +63,7 @@ template <int N> struct GmmaE4M3;
 template <> struct GmmaE4M3<16> { using Op = cute::SM90::GMMA::MMA_64x16x32_F32E4M3E4M3_RS_TN<>; };
 template <> struct GmmaE4M3<32> { using Op = cute::SM90::GMMA::MMA_64x32x32_F32E4M3E4M3_RS_TN<>; };
 template <> struct GmmaE4M3<64> { using Op = cute::SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_RS_TN<>; };
+template <> struct GmmaE4M3<96> { using Op = cute::SM90::GMMA::MMA_64x96x32_F32E4M3E4M3_RS_TN<>; };
 template <> struct GmmaE4M3<128> { using Op = cute::SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_RS_TN<>; };
 
 template <class Op, int... I>
@@ -89,6 +90,9 @@ struct Sm90Tile {
     using Op = typename GmmaE4M3<BLOCK_M>::Op;
     static constexpr int NP = BLOCK_M <= 64 ? 2 : 1;  // partial accumulators (64-K groups in flight)
     static constexpr int WGMMAS_IN_FLIGHT = 2 * NP;  // k32 WGMMAs in flight (design_sm90.WGMMAS_IN_FLIGHT)
+    // Tokens per step of the WGMMA N a block runs at: its valid rows rounded up to this (block_m
+    // 128: N = 32 / 64 / 96 / 128, mma_k_block<NA>), else the whole block_m (design_sm90.WGMMA_N_STEP)
+    static constexpr int WGMMA_N_STEP = BLOCK_M == 128 ? 32 : BLOCK_M;
     // No shared-memory load of a token scale sits between a WGMMA wait and its promotion: at
     // block_m <= 64 each thread loads its tokens' scales of both groups into registers before it
     // decodes (4 NJ registers); at block_m 128 (too few registers for that) a group's scales are
@@ -126,6 +130,7 @@ struct Sm90Tile {
     }
     // After the wait for group h's WGMMAs (partial pb): keep the compiler from reusing those
     // registers earlier (the WGMMAs read and write them asynchronously).
+    template <int NA = NJ>
     __device__ __forceinline__ void fence_group(int h, int pb) {
         #pragma unroll
         for (int q = 2 * h; q < 2 * h + 2; ++q) {
@@ -133,7 +138,7 @@ struct Sm90Tile {
             cute::warpgroup_fence_operand(ra8[q].x); cute::warpgroup_fence_operand(ra8[q].y);
         }
         #pragma unroll
-        for (int j = 0; j < NJ; ++j)
+        for (int j = 0; j < NA; ++j)
             #pragma unroll
             for (int r = 0; r < 4; ++r) cute::warpgroup_fence_operand(part[pb][j][r]);
     }
@@ -146,9 +151,10 @@ struct Sm90Tile {
     }
     // acc += part * 2^sx(token) for one 64-K group (the weight scale is in the decoded values and
     // the epilogue's row scale); sx: that group's scales (load_scales)
+    template <int NA = NJ>
     __device__ __forceinline__ void promote(int pb, const float2 (&sx)[NJ]) {
         #pragma unroll
-        for (int j = 0; j < NJ; ++j) {
+        for (int j = 0; j < NA; ++j) {
             acc[j][0] = fmaf(part[pb][j][0], sx[j].x, acc[j][0]);
             acc[j][1] = fmaf(part[pb][j][1], sx[j].y, acc[j][1]);
             acc[j][2] = fmaf(part[pb][j][2], sx[j].x, acc[j][2]);
@@ -172,8 +178,13 @@ struct Sm90Tile {
     // otherwise two 64-K groups, each promoted (kernel v7.6). A run-time flag in one loop: two
     // copies of the loop left ptxas short of registers, and the wait between the two pairs
     // stays in both forms (skipping it in a branch made ptxas serialize the WGMMAs).
+    // NA: the n8 token tiles the WGMMAs cover (block_m 128 only: the block's valid rows rounded up
+    // to 32, kernel v9.12; the tiles past them keep the zeros of zero(), their tokens are past
+    // valid_m, which both epilogues leave out). Below 128, NA = NJ.
+    template <int NA = NJ>
     __device__ __forceinline__ void mma_k_block(const uint32_t* w0, const uint32_t* w8, uint32_t o0, uint32_t o8,
                                                 const uint8_t* tab, const uint8_t* a, const float* fsx, bool one) {
+        static_assert(NA == NJ || (NP == 1 && NA % 4 == 0 && NA > 0 && NA < NJ), "active tiles: n32 steps at block_m 128");
         const uint64_t db = sw128_kmajor_desc(a);
         if constexpr (NP == 2) {
             float2 sx[2][NJ];
@@ -195,34 +206,35 @@ struct Sm90Tile {
             // (a commit placed after more code became an empty commit group of its own in the
             // SASS, waited for too); ptxas gives pair 2-3's fragments pair 0-1's registers either
             // way, so the decode does not overlap the pair's WGMMAs (kernel v8.4).
-            constexpr auto seq = std::make_integer_sequence<int, NJ * 4>{};
-            constexpr int NE0 = NJ / 4, NE1 = NJ / 2;  // scales loaded while the WGMMAs run (more spilled)
+            using OpA = typename GmmaE4M3<NA * 8>::Op;
+            constexpr auto seq = std::make_integer_sequence<int, NA * 4>{};
+            constexpr int NE0 = NA / 4, NE1 = NA / 2;  // scales loaded while the WGMMAs run (more spilled)
             #pragma unroll
             for (int q = 0; q < 4; ++q) decode(w0, w8, o0, o8, tab, q);
             cute::warpgroup_arrive();
-            gmma_rs<Op>(ra0[0], ra8[0], db, &part[0][0][0], cute::SM90::GMMA::ScaleOut::Zero, seq);
-            gmma_rs<Op>(ra0[1], ra8[1], db + 2, &part[0][0][0], cute::SM90::GMMA::ScaleOut::One, seq);
+            gmma_rs<OpA>(ra0[0], ra8[0], db, &part[0][0][0], cute::SM90::GMMA::ScaleOut::Zero, seq);
+            gmma_rs<OpA>(ra0[1], ra8[1], db + 2, &part[0][0][0], cute::SM90::GMMA::ScaleOut::One, seq);
             cute::warpgroup_commit_batch();
             float2 sx[NJ];
             if (!one) load_scales<0, NE0>(fsx, 0, sx);
             cute::warpgroup_wait<0>();
-            fence_group(0, 0);
+            fence_group<NA>(0, 0);
             if (!one) {  // group 0 promoted before group 1 reuses the partial
-                load_scales<NE0, NJ>(fsx, 0, sx);
-                promote(0, sx);
+                load_scales<NE0, NA>(fsx, 0, sx);
+                promote<NA>(0, sx);
             }
             cute::warpgroup_arrive();
-            gmma_rs<Op>(ra0[2], ra8[2], db + 4, &part[0][0][0],
+            gmma_rs<OpA>(ra0[2], ra8[2], db + 4, &part[0][0][0],
                         one ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero, seq);
-            gmma_rs<Op>(ra0[3], ra8[3], db + 6, &part[0][0][0], cute::SM90::GMMA::ScaleOut::One, seq);
+            gmma_rs<OpA>(ra0[3], ra8[3], db + 6, &part[0][0][0], cute::SM90::GMMA::ScaleOut::One, seq);
             cute::warpgroup_commit_batch();
             float2 sy[NJ];  // (folded per 128 in the L1 GEMM: group 1's scale is group 0's)
             load_scales<0, NE1>(fsx, 1, sy);
             cute::warpgroup_wait<0>();
-            load_scales<NE1, NJ>(fsx, 1, sy);
-            fence_group(0, 0);
-            fence_group(1, 0);
-            promote(0, sy);
+            load_scales<NE1, NA>(fsx, 1, sy);
+            fence_group<NA>(0, 0);
+            fence_group<NA>(1, 0);
+            promote<NA>(0, sy);
         }
     }
 };
