@@ -580,19 +580,37 @@ def _l1_promoted_once(t) -> bool:
     return l1_promoted_once(int(t.meta["plan"]["block_m"]))
 
 
+def whole_blocks(t):
+    """Which records of an SM90 kernel trace ran their WGMMAs over the whole block_m: all where
+    the trace's plan records no WGMMA N step (kernels before v9.12) or one of block_m; else those
+    whose valid rows (the ``tokens`` column) round up to block_m at that step
+    (:func:`megamoe.design_sm90.wgmma_n`). Boolean array over the records."""
+    import numpy as np
+
+    bm = int(t.meta["plan"]["block_m"])
+    step = int(t.meta["plan"].get("wgmma_n_step", bm))
+    if step >= bm:
+        return np.ones(len(t), dtype=bool)
+    return (-(-t["tokens"] // step)) * step >= bm
+
+
 def sm90_k_block_ns(t) -> float:
-    """Consumer time per K block of one SM90 kernel trace with two promotions per K block: the
-    mean of the median L1 K loop per K block (``hidden / 128`` of them) and the median L2 K
-    loop per K block (``intermediate / 128``), or the L2 one alone where the L1 K block is
-    promoted once (:func:`_l1_promoted_once`); the scheduler gaps between blocks are not in it."""
+    """Consumer time per K block of one SM90 kernel trace with two promotions per K block, over
+    the blocks whose WGMMAs cover the whole block_m (:func:`whole_blocks`: from kernel v9.12 a
+    block_m 128 block runs at its valid rows rounded up to 32, which the model prices from this
+    whole-block figure): the mean of the median L1 K loop per K block (``hidden / 128`` of them)
+    and the median L2 K loop per K block (``intermediate / 128``), or the L2 one alone where the
+    L1 K block is promoted once (:func:`_l1_promoted_once`); the scheduler gaps between blocks
+    are not in it."""
     from megamoe.design_sm90 import BLOCK_K
     from megamoe.trace import KIND
 
     meta = t.meta
     kb1, kb2 = int(meta["hidden"]) // BLOCK_K, int(meta["intermediate"]) // BLOCK_K
     d = t["t_end_ns"] - t["t_start_ns"]
-    k2 = _median(d[t["kind"] == KIND["l2_mma"]]) / kb2
-    return k2 if _l1_promoted_once(t) else 0.5 * (_median(d[t["kind"] == KIND["l1_mma"]]) / kb1 + k2)
+    whole = whole_blocks(t)
+    k2 = _median(d[whole & (t["kind"] == KIND["l2_mma"])]) / kb2
+    return k2 if _l1_promoted_once(t) else 0.5 * (_median(d[whole & (t["kind"] == KIND["l1_mma"])]) / kb1 + k2)
 
 
 def fit_sm90_pair_share(pair_paths: list[str], one_paths: list[str], hw) -> dict:
@@ -777,7 +795,9 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
         meta = t.meta
         d = t["t_end_ns"] - t["t_start_ns"]
         kb1, kb2 = int(meta["hidden"]) // BLOCK_K, int(meta["intermediate"]) // BLOCK_K
-        med = {k: _median(d[t["kind"] == KIND[k]]) for k in ("l1_mma", "l2_mma", "l1_epilogue")}
+        whole = whole_blocks(t)  # the K loops of whole blocks (the line below is in block_m)
+        med = {k: _median(d[(t["kind"] == KIND[k]) & (whole | (k == "l1_epilogue"))])
+               for k in ("l1_mma", "l2_mma", "l1_epilogue")}
         e2 = t.where(kind="l2_epilogue")
         num_sms, T, H = int(meta["num_sms"]), int(meta["tokens_per_rank"][0]), int(meta["hidden"])
         pull, comb = t.where(kind="pull"), t.where(kind="combine")

@@ -253,6 +253,13 @@ def scenario_from_meta(trace: Trace, policies: list | None = None):
     extra = {k: meta[k] for k in ("reserved_sms", "num_stages", "pool_tokens", "k_split", "wgmma_n_step",
                                   "combine_relay", "seed")
              if meta.get(k) is not None}
+    # the WGMMA N step an SM90 kernel trace ran (its plan records it from kernel v9.12 on; the
+    # kernels before ran every block whole: a step of 128, capped at the block's block_m)
+    if not sim_trace and design == "megamoe-sm90" and "wgmma_n_step" not in extra:
+        step = plan.get("wgmma_n_step", 128)
+        require(is_int(step) and 8 <= step <= 128 and step % 8 == 0, "trace.meta.plan.wgmma_n_step",
+                "a multiple of 8 from 8 to 128", step)
+        extra["wgmma_n_step"] = step
     pols = meta.get("policies") or {}
     require(isinstance(pols, dict), "trace.meta.policies", "an object (policy kind -> policy name)", pols)
     from megamoe.policies import BUILTINS, is_builtin, policies_from_specs
@@ -361,7 +368,7 @@ def compare_file(path: str, hardware=None, policies: list | None = None) -> tupl
         plan = measured.meta.get("plan") or {}
         rp = res.plan.ranks[0]
         made = {"ctas_per_sm": rp.ctas_per_sm, "block_m": rp.config.block_m, "experts_per_wave": rp.experts_per_wave,
-                "num_stages": rp.num_stages}
+                "num_stages": rp.num_stages, "wgmma_n_step": rp.wgmma_n_step}
         for key, v in made.items():  # the CTAs per SM first: they decide the rest
             require(key not in plan or plan[key] == v, f"trace.meta.plan.{key}",
                     f"the value its scenario's plan takes again ({v}: the trace altered, or a policy of one's own "

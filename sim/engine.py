@@ -1476,7 +1476,8 @@ def _simulate(scenario: Scenario, hardware: Hardware | str | None, summarize) ->
                   "plan": {"block_m": plan.ranks[0].config.block_m,
                            "experts_per_wave": plan.ranks[0].experts_per_wave,
                            "num_stages": plan.ranks[0].num_stages,
-                           **({"ctas_per_sm": plan.ranks[0].ctas_per_sm} if plan.design == "megamoe-sm90" else {})}}
+                           **({"ctas_per_sm": plan.ranks[0].ctas_per_sm, "wgmma_n_step": plan.ranks[0].wgmma_n_step}
+                              if plan.design == "megamoe-sm90" else {})}}
     trace.topk_idx = scenario.routing_ids()
     res = SimResult(scenario=scenario, hardware=hw, plan=plan, trace=trace, rank_end_ns=end,
                     t_reduction_ns=t_red,

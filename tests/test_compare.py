@@ -713,3 +713,39 @@ def test_l2_traffic_rows_are_the_plan_and_benchmark_recomputed(load_script):
     us = next(x["us_steady"] for x in bench["rows"] if x["impl"] == "megamoe_sm90" and x["tokens"] == 8192)
     assert r["l2_to_sm_tbs"] == pytest.approx(r["k_blocks"] * 26112 / (us * 1e-6) / 1e12, rel=1e-12)
     assert 0 < r["fill"] <= 1 and r["fill"] == pytest.approx(8192 * 6 / (r["m_blocks"] * 128), rel=1e-12)
+
+
+def test_a_kernel_trace_is_simulated_at_the_wgmma_n_step_it_ran():
+    """An SM90 kernel trace records its plan's WGMMA N step from kernel v9.12 on
+    (``meta.plan.wgmma_n_step``); one without it (v9.11 and before, which ran every block whole) is
+    simulated with whole blocks (step 128, capped at block_m), not at today's kernel step. A bad
+    recorded step is named."""
+    from pathlib import Path
+
+    from sim.compare import scenario_from_meta
+
+    t = Trace.load(str(Path(__file__).resolve().parents[1] / "benchmarks/traces/kernel_flash_ep1_t4096.npz"))
+    assert "wgmma_n_step" not in t.meta["plan"] and t.meta.get("wgmma_n_step") is None
+    assert scenario_from_meta(t).wgmma_n_step == 128
+    t.meta["plan"]["wgmma_n_step"] = 32
+    assert scenario_from_meta(t).wgmma_n_step == 32
+    t.meta["plan"]["wgmma_n_step"] = 12
+    with pytest.raises(InputError, match=r"^trace.meta.plan.wgmma_n_step: expected a multiple of 8 from 8 to 128, "
+                                         r"got 12$"):
+        scenario_from_meta(t)
+
+
+def test_whole_blocks_are_the_records_at_the_whole_block_m():
+    """sim.calibrate.whole_blocks (the K-block fit's records): at block_m 128 and step 32 the
+    records whose valid rows round up to 128 (97..128); with no recorded step every record."""
+    from sim.calibrate import whole_blocks
+
+    cols = {c: np.zeros(5, dtype=np.int64) for c in COLUMNS}
+    cols["tokens"] = np.array([128, 97, 96, 33, 1])
+    t = Trace(cols)
+    t.meta = {"plan": {"block_m": 128, "wgmma_n_step": 32}}
+    assert whole_blocks(t).tolist() == [True, True, False, False, False]
+    t.meta = {"plan": {"block_m": 128}}
+    assert whole_blocks(t).tolist() == [True] * 5
+    t.meta = {"plan": {"block_m": 16, "wgmma_n_step": 16}}
+    assert whole_blocks(t).tolist() == [True] * 5

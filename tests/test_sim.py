@@ -888,7 +888,9 @@ def test_sm90_k_block_priced_linearly_in_block_m():
         t_k = (2.0 * bm * 128 * 128 / (hw.tc_flops_per_ns_per_sm * hw.sm90_mma_fraction)
                + hw.e2m1_decode_thread_ns_per_elem * 128 * 128 / 256 + hw.stage_handoff_ns)
         t_k1 = t_k - (hw.sm90_promotion_ns_per_row * bm if bm == 128 else 0.0)
-        mma = _sm90_flash(256, block_m=bm, ctas_per_sm=1).trace.where(kind="l1_mma")  # one CTA per SM
+        # one CTA per SM; whole blocks (wgmma_n_step 128: kernel v9.12 runs block_m 128's blocks at
+        # their valid rows, priced in test_sm90_wgmma_n_step_prices_a_block_at_its_valid_rows)
+        mma = _sm90_flash(256, block_m=bm, ctas_per_sm=1, wgmma_n_step=128).trace.where(kind="l1_mma")
         # the median L1 block (others wait longer for their loads: the first ones per CTA)
         assert float(np.median(mma["t_end_ns"] - mma["t_start_ns"])) / (4096 // 128) == pytest.approx(t_k1), bm
 

@@ -100,7 +100,8 @@ def main() -> None:
                    "kernel_build": library_path("sm_90a").parent.name, "traced_calls_makespan_us": spans,
                    "num_sms": plan.num_sms, "kernel_us_median_untraced": statistics.median(ts),
                    "plan": {"block_m": rp.config.block_m, "experts_per_wave": rp.experts_per_wave,
-                            "num_stages": rp.num_stages, "ctas_per_sm": rp.ctas_per_sm}}
+                            "num_stages": rp.num_stages, "ctas_per_sm": rp.ctas_per_sm,
+                            "wgmma_n_step": rp.wgmma_n_step}}
         tr.topk_idx = [ids]
         path = f"{OUT}/{stem}_t{T}.npz"
         tr.save_npz(path)

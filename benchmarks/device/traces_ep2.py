@@ -65,7 +65,8 @@ def main() -> None:
                        "kernel_build": library_path("sm_90a").parent.name,
                        "num_sms": plan.num_sms, "kernel_us_median_untraced_per_rank": times,
                        "plan_per_rank": [{"block_m": rp.config.block_m, "experts_per_wave": rp.experts_per_wave,
-                                          "num_stages": rp.num_stages} for rp in plan.ranks],
+                                          "num_stages": rp.num_stages, "wgmma_n_step": rp.wgmma_n_step}
+                                         for rp in plan.ranks],
                        "clock": "per rank: %globaltimer from that rank's first record; launches after a barrier"}
             tr.meta["plan"] = tr.meta["plan_per_rank"][0]  # what megamoe compare reads
             tr.topk_idx = list(ids)
