@@ -14,7 +14,7 @@ schedule meets the target with this K loop; where ``balanced`` (start + work + t
 does with this start and tail either; below it, the rest of the gap is the blocks' imbalance and
 the consumers' idle time between blocks. ``work_ns_per_k_block_per_sm`` is the work's pace: the
 consumers' work per CTA times the SMs over the K blocks (128 deep) of the trace's MMA records. The traces and the benchmark were recorded with the
-same build (kernel v9.11's SASS, ``9fbc8612``, session 44), one H200.
+same build (kernel v9.12, ``349f5e1e``, session 52), one H200.
 
 Prints a table and writes ``benchmarks/results/streaming_bound_h200.json``.
 """

@@ -87,14 +87,18 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
         assert getattr(hw, key) == value and hw.sources[key] == src, key
         assert fit[key][1] in src and SM90_FIT_DATE in src and SM90_FIT_KERNEL in src, key
         assert "kernel_flash_ep1_{one_cta_t64,one_cta_t512,t4096}.npz" in src, key
-    # the slope: K blocks with two promotions of 330.5 / 330.5 ns at block_m 16 (the mean of the
-    # median L1 K loop / 32 and L2 K loop / 16: T=64 (10400 / 32 + 5376 / 16) / 2 = (325 + 336) / 2,
-    # T=512 (10336 / 32 + 5408 / 16) / 2 = (323 + 338) / 2) and 798 ns at block_m 128 (T=4096: the
-    # L2 K loop, 12768 / 16; the L1 K block there is promoted once, 21920 / 32 = 685 ns); least
+    # the slope: K blocks with two promotions of 332 / 333 ns at block_m 16 (the mean of the
+    # median L1 K loop / 32 and L2 K loop / 16: T=64 (10432 / 32 + 5408 / 16) / 2 = (326 + 338) / 2,
+    # T=512 (10432 / 32 + 5440 / 16) / 2 = (326 + 340) / 2) and 784 ns at block_m 128 (T=4096: the
+    # L2 K loop, 12544 / 16; the L1 K block there is promoted once, 22016 / 32 = 688 ns; at block_m
+    # 128 both medians are read over whole blocks only, valid rows > 96, as the fit reads them
+    # (sim.calibrate.whole_blocks): from v9.12 a block_m 128 block runs its WGMMAs at N = its valid
+    # rows rounded up to 32); least
     # squares over x = 16, 16, 128 puts the line through the mean of the block_m 16 points:
-    # (798 - 330.5) / 112 = 4.174 ns per block_m row and K block; 128 weight rows x 128 K x 2 =
-    # 32768 FLOP per row and K block -> 7.85 TFLOP/s per SM, 1036 TFLOP/s on 132 SMs, 73.0% of
-    # 1419 TFLOP/s (kernel v9.11's traces; v9.8's: 330 / 329.5 / 806 ns (10368 / 32, 5376 / 16,
+    # (784 - 332.5) / 112 = 4.031 ns per block_m row and K block; 128 weight rows x 128 K x 2 =
+    # 32768 FLOP per row and K block -> 8.13 TFLOP/s per SM, 1073 TFLOP/s on 132 SMs, 75.6% of
+    # 1419 TFLOP/s (kernel v9.12's traces; v9.11's: 330.5 / 330.5 / 798 ns (10400 / 32, 5376 / 16,
+    # 10336 / 32, 5408 / 16, 12768 / 16, 21920 / 32; every block whole), 73.0%; v9.8's: 330 / 329.5 / 806 ns (10368 / 32, 5376 / 16,
     # 10336 / 32, 5376 / 16, 12896 / 16, 22144 / 32), 71.7%; v9.7's: 330.5 / 330 / 804 ns (10400 / 32, 5376 / 16, 10368 / 32,
     # 12864 / 16, 22144 / 32), 72.1%; v9.6's: 331.5 / 331 / 806 ns (10400 / 32, 5408 / 16, 10368 / 32,
     # 12896 / 16, 22112 / 32), 71.9%; v9.3.1's: 330 / 804 ns (10368 / 32, 5376 / 16, 12864 / 16,
@@ -113,9 +117,10 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
     # 379 / 960 ns, 58.9%; v7.3's: 378 / 378.5 / 888.5 ns, 66.9%; v7.2's, from warpgroup 0:
     # 406.25 / 886.5 ns, 71.1%; v6.7's: 39.4%; v6.5's: 36.0%; v6.4's: 33.7%)
     assert fit["sm90_mma_fraction"][0] == pytest.approx(
-        32768 / ((12768 / 16 - ((10400 / 32 + 5376 / 16) / 2 + (10336 / 32 + 5408 / 16) / 2) / 2) / 112 * 1e-9)
+        32768 / ((12544 / 16 - ((10432 / 32 + 5408 / 16) / 2 + (10432 / 32 + 5440 / 16) / 2) / 2) / 112 * 1e-9)
         * 132 / 1419e12, rel=1e-4)  # (the preset's FP8 GEMM rate is 1418.9 TFLOP/s, rounded here)
-    # one promotion per block_m row: (798 - 685) / 128 = 0.883 ns (v9.11's traces; v9.8's: (806 - 692) / 128
+    # one promotion per block_m row: (784 - 688) / 128 = 0.750 ns (v9.12's traces, whole blocks only; v9.11's:
+    # (798 - 685) / 128 = 0.883 ns; v9.8's: (806 - 692) / 128
     # = 0.891 ns; v9.7's: (804 - 692) / 128
     # = 0.875 ns; v9.6's: (806 - 691) / 128
     # = 0.898 ns; v9.3.1's: (804 - 692) / 128
@@ -129,13 +134,13 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
     # = 1.359 ns; v8.1's: (922 - 739) / 128 = 1.430 ns; v8.0's: (916 - 732) /
     # 128 = 1.4375 ns; v7.9's: (922 - 740) / 128 = 1.422 ns; v7.8's: (920 - 743) / 128 = 1.383 ns;
     # v7.6's: (894 - 797) / 128 = 0.758 ns)
-    assert fit["sm90_promotion_ns_per_row"][0] == pytest.approx((12768 / 16 - 21920 / 32) / 128, rel=1e-9)
+    assert fit["sm90_promotion_ns_per_row"][0] == pytest.approx((12544 / 16 - 22016 / 32) / 128, rel=1e-9)
     # the scheduler's walk (sched_block_ns, sched_step_ns: 690 + 292 ns on v9.0's traces; v8.6's,
     # 860 + 283 ns; v7.2's 873 + 287) is no longer fitted: since v9.1 no trace's consumers walk
     # between the blocks (test_walk_figures_are_kept_from_kernel_v9_0)
     # the producer's copy issues in each CTA's first L1 block (ring empty): ~300 ns per K block
     # at T=64 and 512 (block_m 16, 16 stages), ~0.7-0.8 us at 4096 (block_m 128, 8 stages; kernel
-    # v9.11's traces: 330.5 ns the smallest (T=64; 357 at T=512); v9.8's: 319 ns (T=64; 356 at T=512: block_m 16's
+    # v9.12's traces: 323 ns the smallest (T=64; 358 at T=512); v9.11's: 330.5 ns (T=64; 357 at T=512); v9.8's: 319 ns (T=64; 356 at T=512: block_m 16's
     # first fill is paced by arrivals since v9.8);
     # v9.7's: 321 ns (T=64; 328 at T=512); v9.6's: 332 ns (T=64; 334 at T=512); v9.3.1's: 308 ns; v9.1's: 332 ns; v9.0's: 294, 322 and 674 ns, the last issue 14.1, 14.6 and 8.4 K blocks before the
     # consumers' K loop ends; v8.6's traces: 293.5 ns at T=64; v8.5's: 296, 360 and 711 ns, the last issue 12.9, 11.2 and 8.8 K blocks before
@@ -143,12 +148,13 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
     # 293, 319 and 710 ns), about a full ring everywhere
     # (four producer warps issue faster than the consumers free stages), so the figure is the
     # smallest, an upper bound
-    assert fit["sm90_issue_kblock_ns"][0] == pytest.approx(330.5, abs=5)
+    assert fit["sm90_issue_kblock_ns"][0] == pytest.approx(323, abs=5)
     assert "upper bound" in fit["sm90_issue_kblock_ns"][1]
     assert re.search(r"T=4096 \(block_m 128\) [6-9]\d\d ns", fit["sm90_issue_kblock_ns"][1])
     # the combine round, fitted where the kernel loads a token's slots four at a time
-    # (design_sm90.COMBINE_SLOTS, block_m >= 32; kernel v8.0): T=4096's slowest CTA 82400 ns over
-    # ceil(4096 x 4096 / 8 / (132 x 512)) = ceil(31.03) = 32 rounds = 2575 ns (v9.11's trace; v9.8's:
+    # (design_sm90.COMBINE_SLOTS, block_m >= 32; kernel v8.0): T=4096's slowest CTA 83904 ns over
+    # ceil(4096 x 4096 / 8 / (132 x 512)) = ceil(31.03) = 32 rounds = 2622 ns (v9.12's trace; v9.11's:
+    # 82400 ns, 2575; v9.8's:
     # 82208 ns, 2569; v9.7's:
     # 81856 ns, 2558; v9.6's:
     # 81728 ns, 2554; v9.3.1's:
@@ -160,37 +166,38 @@ def test_h200_sm90_figures_are_the_fit_to_the_committed_traces():
     # ns, 2496; v8.2's: 79136
     # ns, 2473; v8.1's: 76992
     # ns, 2406; v8.0's: 77696 ns, 2428; v7.9, one slot at a time everywhere: 3660 ns, the median of T=512 and 4096)
-    assert fit["combine_round_ns"][0] == 82400 / 32
+    assert fit["combine_round_ns"][0] == 83904 / 32
     assert "slots loaded 4 at a time: T=4096 (block_m 128)" in fit["combine_round_ns"][1]
     # and where it loads them one at a time (block_m 16; fitted since session 43): the one-CTA
-    # T=512 trace's slowest CTA 14272 ns over ceil(512 x 4096 / 8 / (132 x 512)) = ceil(3.88) = 4
-    # rounds = 3568 ns (v9.11's trace; v9.8's: 14848 ns, 3712); the T=64 trace has one round, so it
+    # T=512 trace's slowest CTA 14784 ns over ceil(512 x 4096 / 8 / (132 x 512)) = ceil(3.88) = 4
+    # rounds = 3696 ns (v9.12's trace; v9.11's: 14272 ns, 3568; v9.8's: 14848 ns, 3712); the T=64 trace has one round, so it
     # is not in the fit
-    assert fit["combine_round_serial_ns"][0] == 14272 / 4
-    assert "slots loaded 1 at a time: T=512 (block_m 16) 14.27 us / 4" in fit["combine_round_serial_ns"][1]
+    assert fit["combine_round_serial_ns"][0] == 14784 / 4
+    assert "slots loaded 1 at a time: T=512 (block_m 16) 14.78 us / 4" in fit["combine_round_serial_ns"][1]
 
 
 def test_dispatch_start_line_is_least_squares_over_the_pull_starts():
     """sm90_count_ns / sm90_count_item_ns: the first pull's start (median over the 132 CTAs'
-    pull records, read from the v9.11 traces: T=64 7040 ns, T=512 7264 ns, T=4096 11696 ns; v9.8's:
+    pull records, read from the v9.12 traces: T=64 6752 ns, T=512 7168 ns, T=4096 11648 ns; v9.11's:
+    7040, 7264 and 11696 ns; v9.8's:
     6592, 7168 and 11872 ns; v9.7's:
     7232, 7360 and 11824 ns; v9.6's:
     7024, 7552 and 11600 ns; v9.3.1's:
     7104, 7456 and 11184 ns; v9.1's:
     6848, 7616 and 11328 ns; v9.0's: 6208, 6944 and 11344 ns; v8.6's: 6176, 6624 and 12048 ns) less
-    grid_sync_ns (768 ns), against the largest CTA's share of the T k = 6 T items, ceil(6 T / 132): 3, 24,
+    grid_sync_ns (736 ns, the median of the three traces' 736 / 768 / 736 ns; v9.11's: 768 ns), against the largest CTA's share of the T k = 6 T items, ceil(6 T / 132): 3, 24,
     187; the least-squares line by its closed form."""
     from sim.calibrate import fit_sm90_traces
 
     fit = fit_sm90_traces([_root(p) for p in TRACES])
     x = [3.0, 24.0, 187.0]
-    y = [7040.0 - 768.0, 7264.0 - 768.0, 11696.0 - 768.0]
+    y = [6752.0 - 736.0, 7168.0 - 736.0, 11648.0 - 736.0]
     mx, my = sum(x) / 3, sum(y) / 3
     slope = sum((a - mx) * (b - my) for a, b in zip(x, y)) / sum((a - mx) ** 2 for a in x)
-    assert fit["grid_sync_ns"][0] == 768.0
-    assert fit["sm90_count_item_ns"][0] == pytest.approx(slope, rel=1e-9)  # 26.02 ns (v9.8's: 28.76; v9.7's: 25.88; v9.6's: 24.86; v9.3.1's: 22.44; v9.1's: 23.75; v9.0's: 27.56; v8.6's: 32.43)
-    assert fit["sm90_count_ns"][0] == pytest.approx(my - slope * mx, rel=1e-9)  # 6042 ns (v9.8's: 5757; v9.7's: 6223; v9.6's: 6216; v9.3.1's: 6245; v9.1's: 6199; v9.0's: 5495; v8.6's: 5265)
-    assert "T=4096 11.70 us at 187 items" in fit["sm90_count_ns"][1]
+    assert fit["grid_sync_ns"][0] == 736.0
+    assert fit["sm90_count_item_ns"][0] == pytest.approx(slope, rel=1e-9)  # 26.94 ns (v9.11's: 26.02; v9.8's: 28.76; v9.7's: 25.88; v9.6's: 24.86; v9.3.1's: 22.44; v9.1's: 23.75; v9.0's: 27.56; v8.6's: 32.43)
+    assert fit["sm90_count_ns"][0] == pytest.approx(my - slope * mx, rel=1e-9)  # 5865 ns (v9.11's: 6042; v9.8's: 5757; v9.7's: 6223; v9.6's: 6216; v9.3.1's: 6245; v9.1's: 6199; v9.0's: 5495; v8.6's: 5265)
+    assert "T=4096 11.65 us at 187 items" in fit["sm90_count_ns"][1]
 
 
 def test_one_trace_gives_the_same_mma_fraction():
@@ -199,9 +206,9 @@ def test_one_trace_gives_the_same_mma_fraction():
     hw = load_hardware("h200")
     got = from_kernel_trace(_root(TRACES[-1]), hw.fp8_dense_tflops * hw.mma_efficiency)
     assert got["sm90_mma_fraction"] == pytest.approx(hw.sm90_mma_fraction, rel=0.01)
-    # the grid sync before the combine: last arrival (2772544 ns) to first release (2773312 ns)
-    # (v9.11's trace; v9.8's: 2791232 to 2791968 ns; v9.7's: 2796864 to 2797600 ns; v9.6's: 2777536 to 2778304 ns; v9.3.1's: 2778528 to 2779264 ns; v9.1's: 2765152 to 2765888 ns; v9.0's: 2803072 to 2803776 ns; v8.6's: 2896224 to 2896960 ns)
-    assert got["grid_sync_ns"] == 2773312 - 2772544
+    # the grid sync before the combine: last arrival (2563488 ns) to first release (2564224 ns)
+    # (v9.12's trace; v9.11's: 2772544 to 2773312 ns; v9.8's: 2791232 to 2791968 ns; v9.7's: 2796864 to 2797600 ns; v9.6's: 2777536 to 2778304 ns; v9.3.1's: 2778528 to 2779264 ns; v9.1's: 2765152 to 2765888 ns; v9.0's: 2803072 to 2803776 ns; v8.6's: 2896224 to 2896960 ns)
+    assert got["grid_sync_ns"] == 2564224 - 2563488
 
 
 def test_mask_seen_figures_are_the_medians_of_the_producers_waits():
@@ -209,8 +216,8 @@ def test_mask_seen_figures_are_the_medians_of_the_producers_waits():
     fit traces, of the wait's end less the later end of the two L1 epilogues whose mask bits it
     waited for (L2 K block kb: L1 n blocks 2 kb, 2 kb + 1), pooled over the traces whose block_m
     relays the release (64 and 512 tokens, block_m 16) and over the others (4096, block_m 128).
-    Recomputed here record by record; the medians read 1536 / 1536 ns at 64 / 512 tokens (1536
-    pooled) and 960 ns at 4096 (v9.11's traces; v9.8's: 1536 / 1600 ns, 1568 pooled, and 960 ns; v9.7's: 1504 / 1536 ns, 1504 pooled, and 960 ns; v9.6's: 1536 / 1568 ns, 1536 pooled, and 928 ns; v9.3.1's: 1504 / 1552 ns, 1504 pooled, and 960 ns; v9.1's: 1536 / 1536 ns, 1536 pooled, and 960 ns; v9.0's: 1600 / 1552 ns, 1568 pooled, and 864 ns;
+    Recomputed here record by record; the medians read 1568 / 1568 ns at 64 / 512 tokens (1568
+    pooled) and 960 ns at 4096 (v9.12's traces; v9.11's: 1536 / 1536 ns, 1536 pooled, and 960 ns; v9.8's: 1536 / 1600 ns, 1568 pooled, and 960 ns; v9.7's: 1504 / 1536 ns, 1504 pooled, and 960 ns; v9.6's: 1536 / 1568 ns, 1536 pooled, and 928 ns; v9.3.1's: 1504 / 1552 ns, 1504 pooled, and 960 ns; v9.1's: 1536 / 1536 ns, 1536 pooled, and 960 ns; v9.0's: 1600 / 1552 ns, 1568 pooled, and 864 ns;
     v8.6's: 1536 / 1568 ns, 1536 pooled, and 928 ns)."""
     import numpy as np
 
@@ -235,11 +242,11 @@ def test_mask_seen_figures_are_the_medians_of_the_producers_waits():
                 lat.append(float(t["t_end_ns"][i]) - max(epi[(ex, mb, 2 * kb)], epi[(ex, mb, 2 * kb + 1)]))
         medians[int(t.meta["tokens_per_rank"][0])] = float(np.median(lat))
         pooled[int(t.meta["plan"]["block_m"]) == 16] += lat
-    assert medians == {64: 1536.0, 512: 1536.0, 4096: 960.0}
-    assert fit["sm90_mask_seen_relay_ns"][0] == float(np.median(pooled[True])) == 1536.0
+    assert medians == {64: 1568.0, 512: 1568.0, 4096: 960.0}
+    assert fit["sm90_mask_seen_relay_ns"][0] == float(np.median(pooled[True])) == 1568.0
     assert fit["sm90_mask_seen_ns"][0] == float(np.median(pooled[False])) == 960.0
     hw = load_hardware("h200")
-    assert (hw.sm90_mask_seen_relay_ns, hw.sm90_mask_seen_ns) == (1536.0, 960.0)
+    assert (hw.sm90_mask_seen_relay_ns, hw.sm90_mask_seen_ns) == (1568.0, 960.0)
 
 
 def _consumer_gaps(t):
@@ -343,7 +350,7 @@ def test_combine_start_is_the_median_gap_after_the_release():
     """sm90_combine_start_ns / sm90_combine_start_pair_ns: per CTA, its combine record's start less
     the end of its last grid-sync record (its release), pooled over the one-CTA fit traces (64, 512,
     4096 tokens) and over the two-CTA pair-fit trace (64 tokens); the medians. Read here from the
-    NPZ arrays with a loop per CTA: 608 and 1248 ns."""
+    NPZ arrays with a loop per CTA: 608 and 1280 ns (kernel v9.12's traces; v9.11's: 608 and 1248 ns)."""
     import numpy as np
 
     from megamoe.trace import KIND
@@ -361,11 +368,11 @@ def test_combine_start_is_the_median_gap_after_the_release():
 
     one = [x for p in SM90_FIT_TRACES for x in gaps(p)]
     two = [x for p in SM90_PAIR_FIT_TRACES for x in gaps(p)]
-    assert (np.median(one), np.median(two)) == (608.0, 1248.0)
+    assert (np.median(one), np.median(two)) == (608.0, 1280.0)
     fit = fit_sm90_combine_start([_root(p) for p in (*SM90_FIT_TRACES, *SM90_PAIR_FIT_TRACES)])
-    assert fit["sm90_combine_start_ns"][0] == 608.0 and fit["sm90_combine_start_pair_ns"][0] == 1248.0
+    assert fit["sm90_combine_start_ns"][0] == 608.0 and fit["sm90_combine_start_pair_ns"][0] == 1280.0
     hw = load_hardware("h200")
-    assert (hw.sm90_combine_start_ns, hw.sm90_combine_start_pair_ns) == (608.0, 1248.0)
+    assert (hw.sm90_combine_start_ns, hw.sm90_combine_start_pair_ns) == (608.0, 1280.0)
     with pytest.raises(InputError, match="^fit_sm90_combine_start: expected a trace at 2 CTAs per SM, got none"):
         fit_sm90_combine_start([_root(p) for p in SM90_FIT_TRACES])
 
@@ -374,8 +381,8 @@ def test_count_pair_is_the_two_cta_start_beyond_the_one_cta_line():
     """sm90_count_pair_ns: on the two-CTA count-barrier traces (64, 256, 512 tokens: 264 CTAs, the
     most items a CTA counts ceil(T x 6 / 264) = 2, 6, 12) the median over the CTAs' pull records of
     their start, less sm90_count_ns + share x sm90_count_item_ns + grid_sync_ns of the H200 file (the
-    one-CTA line); the median over the three. Read here with numpy from the NPZ arrays: +2.31 /
-    +1.77 / +1.36 us, 1.77 us."""
+    one-CTA line); the median over the three. Read here with numpy from the NPZ arrays: +1.95 /
+    +2.07 / +1.40 us, 1.95 us (kernel v9.12's traces and line; v9.11's: +2.31 / +1.77 / +1.36 us, 1.77 us)."""
     import numpy as np
 
     from megamoe.trace import KIND
@@ -388,7 +395,7 @@ def test_count_pair_is_the_two_cta_start_beyond_the_one_cta_line():
         w = d["kind"] == KIND["pull"]
         start = float(np.median(d["t_start_ns"][w] - d["t_start_ns"].min()))
         ex.append(start - (hw.sm90_count_ns + share * hw.sm90_count_item_ns + hw.grid_sync_ns))
-    assert [round(x / 10) * 10 for x in ex] == [2310, 1770, 1360]
+    assert [round(x / 10) * 10 for x in ex] == [1950, 2070, 1400]
     fit = fit_sm90_count_pair([_root(p) for p in SM90_COUNT_PAIR_FIT_TRACES], hw)
     assert fit["sm90_count_pair_ns"][0] == pytest.approx(float(np.median(ex)), rel=1e-12)
     assert hw.sm90_count_pair_ns == float(f"{np.median(ex):.4g}")
@@ -403,7 +410,8 @@ def test_pull_line_is_least_squares_over_the_one_cta_traces():
     median over the CTAs with items, against the warps pulling in the first round (items up to four
     per CTA, four for a lone item); an ordinary least-squares line through the four points, here with
     numpy's lstsq on a design matrix built from the NPZ arrays with plain loops. Medians read:
-    2076 / 3376 / 3800 / 3969 ns at 24 / 384 / 528 / 528 warps; line 1992 ns + 3.59 ns per warp."""
+    2012 / 3248 / 3827 / 3832 ns at 24 / 384 / 528 / 528 warps; line 1912 ns + 3.60 ns per warp
+    (kernel v9.12's traces; v9.11's: 2076 / 3376 / 3800 / 3969 ns, 1992 ns + 3.59 ns per warp)."""
     import numpy as np
 
     from megamoe.trace import KIND, Trace
@@ -432,13 +440,13 @@ def test_pull_line_is_least_squares_over_the_one_cta_traces():
         xs.append(busy)
         ys.append(float(np.median(per)))
     assert xs == [24, 384, 528, 528]
-    assert [round(y) for y in ys] == [2076, 3376, 3800, 3969]
+    assert [round(y) for y in ys] == [2012, 3248, 3827, 3832]
     (base, slope), *_ = np.linalg.lstsq(np.column_stack([np.ones(4), xs]), np.array(ys), rcond=None)
     fit = fit_sm90_pull([_root(p) for p in SM90_PULL_FIT_TRACES], fold)
     assert fit["sm90_pull_base_ns"][0] == pytest.approx(base, rel=1e-9)
     assert fit["sm90_pull_warp_ns"][0] == pytest.approx(slope, rel=1e-9)
-    assert hw.sm90_pull_base_ns == float(f"{base:.4g}") == 1992.0 and hw.sm90_pull_warp_ns == float(f"{slope:.4g}")
-    assert "1992 ns + 3.59 ns per warp" in fit["sm90_pull_base_ns"][1]
+    assert hw.sm90_pull_base_ns == float(f"{base:.4g}") == 1912.0 and hw.sm90_pull_warp_ns == float(f"{slope:.4g}")
+    assert "1912 ns + 3.60 ns per warp" in fit["sm90_pull_base_ns"][1]
 
 
 def test_first_fill_is_the_median_lag_from_first_issue_to_first_mma():
@@ -447,7 +455,8 @@ def test_first_fill_is_the_median_lag_from_first_issue_to_first_mma():
     tokens), the time from the CTA's first copy issue (its first L1 block's load record's start, or
     the end of that block's arrival wait if later) to its first L1 MMA record (which starts at the
     first stage's arrival there), the median over the 264 CTAs. Read here straight from the NPZ
-    arrays: per-trace medians 1728 / 2336 ns, pooled 1888 ns (kernel v9.11's traces; v9.8's: 2048 / 2496
+    arrays: per-trace medians 1840 / 2688 ns, pooled 2368 ns (kernel v9.12's traces; v9.11's: 1728 / 2336
+    ns, pooled 1888 ns; v9.8's: 2048 / 2496
     ns, pooled 2208 ns), over two and a half times
     one tma_latency_ns (716 ns, the copy-engine probe's 8 KiB copy with all SMs loading)."""
     import numpy as np
@@ -475,13 +484,13 @@ def test_first_fill_is_the_median_lag_from_first_issue_to_first_mma():
             mine.append(float(d["t_start_ns"][i]) - t0)
         medians.append(float(np.median(mine)))
         lags += mine
-    assert len(lags) == 264 and medians == [1728.0, 2336.0]
+    assert len(lags) == 264 and medians == [1840.0, 2688.0]
     fit = fit_sm90_traces([_root(p) for p in TRACES])
     got = fit["sm90_first_fill_ns"][0]
-    assert got == float(np.median(lags)) == 1888.0
+    assert got == float(np.median(lags)) == 2368.0
     hw = load_hardware("h200")
     assert hw.sm90_first_fill_ns == got and 2 * hw.tma_latency_ns < got < 5000.0
-    assert "T=64 (block_m 16, median 1.73 us), T=512 (block_m 16, median 2.34 us)" in fit["sm90_first_fill_ns"][1]
+    assert "T=64 (block_m 16, median 1.84 us), T=512 (block_m 16, median 2.69 us)" in fit["sm90_first_fill_ns"][1]
 
 
 def test_first_kloop_is_the_median_excess_of_each_ctas_first_l1_block():
@@ -489,9 +498,10 @@ def test_first_kloop_is_the_median_excess_of_each_ctas_first_l1_block():
     arrivals, block_m 16): over every CTA of the block_m 16 fit traces (the one-CTA traces at 64 and
     512 tokens) with two or more L1 MMA records, its first record's duration less the median of its
     later ones; the median over the 264 CTAs. Read here straight from the NPZ arrays with a plain
-    loop per CTA: per-trace medians 1.53 / 2.58 us, pooled 1896 ns (kernel v9.11's traces). The
+    loop per CTA: per-trace medians 0.96 / 2.38 us, pooled 1632 ns (kernel v9.12's traces; v9.11's:
+    1.53 / 2.58 us, pooled 1896 ns). The
     block_m 128 trace (4096 tokens, the whole ring at once) is left out: its first record holds the
-    wait for the pull (16.6 us)."""
+    wait for the pull (19.1 us; v9.11's: 16.6 us)."""
     import numpy as np
 
     from megamoe.design_sm90 import FIRST_FILL_PER_SM
@@ -513,21 +523,21 @@ def test_first_kloop_is_the_median_excess_of_each_ctas_first_l1_block():
                 mine.append(dur[0] - float(np.median(dur[1:])))
         medians.append(round(float(np.median(mine))))
         pooled += mine
-    assert len(pooled) == 264 and medians == [1528, 2584]
+    assert len(pooled) == 264 and medians == [960, 2384]
     fit = fit_sm90_traces([_root(p) for p in TRACES])
     got = fit["sm90_first_kloop_ns"][0]
-    assert got == float(np.median(pooled)) == 1896.0
+    assert got == float(np.median(pooled)) == 1632.0
     assert load_hardware("h200").sm90_first_kloop_ns == got
-    assert "T=64 (block_m 16, median 1.53 us), T=512 (block_m 16, median 2.58 us): 1.90 us" in fit["sm90_first_kloop_ns"][1]
+    assert "T=64 (block_m 16, median 0.96 us), T=512 (block_m 16, median 2.38 us): 1.63 us" in fit["sm90_first_kloop_ns"][1]
 
 
 def test_fetch_counts_is_the_first_walk_start_less_the_walk():
     """sm90_fetch_counts_ns (the schedulers' read of the published counts before their first walk):
     per fit trace the median over its 132 CTAs of the time from the CTA's first pull record (its
-    counts ready) to its producer's first load record (read here from the NPZ arrays: 1824 / 2160 /
-    2624 ns at 64 / 512 / 4096 tokens on v9.11's traces; v9.8's: 1760 / 1936 / 2528 ns), the median over
-    the traces (2160 ns) less the first walk's fixed part, sched_block_ns (690.2 ns, fitted to v9.0's
-    traces and kept): 1469.8, written 1470 ns."""
+    counts ready) to its producer's first load record (read here from the NPZ arrays: 1888 / 1472 /
+    3040 ns at 64 / 512 / 4096 tokens on v9.12's traces; v9.11's: 1824 / 2160 / 2624 ns; v9.8's: 1760 / 1936 / 2528 ns), the median over
+    the traces (1888 ns; v9.11's: 2160 ns) less the first walk's fixed part, sched_block_ns (690.2 ns, fitted to v9.0's
+    traces and kept): 1197.8, written 1198 ns (v9.11's: 1469.8, written 1470 ns)."""
     import numpy as np
 
     from megamoe.trace import KIND
@@ -542,18 +552,19 @@ def test_fetch_counts_is_the_first_walk_start_less_the_walk():
                for c in np.unique(sm[load]) if (pull & (sm == c)).any()]
         assert len(per) == 132
         medians.append(float(np.median(per)))
-    assert medians == [1824.0, 2160.0, 2624.0]
+    assert medians == [1888.0, 1472.0, 3040.0]
     hw = load_hardware("h200")
     fit = fit_sm90_traces([_root(p) for p in TRACES])
-    assert fit["sm90_fetch_counts_ns"][0] == pytest.approx(2160.0 - hw.sched_block_ns, abs=1e-9)  # 690.2 ns
-    assert hw.sm90_fetch_counts_ns == float(f"{fit['sm90_fetch_counts_ns'][0]:.4g}") == 1470.0
+    assert fit["sm90_fetch_counts_ns"][0] == pytest.approx(1888.0 - hw.sched_block_ns, abs=1e-9)  # 690.2 ns
+    assert hw.sm90_fetch_counts_ns == float(f"{fit['sm90_fetch_counts_ns'][0]:.4g}") == 1198.0
 
 
 def test_local_count_is_the_median_first_pull_of_the_local_count_traces():
     """sm90_local_count_ns (the local count: kernel v8.9 at one CTA per SM, v9.7 at two): the preset
     holds the median over the local-count traces (1 token at one CTA, 3 / 6 / 8 / 12 / 16 at two) of
-    each trace's median pull-record start, read here from the NPZ arrays with numpy: 4288 / 5184 /
-    5184 / 5184 / 5056 / 4544 ns in v9.11's traces, so (5056 + 5184) / 2 = 5120 ns (v9.8's: 4512 / 5312
+    each trace's median pull-record start, read here from the NPZ arrays with numpy: 4560 / 5344 /
+    5216 / 4928 / 5536 / 4672 ns in v9.12's traces, so (4928 + 5216) / 2 = 5072 ns (v9.11's: 4288 / 5184 /
+    5184 / 5184 / 5056 / 4544 ns, 5120 ns; v9.8's: 4512 / 5312
     / 6160 / 6464 / 5536 / 5472 ns, 5504 ns). Until the
     forty-second session it was read off the 1-token trace alone (v9.6: 4672 ns; v9.7: 5936 ns, the
     same one-CTA code: the call's start moves by ~1 us; v9.3.1: 5024; v9.1: 4384; v9.0: 3200; v8.9:
@@ -578,14 +589,14 @@ def test_local_count_is_the_median_first_pull_of_the_local_count_traces():
         assert len(starts) in (132, 264) and d["t_start_ns"].min() == 0.0
         assert not (d["kind"][d["t_start_ns"] < starts.min()] == KIND["grid_sync"]).any()  # no count barrier
         medians.append(float(np.median(starts)))
-    assert medians == [4288.0, 5184.0, 5184.0, 5184.0, 5056.0, 4544.0]
+    assert medians == [4560.0, 5344.0, 5216.0, 4928.0, 5536.0, 4672.0]
     got, how = fit_sm90_local_count([_root(p) for p in SM90_LOCAL_COUNT_FIT_TRACES])["sm90_local_count_ns"]
-    assert got == float(np.median(medians)) == (5056.0 + 5184.0) / 2
+    assert got == float(np.median(medians)) == (4928.0 + 5216.0) / 2
     hw = load_hardware("h200")
     assert hw.sm90_local_count_ns == got
     src = hw.sources["sm90_local_count_ns"]
     assert "kernel_flash_ep1_t{1,3,6,8,12,16}.npz" in src and SM90_SKIP_FIT_KERNEL in src and how in src
-    assert "fit_sm90_local_count" in src and "T=3 (2 CTAs per SM, 264 CTAs) 5.18 us" in how
+    assert "fit_sm90_local_count" in src and "T=3 (2 CTAs per SM, 264 CTAs) 5.34 us" in how
     with pytest.raises(InputError, match="^fit_sm90_local_count: expected a one-rank trace whose plan counts locally"):
         fit_sm90_local_count([_root(TRACES[0])])
     with pytest.raises(InputError, match="^fit_sm90_local_count: expected at least one trace, got none"):
@@ -816,8 +827,9 @@ def test_block_jitter_is_the_robust_spread_of_consecutive_l1_k_loops():
     """block_jitter: per CTA of the one-CTA block_m 16 / 32 traces (64 / 512 / 1024 tokens), its L1
     MMA records in time order but the first, the logs of each duration over the one before; pooled,
     1.4826 x their median absolute deviation over sqrt(2). Read here from the NPZ arrays with a
-    plain loop per CTA and the standard library's median: 0.97 / 0.66 / 0.56% per trace, pooled
-    0.65% on kernel v9.11's traces; the preset holds it rounded to 4 digits."""
+    plain loop per CTA and the standard library's median: 0.96 / 0.92 / 0.55% per trace, pooled
+    0.65% on kernel v9.12's traces (v9.11's: 0.97 / 0.66 / 0.56%, pooled 0.65%); the preset holds it
+    rounded to 4 digits."""
     import math
     import statistics
 
@@ -839,7 +851,7 @@ def test_block_jitter_is_the_robust_spread_of_consecutive_l1_k_loops():
     want = 1.4826 * statistics.median([abs(x - med) for x in pooled]) / math.sqrt(2)
     got, how = fit_block_jitter([_root(p) for p in BLOCK_JITTER_FIT_TRACES])["block_jitter"]
     assert got == pytest.approx(want, rel=1e-12) and round(100 * got, 2) == 0.65
-    assert "T=64 0.97%" in how and "T=512 0.66%" in how and "T=1024 0.56%" in how
+    assert "T=64 0.96%" in how and "T=512 0.92%" in how and "T=1024 0.55%" in how
     assert load_hardware("h200").block_jitter == float(f"{got:.4g}")
 
 
@@ -879,7 +891,7 @@ def test_pull_pair_is_the_median_lone_pull_at_two_ctas():
     """sm90_pull_pair_ns: every CTA of the two-CTA traces at 3-64 tokens that holds one item (the T k
     items split evenly over the 264 CTAs: 18 / 36 / 48 / 72 / 96 / 144 of them), its pull record less
     two of the row's eight fold rounds (its four warps share them); the median over the 414 CTAs.
-    Read here from the NPZ arrays with a plain loop: 3836 ns on kernel v9.11's traces, 1.2-1.9 us
+    Read here from the NPZ arrays with a plain loop: 3916 ns on kernel v9.12's traces (v9.11's: 3836 ns), 1.2-1.9 us
     above the one-CTA line at 3-16 tokens."""
     import statistics
 
@@ -903,7 +915,7 @@ def test_pull_pair_is_the_median_lone_pull_at_two_ctas():
         got += lone
     assert counts == [18, 36, 48, 72, 96, 144]
     v, how = fit_sm90_pull_pair([_root(p) for p in SM90_PULL_PAIR_FIT_TRACES], fold)["sm90_pull_pair_ns"]
-    assert v == statistics.median(got) == 3836.0
-    assert load_hardware("h200").sm90_pull_pair_ns == v and "pooled 3836 ns" in how
+    assert v == statistics.median(got) == 3916.0
+    assert load_hardware("h200").sm90_pull_pair_ns == v and "pooled 3916 ns" in how
     with pytest.raises(InputError, match="fit_sm90_pull_pair.*two CTAs per SM"):
         fit_sm90_pull_pair([_root("benchmarks/traces/kernel_flash_ep1_t1.npz")], fold)

@@ -1085,7 +1085,7 @@ def test_plan_line_names_the_wave_lag_order_only_when_it_is_the_list(capsys):
 
 def test_compare_says_when_the_trace_is_from_another_kernel_build():
     """A kernel trace recorded by another build than the one most SM90 figures were fitted to (the
-    EP2 traces: v6.4, build fbc2931d; the H200 fit: v9.11, build 9fbc8612, named in 26 of the 31
+    EP2 traces: v6.4, build fbc2931d; the H200 fit: v9.12, build 349f5e1e, named in 26 of the 31
     figures' sources, fbc2931d in 1) says so; a trace of the fitted build does not (fresh-user
     report, session 51: the EP2 trace's -32% came with no word)."""
     import re
@@ -1094,12 +1094,12 @@ def test_compare_says_when_the_trace_is_from_another_kernel_build():
 
     hw = load_hardware("h200")
     named = [set(re.findall(r"build ([0-9a-f]{8})", hw.sources[k])) for k in SM90_DESIGN_FIGURES]
-    assert (sum("9fbc8612" in b for b in named), sum("fbc2931d" in b for b in named), len(named)) == (26, 1, 31)
+    assert (sum("349f5e1e" in b for b in named), sum("fbc2931d" in b for b in named), len(named)) == (26, 1, 31)
     traces = Path(__file__).resolve().parent.parent / "benchmarks" / "traces"
     rc, out, err = run("compare", str(traces / "kernel_flash_ep2_t64.npz"))
     assert rc == 0, err
     assert ("note: the trace was recorded by kernel build fbc2931d; 26 of H200's 31 SM90 figures were fitted to "
-            "traces of build 9fbc8612 (1 to this build's): part of a difference may be the kernel's own change "
+            "traces of build 349f5e1e (1 to this build's): part of a difference may be the kernel's own change "
             "between the builds") in " ".join(out.split())
     rc, out, err = run("compare", str(traces / "kernel_flash_ep1_t64.npz"))
     assert rc == 0 and "kernel build" not in out, err

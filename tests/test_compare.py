@@ -724,10 +724,12 @@ def test_a_kernel_trace_is_simulated_at_the_wgmma_n_step_it_ran():
 
     from sim.compare import scenario_from_meta
 
-    t = Trace.load(str(Path(__file__).resolve().parents[1] / "benchmarks/traces/kernel_flash_ep1_t4096.npz"))
-    assert "wgmma_n_step" not in t.meta["plan"] and t.meta.get("wgmma_n_step") is None
-    assert scenario_from_meta(t).wgmma_n_step == 128
-    t.meta["plan"]["wgmma_n_step"] = 32
+    traces = Path(__file__).resolve().parents[1] / "benchmarks/traces"
+    old = Trace.load(str(traces / "kernel_flash_ep2_t8192.npz"))  # kernel v6.4: no step recorded
+    assert "wgmma_n_step" not in old.meta["plan"] and old.meta.get("wgmma_n_step") is None
+    assert scenario_from_meta(old).wgmma_n_step == 128
+    t = Trace.load(str(traces / "kernel_flash_ep1_t4096.npz"))  # kernel v9.12 at block_m 128
+    assert t.meta["plan"]["block_m"] == 128 and t.meta["plan"]["wgmma_n_step"] == 32
     assert scenario_from_meta(t).wgmma_n_step == 32
     t.meta["plan"]["wgmma_n_step"] = 12
     with pytest.raises(InputError, match=r"^trace.meta.plan.wgmma_n_step: expected a multiple of 8 from 8 to 128, "

@@ -682,9 +682,11 @@ def test_second_cta_priced_by_its_partner():
     (sm90_first_kloop_ns), so every L1 K loop here ends its K blocks after it starts; the
     K-loop starts are rebuilt from the records: after the walk and the dependency (the load
     record's start, the idle wait's end) one copy latency, the previous K loop's end and the
-    consumers' block start (the MMA record's start), whichever is latest."""
+    consumers' block start (the MMA record's start), whichever is latest. 24 tokens: with the H200
+    figures refitted on kernel v9.12's traces every second-CTA K loop of the 40-token call (this
+    test's call until then) started inside its partner's block; at 24 two of twelve do not."""
     f1, f2 = 1.2, 2.5
-    res, hw, _ = _pair_tiny(40, sm90_pair_share_first=f1, sm90_pair_share=f2, **_UNBOUND)
+    res, hw, _ = _pair_tiny(24, sm90_pair_share_first=f1, sm90_pair_share=f2, **_UNBOUND)
     tr = res.trace
     lone = _lone_k_block(hw, 16)
     kb1 = 512 // 128
@@ -712,7 +714,7 @@ def test_static_path_unchanged():
     """Where the units deal the rows statically (one CTA per SM, or the SM100 design) the model is
     the one before block tickets and the pair shares: the makespans computed by the code before
     that change (commit fe145b0) at 1024 tokens, SM90 on the H200 and SM100 EP8 on the B200 (the
-    H200 figures of today's file, refitted 2026-12-04 on kernel v9.11's traces, with the pair shares that code does not read
+    H200 figures of today's file, refitted 2026-12-05 on kernel v9.12's traces, with the pair shares that code does not read
     at one CTA left out, its sm90_pair_share line set to 2.0: that code held it to [1, 2]))."""
     sc = Scenario(shape="deepseek-v4-flash", num_ranks=1, tokens_per_rank=1024, design="megamoe-sm90", hardware="h200")
     hw = _still("h200")
@@ -726,7 +728,7 @@ def test_static_path_unchanged():
                                            sm90_first_kloop_ns=0.0, sm90_pull_warp_ns=0.0, sm90_combine_start_ns=0.0,
                                            sm90_pull_base_ns=one_round - 8 * hw.pull_fold_chunk_ns))
     assert not res.plan.ranks[0].block_tickets and res.plan.ranks[0].ctas_per_sm == 1
-    assert res.trace.makespan_ns == 1509444.6362935363
+    assert res.trace.makespan_ns == 1512606.8072062952  # (v9.11's figures: 1509444.6362935363)
     sc = Scenario(shape="deepseek-v4-flash", num_ranks=8, tokens_per_rank=1024, design="deepgemm-sm100", hardware="b200")
     assert simulate(sc, _still("b200")).trace.makespan_ns == 260004.1844778842
 
@@ -738,10 +740,13 @@ def test_sm90_first_fill_delays_each_units_first_block_only(ctas):
     the same call with the figure at tma_latency_ns, every unit's first load record starts at the
     same time and its first MMA record (block_m 16: the consumers' record starts at the first
     stage's arrival) exactly sm90_first_fill_ns - tma_latency_ns later (64 tokens, one CTA per SM
-    and two). The call's end moves later by at most that much: the later stages of a unit's first
-    block were issued with the first and land when they did, so its K loop may win part of the
-    delay back (with the figures refitted on kernel v9.11's traces, 843 of the 1172 ns at one CTA;
-    all of it at two, and at one CTA with v9.8's figures)."""
+    and two). At one CTA (the static deal: the same blocks on every unit) the call's end moves later
+    by at most that much: the later stages of a unit's first block were issued with the first and
+    land when they did, so its K loop may win part of the delay back (with the figures refitted on
+    kernel v9.11's traces, 843 of the 1172 ns; all of it with v9.8's). At two CTAs the units take
+    their blocks by ticket as they become ready, so the delay re-deals them and the end may move by
+    a little more than the delay (with v9.12's figures 1703 ns for a 1653 ns delay, every unit
+    taking other blocks; within it with v9.11's): held to 5% over it."""
     hw = _still("h200")
     a = _sm90_flash(64, ctas_per_sm=ctas)
     b = _sm90_flash(64, dataclasses.replace(hw, sm90_first_fill_ns=hw.tma_latency_ns), ctas_per_sm=ctas)
@@ -758,7 +763,7 @@ def test_sm90_first_fill_delays_each_units_first_block_only(ctas):
         assert ma["t_start_ns"][0] - mb["t_start_ns"][0] == pytest.approx(shift, abs=1e-6)
         units += 1
     assert units == rp.num_sms
-    assert 0.5 * shift < a.trace.makespan_ns - b.trace.makespan_ns <= shift + 1e-6
+    assert 0.5 * shift < a.trace.makespan_ns - b.trace.makespan_ns <= (1.0 if ctas == 1 else 1.05) * shift + 1e-6
 
 
 @pytest.mark.parametrize("ctas", [1, 2])
@@ -767,7 +772,8 @@ def test_sm90_first_kloop_lengthens_each_units_first_block_only(ctas):
     design_sm90.FIRST_FILL_PER_SM) a unit's first block's K loop runs that much longer, unscaled by
     the unit's share. Against the same call with the figure at 0 (64 tokens, one CTA per SM and
     two): every unit's first MMA record starts at the same time and ends exactly the figure later;
-    the call ends later by no more than that."""
+    the call ends later, at one CTA by no more than that, at two (the blocks re-dealt by ticket,
+    as in the first-fill test above) by no more than 5% over it (v9.12's figures: 1683 ns for 1632)."""
     hw = _still("h200")
     a = _sm90_flash(64, ctas_per_sm=ctas)
     b = _sm90_flash(64, dataclasses.replace(hw, sm90_first_kloop_ns=0.0), ctas_per_sm=ctas)
@@ -778,7 +784,7 @@ def test_sm90_first_kloop_lengthens_each_units_first_block_only(ctas):
         ma, mb = _sm90_lanes(a.trace, sm)[0], _sm90_lanes(b.trace, sm)[0]
         assert ma["t_start_ns"][0] == mb["t_start_ns"][0]
         assert ma["t_end_ns"][0] - mb["t_end_ns"][0] == pytest.approx(x, abs=1e-6)
-    assert 0.0 < a.trace.makespan_ns - b.trace.makespan_ns <= x + 1e-6
+    assert 0.0 < a.trace.makespan_ns - b.trace.makespan_ns <= (1.0 if ctas == 1 else 1.05) * x + 1e-6
 
 
 def test_sm90_first_kloop_is_not_paid_where_the_fill_is_not_paced():

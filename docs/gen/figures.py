@@ -706,7 +706,7 @@ class Gen:
         for T in (1, 64, 256, 2731, 4096, 8192):
             kw = {"shape": "deepseek-v4-flash", "num_ranks": 1, "tokens_per_rank": T, "max_tokens_per_rank": 8192,
                   "hardware": "h200", "design": "megamoe-sm90"}
-            whole = self.sim(**kw)
+            whole = self.sim(**kw, wgmma_n_step=128)  # whole blocks (kernel v9.11; v9.12 steps by 32 at 128)
             rp = whole.plan.ranks[0]
             bm = rp.config.block_m
             fill = float(rp.tokens_per_expert.sum()) / (int(rp.pool_block_offset[-1]) * bm)  # valid rows / rows
