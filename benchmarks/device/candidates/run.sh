@@ -7,12 +7,13 @@
 # (a probe with a fault bit, as session 47's probe2 was, adds a case below with its FAULT values)
 set -o pipefail
 OUT=${OUT:-/tmp/out}; R=$PWD; W=/tmp/cand; mkdir -p $OUT $W
-OLD=$R/$(ls -d build/kernel/d9de8ea2*/libmegamoe_sm90.so)
+OLD=$(PYTHONPATH=$R python3 -c "from megamoe.kernel.build import library_path; print(library_path('sm_90a'))")  # the committed build
+[ -f "$OLD" ] || { echo "run.sh: the committed build $OLD is missing: carry build/kernel" >&2; exit 2; }
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader | tee $W/gpu.txt
 for spec in $1; do
   name=${spec%%:*}; tokens=${spec#*:}
-  echo "== A/B $name vs d9de8ea2 at $tokens tokens"
+  echo "== A/B $name vs the committed build ($(basename $(dirname $OLD))) at $tokens tokens"
   (cd $R/out/var$name && PYTHONPATH=$PWD timeout 280 python3 benchmarks/device/ab_interleaved.py $OLD \
      $W/ab_$name.json $tokens 8 --kernel-time > $W/ab_$name.log 2>&1; grep "^T=" $W/ab_$name.log || tail -5 $W/ab_$name.log)
 done
