@@ -87,7 +87,8 @@ def test_sm100_resources(sm100_build):
 def test_sass_contains_the_matrix_instructions(arch):
     """Disassemble each build: sm_100a has UTCQMMA.2CTA (block-scaled 2-CTA UMMA), UTCCP (scales
     -> TMEM), LDTM (TMEM loads), the multicast commit and the TMEM allocator in every instance;
-    sm_90a (each block_m with and without the profile clocks, block_m 16 also with the wide walk and at two CTAs per SM) has FP8 WGMMA (QGMMA.64xNx32 with N = the instance's block_m), its wait and the
+    sm_90a (each block_m with and without the profile clocks, block_m 16 also with the wide walk and at two CTAs per SM) has FP8 WGMMA (QGMMA.64xNx32 with N = the instance's block_m, and at block_m 128 each N of
+    its WGMMA N step below it, 32 / 64 / 96: kernel v9.12), its wait and the
     setmaxnreg register split in every instance, and no warp-level MMA (HMMA/QMMA)."""
     _need_nvcc()
     _need_cutlass()
@@ -106,9 +107,11 @@ def test_sass_contains_the_matrix_instructions(arch):
     every = {op for fn in ops.values() for op in fn}
     if arch == "sm_90a":
         assert not any(op.startswith(("HMMA", "QMMA", "UTC")) for op in every)
-        for fn, fops in ops.items():  # the WGMMA's N is the instance's block_m (swap AB)
+        for fn, fops in ops.items():  # the WGMMA's N: the tokens (swap AB), block_m or each step up to it
             bm = int(re.search(r"kernelILi(\d+)E", fn).group(1))
-            assert {op for op in fops if op.startswith("QGMMA")} == {f"QGMMA.64x{bm}x32.F32.E4M3.E4M3"}, fn
+            step = d90.kernel_wgmma_n_step(bm)
+            assert {op for op in fops if op.startswith("QGMMA")} == {
+                f"QGMMA.64x{n}x32.F32.E4M3.E4M3" for n in range(step, bm + 1, step)}, fn
     else:
         assert not any(op.startswith(("HMMA", "QMMA", "HGMMA", "QGMMA")) for op in every)
         assert any(op.startswith("UTCCP") for op in every) and any(op.startswith("LDTM") for op in every)
