@@ -48,6 +48,18 @@ _nonneg = _int_at_least(0)
 _positive = _int_at_least(1)
 
 
+def _wgmma_n_step(text: str) -> int:
+    """``--wgmma-n-step``: WGMMA N steps of 8 tokens up to 128 (the plan's rule, said at once: 0 used
+    to get "an integer >= 1", and 1 then the plan's own message; fresh-user report, session 52)."""
+    try:
+        v = parse_int(text)
+    except ValueError:
+        v = None
+    if v is None or not (8 <= v <= 128 and v % 8 == 0):
+        raise argparse.ArgumentTypeError(f"expected a multiple of 8 from 8 to 128, got {text!r}")
+    return v
+
+
 def _tokens(text: str) -> int | list[int]:
     vals = [_nonneg(p) for p in text.split(",")]
     return vals[0] if len(vals) == 1 else vals
@@ -160,11 +172,11 @@ def add_scenario_args(p: argparse.ArgumentParser) -> None:
                         "(split-K; the last part's CTA adds the others' FP32 partial sums and runs the "
                         "epilogue). N divides hidden/128 and intermediate/128. The H200 kernel is built "
                         "without it (default: no split)")
-    g.add_argument("--wgmma-n-step", type=_positive, default=None,
+    g.add_argument("--wgmma-n-step", type=_wgmma_n_step, default=None,
                    help="megamoe-sm90 what-if: each block's WGMMAs (swap AB: the tokens are their N) cover its "
                         "valid rows rounded up to this many tokens, a multiple of 8 from 8 to 128, not the whole "
-                        "block_m (at or above a block_m: whole blocks). The H200 kernel v9.11 runs whole blocks "
-                        "(default: the kernel's)")
+                        "block_m (at or above a block_m: whole blocks). The H200 kernel v9.12 steps by 32 at block_m "
+                        "128 and runs whole blocks below it (default: the kernel's)")
     g.add_argument("--ctas-per-sm", type=_one_of_ints(1, 2), default=None,
                    help="megamoe-sm90: CTAs sharing one SM, 1 or 2 (default: the kernel's rule, two at block_m 16 "
                         "and one rank where the one-CTA wave rule gives at most 128 experts per wave, 3-682 "
@@ -253,6 +265,8 @@ def _print_scenario(con, res) -> None:
     hardware, design) and rank 0's plan (block sizes, waves, stages, SMs and CTAs, pool, blocks)."""
     from sim.hardware import preset_names
 
+    from . import design_sm90
+
     sc, plan = res.scenario, res.plan
     rp = plan.ranks[0]
     shape = sc.shape
@@ -270,7 +284,8 @@ def _print_scenario(con, res) -> None:
               + f" pool={plan.pool_tokens} tokens "
               f"pull={plan.bytes_per_pull} B  blocks={len(rp.blocks())}"
               + (f"  k_split={rp.k_split} (what-if)" if rp.k_split > 1 else "")
-              + (f"  WGMMA N step={rp.wgmma_n_step}" + (" (what-if)" if sc.wgmma_n_step is not None else "")
+              + (f"  WGMMA N step={rp.wgmma_n_step}"
+                 + (" (what-if)" if rp.wgmma_n_step != design_sm90.kernel_wgmma_n_step(rp.config.block_m) else "")
                  if rp.wgmma_n_step < rp.config.block_m else "")
               + ("  combine relay (what-if)" if rp.combine_relay else "")
               + ("  count: local, no count barrier" if rp.local_count else "")

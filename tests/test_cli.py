@@ -64,10 +64,10 @@ def test_default_simulate_reports_the_table():
     (["--k-split", "2"], "k_split: expected 1 with design deepgemm-sm100"),
     (["--k-split", "0"], "--k-split"),
     (["--wgmma-n-step", "8"], "wgmma_n_step: expected no value with design deepgemm-sm100"),
-    (["--wgmma-n-step", "0"], "--wgmma-n-step"),
+    (["--wgmma-n-step", "0"], "--wgmma-n-step: expected a multiple of 8 from 8 to 128, got '0'"),
     (["--design", "megamoe-sm90", "--hardware", "h200", "--shape", "deepseek-v4-flash", "--ranks", "1",
-      "--wgmma-n-step", "12"], "wgmma_n_step: expected a multiple of 8 from 8 to 128 (WGMMA N steps of 8 "
-                               "tokens; unset: the kernel's), got 12"),
+      "--wgmma-n-step", "12"], "--wgmma-n-step: expected a multiple of 8 from 8 to 128, got '12'"),
+    (["--wgmma-n-step", "136"], "--wgmma-n-step: expected a multiple of 8 from 8 to 128, got '136'"),
     (["--design", "megamoe-sm90", "--hardware", "h200", "--shape", "deepseek-v4-flash", "--ranks", "1",
       "--k-split", "3"], "k_split: expected a divisor of both GEMMs' K blocks (32 and 16), got 3"),
     (["--tokens", "abc"], "tokens"),
@@ -1274,3 +1274,20 @@ def test_simulate_prints_the_hbm_per_rank_and_the_cli_page_quotes_it(tmp_path):
     assert json.loads((tmp_path / "d.json").read_text())["plan"]["memory_per_rank_bytes"] == mem
     page = " ".join((Path(__file__).resolve().parents[1] / "docs/simulator/cli.md").read_text().split())
     assert f"8192 tokens per rank holds {mem['total'] / 1e9:.2f} GB a rank" in page
+
+
+def test_the_plan_line_marks_a_wgmma_n_step_what_if_only_where_it_is_not_the_kernels():
+    """The plan line names the WGMMA N step where it is finer than block_m, and marks it "(what-if)"
+    only where it differs from the kernel's own step at that block_m: a v9.12 trace compared (step
+    32 at block_m 128, from its meta) is the kernel's, 64 asked of simulate is a what-if (fresh-user
+    report, session 52: compare called the traced kernel's own step a what-if)."""
+    trace = str(Path(__file__).resolve().parent.parent / "benchmarks" / "traces" / "kernel_flash_ep1_t4096.npz")
+    rc, out, err = run("compare", trace)
+    assert rc == 0, err
+    assert "WGMMA N step=32" in out and "WGMMA N step=32 (what-if)" not in out
+    base = ("--design", "megamoe-sm90", "--hardware", "h200", "--shape", "deepseek-v4-flash", "--ranks", "1",
+            "--tokens", "4096")
+    rc, out, err = run("simulate", *base, "--wgmma-n-step", "64")
+    assert rc == 0 and "WGMMA N step=64 (what-if)" in out, err
+    rc, out, err = run("simulate", *base)
+    assert rc == 0 and "WGMMA N step=32" in out and "(what-if)" not in out, err
