@@ -55,7 +55,9 @@ def _wgmma_n_step(text: str) -> int:
         v = parse_int(text)
     except ValueError:
         v = None
-    if v is None or not (8 <= v <= 128 and v % 8 == 0):
+    from .design_sm90 import WGMMA_N_STEPS
+
+    if v not in WGMMA_N_STEPS:
         raise argparse.ArgumentTypeError(f"expected a multiple of 8 from 8 to 128, got {text!r}")
     return v
 

@@ -85,10 +85,13 @@ WGMMAS_IN_FLIGHT = {16: 4, 32: 4, 64: 4, 128: 2}
 #: valid rows fall short of block_m could issue ``wgmma.m64nNk32`` with N its valid rows rounded
 #: up to this step, and skip the columns past them (both epilogues leave those tokens out).
 #: Kernel v9.12 steps by 32 at block_m 128 (``Sm90Tile::WGMMA_N_STEP``, ``megamoe_sm90_wgmma_n_step``;
-#: 0.821 / 0.930 / 0.872 / 0.908 of v9.11's kernel time at 2731 / 4096 / 6144 / 8192 tokens on the
-#: H200, benchmarks/NOTES_kernel.md session 52); v9.11 and earlier ran every block whole. The plan takes it as
+#: 0.822 / 0.928 / 0.904 of v9.11's kernel time at 2731 / 4096 / 8192 tokens on the H200, and its
+#: block_m 128 SASS, as candidate TN2, 0.872 at 6144; benchmarks/NOTES_kernel.md session 52); v9.11 and earlier ran every block whole. The plan takes it as
 #: ``RankPlan.wgmma_n_step`` and the simulator prices a block's K loop at its N (:func:`wgmma_n`).
 WGMMA_N_STEP: dict[int, int] = {128: 32}
+#: The WGMMA N steps a plan may ask for (``wgmma_n_step``): N is a multiple of 8 up to 128 tokens
+#: (``wgmma.m64nNk32``'s N for E4M3; 128 is the largest block_m).
+WGMMA_N_STEPS = tuple(range(8, 129, 8))
 #: Largest dynamic shared memory one block may opt into on SM90 (227 KB).
 SMEM_LIMIT_SM90 = 232448
 #: Most stages the kernel accepts.

@@ -660,7 +660,9 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
     ks = 1 if k_split is None else int(k_split)
     require(sm90 or ks == 1, "k_split", "1 with design deepgemm-sm100 (split-K is modelled for megamoe-sm90 only)", ks)
     require(combine_relay in (None, False, True), "combine_relay", "None, False or True", combine_relay)
-    require(wgmma_n_step is None or (is_int(wgmma_n_step) and 8 <= wgmma_n_step <= 128 and wgmma_n_step % 8 == 0),
+    from .design_sm90 import WGMMA_N_STEPS
+
+    require(wgmma_n_step is None or (is_int(wgmma_n_step) and wgmma_n_step in WGMMA_N_STEPS),
             "wgmma_n_step", "a multiple of 8 from 8 to 128 (WGMMA N steps of 8 tokens; unset: the kernel's)",
             wgmma_n_step)
     require(sm90 or wgmma_n_step is None, "wgmma_n_step",

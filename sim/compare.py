@@ -257,7 +257,9 @@ def scenario_from_meta(trace: Trace, policies: list | None = None):
     # kernels before ran every block whole: a step of 128, capped at the block's block_m)
     if not sim_trace and design == "megamoe-sm90" and "wgmma_n_step" not in extra:
         step = plan.get("wgmma_n_step", 128)
-        require(is_int(step) and 8 <= step <= 128 and step % 8 == 0, "trace.meta.plan.wgmma_n_step",
+        from megamoe.design_sm90 import WGMMA_N_STEPS
+
+        require(is_int(step) and step in WGMMA_N_STEPS, "trace.meta.plan.wgmma_n_step",
                 "a multiple of 8 from 8 to 128", step)
         extra["wgmma_n_step"] = step
     pols = meta.get("policies") or {}

@@ -45,6 +45,7 @@ import re
 import stat
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
+from megamoe import design_sm90
 from megamoe.errors import InputError, is_int, parse_float, parse_int, require
 from megamoe.scenario import MAX_TOKENS_PER_RANK
 
@@ -70,7 +71,7 @@ INT_AXIS_FLOOR = {"tokens": 0, "seed": 0, "reserved_sms": 0}
 #: The largest value of an integer axis where the Scenario has one whatever the other axes are.
 INT_AXIS_CEILING = {"tokens": MAX_TOKENS_PER_RANK, "max_tokens": MAX_TOKENS_PER_RANK}
 #: The values an integer axis takes where they are a few (the Scenario's own choices).
-INT_AXIS_CHOICES = {"ctas_per_sm": (1, 2), "wgmma_n_step": tuple(range(8, 129, 8))}
+INT_AXIS_CHOICES = {"ctas_per_sm": (1, 2), "wgmma_n_step": design_sm90.WGMMA_N_STEPS}
 #: How a refusal names an axis's choices where listing them would be long.
 INT_AXIS_CHOICES_TEXT = {"wgmma_n_step": "multiples of 8 from 8 to 128"}
 RESULT_KEYS = ("time_us", "tflops", "hbm_gbs", "nvlink_gbs", "t_reduction_us", "overlap_efficiency",
