@@ -20,14 +20,15 @@ from .errors import InputError, OneLineArgumentParser, parse_float, parse_int, r
 from .outputs import Outputs
 
 
-def _one_of_ints(*allowed: int):
+def _one_of_ints(*allowed: int, said: str | None = None):
+    """An integer among ``allowed``; the error names them (or ``said``, for a long list)."""
     def conv(text: str) -> int:
         try:
             v = parse_int(text)
         except ValueError:
             v = None
         if v not in allowed:
-            raise argparse.ArgumentTypeError(f"expected {' or '.join(map(str, allowed))}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"expected {said or ' or '.join(map(str, allowed))}, got {text!r}")
         return v
     return conv
 
@@ -49,17 +50,11 @@ _positive = _int_at_least(1)
 
 
 def _wgmma_n_step(text: str) -> int:
-    """``--wgmma-n-step``: WGMMA N steps of 8 tokens up to 128 (the plan's rule, said at once: 0 used
-    to get "an integer >= 1", and 1 then the plan's own message; fresh-user report, session 52)."""
-    try:
-        v = parse_int(text)
-    except ValueError:
-        v = None
+    """``--wgmma-n-step``: the plan's rule said at once (0 used to get "an integer >= 1", and 1 then
+    the plan's own message; fresh-user report, session 52). design_sm90 (numpy) loads only here."""
     from .design_sm90 import WGMMA_N_STEPS
 
-    if v not in WGMMA_N_STEPS:
-        raise argparse.ArgumentTypeError(f"expected a multiple of 8 from 8 to 128, got {text!r}")
-    return v
+    return _one_of_ints(*WGMMA_N_STEPS, said="a multiple of 8 from 8 to 128")(text)
 
 
 def _tokens(text: str) -> int | list[int]:
