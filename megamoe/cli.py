@@ -52,9 +52,9 @@ _positive = _int_at_least(1)
 def _wgmma_n_step(text: str) -> int:
     """``--wgmma-n-step``: the plan's rule said at once (0 used to get "an integer >= 1", and 1 then
     the plan's own message; fresh-user report, session 52). design_sm90 (numpy) loads only here."""
-    from .design_sm90 import WGMMA_N_STEPS
+    from .design_sm90 import WGMMA_N_STEPS, WGMMA_N_STEPS_SAID
 
-    return _one_of_ints(*WGMMA_N_STEPS, said="a multiple of 8 from 8 to 128")(text)
+    return _one_of_ints(*WGMMA_N_STEPS, said=WGMMA_N_STEPS_SAID)(text)
 
 
 def _tokens(text: str) -> int | list[int]:

@@ -92,6 +92,8 @@ WGMMA_N_STEP: dict[int, int] = {128: 32}
 #: The WGMMA N steps a plan may ask for (``wgmma_n_step``): N is a multiple of 8 up to 128 tokens
 #: (``wgmma.m64nNk32``'s N for E4M3; 128 is the largest block_m).
 WGMMA_N_STEPS = tuple(range(8, 129, 8))
+#: :data:`WGMMA_N_STEPS` in words, as an error says what it expected.
+WGMMA_N_STEPS_SAID = "a multiple of 8 from 8 to 128"
 #: Largest dynamic shared memory one block may opt into on SM90 (227 KB).
 SMEM_LIMIT_SM90 = 232448
 #: Most stages the kernel accepts.

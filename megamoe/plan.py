@@ -312,8 +312,9 @@ class RankPlan:
             wave rule gives at most 128 experts per wave, else 1); 1 for the reference design.
         wgmma_n_step: ``megamoe-sm90``: the token step of the consumers' WGMMA N: a block's
             WGMMAs cover its valid rows rounded up to this (at most block_m,
-            :func:`megamoe.design_sm90.wgmma_n`); block_m (or more) runs whole blocks, as kernel
-            v9.11 does (:data:`megamoe.design_sm90.WGMMA_N_STEP`). block_m for the reference design.
+            :func:`megamoe.design_sm90.wgmma_n`); block_m (or more) runs whole blocks. Kernel v9.12
+            steps by 32 at block_m 128 and runs whole blocks below it
+            (:data:`megamoe.design_sm90.WGMMA_N_STEP`). block_m for the reference design.
         local_count: ``megamoe-sm90`` at one rank, where the kernel runs its wide instance
             (:func:`megamoe.design_sm90.local_count`, kernel v8.9): every CTA counts all items
             itself and the pulls start with no count barrier; False elsewhere (a count barrier,
@@ -660,10 +661,10 @@ def build_plan(*, num_experts: int, top_k: int, hidden: int, intermediate: int, 
     ks = 1 if k_split is None else int(k_split)
     require(sm90 or ks == 1, "k_split", "1 with design deepgemm-sm100 (split-K is modelled for megamoe-sm90 only)", ks)
     require(combine_relay in (None, False, True), "combine_relay", "None, False or True", combine_relay)
-    from .design_sm90 import WGMMA_N_STEPS
+    from .design_sm90 import WGMMA_N_STEPS, WGMMA_N_STEPS_SAID
 
     require(wgmma_n_step is None or (is_int(wgmma_n_step) and wgmma_n_step in WGMMA_N_STEPS),
-            "wgmma_n_step", "a multiple of 8 from 8 to 128 (WGMMA N steps of 8 tokens; unset: the kernel's)",
+            "wgmma_n_step", f"{WGMMA_N_STEPS_SAID} (WGMMA N steps of 8 tokens; unset: the kernel's)",
             wgmma_n_step)
     require(sm90 or wgmma_n_step is None, "wgmma_n_step",
             "no value with design deepgemm-sm100 (the WGMMA N step is modelled for megamoe-sm90)", wgmma_n_step)

@@ -796,8 +796,8 @@ def fit_sm90_traces(paths: list[str], profile: dict | None = None, fp8_gemm_tflo
         d = t["t_end_ns"] - t["t_start_ns"]
         kb1, kb2 = int(meta["hidden"]) // BLOCK_K, int(meta["intermediate"]) // BLOCK_K
         whole = whole_blocks(t)  # the K loops of whole blocks (the line below is in block_m)
-        med = {k: _median(d[(t["kind"] == KIND[k]) & (whole | (k == "l1_epilogue"))])
-               for k in ("l1_mma", "l2_mma", "l1_epilogue")}
+        med = {k: _median(d[(t["kind"] == KIND[k]) & whole]) for k in ("l1_mma", "l2_mma")}
+        med["l1_epilogue"] = _median(d[t["kind"] == KIND["l1_epilogue"]])
         e2 = t.where(kind="l2_epilogue")
         num_sms, T, H = int(meta["num_sms"]), int(meta["tokens_per_rank"][0]), int(meta["hidden"])
         pull, comb = t.where(kind="pull"), t.where(kind="combine")

@@ -257,10 +257,9 @@ def scenario_from_meta(trace: Trace, policies: list | None = None):
     # kernels before ran every block whole: a step of 128, capped at the block's block_m)
     if not sim_trace and design == "megamoe-sm90" and "wgmma_n_step" not in extra:
         step = plan.get("wgmma_n_step", 128)
-        from megamoe.design_sm90 import WGMMA_N_STEPS
+        from megamoe.design_sm90 import WGMMA_N_STEPS, WGMMA_N_STEPS_SAID
 
-        require(is_int(step) and step in WGMMA_N_STEPS, "trace.meta.plan.wgmma_n_step",
-                "a multiple of 8 from 8 to 128", step)
+        require(is_int(step) and step in WGMMA_N_STEPS, "trace.meta.plan.wgmma_n_step", WGMMA_N_STEPS_SAID, step)
         extra["wgmma_n_step"] = step
     pols = meta.get("policies") or {}
     require(isinstance(pols, dict), "trace.meta.policies", "an object (policy kind -> policy name)", pols)
