@@ -7,7 +7,7 @@ every stage is refilled several times after the consumers release it), these thr
 SM; ``pair`` (8 experts, 40 tokens, two CTAs on each of the device's SMs: the two-CTA instance,
 design_sm90.ctas_per_sm, with CTAs sharing SMs) and ``pair_ring`` (``ring`` at two CTAs per SM,
 4 CTAs: its ring wraps); ``m128`` (8 experts, 600 tokens at block_m 128 on 4 SMs: each expert's
-blocks hold 128 rows and its remainder, so a candidate that runs a block's WGMMAs at its valid rows
+blocks hold 128 rows and its remainder, so kernel v9.12, which runs a block's WGMMAs at its valid rows,
 runs several N).
 Usage (GPU): compute-sanitizer --tool racecheck python3 benchmarks/device/sanitize_small.py [CASE ...]"""
 import sys
