@@ -98,17 +98,6 @@ WGMMA_N_STEPS_SAID = "a multiple of 8 from 8 to 128"
 SMEM_LIMIT_SM90 = 232448
 #: Most stages the kernel accepts.
 MAX_STAGES = 16
-#: Default stage count per block_m where fewer than fit ran faster (elsewhere: as many as fit, at
-#: most :data:`MAX_STAGES`). Block_m 128: 5 of the 8 that fit the V4-Flash shape. Kernel v9.12 at
-#: 8 stages over the same build at 2 / 3 / 4 / 5 / 6 stages, CUPTI kernel time, 6 paired rounds,
-#: outputs bitwise, on an H100 (session 53, benchmarks/NOTES_kernel.md): 0.757 / 0.933 / 0.995 /
-#: 1.024 / 1.017 at 2731 tokens, 0.809 / 0.967 / 1.024 / 1.030 / 1.021 at 4096, 0.861 / 0.993 /
-#: 1.023 / 1.030 / 1.021 at 8192 (above 1: the fewer stages faster). At block_m 16 / 32 / 64, 8 / 8
-#: / 6 stages against 16 / 16 / 12 read 0.999-1.004 (64-2048 tokens): left at as many as fit.
-#: Not a ring-depth effect (the ring is deep enough from 4-5 up); a guess, not measured: the shared
-#: memory the stages leave to the SM's L1 data cache (its carve-out), which the epilogues' and the
-#: combine's loads use.
-STAGES_DEFAULT: dict[int, int] = {128: 5}
 #: Numerics the SM90 kernel implements (``megamoe.reference.Numerics.sm90_kernel()``): the
 #: weights' per-32 scales folded per row into the E4M3 decode with the row's largest at 2^6
 #: (``W_FOLD_K = "row"``, ``W_FOLD_TOP = 6``; ``megamoe.layouts.fold_e2m1_scales_for_sm90``),
@@ -504,8 +493,7 @@ def min_stages(block_m: int) -> int:
 
 def stages_for(block_m: int, num_experts: int, num_stages: int | None = None,
                smem_limit: int = SMEM_LIMIT_SM90) -> int:
-    """The stage count of a launch: ``num_stages`` if given, else as many as fit, at most
-    :data:`STAGES_DEFAULT` where it names ``block_m``.
+    """The stage count of a launch: ``num_stages`` if given, else as many as fit.
 
     Raises:
         InputError: ``num_stages`` outside ``[min_stages(block_m), num_stages_for(...)]``, or
@@ -519,7 +507,7 @@ def stages_for(block_m: int, num_experts: int, num_stages: int | None = None,
 
         raise smem_error(lambda e: smem_bytes(block_m, fewest, e), num_experts, block_m, smem_limit, fewest)
     if num_stages is None:
-        return min(fit, STAGES_DEFAULT.get(block_m, fit))
+        return fit
     require(is_int(num_stages) and fewest <= num_stages <= fit, "num_stages",
             f"an integer in [{fewest}, {fit}] (at least one per issuing producer warp, at most what {smem_limit} B "
             f"of shared memory holds at block_m {block_m})", repr(num_stages) if not is_int(num_stages) else num_stages)

@@ -47,14 +47,10 @@ def test_design_for_v4_flash():
     # by hand: stage = token tile 128x128 + packed weights 128 x 64 + weight scales 128 x 4
     # + FP32 token scales 2 x 128 x 4 = 26112 -> 26624 B (1024-B aligned; no decoded weights:
     # they go to registers); fixed = 1024 + align128(256 x 12 + 64) + the epilogue scratch
-    # 20 x 128 x 4 = 1024 + 3200 + 10240 = 14464 -> 15360; (232448 - 15360) // 26624 = 8 fit,
-    # and the default at block_m 128 is 5 of them (STAGES_DEFAULT, measured faster)
+    # 20 x 128 x 4 = 1024 + 3200 + 10240 = 14464 -> 15360; (232448 - 15360) // 26624 = 8
     assert d.stage_bytes(128) == 26624 and d.fixed_bytes(128, 256) == 15360
-    assert d.num_stages_for(128, 256) == 8 and d.STAGES_DEFAULT == {128: 5}
-    assert des.block_m == 128 and des.block_n == 128 and des.num_stages == 5
-    assert des.smem_bytes == 15360 + 5 * 26624
-    # an override still reaches every stage that fits
-    assert d.design_for(8192, 4096, 2048, 256, 6, num_stages=8).num_stages == 8
+    assert des.block_m == 128 and des.block_n == 128 and des.num_stages == 8
+    assert des.smem_bytes == 15360 + 8 * 26624
     assert 256 % des.experts_per_wave == 0
 
 
