@@ -159,12 +159,12 @@ def add_scenario_args(p: argparse.ArgumentParser) -> None:
                    help="pool (ring) capacity in tokens (deepgemm-sm100, at least one expert's worst-case "
                         "wave; megamoe-sm90 has no ring, its pool holds every routed row; default: the design's choice)")
     g.add_argument("--num-stages", type=_positive, default=None,
-                   help="shared-memory pipeline stages (default: as many as fit; megamoe-sm90: at least one "
-                        "per issuing producer warp, 4 at block_m 16-64 and 2 at 128; its model gives the same "
-                        "time at every allowed count at one CTA per SM, within ~0.2%% at two (the blocks' "
-                        "tickets reshuffle); the kernel ran level down to 10 stages at block_m 16-32 and 8 "
-                        "at 64; at 128, 5 of the 8 that fit ran 2-3%% faster untraced and doubled the trace "
-                        "overhead to ~4.5%%, so 8 stays the default)")
+                   help="shared-memory pipeline stages (default: as many as fit in shared memory; fewest: 2 for "
+                        "deepgemm-sm100, one per issuing producer warp for megamoe-sm90, i.e. 4 at block_m "
+                        "16-64 and 2 at 128). megamoe-sm90's model gives the same time at every allowed count "
+                        "(within ~0.2%% at two CTAs per SM); its kernel runs "
+                        "2-3%% faster untraced at 5 stages than at its default 8 at block_m 128, and traced "
+                        "no faster (docs/kernel.md, Stages)")
     g.add_argument("--k-split", type=_positive, default=None,
                    help="megamoe-sm90 what-if: split every block's K blocks into N parts run by N CTAs "
                         "(split-K; the last part's CTA adds the others' FP32 partial sums and runs the "
