@@ -1011,8 +1011,19 @@ def test_host_overhead_rejects_bad_arguments_before_any_gpu_work(tmp_path, extra
     assert not (tmp_path / "o.json").exists()
 
 
+@pytest.mark.parametrize("extra,field", [(["8,x"], "stages"), (["8,0"], "stages"), (["8,5", "4096,x"], "tokens"),
+                                         (["8,5", "4096", "0"], "rounds"), (["8,5"], "device")])
+def test_trace_stages_rejects_bad_arguments_before_any_gpu_work(tmp_path, extra, field):
+    """benchmarks/device/trace_stages.py (traced and untraced time per stage count, session 53): a
+    bad stage or token list or round count, or no GPU here, is a one-line argparse error (exit 2)
+    naming the field before any CUDA set-up; nothing written."""
+    last = _device_script_error(tmp_path, "trace_stages.py", str(tmp_path / "o.json"), *extra)
+    assert re.match(rf"trace_stages.py: error: {field}: expected", last), last
+
+
 @pytest.mark.parametrize("script,pre", [("sgl_deep_gemm_probe.py", []), ("peer_ab.py", []),
-                                        ("ab_interleaved.py", ["LIB"]), ("host_overhead.py", [])])
+                                        ("ab_interleaved.py", ["LIB"]), ("host_overhead.py", []),
+                                        ("trace_stages.py", [])])
 def test_device_scripts_refuse_a_folder_as_their_json(tmp_path, script, pre):
     """The device scripts that rewrite their JSON after every row check the path up front
     (megamoe.outputs.check_output_path): an existing folder given as the output is a one-line
