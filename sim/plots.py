@@ -14,7 +14,6 @@ COLORS = {
 }
 
 
-
 def _edge(kind: str) -> str:
     """A bar's (and its legend patch's) edge: idle_wait's near-white fill needs one to be seen."""
     return "#666666" if kind == "idle_wait" else "none"
