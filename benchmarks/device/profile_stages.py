@@ -1,8 +1,11 @@
 """Where the SM90 kernel's time goes per role (fault_inject bit 32: per-CTA SM-cycle counters,
 no functional change). Producer: total, waiting for a free stage, waiting for arrival counts /
 masks. Consumer (thread 0 of the first consumer warpgroup): total, waiting for a full stage,
-decode + barrier, MMA (WGMMA + promotion), epilogues. Fractions of each role's total, median
-over CTAs. Usage (GPU): python benchmarks/device/profile_stages.py OUT.json"""
+decode + barrier, MMA (WGMMA + promotion), epilogues, and the epilogues' parts (L1: loads issued
+and the walk, SwiGLU + amax, barrier 1, exponents + barrier 2, quantization + barrier 3, stores +
+proxy fence + barrier 4 + release; L2: row metadata, stores). Fractions of each role's total (the
+parts: of the consumer's), median over CTAs. Usage (GPU):
+python benchmarks/device/profile_stages.py OUT.json [TOKENS,...]   (default 1,256,4096,8192)"""
 import json
 import statistics
 import sys
@@ -14,11 +17,20 @@ from megamoe.kernel import MegaMoEKernel, prepare_weights  # noqa: E402
 from megamoe.kernel.check import make_weights, make_inputs  # noqa: E402
 from megamoe.kernel.timing import cuda_times_us  # noqa: E402
 
+counts = (1, 256, 4096, 8192)
+if len(sys.argv) > 2:
+    try:
+        counts = tuple(int(t) for t in sys.argv[2].split(","))
+        assert counts and all(t >= 0 for t in counts)
+    except (ValueError, AssertionError):
+        sys.exit(f"profile_stages.py: TOKENS: expected comma-separated counts >= 0, got {sys.argv[2]!r}")
 E, K, H, I = 256, 6, 4096, 2048
 w = make_weights(E, H, I, "cuda", seed=11)
 k = MegaMoEKernel(E, K, H, I, 8192, prepare_weights(*w))
 out = {}
-for T in (1, 256, 4096, 8192):
+EPI_PARTS = ["l1_loads_walk", "l1_swiglu_amax", "l1_bar1", "l1_exponents_bar2", "l1_quant_bar3",
+             "l1_store_fence_release", "l2_rows", "l2_stores"]
+for T in counts:
     x, xs, idx, tw = make_inputs(T, E, K, H, "cuda", seed=3)
     k.fault_inject = 0
     us = statistics.median(cuda_times_us(lambda: k(x, xs, idx, tw), 5, 1))
@@ -27,10 +39,11 @@ for T in (1, 256, 4096, 8192):
     k(x, xs, idx, tw)
     torch.cuda.synchronize()
     k.check()
-    pr = k.progress.view(-1, 32)[:, 8:16].to(torch.int64).cpu() * 64
+    pr = k.progress.view(-1, 32)[:, 8:24].to(torch.int64).cpu() * 64
     k.fault_inject = 0
     k.progress = None
     names = ["p_total", "p_wait_empty", "p_wait_dep", "c_total", "c_wait_full", "c_decode_bar", "c_mma", "c_epilogue"]
+    names += [f"c_epi_{n}" for n in EPI_PARTS]
     med = {n: float(statistics.median(pr[:, i].tolist())) for i, n in enumerate(names)}
     row = {"T": T, "us": us, "cycles_per_us": med["c_total"] / us if us else 0,
            **{f"{n}_frac": (med[n] / med["p_total" if n.startswith("p_") else "c_total"]) for n in names if not n.endswith("total")},
@@ -39,4 +52,6 @@ for T in (1, 256, 4096, 8192):
     print(f"T={T:5d} {us:9.1f} us  producer: wait_empty {row['p_wait_empty_frac']:.2f} wait_dep {row['p_wait_dep_frac']:.2f} | "
           f"consumer: wait_full {row['c_wait_full_frac']:.2f} decode+bar {row['c_decode_bar_frac']:.2f} "
           f"mma {row['c_mma_frac']:.2f} epi {row['c_epilogue_frac']:.2f}  ({med['c_total']/1e6:.2f} Mcyc)", flush=True)
+    print("        epilogue parts (of the consumer's total): " +
+          " ".join(f"{n} {row[f'c_epi_{n}_frac']:.3f}" for n in EPI_PARTS), flush=True)
 json.dump(out, open(sys.argv[1], "w"), indent=1)

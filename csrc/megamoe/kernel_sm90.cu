@@ -865,6 +865,14 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
     const auto pclock = []() -> long long { if constexpr (PROF) return clock64(); else return 0; };
     long long cyc_full = 0, cyc_decode = 0, cyc_mma = 0, cyc_epi = 0;
     const long long c_start = pclock();
+    // PROF: the epilogues' parts (SM cycles of thread ctid 0 from the previous mark; L1: the
+    // loads issued and the walk, SwiGLU + amax, barrier 1, exponents + barrier 2, quantization +
+    // barrier 3, stores + proxy fence + barrier 4 + release; L2: the row metadata, the stores).
+    // A macro, not a lambda: a closure in scope moved other instances' registers (session 52).
+    long long cyc_ep[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    long long ep_t = 0;
+#define MEGAMOE_EP_MARK(i) \
+    if constexpr (PROF) { const long long n_ = clock64(); cyc_ep[i] += n_ - ep_t; ep_t = n_; }
     // The blocks come from the producer's descriptors where block_descriptors (block_m 16; after an
     // error the rest of the list is walked below). Elsewhere the consumers walk the scheduler, at
     // block_m >= 32 (walk_in_epilogue) inside the epilogue of the current block, right after its
@@ -995,6 +1003,7 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
         if (lane == 0) progress(p, wslot, 0x03000000 | (dead ? 0x800000 : 0) | (uint32_t)it);
         const uint64_t tm = globaltimer();
         const long long ce = pclock();
+        if constexpr (PROF) ep_t = ce;
         const size_t prow0 = (size_t)b.pool_block * BM;
         Block nb;  // the next block, walked to in either epilogue (ahead)
         // After an error (this warp's waits failed, or any role raised one) the pool rows may
@@ -1032,6 +1041,7 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
                 #pragma unroll
                 for (int r = 0; r < 2; ++r) wt[j][r] = __ldcg(p.pool_weight + prow0 + tile.tok_of(j, r));
             if constexpr (ahead) nb = sched.next();
+            MEGAMOE_EP_MARK(0)
             // Every value first (into the gate slot), then the amax: no branch or shuffle between
             // the values, their dependency chains interleave. The division's fast path serves a
             // warp whose gates all allow it (swiglu_fast_ok: zero or a finite gate away from the
@@ -1068,9 +1078,11 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
                     if (lane < 4) red[(g * 4 + wi) * BM + m] = a;
                 }
             if (lane == 0) progress(p, wslot, 0x04000000 | (uint32_t)it);
+            MEGAMOE_EP_MARK(1)
             // both warpgroups' amax: the block's 64 columns are one 64-K group of the L2 GEMM
             // (warpgroup g makes its 32-group g), folded as the pull folds x (roles_shared.cuh)
             named_bar_sync(kBarConsumer, kConsumerThreads);
+            MEGAMOE_EP_MARK(2)
             if (lane == 0) progress(p, wslot, 0x05000000 | (uint32_t)it);
             // Once per token (thread ctid < BM, token ctid): both 32-groups' amax over their
             // warpgroup's four warps, their UE8M0 exponents and the fold (s_max over the groups
@@ -1106,6 +1118,7 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
                 }
             }
             named_bar_sync(kBarConsumer, kConsumerThreads);
+            MEGAMOE_EP_MARK(3)
             // the per-32 quantization with this group's scale, then the fold, two tokens at a time
             // (tok_of(j, 0) and tok_of(j, 1): one E4M3x2 conversion, one FP16x2 rescale, d = 0
             // scaling by 1 exactly), into the block's [BM][64]-byte tile in shared memory (red's
@@ -1133,6 +1146,7 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
                 tile_s[(m + 1) * 64 + off] = (uint8_t)(q >> 8);
             }
             named_bar_sync(kBarConsumer, kConsumerThreads);
+            MEGAMOE_EP_MARK(4)
             if (store) {
                 uint8_t* out = p.l2_pool + prow0 * (size_t)I + b.n_block * 64;
                 #pragma unroll
@@ -1153,6 +1167,7 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
                 else red_release_or_u64(p.mask + b.pool_block, 1ull << b.n_block);
             }
             if (lane == 0) progress(p, wslot, 0x06000000 | (uint32_t)it);
+            MEGAMOE_EP_MARK(5)
         } else {
             // Row metadata once per token, not per fragment element: lane l computes the address
             // of the combine rows of tokens l, l + 32, .. (row = slot * combine_rows + token; EP:
@@ -1192,6 +1207,7 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
                     row_l[u] = reinterpret_cast<unsigned long long>(cb + (size_t)crow_l[u] * H);
                 }
             }
+            MEGAMOE_EP_MARK(6)
             // Full 32-byte sectors: lanes q = lane / 4 and q ^ 1 (same tokens) swap one value, so
             // that each holds two adjacent columns of its token (even q: q, q + 1; odd q: q + 7,
             // q + 8) and the warp's 8 lanes per token store its 16 columns as one sector with
@@ -1212,6 +1228,7 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
                         reinterpret_cast<__nv_bfloat162*>(reinterpret_cast<__nv_bfloat16*>(row) + col)[0] =
                             __floats2bfloat162_rn(odd ? recv : a, odd ? c8 : recv);
                 }
+            MEGAMOE_EP_MARK(7)
         }
         cyc_epi += pclock() - ce;
         if (trace) {
@@ -1245,6 +1262,11 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
         progress(p, 14, (uint32_t)(cyc_mma >> 6));
         progress(p, 15, (uint32_t)(cyc_epi >> 6));
     }
+    if constexpr (PROF) {  // (inside the run-time test above, the loop changed the other instances' SASS)
+        if (ctid == 0)
+            for (int i = 0; i < 8; ++i) progress(p, 16 + i, (uint32_t)(cyc_ep[i] >> 6));
+    }
+#undef MEGAMOE_EP_MARK
 }
 
 // ------------------------------------------------------------------ the kernel
