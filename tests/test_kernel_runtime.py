@@ -130,6 +130,29 @@ def test_sm90_call_hands_the_library_every_field_and_the_cache_follows_changes(s
     assert len(lib.calls) == 8
 
 
+def test_sm90_progress_words_must_cover_every_cta(sm90_env):
+    # The debug progress words are written at blockIdx.x * 32 + slot: at two CTAs per SM (3 tokens
+    # on 6 SMs: 12 CTAs) a buffer of 32 words per SM is half too short (session 54: the profile
+    # script's buffer overran into the next allocation). Refused before any launch.
+    torch, lib = sm90_env.torch, sm90_env.lib
+    k = _kernel()
+    x, x_sf, idx, w = _inputs(torch, 3)
+    k.progress = torch.zeros(6 * 32, dtype=torch.int32)
+    with pytest.raises(InputError, match=r"^progress: expected an int32 CUDA tensor with at least 384 elements "
+                                         r"\(32 per CTA, 12 CTAs\), got torch.int32 on cpu with 192$"):
+        k(x, x_sf, idx, w)
+    k.progress = torch.zeros(12 * 32, dtype=torch.int64)
+    with pytest.raises(InputError, match=r"^progress: .* got torch.int64 on cpu with 384$"):
+        k(x, x_sf, idx, w)
+    assert lib.calls == []
+    k.progress = torch.zeros(12 * 32, dtype=torch.int32)
+    k(x, x_sf, idx, w)
+    assert lib.calls[-1][0].progress == k.progress.data_ptr()
+    k.progress = None
+    k(x, x_sf, idx, w)
+    assert not lib.calls[-1][0].progress
+
+
 def test_sm90_call_inputs_are_checked_before_launch(sm90_env):
     torch, lib = sm90_env.torch, sm90_env.lib
     k = _kernel()

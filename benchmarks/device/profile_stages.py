@@ -35,7 +35,7 @@ for T in counts:
     k.fault_inject = 0
     us = statistics.median(cuda_times_us(lambda: k(x, xs, idx, tw), 5, 1))
     k.fault_inject = 32
-    k.progress = torch.zeros(k.num_sms * 32, dtype=torch.int32, device="cuda")
+    k.progress = torch.zeros(2 * k.num_sms * 32, dtype=torch.int32, device="cuda")  # up to two CTAs per SM
     k(x, xs, idx, tw)
     torch.cuda.synchronize()
     k.check()

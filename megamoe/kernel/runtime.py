@@ -468,6 +468,21 @@ class MegaMoEKernel:
             c = self._fields_cache = (design, ws, w, f)
         return c[3]
 
+    def _progress_ptr(self, design) -> int:
+        """Address of the debug progress words (``self.progress``: int32, 32 per CTA, written by the
+        kernel at ``blockIdx.x * 32 + slot``), 0 without them. Raises :class:`InputError` naming
+        ``progress`` if the tensor is not an int32 CUDA tensor or holds fewer than
+        ``design.num_ctas * 32`` words (two CTAs per SM launch twice the SMs' CTAs)."""
+        prog = getattr(self, "progress", None)
+        if prog is None:
+            return 0
+        need = design.num_ctas * 32
+        on_device = prog.device == self.device or prog.device.type == "cuda"  # as the inputs' check
+        require(prog.dtype == self.torch.int32 and on_device and prog.numel() >= need, "progress",
+                f"an int32 CUDA tensor with at least {need} elements (32 per CTA, {design.num_ctas} CTAs)",
+                f"{prog.dtype} on {prog.device} with {prog.numel()}")
+        return prog.data_ptr()
+
     def __call__(self, x, x_sf, topk_idx, topk_w, trace: bool = False, design=None, out=None):
         torch = self.torch
         T, x, x_sf, topk_idx, topk_w = self._checked_inputs(x, x_sf, topk_idx, topk_w, trace)
@@ -483,8 +498,7 @@ class MegaMoEKernel:
                    fault_inject=self.fault_inject, clamp=self.clamp,
                    x=x.data_ptr(), x_sf=x_sf.data_ptr(), topk_idx=topk_idx.data_ptr(), topk_w=topk_w.data_ptr(),
                    y=y.data_ptr(), trace=tr.data_ptr() if trace else 0, trace_count=trc.data_ptr() if trace else 0,
-                   progress=self.progress.data_ptr() if getattr(self, "progress", None) is not None else 0,
-                   combine_rows=T)
+                   progress=self._progress_ptr(design), combine_rows=T)
         stream = torch.cuda.current_stream(self.device).cuda_stream
         rc = self.lib.megamoe_sm90_launch(ctypes.byref(p), ctypes.c_void_p(stream))
         if rc != 0:
