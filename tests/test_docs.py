@@ -621,3 +621,25 @@ def test_validation_page_fitted_figures_and_out_of_sample_traces(load_script):
     assert "kernel_flash_ep1_t4096.npz" in named and "kernel_flash_ep1_t8192.npz" not in named
     table = fig._fitted_figures_table(h200)
     assert f"| `sm90_pair_share` | {h200['figures']['sm90_pair_share']:g} |" in table
+
+
+def test_kernel_page_consumer_time_table_follows_the_profile_run():
+    """docs/kernel.md's "Where the consumers' time goes" table: each cell is the committed profile
+    run's fraction (session 54, ``kernel_experiments_h100_s54.json``), rounded as printed; the walks'
+    row is the sum of the two walk parts (L1 (a) and L2 (g)), recomputed here."""
+    prof = json.loads((ROOT / "benchmarks/results/kernel_experiments_h100_s54.json").read_text())["calls"][1]["profile"]
+    text = (ROOT / "docs/kernel.md").read_text().split("**Where the consumers' time goes.**", 1)[1]
+    rows = {ln.split("|")[1].strip(): [c.strip() for c in ln.split("|")[2:-1]]
+            for ln in text.split("\n\n", 2)[1].splitlines() if ln.startswith("| ") and not ln.startswith("| tokens")}
+    want = {"MMA (WGMMAs, their waits and promotions)": (("c_mma_frac",), 2),
+            "waiting for a full stage": (("c_wait_full_frac",), 2),
+            "stage preparation (decode offsets)": (("c_decode_bar_frac",), 2),
+            "both epilogues": (("c_epilogue_frac",), 3),
+            "of which the L1 SwiGLU and amax": (("c_epi_l1_swiglu_amax_frac",), 3),
+            "of which the two block walks with their loads' round trips":
+                (("c_epi_l1_loads_walk_frac", "c_epi_l2_rows_frac"), 3)}
+    assert set(rows) == set(want)
+    for name, (keys, digits) in want.items():
+        got = [float(c) for c in rows[name]]
+        exp = [round(sum(prof[f"T={t}"][k] for k in keys), digits) for t in (64, 1024, 4096, 8192)]
+        assert got == pytest.approx(exp, abs=0.5 * 10 ** -digits + 1e-9), name
