@@ -631,12 +631,13 @@ def test_kernel_page_consumer_time_table_follows_the_profile_run():
     text = (ROOT / "docs/kernel.md").read_text().split("**Where the consumers' time goes.**", 1)[1]
     rows = {ln.split("|")[1].strip(): [c.strip() for c in ln.split("|")[2:-1]]
             for ln in text.split("\n\n", 2)[1].splitlines() if ln.startswith("| ") and not ln.startswith("| tokens")}
-    want = {"MMA (WGMMAs, their waits and promotions)": (("c_mma_frac",), 2),
+    want = {"MMA (the E2M1 decode into registers, the WGMMAs, their waits and promotions)": (("c_mma_frac",), 2),
             "waiting for a full stage": (("c_wait_full_frac",), 2),
-            "stage preparation (decode offsets)": (("c_decode_bar_frac",), 2),
+            "stage preparation (the weight rows' fold-table offsets)": (("c_decode_bar_frac",), 2),
             "both epilogues": (("c_epilogue_frac",), 3),
-            "of which the L1 SwiGLU and amax": (("c_epi_l1_swiglu_amax_frac",), 3),
-            "of which the two block walks with their loads' round trips":
+            "of which the L1 SwiGLU and amax (with the wait for the top-k weights)": (("c_epi_l1_swiglu_amax_frac",), 3),
+            ("of which the block walks (L1: after issuing the top-k weight loads; L2: with the row loads' round trip "
+             "and the addresses)"):
                 (("c_epi_l1_loads_walk_frac", "c_epi_l2_rows_frac"), 3)}
     assert set(rows) == set(want)
     for name, (keys, digits) in want.items():

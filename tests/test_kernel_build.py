@@ -1021,9 +1021,21 @@ def test_trace_stages_rejects_bad_arguments_before_any_gpu_work(tmp_path, extra,
     assert re.match(rf"trace_stages.py: error: {field}: expected", last), last
 
 
+@pytest.mark.parametrize("extra,field", [(["1,-2"], "tokens"), (["abc"], "tokens"), (["0"], "tokens"),
+                                         (["64"], "device")])
+def test_profile_stages_rejects_bad_arguments_before_any_gpu_work(tmp_path, extra, field):
+    """benchmarks/device/profile_stages.py (the per-role cycle profile with the epilogues' parts,
+    session 54): a bad token list, or no GPU here, is a one-line argparse error (exit 2) naming the
+    field before any CUDA set-up (a fresh user's report: it exited 1 without "error:", and with good
+    arguments stopped in a traceback from make_weights); nothing written."""
+    last = _device_script_error(tmp_path, "profile_stages.py", str(tmp_path / "o.json"), *extra)
+    assert re.match(rf"profile_stages.py: error: {field}: expected", last), last
+    assert not (tmp_path / "o.json").exists()
+
+
 @pytest.mark.parametrize("script,pre", [("sgl_deep_gemm_probe.py", []), ("peer_ab.py", []),
                                         ("ab_interleaved.py", ["LIB"]), ("host_overhead.py", []),
-                                        ("trace_stages.py", [])])
+                                        ("trace_stages.py", []), ("profile_stages.py", [])])
 def test_device_scripts_refuse_a_folder_as_their_json(tmp_path, script, pre):
     """The device scripts that rewrite their JSON after every row check the path up front
     (megamoe.outputs.check_output_path): an existing folder given as the output is a one-line

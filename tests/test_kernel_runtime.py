@@ -139,10 +139,10 @@ def test_sm90_progress_words_must_cover_every_cta(sm90_env):
     x, x_sf, idx, w = _inputs(torch, 3)
     k.progress = torch.zeros(6 * 32, dtype=torch.int32)
     with pytest.raises(InputError, match=r"^progress: expected an int32 CUDA tensor with at least 384 elements "
-                                         r"\(32 per CTA, 12 CTAs\), got torch.int32 on cpu with 192$"):
+                                         r"\(32 per CTA, 12 CTAs\), got torch.int32 on cpu with 192 elements$"):
         k(x, x_sf, idx, w)
     k.progress = torch.zeros(12 * 32, dtype=torch.int64)
-    with pytest.raises(InputError, match=r"^progress: .* got torch.int64 on cpu with 384$"):
+    with pytest.raises(InputError, match=r"^progress: .* got torch.int64 on cpu with 384 elements$"):
         k(x, x_sf, idx, w)
     assert lib.calls == []
     k.progress = torch.zeros(12 * 32, dtype=torch.int32)

@@ -480,7 +480,7 @@ class MegaMoEKernel:
         on_device = prog.device == self.device or prog.device.type == "cuda"  # as the inputs' check
         require(prog.dtype == self.torch.int32 and on_device and prog.numel() >= need, "progress",
                 f"an int32 CUDA tensor with at least {need} elements (32 per CTA, {design.num_ctas} CTAs)",
-                f"{prog.dtype} on {prog.device} with {prog.numel()}")
+                f"{prog.dtype} on {prog.device} with {prog.numel()} elements")
         return prog.data_ptr()
 
     def __call__(self, x, x_sf, topk_idx, topk_w, trace: bool = False, design=None, out=None):
