@@ -58,7 +58,15 @@ def _wgmma_n_step(text: str) -> int:
 
 
 def _tokens(text: str) -> int | list[int]:
-    vals = [_nonneg(p) for p in text.split(",")]
+    """--tokens: one count, or one per rank; a negative count names the whole range, as the
+    scenario's own check does above it (a fresh user's report, session 54: ">= 0" hid the cap)."""
+    from .scenario import MAX_TOKENS_PER_RANK
+    try:
+        vals = [parse_int(p) for p in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if min(vals) < 0:
+        raise argparse.ArgumentTypeError(f"expected integers in [0, {MAX_TOKENS_PER_RANK}] per rank, got {text!r}")
     return vals[0] if len(vals) == 1 else vals
 
 

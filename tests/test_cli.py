@@ -80,6 +80,8 @@ def test_default_simulate_reports_the_table():
     (["--seed", "1_000"], "--seed: expected an integer, got '1_000'"),
     (["--seed", "\u0661\u0662"], "--seed: expected an integer, got '\u0661\u0662'"),
     (["--tokens", "6_4"], "--tokens: expected an integer, got '6_4'"),
+    (["--tokens", "-3"], "--tokens: expected integers in [0, 131072] per rank, got '-3'"),
+    (["--tokens", "8,-1"], "--tokens: expected integers in [0, 131072] per rank, got '8,-1'"),
     (["--launch-skew-us", "1_0"], "--launch-skew-us: expected microseconds"),
     (["--routing", "zipf:1_2"], "routing.zipf_exponent: expected a number, got 1_2"),
     (["--routing", "hot:0.5:\u0664"], "routing.hot_experts: expected an integer, got \u0664"),
