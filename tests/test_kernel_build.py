@@ -617,6 +617,7 @@ def test_ncu_summary_finds_the_k_loop_and_counts_its_stalls(tmp_path, load_scrip
                                          (["--new-fault", "1"], "new-fault"),  # the timeout test's bit
                                          (["--new-fault", "-2"], "new-fault"),
                                          (["--new-fault", "2048"], "new-fault"),  # a probe build's bit, not this tree's
+                                         (["--new-fault", "8"], "new-fault"),  # no weight loads with the decode on: faults
                                          ([], "device|old_lib")])  # no GPU here, or an empty library file
 def test_ab_interleaved_rejects_bad_arguments_before_any_gpu_work(tmp_path, extra, field):
     """benchmarks/device/ab_interleaved.py: a bad token list, round count, per-block_m stage

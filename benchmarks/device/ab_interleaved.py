@@ -41,9 +41,10 @@ the host's ~64 us per launch, above the kernel's ~54-56 us, so the default timin
 1-token kernel change (sessions 28-29: benchmarks/NOTES_kernel.md).
 
 ``--new-fault BITS`` launches this tree's build with ``fault_inject`` timing bits set (those
-``csrc/megamoe/params.h`` defines: 2 no MMA, 8 no weight loads, 64 no token-tile loads, 128 no
-token-scale loads, 32 the profile instance; a part switched off leaves wrong outputs, only the
-ratio counts). With this tree's own library as OLD_LIB it measures what that part costs. A
+``csrc/megamoe/params.h`` defines: 2 no MMA, 8 no weight loads (only with 2: the decode would index
+its table with the stage's stale fold-table offsets, a misaligned-address fault in sessions 30 and
+54), 64 no token-tile loads, 128 no token-scale loads, 32 the profile instance; a part switched off
+leaves wrong outputs, only the ratio counts). With this tree's own library as OLD_LIB it measures what that part costs. A
 probe build with bits of its own runs its own copy of this script.
 
 Usage: python benchmarks/device/ab_interleaved.py OLD_LIB OUT.json [tokens, default
@@ -99,6 +100,12 @@ def main() -> int:
     if a.new_fault < 0 or a.new_fault & ~TIMING_BITS:
         ap.error(f"new-fault: expected a sum of the timing bits 2, 8, 32, 64, 128 (csrc/megamoe/params.h), "
                  f"got {a.new_fault}")
+    if a.new_fault & 8 and not a.new_fault & 2:
+        # without its weight loads the stage's fold-table offsets are stale, and the decode (on
+        # unless bit 2) indexes the table with them: a misaligned-address fault, sessions 30 and 54
+        # (also after a launch without bits)
+        ap.error(f"new-fault: expected bit 8 (no weight loads) only with bit 2 (no MMA): the decode would "
+                 f"index its table with stale offsets, got {a.new_fault}")
     if not a.old_lib.is_file():
         ap.error(f"old_lib: expected a built library file, got {str(a.old_lib)!r}")
     with ap.input_errors():
