@@ -294,6 +294,12 @@ def check_call_shapes(x, x_sf, topk_idx, topk_w, hidden: int, topk: int, max_tok
     return T
 
 
+def on_call_device(t, device) -> bool:
+    """Whether tensor ``t`` may be handed to a launch on ``device``: on that device, or on CUDA (the
+    one rule of the call's inputs, its output buffer and the debug progress words)."""
+    return t.device == device or t.device.type == "cuda"
+
+
 def output_tensor(torch, out, T: int, hidden: int, device):
     """``out`` (a caller's buffer, checked) or a new BF16 ``[T, hidden]`` tensor for a call's output.
 
@@ -303,7 +309,7 @@ def output_tensor(torch, out, T: int, hidden: int, device):
     if out is None:
         return torch.empty(T, hidden, dtype=torch.bfloat16, device=device)
     if not (isinstance(out, torch.Tensor) and out.shape == (T, hidden) and out.dtype == torch.bfloat16
-            and out.is_contiguous() and (out.device == device or out.device.type == "cuda")):
+            and out.is_contiguous() and on_call_device(out, device)):
         got = type(out).__name__
         if isinstance(out, torch.Tensor):
             got = (f"{'a contiguous' if out.is_contiguous() else 'a non-contiguous'} {str(out.dtype)[6:]} "
@@ -406,7 +412,7 @@ class MegaMoEKernel:
         T = check_call_shapes(x, x_sf, topk_idx, topk_w, self.H, self.K, self.max_tokens)
 
         def on_device(t):
-            return t.device == self.device or t.device.type == "cuda"
+            return on_call_device(t, self.device)
 
         if not (x.dtype in (torch.float8_e4m3fn, torch.uint8) and x_sf.dtype in (torch.uint8, torch.float8_e8m0fnu)
                 and on_device(x) and on_device(x_sf) and on_device(topk_idx) and on_device(topk_w)
@@ -477,8 +483,8 @@ class MegaMoEKernel:
         if prog is None:
             return 0
         need = design.num_ctas * 32
-        on_device = prog.device == self.device or prog.device.type == "cuda"  # as the inputs' check
-        require(prog.dtype == self.torch.int32 and on_device and prog.numel() >= need, "progress",
+        ok = prog.dtype == self.torch.int32 and on_call_device(prog, self.device) and prog.numel() >= need
+        require(ok, "progress",
                 f"an int32 CUDA tensor with at least {need} elements (32 per CTA, {design.num_ctas} CTAs)",
                 f"{prog.dtype} on {prog.device} with {prog.numel()} elements")
         return prog.data_ptr()
