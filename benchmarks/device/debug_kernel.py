@@ -28,7 +28,7 @@ def snap(k, label):
 def run(E, K, H, I, T, **kw):
     w = make_weights(E, H, I, "cuda", seed=7)
     k = MegaMoEKernel(E, K, H, I, max(T, 1), prepare_weights(*w), timeout_s=2.0, **kw)
-    k.progress = torch.zeros(2 * k.num_sms * 32, dtype=torch.int32, device="cuda")  # up to two CTAs per SM
+    k.progress = torch.zeros(k.design(T).num_ctas * 32, dtype=torch.int32, device="cuda")  # 32 words per CTA
     x, xs, idx, tw = make_inputs(T, E, K, H, "cuda", seed=1)
     print(f"== E={E} K={K} H={H} I={I} T={T} design={k.design(T)} idx={idx[:2].tolist()}", flush=True)
     torch.cuda.synchronize()
