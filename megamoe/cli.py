@@ -167,12 +167,11 @@ def add_scenario_args(p: argparse.ArgumentParser) -> None:
                    help="pool (ring) capacity in tokens (deepgemm-sm100, at least one expert's worst-case "
                         "wave; megamoe-sm90 has no ring, its pool holds every routed row; default: the design's choice)")
     g.add_argument("--num-stages", type=_positive, default=None,
-                   help="shared-memory pipeline stages (default: as many as fit in shared memory; fewest: 2 for "
-                        "deepgemm-sm100, one per issuing producer warp for megamoe-sm90, i.e. 4 at block_m "
-                        "16-64 and 2 at 128). megamoe-sm90's model gives the same time at every allowed count "
-                        "(within ~0.2%% at two CTAs per SM); its kernel runs "
-                        "2-3%% faster untraced at 5 stages than at its default 8 at block_m 128, and traced "
-                        "no faster (docs/kernel.md, Stages)")
+                   help="shared-memory pipeline stages (default: as many as fit in shared memory, megamoe-sm90 "
+                        "5 of the 8 at block_m 128; fewest: 2 for deepgemm-sm100, one per issuing producer warp "
+                        "for megamoe-sm90, i.e. 4 at block_m 16-64 and 2 at 128). megamoe-sm90's model gives the "
+                        "same time at every allowed count (within ~0.2%% at two CTAs per SM); its kernel runs "
+                        "2-3%% faster at 5 stages than at 8 at block_m 128 (docs/kernel.md, Stages)")
     g.add_argument("--k-split", type=_positive, default=None,
                    help="megamoe-sm90 what-if: split every block's K blocks into N parts run by N CTAs "
                         "(split-K; the last part's CTA adds the others' FP32 partial sums and runs the "

@@ -98,6 +98,15 @@ WGMMA_N_STEPS_SAID = "a multiple of 8 from 8 to 128"
 SMEM_LIMIT_SM90 = 232448
 #: Most stages the kernel accepts.
 MAX_STAGES = 16
+#: Default stage count per block_m where fewer than fit ran faster (elsewhere: as many as fit, at
+#: most :data:`MAX_STAGES`). Block_m 128: 5 of the 8 that fit the V4-Flash shape, through the L1
+#: data cache the stages leave to the SM (asking for the largest shared-memory carve-out at 5 took
+#: the gain back). On the H200, CUPTI kernel time, paired rounds, outputs bitwise: v9.12 at 5 stages
+#: 0.973-0.981 of its time at 8 at 2731-8192 tokens (session 53); kernel v9.13 untraced 0.976 / 0.977
+#: at 4096 / 8192, its trace overhead +2.0% / +1.7% at 5 stages (session 55: v9.12's +4.3-4.5% there
+#: was its consumer's per-block slot atomic). 8 / 8 / 6 stages at block_m 16 / 32 / 64 read
+#: 0.999-1.004 of 16 / 16 / 12: left at as many as fit (benchmarks/NOTES_kernel.md).
+STAGES_DEFAULT: dict[int, int] = {128: 5}
 #: Numerics the SM90 kernel implements (``megamoe.reference.Numerics.sm90_kernel()``): the
 #: weights' per-32 scales folded per row into the E4M3 decode with the row's largest at 2^6
 #: (``W_FOLD_K = "row"``, ``W_FOLD_TOP = 6``; ``megamoe.layouts.fold_e2m1_scales_for_sm90``),
@@ -205,6 +214,16 @@ WALK_IN_EPILOGUE = {16: False, 32: True, 64: True, 128: True}
 #: the prologue's one alive through the block loop for it read 1.060 at 64 tokens (candidate G;
 #: benchmarks/NOTES_kernel.md, session 36).
 BLOCK_DESCRIPTORS = {16: True, 32: False, 64: False, 128: False}
+
+#: Whether untraced launches run an instance of the kernel without any trace code, per block_m
+#: (kernel v9.13, ``untraced_instance`` in ``csrc/megamoe/kernel_sm90.cu``; its traced instance's
+#: consumer then writes its records from the top of each CTA's buffer, with no atomic:
+#: :func:`megamoe.kernel.trace.record_ranges`). Measured against v9.12 (CUPTI kernel time): 0.946-0.993
+#: at 1-256 tokens (block_m 16), 0.980 at 2048 / 2730 (64), 0.987-0.990 at 4096 / 8192 (128), with
+#: the trace overhead at 5 stages at block_m 128 down from +4.3% to +1.7-2.0%. Not at block_m 32,
+#: where both new instances read 1.06-1.08 and v9.12's one instance stays (benchmarks/NOTES_kernel.md,
+#: session 55).
+UNTRACED_INSTANCE = {16: True, 32: False, 64: True, 128: True}
 
 #: Dispatch warps that pull a CTA's row when the CTA has only one item (EP1), per block_m
 #: (kernel v8.6; ``whole_cta_pull`` in ``csrc/megamoe/roles_shared.cuh``): at block_m 16 all
@@ -493,7 +512,8 @@ def min_stages(block_m: int) -> int:
 
 def stages_for(block_m: int, num_experts: int, num_stages: int | None = None,
                smem_limit: int = SMEM_LIMIT_SM90) -> int:
-    """The stage count of a launch: ``num_stages`` if given, else as many as fit.
+    """The stage count of a launch: ``num_stages`` if given, else as many as fit, at most
+    :data:`STAGES_DEFAULT` where it names ``block_m``.
 
     Raises:
         InputError: ``num_stages`` outside ``[min_stages(block_m), num_stages_for(...)]``, or
@@ -507,7 +527,7 @@ def stages_for(block_m: int, num_experts: int, num_stages: int | None = None,
 
         raise smem_error(lambda e: smem_bytes(block_m, fewest, e), num_experts, block_m, smem_limit, fewest)
     if num_stages is None:
-        return fit
+        return min(fit, STAGES_DEFAULT.get(block_m, fit))
     require(is_int(num_stages) and fewest <= num_stages <= fit, "num_stages",
             f"an integer in [{fewest}, {fit}] (at least one per issuing producer warp, at most what {smem_limit} B "
             f"of shared memory holds at block_m {block_m})", repr(num_stages) if not is_int(num_stages) else num_stages)

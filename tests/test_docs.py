@@ -644,3 +644,22 @@ def test_kernel_page_consumer_time_table_follows_the_profile_run():
         got = [float(c) for c in rows[name]]
         exp = [round(sum(prof[f"T={t}"][k] for k in keys), digits) for t in (64, 1024, 4096, 8192)]
         assert got == pytest.approx(exp, abs=0.5 * 10 ** -digits + 1e-9), name
+
+
+def test_kernel_page_v913_ratios_follow_the_committed_ab():
+    """docs/kernel.md's v9.13 paragraph quotes the committed build's A/B against v9.12 (session 55,
+    ``kernel_experiments_s55.json`` call 11, median of the per-round ratios, three decimals): each
+    quoted ratio is recomputed from the run's per-round times, and every size's outputs were bitwise
+    equal."""
+    import statistics
+
+    call = json.loads((ROOT / "benchmarks/results/kernel_experiments_s55.json").read_text())["calls"][10]
+    assert call["call"] == 11 and call["build"].startswith("8c50ee51")
+    toks = call["ab_v913"]["tokens"]
+    ratio = {int(t): round(statistics.median(n / o for n, o in zip(v["new"], v["old"])), 3) for t, v in toks.items()}
+    assert all(v["bitwise_equal"] for v in toks.values())
+    text = (ROOT / "docs/kernel.md").read_text().split("The committed sources are kernel v9.13", 1)[1].split("\n\n", 1)[0]
+    text = " ".join(text.split())
+    quoted = (f"{ratio[2]:.3f} at 2 tokens, {ratio[16]:.3f} / {ratio[256]:.3f} at 16 / 256, {ratio[1024]:.3f} at 1024, "
+              f"{ratio[2048]:.3f} / {ratio[2730]:.3f} at 2048 / 2730, **{ratio[4096]:.3f} / {ratio[8192]:.3f} at 4096 / 8192**")
+    assert quoted in text, quoted

@@ -47,10 +47,14 @@ def test_design_for_v4_flash():
     # by hand: stage = token tile 128x128 + packed weights 128 x 64 + weight scales 128 x 4
     # + FP32 token scales 2 x 128 x 4 = 26112 -> 26624 B (1024-B aligned; no decoded weights:
     # they go to registers); fixed = 1024 + align128(256 x 12 + 64) + the epilogue scratch
-    # 20 x 128 x 4 = 1024 + 3200 + 10240 = 14464 -> 15360; (232448 - 15360) // 26624 = 8
+    # 20 x 128 x 4 = 1024 + 3200 + 10240 = 14464 -> 15360; (232448 - 15360) // 26624 = 8 fit,
+    # and the default at block_m 128 is 5 of them (STAGES_DEFAULT, measured faster)
     assert d.stage_bytes(128) == 26624 and d.fixed_bytes(128, 256) == 15360
-    assert des.block_m == 128 and des.block_n == 128 and des.num_stages == 8
-    assert des.smem_bytes == 15360 + 8 * 26624
+    assert d.num_stages_for(128, 256) == 8 and d.STAGES_DEFAULT == {128: 5}
+    assert des.block_m == 128 and des.block_n == 128 and des.num_stages == 5
+    assert des.smem_bytes == 15360 + 5 * 26624
+    # an override still reaches every stage that fits
+    assert d.design_for(8192, 4096, 2048, 256, 6, num_stages=8).num_stages == 8
     assert 256 % des.experts_per_wave == 0
 
 
@@ -304,12 +308,14 @@ def test_build_sm90a_and_resources():
         pytest.skip("nvcc not installed")
     r = kbuild.build("sm_90a")
     assert r.path.exists()
-    # each block_m twice: the timed instance and the profile one (fault_inject bit 32); block_m 16
-    # twice more with the wide walk (Scheduler's WIDE), twice at two CTAs per SM (CTAS = 2) and
-    # twice at two CTAs with the wide walk (kernel v9.5)
-    assert set(r.resources) == ({f"block_m={b}{p}" for b in d.BLOCK_MS for p in ("", ",profile")}
-                                | {"block_m=16,wide", "block_m=16,wide,profile", "block_m=16,pair", "block_m=16,pair,profile",
-                                   "block_m=16,wide,pair", "block_m=16,wide,pair,profile"})
+    # each block_m three times: untraced (no trace code, kernel v9.13), traced and the profile
+    # instance (fault_inject bit 32), block_m 32 without the untraced one (design_sm90.UNTRACED_INSTANCE);
+    # block_m 16 three times more with the wide walk (Scheduler's WIDE), at two CTAs per SM
+    # (CTAS = 2) and at two CTAs with the wide walk (kernel v9.5)
+    assert set(r.resources) == {f"block_m={b}{v}{t}" for b, v in [(b, "") for b in d.BLOCK_MS] +
+                                [(16, ",wide"), (16, ",pair"), (16, ",wide,pair")] for t in ("", ",traced", ",profile")
+                                if t or d.UNTRACED_INSTANCE[b]}
+    assert len(r.resources) == 20
     # whole-kernel spills stay under the caps (the hot loop itself is checked on the SASS): the
     # one-CTA instances under SPILL_LIMIT_BYTES, the two-CTA ones (64 registers at launch, the
     # dispatch warps on 32) under PAIR_SPILL_LIMIT_BYTES, and they do spill (else their split
@@ -347,6 +353,8 @@ def test_build_sm90a_and_resources():
     assert {bm: bool(lib.megamoe_sm90_walk_in_epilogue(bm)) for bm in d.BLOCK_MS} == d.WALK_IN_EPILOGUE
     assert lib.megamoe_sm90_walk_in_epilogue(48) == -1
     assert {bm: bool(lib.megamoe_sm90_block_descriptors(bm)) for bm in d.BLOCK_MS} == d.BLOCK_DESCRIPTORS
+    assert {bm: bool(lib.megamoe_sm90_untraced_instance(bm)) for bm in d.BLOCK_MS} == d.UNTRACED_INSTANCE
+    assert lib.megamoe_sm90_untraced_instance(48) == -1
     assert lib.megamoe_sm90_block_descriptors(48) == -1
     assert [lib.megamoe_sm90_block_tickets(c) for c in (0, 1, 2, 3)] == [-1, int(d.block_tickets(1)),
                                                                      int(d.block_tickets(2)), -1] == [-1, 0, 1, -1]
@@ -486,6 +494,43 @@ def test_l2_pool_agreement_detects_flips_and_layout_errors():
     assert l2_pool_agreement(fake, l2_in)["max_error_top_ulps"] > 1.0
 
 
+def test_record_ranges_split_bottom_and_top_and_drop_what_both_sides_wrote():
+    """A CTA's records: the bottom count reserved from slot 0 up (every role's trace_reserve),
+    the top count written from the last slot down by the SM90 consumer (two a block: slots cap-2,
+    cap-1, then cap-4, cap-3, ...; kernel v9.13). Cases derived by hand: a slot both sides
+    reached holds either record, so neither keeps it; records past the capacity were never
+    written."""
+    from megamoe.errors import InputError
+    from megamoe.kernel.trace import record_ranges, trace_dropped
+    assert record_ranges(3, 0, 8) == (range(0, 3), range(8, 8), 0)
+    assert record_ranges(2, 4, 8) == (range(0, 2), range(4, 8), 0)
+    assert record_ranges(4, 4, 8) == (range(0, 4), range(4, 8), 0)  # full, no overlap
+    # bottom wrote slots 0-4, top 7,6 / 5,4 / 3,2: slots 2-4 twice -> bottom keeps 0-1, top 5-7
+    assert record_ranges(5, 6, 8) == (range(0, 2), range(5, 8), 6)
+    assert record_ranges(10, 0, 8) == (range(0, 8), range(8, 8), 2)  # past the capacity
+    assert record_ranges(0, 10, 8) == (range(0, 0), range(0, 8), 2)
+    assert trace_dropped(np.array([[5, 10, 0], [6, 0, 2]]), 8) == 6 + 2 + 0
+    assert trace_dropped(np.array([10, 3]), 8) == 2  # the one-row form: every record from the bottom
+    with pytest.raises(InputError, match="trace_cap"):
+        record_ranges(1, 1, 0)
+    # decoded: CTA 0 with one bottom record (slot 0) and a top pair (slots 2, 3 of 4); slot 1,
+    # never reserved, holds a stale record and is not read
+    cap = 4
+    raw = np.zeros((1, cap), dtype=RECORD_DTYPE)
+    raw[0, 0] = (3, (1 << 16) | 5, 5, 0, 7, 0, 16, 0, 900, 1000)
+    raw[0, 1] = (3, (7 << 16) | 99, 5, 0, 7, 0, 16, 0, 950, 1000)
+    raw[0, 2] = (3, (2 << 16) | 6, 5, 0, 7, 0, 16, 0, 1000, 2000)
+    raw[0, 3] = (3, (2 << 16) | 7, 5, 0, 7, 0, 16, 0, 2000, 2100)
+    recs = decode_trace(raw.view(np.uint64).reshape(1, cap, 6), np.array([[1], [2]], dtype=np.int32), cap)
+    assert [(r["role"], r["kind"], r["t_start_ns"]) for r in recs] == [
+        ("producer", "l1_load", 0), ("consumer", "l1_mma", 100), ("consumer", "l1_epilogue", 1100)]
+    # counted as written, the stale slot is refused with the slot's CTA named, not decoded
+    with pytest.raises(InputError, match=r"trace record: expected a role < 3 and a kind < 13 \(CTA 0\)"):
+        decode_trace(raw.view(np.uint64).reshape(1, cap, 6), np.array([[2], [2]], dtype=np.int32), cap)
+    with pytest.raises(InputError, match=r"counts: expected shape \(1,\) or \(2, 1\)"):
+        decode_trace(raw.view(np.uint64).reshape(1, cap, 6), np.array([[1], [2], [0]]), cap)
+
+
 def test_record_buffers_and_fetch_records_on_a_fake_kernel():
     """The trace plumbing shared by the SM90, SM100 and EP kernels, on CPU tensors: buffers
     are allocated once per size and their counts zeroed each call; fetch checks, decodes the
@@ -498,21 +543,27 @@ def test_record_buffers_and_fetch_records_on_a_fake_kernel():
     checked = []
     k = types.SimpleNamespace(torch=torch, device=torch.device("cpu"), check=lambda: checked.append(1))
     tr, trc = record_buffers(k, 2, 3)
-    assert tr.shape == (2, 3, 6) and tr.dtype == torch.int64 and trc.tolist() == [0, 0]
+    assert tr.shape == (2, 3, 6) and tr.dtype == torch.int64 and trc.tolist() == [[0, 0], [0, 0]]
     trc[:] = 7
     tr2, trc2 = record_buffers(k, 2, 3)
-    assert tr2 is tr and trc2 is trc and trc.tolist() == [0, 0]  # reused, counts zeroed
+    assert tr2 is tr and trc2 is trc and trc.tolist() == [[0, 0], [0, 0]]  # reused, counts zeroed
     raw = np.zeros((2, 3), dtype=RECORD_DTYPE)
     raw[0, 0] = (3, (2 << 16) | 6, 5, 1, 7, 0, 16, 0, 1000, 2000)
     for i in range(3):
         raw[1, i] = (9, (2 << 16) | 9, 5, 1, 3 + i, 0, 16, 1, 1500 + 100 * i, 2500 + 100 * i)
     tr.copy_(torch.from_numpy(raw.view(np.int64).reshape(2, 3, 6)))
-    trc[:] = torch.tensor([1, 5], dtype=torch.int32)  # CTA 1 wrote 5 records into room for 3
+    trc[0] = torch.tensor([1, 5], dtype=torch.int32)  # CTA 1 reserved 5 records into room for 3
     k._pending_trace = (tr, trc, 3)
     recs = fetch_records(k, rank=1)
     assert checked == [1] and k._pending_trace is None and k.last_trace_dropped == 2
     assert [(r["rank"], r["sm"], r["kind"], r["n_block"], r["t_start_ns"]) for r in recs] == [
         (1, 3, "l1_mma", 7, 0), (1, 9, "l2_mma", 3, 500), (1, 9, "l2_mma", 4, 600), (1, 9, "l2_mma", 5, 700)]
+    # CTA 1's consumer wrote its two records from the top (slots 1, 2), over its bottom's slot 1-2:
+    # the bottom keeps slot 0; slots 1-2 were written by both sides, so neither keeps them
+    trc[1] = torch.tensor([0, 2], dtype=torch.int32)
+    k._pending_trace = (tr, trc, 3)
+    recs = fetch_records(k, rank=1)
+    assert k.last_trace_dropped == 2 + 2 + 2 and [(r["sm"], r["n_block"]) for r in recs] == [(3, 7), (9, 3)]
     with pytest.raises(InputError, match="a preceding traced call"):
         fetch_records(k)
     assert record_buffers(k, 4, 3)[0].shape == (4, 3, 6)  # another size: new buffers

@@ -422,6 +422,37 @@ def test_trace_block_order():
     assert torch.equal(y.view(torch.int16), y2.view(torch.int16))
 
 
+@pytest.mark.parametrize("T", [1, 64, 1024, 4096])
+def test_traced_instance_equals_the_untraced_one_and_records_every_block(T):
+    """A traced call runs another template instance (kernel v9.13: the untraced one holds no trace
+    code) and returns the same output bits; its consumer records, two a block written from the top
+    of each CTA's buffer, hold every block of the plan once, in the plan's order (by ticket at two
+    CTAs per SM, the static deal at one), each MMA record followed by its epilogue's."""
+    k, _ = _kernel(FLASH, 4096)
+    x, xs, idx, tw = make_inputs(T, 256, 6, 4096, "cuda", seed=7)
+    y0 = k(x, xs, idx, tw)
+    y1, recs = k(x, xs, idx, tw, trace=True)
+    des = k.last_design
+    _assert_bitwise(y1, y0)
+    assert k.last_trace_dropped == 0
+    counts = torch.bincount(idx[idx >= 0].long(), minlength=256).tolist()
+    args = (counts, des.block_m, 2 * 2048 // 128, 4096 // 128, des.experts_per_wave, des.num_ctas)
+    got = block_order(recs)
+    if des.ctas_per_sm == 2:
+        rows = block_list(*args, wave_lag=wave_lag(2))
+        assert ticket_order_violation(got, rows) is None, ticket_order_violation(got, rows)
+    else:
+        static = block_sequence(*args)
+        assert got == {c: v for c, v in static.items() if v}
+    part = {}
+    for r in recs:
+        if r["role"] == "consumer":
+            part.setdefault(r["kind"][3:], {})[(r["kind"][:2], r["cta"], r["expert"], r["m_block"], r["n_block"])] = r
+    assert set(part) == {"mma", "epilogue"} and part["mma"].keys() == part["epilogue"].keys()
+    assert len(part["mma"]) == sum(map(len, got.values()))
+    assert all(r["t_end_ns"] == part["epilogue"][b]["t_start_ns"] for b, r in part["mma"].items())
+
+
 @pytest.mark.parametrize("shape,T", [(TINY, 33), (FLASH, 1), (FLASH, 64)])
 def test_cuda_graph_replays_bitwise(shape, T):
     """A captured call (MegaMoEKernel.capture) replays bit for bit what an eager call returns, for

@@ -393,7 +393,8 @@ def test_sm100_workspace_is_the_spec(sm100_env):
 
 def test_sm100_launch_with_a_plans_config_and_trace(sm100_env):
     """design=config_from_plan(plan) is launched as given; trace='device' passes the record
-    buffers ([num_sms, cap, 6] int64, counts [num_sms]) and the capacity."""
+    buffers ([num_sms, cap, 6] int64, counts [2, num_sms]: from each CTA's bottom, and from its top where
+    the SM90 consumer writes; the SM100 kernel uses the first row) and the capacity."""
     torch = sm100_env.torch
     from megamoe import design_sm100
     k, _ = _sm100_kernel(sm100_env)
@@ -405,7 +406,7 @@ def test_sm100_launch_with_a_plans_config_and_trace(sm100_env):
     _, q, _ = sm100_env.lib.calls[0]
     tr, trc = k._tr
     cap = k._pending_trace[2]
-    assert tuple(tr.shape) == (cfg.num_sms, cap, 6) and tr.dtype == torch.int64 and tuple(trc.shape) == (cfg.num_sms,)
+    assert tuple(tr.shape) == (cfg.num_sms, cap, 6) and tr.dtype == torch.int64 and tuple(trc.shape) == (2, cfg.num_sms)
     blocks = (cfg.pool_tokens // cfg.block_m) * (2 * I // 128 + H // 128)  # trace.trace_capacity's bound
     assert cap == 8 + 4 * -(-blocks // cfg.num_sms) + 64
     _assert_params(q, *_expected_fields(k, cfg, 12, x, x_sf, idx, w, y, trace_cap=cap, tr=tr, trc=trc))

@@ -97,10 +97,12 @@ def test_sass_contains_the_matrix_instructions(arch):
     sass = kbuild.disassemble(r.path)
     found = kbuild.check_sass(arch, sass)
     kernels = [f for f in found if "_kernel" in f]
-    # sm_90a: each block_m twice, the timed instance and the profile one (fault_inject bit 32),
-    # and block_m 16 twice more with the wide walk (design_sm90.wide_walk), twice at two CTAs
-    # per SM (design_sm90.ctas_per_sm) and twice at two CTAs with the wide walk (kernel v9.5)
-    assert len(kernels) == (len(d100.INSTANCES) if arch == "sm_100a" else 2 * len(d90.BLOCK_MS) + 6)
+    # sm_90a: each block_m three times, untraced, traced (kernel v9.13) and the profile instance
+    # (fault_inject bit 32), block_m 32 without the untraced one (design_sm90.UNTRACED_INSTANCE), and
+    # block_m 16 three times more with the wide walk (design_sm90.wide_walk), at two CTAs per SM
+    # (design_sm90.ctas_per_sm) and at two CTAs with the wide walk (kernel v9.5)
+    n90 = 3 * (len(d90.BLOCK_MS) + 3) - sum(not v for v in d90.UNTRACED_INSTANCE.values())
+    assert len(kernels) == (len(d100.INSTANCES) if arch == "sm_100a" else n90)
     for fn in kernels:
         print(arch, fn, found[fn])
     ops = kbuild.sass_opcodes(sass)
@@ -118,8 +120,8 @@ def test_sass_contains_the_matrix_instructions(arch):
     # no register spills inside the matrix loops of the timed instances
     assert kbuild.hot_loop_spills(arch, sass) == {}
     if arch == "sm_90a":  # every timed instance has a K loop, longer with more accumulator registers
-        sizes = kbuild.k_loop_sizes(arch, sass)
-        timed = [sizes[f"block_m={bm}"] for bm in sorted(d90.BLOCK_MS)]
+        sizes = kbuild.k_loop_sizes(arch, sass)  # (an untraced launch at block_m 32 runs its traced instance)
+        timed = [sizes[f"block_m={bm}" + ("" if d90.UNTRACED_INSTANCE[bm] else ",traced")] for bm in sorted(d90.BLOCK_MS)]
         assert timed == sorted(timed) and len(set(timed)) == len(timed), sizes
     # ptxas kept the WGMMAs asynchronous (no serialization diagnostic for any instance)
     assert kbuild.serialized_wgmma(r.log) == {}
@@ -146,7 +148,7 @@ def test_hot_loop_local_memory_counts_the_whole_k_loop_but_not_its_slow_paths():
     # timeout path placed after the function's exit jumps back into the loop (not counted), and
     # the block loop around it (0x0080 .. 0x01a0) holds an epilogue spill (not counted).
     fake = """
-        Function : _ZN7megamoe19megamoe_sm90_kernelILi128ELb0EEEvNS_8Sm90ArgsE
+        Function : _ZN7megamoe19megamoe_sm90_kernelILi128ELb0ELb0ELi1ELb0EEEvNS_8Sm90ArgsE
         /*0080*/                   STL [R1], R0 ;
         /*0100*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R2], R3 ;
         /*0110*/               @!P0 BRA 0x1c0 ;
@@ -161,14 +163,14 @@ def test_hot_loop_local_memory_counts_the_whole_k_loop_but_not_its_slow_paths():
         /*01b0*/                   EXIT ;
         /*01c0*/                   LDL R7, [R1+0x8] ;
         /*01d0*/                   BRA 0x120 ;
-        Function : _ZN7megamoe19megamoe_sm90_kernelILi128ELb1EEEvNS_8Sm90ArgsE
+        Function : _ZN7megamoe19megamoe_sm90_kernelILi128ELb1ELb0ELi1ELb1EEEvNS_8Sm90ArgsE
         /*0100*/                   QGMMA.64x128x32.F32.E4M3.E4M3 R24, R88, gdesc[UR16], RZ, !UPT ;
         /*0110*/                   LDL R0, [R1+0xc] ;
         /*0120*/               @P1 BRA 0x100 ;
 """
     assert kbuild.hot_loop_local_memory("sm_90a", fake) == {
-        "_ZN7megamoe19megamoe_sm90_kernelILi128ELb0EEEvNS_8Sm90ArgsE": 1,
-        "_ZN7megamoe19megamoe_sm90_kernelILi128ELb1EEEvNS_8Sm90ArgsE": 1}
+        "_ZN7megamoe19megamoe_sm90_kernelILi128ELb0ELb0ELi1ELb0EEEvNS_8Sm90ArgsE": 1,
+        "_ZN7megamoe19megamoe_sm90_kernelILi128ELb1ELb0ELi1ELb1EEEvNS_8Sm90ArgsE": 1}
     # what the strict build refuses: the timed instance, not the profile one
     assert kbuild.hot_loop_spills("sm_90a", fake) == {"block_m=128": 1}
 
@@ -178,7 +180,7 @@ def test_k_loop_sizes_and_sass_digests_by_hand():
     instructions) less the retry code the branch after the unpredicated try-wait jumps over
     (0x030 - 0x050): seven; a function without a matrix instruction is left out. sass_digests:
     addresses and encodings do not count, a register does."""
-    k16 = "_ZN7megamoe19megamoe_sm90_kernelILi16ELb0EEEvNS_8Sm90ArgsE"
+    k16 = "_ZN7megamoe19megamoe_sm90_kernelILi16ELb0ELb0ELi1ELb0EEEvNS_8Sm90ArgsE"
     fake = f"""
         Function : {k16}
         /*0000*/                   MOV R1, R2 ;
@@ -198,10 +200,16 @@ def test_k_loop_sizes_and_sass_digests_by_hand():
         /*0010*/                @P1 BRA 0x0 ;
 """
     assert kbuild.k_loop_sizes("sm_90a", fake) == {"block_m=16": 7}
-    # the SM90 instance names: <block_m, profile, wide>
-    names = {f"_ZN7megamoe19megamoe_sm90_kernelILi16ELb{p}ELb{w}EEEvNS_8Sm90ArgsE": (p, w) for p in (0, 1) for w in (0, 1)}
-    assert {kbuild._instance_name(k): v for k, v in names.items()} == {
-        "block_m=16": (0, 0), "block_m=16,profile": (1, 0), "block_m=16,wide": (0, 1), "block_m=16,wide,profile": (1, 1)}
+    # the SM90 instance names: megamoe_sm90_kernel<block_m, PROF, WIDE, CTAS, TR>
+    sym = "_ZN7megamoe19megamoe_sm90_kernelILi{}ELb{}ELb{}ELi{}ELb{}EEEvNS_8Sm90ArgsE"
+    assert {kbuild._instance_name(sym.format(*a)): a for a in [
+        (16, 0, 0, 1, 0), (16, 0, 0, 1, 1), (16, 1, 0, 1, 1), (16, 0, 1, 1, 0), (16, 1, 1, 2, 1), (128, 0, 0, 1, 1),
+        (32, 0, 0, 2, 0)]} == {
+        "block_m=16": (16, 0, 0, 1, 0), "block_m=16,traced": (16, 0, 0, 1, 1), "block_m=16,profile": (16, 1, 0, 1, 1),
+        "block_m=16,wide": (16, 0, 1, 1, 0), "block_m=16,wide,pair,profile": (16, 1, 1, 2, 1),
+        "block_m=128,traced": (128, 0, 0, 1, 1), "block_m=32,pair": (32, 0, 0, 2, 0)}
+    assert kbuild._instance_name("_ZN7megamoe20megamoe_sm100_kernelILi128ELi128EEEvNS_6ParamsE") == "block_m=128,block_k=128"
+    assert kbuild._instance_name("other") == "other"
     dig = kbuild.sass_digests(fake)
     moved = fake.replace("/*0090*/", "/*0094*/").replace("EXIT ;", "EXIT ;  /* 0x000000000000794d */")
     assert kbuild.sass_digests(moved) == dig
@@ -215,11 +223,11 @@ def test_serialized_wgmma_names_the_instances_from_the_ptxas_log():
     log = (
         "ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are serialized "
         "due to non wgmma instructions reading accumulator registers of  a wgmma between start and end of "
-        "the pipeline stage in the function '_ZN7megamoe19megamoe_sm90_kernelILi16ELb0EEEvNS_8Sm90ArgsE'\n"
+        "the pipeline stage in the function '_ZN7megamoe19megamoe_sm90_kernelILi16ELb0ELb0ELi1ELb0EEEvNS_8Sm90ArgsE'\n"
         "ptxas info    : Used 128 registers, used 3 barriers, 88 bytes cumulative stack size\n"
         "ptxas info    : (C7518) Potential Performance Loss: wgmma.mma_async instructions are serialized "
         "due to program dependence on compiler-inserted WG.DP in divergent path in the function "
-        "'_ZN7megamoe19megamoe_sm90_kernelILi128ELb1EEEvNS_8Sm90ArgsE'\n")
+        "'_ZN7megamoe19megamoe_sm90_kernelILi128ELb1ELb0ELi1ELb1EEEvNS_8Sm90ArgsE'\n")
     got = kbuild.serialized_wgmma(log)
     assert sorted(got) == ["block_m=128,profile", "block_m=16"]
     assert got["block_m=16"].startswith("C7514:due to non wgmma instructions reading accumulator")

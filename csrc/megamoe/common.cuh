@@ -349,6 +349,17 @@ __device__ __forceinline__ void trace_write(const Params& p, uint32_t idx, uint3
     *reinterpret_cast<uint2*>(rec + 8) = make_uint2((uint32_t)t0, (uint32_t)(t0 >> 32));
     *reinterpret_cast<uint2*>(rec + 10) = make_uint2((uint32_t)t1, (uint32_t)(t1 >> 32));
 }
+// Whether this thread's role records, in an instance compiled with or without trace code: TR =
+// false instances (the SM90 kernel's untraced launches, kernel v9.13) hold none of it, neither
+// the slot atomics nor the records' clock reads; TR = true records when the launch passes a
+// capacity. trace_clock is a record's time stamp (0 where no record is written).
+template <bool TR>
+__device__ __forceinline__ bool trace_on(const Params& p) { return TR && p.trace_cap > 0; }
+template <bool TR>
+__device__ __forceinline__ uint64_t trace_clock() {
+    if constexpr (TR) return globaltimer();
+    else return 0;
+}
 __device__ __forceinline__ void trace_record(const Params& p, uint32_t role, uint32_t kind, int expert, int m,
                                              int n, int wave, int tokens, uint64_t t0, uint64_t t1) {
     if (p.trace_cap == 0) return;

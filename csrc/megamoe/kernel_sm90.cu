@@ -157,6 +157,18 @@ __host__ __device__ constexpr bool walk_in_epilogue() { return BM >= 32; }
 // by design_sm90.BLOCK_DESCRIPTORS (benchmarks/NOTES_kernel.md, session 36).
 template <int BM>
 __host__ __device__ constexpr bool block_descriptors() { return BM == 16; }
+// Whether untraced launches run an instance of their own, without any trace code (kernel v9.13),
+// and the traced instance's consumer writes its records from the top of the CTA's buffer with no
+// atomic (consumer_role). Measured against v9.12 (untraced, CUPTI kernel time, 6 crossover
+// rounds, outputs bitwise equal): 0.946 / 0.974 at 2 / 1 tokens, 0.990-0.993 at 16-256 (block_m
+// 16), 0.980 at 2048 / 2730 (64), 0.987-0.990 at 4096 / 8192 (128), and traced over untraced
+// +1.7-2.0% at 5 stages at block_m 128 (v9.12: +4.3-4.5%). Not at block_m 32: there both new
+// instances read 1.06-1.08, and the traced one ran 5.5% faster with its consumer's record stores
+// than without them (probe PC), so block_m 32 keeps v9.12's one instance, its run-time trace test
+// and its per-block slot atomic (its SASS v9.12's). Mirrored by design_sm90.UNTRACED_INSTANCE
+// (benchmarks/NOTES_kernel.md, session 55).
+template <int BM>
+__host__ __device__ constexpr bool untraced_instance() { return BM != 32; }
 constexpr uint32_t kRelayOffset = 448;
 constexpr int kRelaySlots = 16;
 constexpr uint32_t kRelayDone = 0xFFFFFFFFu;
@@ -257,6 +269,7 @@ __device__ __forceinline__ Stage get_stage(uint8_t* base, int s) {
 // Inlined into the one kernel function (a separate function would add a ptxas entry); its loops
 // are kept small (no unrolled round-robin, one 16-B copy per lane in flight x4) because every
 // register it holds raises the kernel's spills (ptxas allocates one budget for all roles).
+template <bool TR>
 __device__ __forceinline__ void dispatch_role_ep(const Params& p, const int BM, int* hist, int* cta_base, int* off_blk,
                                               int* scan) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -266,10 +279,10 @@ __device__ __forceinline__ void dispatch_role_ep(const Params& p, const int BM, 
     const int c = blockIdx.x;
     const int2 tr = cta_range(T);  // this CTA's tokens; its items (token, slot) in token order
     const int i0 = tr.x * K, i1 = tr.y * K;
-    const bool trace = p.trace_cap > 0 && tid == 0;
+    const bool trace = trace_on<TR>(p) && tid == 0;
 
     // 1. count (as EP1): in-order rank of each item among this CTA's items of the same expert.
-    uint64_t ts = globaltimer();
+    uint64_t ts = trace_clock<TR>();
     count_items(p, hist, i0, i1);
     // 2. publish this CTA's histogram, then the count (release through the fence + atomic).
     for (int e = tid; e < E; e += kDispatchThreads) {
@@ -279,7 +292,7 @@ __device__ __forceinline__ void dispatch_role_ep(const Params& p, const int BM, 
     }
     if (trace) trace_record(p, kRoleDispatch, kKindCount, -1, -1, -1, -1, i1 - i0, ts, globaltimer());
     // 3. wait for every CTA of this rank; this CTA's base = items of earlier CTAs (ascending order).
-    ts = globaltimer();
+    ts = trace_clock<TR>();
     for (int e = tid; e < E; e += kDispatchThreads) {
         unsigned long long v;
         wait_published(p, p.send_count + e, v, e, kRoleDispatch, p.timeout_ns);
@@ -332,7 +345,7 @@ __device__ __forceinline__ void dispatch_role_ep(const Params& p, const int BM, 
     if (trace) trace_record(p, kRoleDispatch, kKindIndexExchange, -1, -1, -1, -1, i1 - i0, ts, globaltimer());
     if (tid == 0) progress(p, 0, 2);
     // 5. NVLink barrier 1: every CTA of every rank wrote its table entries and counts.
-    ts = globaltimer();
+    ts = trace_clock<TR>();
     if (tid == 0) nvl_barrier(p, 1, kRoleDispatch);
     named_bar_sync(kBarDispatch, kDispatchThreads);
     if (trace) trace_record(p, kRoleDispatch, kKindNvlBarrier, -1, -1, -1, -1, 1, ts, globaltimer());
@@ -376,7 +389,7 @@ __device__ __forceinline__ void dispatch_role_ep(const Params& p, const int BM, 
     if (aborted(p)) return;
 
     // 7. pull: this CTA's share of the pool positions, one warp per item.
-    ts = globaltimer();
+    ts = trace_clock<TR>();
     const int N = scan[0];
     const int2 jr = cta_range(N);  // this CTA's pool positions
     const int j0 = jr.x, j1 = jr.y;
@@ -503,7 +516,7 @@ __device__ __forceinline__ void log_block(uint64_t* full, int j, int phase) {
 // issues its K blocks' TMA loads against the stage's full barrier. A block's operand
 // addresses are computed once per block (Loads) and the stage index and the free-stage
 // wait's parity are kept incrementally.
-template <int BM, bool WIDE = false, int CTAS = 1>
+template <int BM, bool WIDE = false, int CTAS = 1, bool TR = false>
 struct Producer {
     static constexpr bool TICKETS = CTAS == 2;  // two CTAs per SM take their blocks by ticket
     static constexpr int NW = BM == 128 ? 2 : 4;
@@ -677,7 +690,7 @@ struct Producer {
             ok = sched.fetch_counts(p, kRoleProducer);
         }
         if (!tk && !ok) return;
-        const bool trace = p.trace_cap > 0 && ptid == 0;
+        const bool trace = trace_on<TR>(p) && ptid == 0;
         const uint32_t c_start = clock32();
         uint32_t cyc_wait_dep = 0;  // profile: waiting for arrival counts / masks
         for (;;) {
@@ -696,7 +709,7 @@ struct Producer {
                 ++jt;
             }
             if (b.phase == kPhaseNone) break;
-            const uint64_t tb = globaltimer();
+            const uint64_t tb = trace_clock<TR>();
             const uint32_t tslot = trace ? trace_reserve(p, 1) : 0;  // the block's load record
             const int wave = b.expert / (int)p.experts_per_wave;
             if (ptid == 0) progress(p, 1, (uint32_t)((b.phase << 28) | (b.expert << 16) | (b.m_block << 8) | b.n_block));
@@ -711,7 +724,7 @@ struct Producer {
             if (b.phase == kPhaseL1) {
                 uint32_t v = ld_acquire_u32(p.arrival + b.pool_block);
                 if (v != (uint32_t)b.valid_m) {
-                    const uint64_t tw = globaltimer();
+                    const uint64_t tw = trace_clock<TR>();
                     Deadline d(p.timeout_ns);
                     while (ok && (v = ld_relaxed_u32(p.arrival + b.pool_block)) != (uint32_t)b.valid_m) {
                         if (!d.tick(p)) {
@@ -740,7 +753,7 @@ struct Producer {
                         cd = clock32();
                         have = ld_acquire_u64(p.mask + b.pool_block);
                         if ((have & need) != need) {
-                            const uint64_t tw = globaltimer();
+                            const uint64_t tw = trace_clock<TR>();
                             Deadline d(p.timeout_ns);
                             while (ok && ((have = ld_relaxed_u64(p.mask + b.pool_block)) & need) != need) {
                                 if (!d.tick(p)) {
@@ -820,7 +833,7 @@ __device__ __noinline__ void follow_block_log(const Params& p, const uint64_t* f
 // thread holds the gate (r = 0, 1) and the up (r = 2, 3) of the same intermediate column
 // n_block * 64 + 32 g + 8 wi + lane/4, and warpgroup g owns exactly one 32-wide UE8M0
 // group of the L1 output (n_block * 2 + g).
-template <int BM, bool PROF, bool WIDE>
+template <int BM, bool PROF, bool WIDE, bool TR>
 __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, uint64_t* empty, float* red,
                               const uint8_t* fold_tab) {
     using Tile = Sm90Tile<BM>;
@@ -846,7 +859,7 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
     // warp that issues and records, ptid 0), they cost 4.5-5.9% of kernel time at 64 tokens; by
     // ctid 224, 1.8-2.7% (kernel v7.3, benchmarks/NOTES_kernel.md).
     constexpr int kTraceCtid = kConsumerThreads - 32;
-    const bool trace = p.trace_cap > 0 && ctid == kTraceCtid;
+    const bool trace = trace_on<TR>(p) && ctid == kTraceCtid;
     const float clampv = (float)p.clamp;
     const bool do_clamp = p.clamp < 3.0e38;
     const float clamp_bf = __bfloat162float(__float2bfloat16_rn(clampv));
@@ -883,6 +896,17 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
     constexpr bool from_desc = block_descriptors<BM>();
     constexpr bool ahead = !from_desc && walk_in_epilogue<BM>();
     int taken = 0;  // blocks taken from the descriptors
+    // The recording thread's records, two a block (MMA, epilogue), fill the CTA's record buffer
+    // from its top down: slots cap - 2, cap - 1 for its first block, and so on. It counts them
+    // itself, no atomic, and stores the count once, in the second row of trace_count, after its
+    // last block (the other roles reserve from the bottom with trace_reserve;
+    // megamoe.kernel.trace.record_ranges). A global atomic per block, its returned slot held
+    // through the K loop, cost the traced kernel the L1-cache gain of 5 stages at block_m 128
+    // (probe TR-C, benchmarks/NOTES_kernel.md, session 53). Where the untraced launches share the
+    // traced instance (block_m 32, untraced_instance), the block's two slots come from that atomic,
+    // as in kernel v9.12.
+    constexpr bool top_down = untraced_instance<BM>();
+    uint32_t nrec = 0;
     Block b;
     if constexpr (!from_desc) b = sched.next();
     for (;;) {
@@ -897,8 +921,8 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
         }
         if (b.phase == kPhaseNone) break;
         const int wave_here = ahead ? 0 : b.expert / (int)p.experts_per_wave;
-        const uint64_t tb = globaltimer();
-        const uint32_t tslot = trace ? trace_reserve(p, 2) : 0;  // the block's two records (MMA, epilogue)
+        const uint64_t tb = trace_clock<TR>();
+        const uint32_t tslot = !top_down && trace ? trace_reserve(p, 2) : 0;
         if (ctid == 0) progress(p, 4, (uint32_t)((b.phase << 28) | (b.expert << 16) | (b.m_block << 8) | b.n_block));
         tile.zero();
         // this thread's two weight rows' scales 2^(s_max - 133) (the fold, fp4.cuh), applied
@@ -1001,7 +1025,7 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
         }
         if (ctid == 0) progress(p, 5, (uint32_t)it);
         if (lane == 0) progress(p, wslot, 0x03000000 | (dead ? 0x800000 : 0) | (uint32_t)it);
-        const uint64_t tm = globaltimer();
+        const uint64_t tm = trace_clock<TR>();
         const long long ce = pclock();
         if constexpr (PROF) ep_t = ce;
         const size_t prow0 = (size_t)b.pool_block * BM;
@@ -1235,11 +1259,17 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
             const uint64_t te = globaltimer();
             const bool l1 = b.phase == kPhaseL1;
             const int wave = ahead ? b.expert / (int)p.experts_per_wave : wave_here;
-            trace_write(p, tslot, kRoleConsumer, l1 ? kKindL1Mma : kKindL2Mma, b.expert, b.m_block, b.n_block, wave, b.valid_m, tb, tm);
-            trace_write(p, tslot + 1, kRoleConsumer, l1 ? kKindL1Epilogue : kKindL2Epilogue, b.expert, b.m_block, b.n_block, wave, b.valid_m, tm, te);
+            uint32_t slot = tslot;
+            if constexpr (top_down) {
+                nrec += 2u;
+                slot = (uint32_t)p.trace_cap - nrec;  // past the capacity: wraps, not written
+            }
+            trace_write(p, slot, kRoleConsumer, l1 ? kKindL1Mma : kKindL2Mma, b.expert, b.m_block, b.n_block, wave, b.valid_m, tb, tm);
+            trace_write(p, slot + 1u, kRoleConsumer, l1 ? kKindL1Epilogue : kKindL2Epilogue, b.expert, b.m_block, b.n_block, wave, b.valid_m, tm, te);
         }
         if constexpr (!from_desc) b = ahead ? nb : sched.next();
     }
+    if (top_down && trace) p.trace_count[gridDim.x + blockIdx.x] = nrec;  // the top records' count
     if (from_desc && dead && p.ctas_per_sm == 2) {
         follow_block_log(p, full, taken);
     } else if (from_desc && dead) {
@@ -1270,7 +1300,7 @@ __device__ void consumer_role(const Params& p, uint8_t* stages, uint64_t* full, 
 }
 
 // ------------------------------------------------------------------ the kernel
-template <int BM, bool PROF, bool WIDE, int CTAS>
+template <int BM, bool PROF, bool WIDE, int CTAS, bool TR>
 __global__ void __launch_bounds__(kThreads, 1) __maxnreg__((kRegsEven / CTAS)) megamoe_sm90_kernel(const __grid_constant__ Sm90Args args) {
     static_assert(CTAS == 1 || (CTAS == 2 && BM == 16), "two CTAs per SM only at block_m 16");
     // The wide instances count locally (dispatch_pull's LOCAL: kernel v8.9 at one CTA, v9.7 at two,
@@ -1317,8 +1347,8 @@ __global__ void __launch_bounds__(kThreads, 1) __maxnreg__((kRegsEven / CTAS)) m
     // returns to the even split for the combine. 128 x (64 + 64) + 256 x 192 = 65536.
     if (warp < 4) {
         setmaxnreg_dec<Regs::dispatch>();
-        if (p.num_ranks > 1) dispatch_role_ep(p, BM, hist, cta_base, off_blk, scan);
-        else dispatch_pull<BM, IdentitySfRow, true, WIDE, (counts_from_shared<WIDE, CTAS>() ? kCountsBarThreads : 0)>(p, hist, cta_base, off_blk, scan, IdentitySfRow{p.pool_rows}, (int)p.hidden);  // whole rows, folded
+        if (p.num_ranks > 1) dispatch_role_ep<TR>(p, BM, hist, cta_base, off_blk, scan);
+        else dispatch_pull<BM, IdentitySfRow, true, WIDE, (counts_from_shared<WIDE, CTAS>() ? kCountsBarThreads : 0), TR>(p, hist, cta_base, off_blk, scan, IdentitySfRow{p.pool_rows}, (int)p.hidden);  // whole rows, folded
         __syncwarp();
         if (threadIdx.x == 0) {
             progress(p, 0, 0xD0);
@@ -1327,14 +1357,14 @@ __global__ void __launch_bounds__(kThreads, 1) __maxnreg__((kRegsEven / CTAS)) m
     } else if (warp < 8) {
         setmaxnreg_dec<Regs::producer>();
         if (warp < 4 + Producer<BM>::NW) {
-            Producer<BM, WIDE, CTAS> prod(p, args.pool_map, stages, full, empty);
+            Producer<BM, WIDE, CTAS, TR> prod(p, args.pool_map, stages, full, empty);
             prod.run();
         }
         __syncwarp();
         if (threadIdx.x == kDispatchThreads) progress(p, 3, 0xD0);
     } else {
         setmaxnreg_inc<Regs::consumer>();
-        consumer_role<BM, PROF, WIDE>(p, stages, full, empty, red, fold_tab);
+        consumer_role<BM, PROF, WIDE, TR>(p, stages, full, empty, red, fold_tab);
         // the relay's end, on every path out of the consumer role (if its slot never frees,
         // the dispatch lane's own wait has failed and returned)
         if constexpr (relay_release<BM>())
@@ -1352,8 +1382,8 @@ __global__ void __launch_bounds__(kThreads, 1) __maxnreg__((kRegsEven / CTAS)) m
 
     // Grid sync (EP: NVLink barrier 2), then combine and clean up (roles_shared.cuh).
     // (the one-CTA wide instance, 1-2 tokens on V4-Flash: every slot of a token loaded at once, kernel v8.8)
-    if constexpr (kWideOne) combine_and_clean<BM, kCombineSlotsWide>(p, kThreads);
-    else combine_and_clean<BM>(p, kThreads);
+    if constexpr (kWideOne) combine_and_clean<BM, kCombineSlotsWide, TR>(p, kThreads);
+    else combine_and_clean<BM, combine_slots<BM>(), TR>(p, kThreads);
 }
 
 }  // namespace megamoe
@@ -1402,9 +1432,9 @@ static int pool_map(int dev, int which, const void* base, int64_t rows, int64_t 
     return 0;
 }
 
-template <int BM, bool PROF, bool WIDE = false, int CTAS = 1>
-static int launch_bm(const Params* p, cudaStream_t stream, size_t smem, int dev) {
-    auto kern = megamoe::megamoe_sm90_kernel<BM, PROF, WIDE, CTAS>;
+template <int BM, bool PROF, bool WIDE, int CTAS, bool TR>
+static int launch_instance(const Params* p, cudaStream_t stream, size_t smem, int dev) {
+    auto kern = megamoe::megamoe_sm90_kernel<BM, PROF, WIDE, CTAS, TR>;
     static size_t configured[kMaxDevices] = {};  // dynamic smem already set and checked, per device
     if (configured[dev] < smem) {
         cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -1423,6 +1453,28 @@ static int launch_bm(const Params* p, cudaStream_t stream, size_t smem, int dev)
     void* args[] = {&a};
     const cudaError_t err = cudaLaunchKernel((const void*)kern, dim3((unsigned)p->num_sms), dim3(megamoe::kThreads), args, smem, stream);
     return (int)err;
+}
+
+// Each (block_m, wide, CTAs per SM) has three instances: untraced (no trace code at all, kernel
+// v9.13), traced (a launch with a trace capacity) and profile (fault_inject bit 32: consumer_role's
+// PROF cycle counts; it traces too when asked); two at block_m 32, whose untraced launches run the
+// traced instance (untraced_instance).
+template <int BM, bool WIDE = false, int CTAS = 1>
+static int launch_bm(const Params* p, cudaStream_t stream, size_t smem, int dev) {
+    if (p->fault_inject & 32) return launch_instance<BM, true, WIDE, CTAS, true>(p, stream, smem, dev);
+    if constexpr (megamoe::untraced_instance<BM>())
+        if (p->trace_cap == 0) return launch_instance<BM, false, WIDE, CTAS, false>(p, stream, smem, dev);
+    return launch_instance<BM, false, WIDE, CTAS, true>(p, stream, smem, dev);
+}
+template <int BM, bool WIDE = false, int CTAS = 1>
+static cudaError_t preload_bm() {
+    cudaFuncAttributes a;
+    cudaError_t e = cudaSuccess;
+    if constexpr (megamoe::untraced_instance<BM>())
+        e = cudaFuncGetAttributes(&a, (const void*)megamoe::megamoe_sm90_kernel<BM, false, WIDE, CTAS, false>);
+    if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, (const void*)megamoe::megamoe_sm90_kernel<BM, false, WIDE, CTAS, true>);
+    if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, (const void*)megamoe::megamoe_sm90_kernel<BM, true, WIDE, CTAS, true>);
+    return e;
 }
 
 namespace {
@@ -1494,6 +1546,13 @@ int megamoe_sm90_walk_in_epilogue(int block_m) {
 // for an unsupported block_m.
 int megamoe_sm90_block_descriptors(int block_m) {
     return at_block_m(block_m, [](auto bm) { return megamoe::block_descriptors<bm()>() ? 1 : 0; });
+}
+
+// Whether untraced launches run an instance without trace code at this block_m (untraced_instance,
+// kernel v9.13; mirrored by megamoe.design_sm90.UNTRACED_INSTANCE): 1 or 0; -1 for an unsupported
+// block_m.
+int megamoe_sm90_untraced_instance(int block_m) {
+    return at_block_m(block_m, [](auto bm) { return megamoe::untraced_instance<bm()>() ? 1 : 0; });
 }
 
 // Whether the CTAs take their blocks by ticket at ctas_per_sm CTAs per SM (the Producer's
@@ -1608,19 +1667,15 @@ int megamoe_sm90_launch(const Params* p_in, void* stream) {
     if (smem > (size_t)max_smem) return -4;
     if (p->ctas_per_sm == 2 && 2 * (smem + (size_t)g_dev[dev].reserved_smem) > (size_t)g_dev[dev].sm_smem) return -4;
     cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-    const bool prof = p->fault_inject & 32;  // the profile instance (consumer_role's PROF)
     switch (p->block_m) {
         case 16:
-            if (p->ctas_per_sm == 2 && wide16)  // kernel v9.5
-                return prof ? launch_bm<16, true, true, 2>(p, s, smem, dev) : launch_bm<16, false, true, 2>(p, s, smem, dev);
-            if (p->ctas_per_sm == 2)
-                return prof ? launch_bm<16, true, false, 2>(p, s, smem, dev) : launch_bm<16, false, false, 2>(p, s, smem, dev);
-            if (wide16)  // waves over several 32-expert chunks
-                return prof ? launch_bm<16, true, true>(p, s, smem, dev) : launch_bm<16, false, true>(p, s, smem, dev);
-            return prof ? launch_bm<16, true>(p, s, smem, dev) : launch_bm<16, false>(p, s, smem, dev);
-        case 32: return prof ? launch_bm<32, true>(p, s, smem, dev) : launch_bm<32, false>(p, s, smem, dev);
-        case 64: return prof ? launch_bm<64, true>(p, s, smem, dev) : launch_bm<64, false>(p, s, smem, dev);
-        case 128: return prof ? launch_bm<128, true>(p, s, smem, dev) : launch_bm<128, false>(p, s, smem, dev);
+            if (p->ctas_per_sm == 2 && wide16) return launch_bm<16, true, 2>(p, s, smem, dev);  // kernel v9.5
+            if (p->ctas_per_sm == 2) return launch_bm<16, false, 2>(p, s, smem, dev);
+            if (wide16) return launch_bm<16, true>(p, s, smem, dev);  // waves over several 32-expert chunks
+            return launch_bm<16>(p, s, smem, dev);
+        case 32: return launch_bm<32>(p, s, smem, dev);
+        case 64: return launch_bm<64>(p, s, smem, dev);
+        case 128: return launch_bm<128>(p, s, smem, dev);
         default: return -1;
     }
 }
@@ -1646,16 +1701,13 @@ const char* megamoe_sm90_error_string(int code) {
 // first launch, which can synchronize the device: fatal when R ranks share one GPU and the
 // first rank's kernel waits for the second's). Returns 0 or a cudaError_t.
 int megamoe_sm90_preload(void) {
-    cudaFuncAttributes a;
-    const void* kerns[] = {(const void*)megamoe::megamoe_sm90_kernel<16, false, false, 1>, (const void*)megamoe::megamoe_sm90_kernel<32, false, false, 1>,
-                           (const void*)megamoe::megamoe_sm90_kernel<64, false, false, 1>, (const void*)megamoe::megamoe_sm90_kernel<128, false, false, 1>,
-                           (const void*)megamoe::megamoe_sm90_kernel<16, true, false, 1>, (const void*)megamoe::megamoe_sm90_kernel<32, true, false, 1>,
-                           (const void*)megamoe::megamoe_sm90_kernel<64, true, false, 1>, (const void*)megamoe::megamoe_sm90_kernel<128, true, false, 1>,
-                           (const void*)megamoe::megamoe_sm90_kernel<16, false, true, 1>, (const void*)megamoe::megamoe_sm90_kernel<16, true, true, 1>,
-                           (const void*)megamoe::megamoe_sm90_kernel<16, false, false, 2>, (const void*)megamoe::megamoe_sm90_kernel<16, true, false, 2>};
-    cudaError_t e = cudaSuccess;
-    for (const void* k : kerns)
-        if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, k);
+    cudaError_t e = preload_bm<16>();
+    if (e == cudaSuccess) e = preload_bm<32>();
+    if (e == cudaSuccess) e = preload_bm<64>();
+    if (e == cudaSuccess) e = preload_bm<128>();
+    if (e == cudaSuccess) e = preload_bm<16, true>();
+    if (e == cudaSuccess) e = preload_bm<16, false, 2>();
+    if (e == cudaSuccess) e = preload_bm<16, true, 2>();
     return (int)e;
 }
 

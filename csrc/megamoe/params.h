@@ -62,7 +62,7 @@ struct Params {
     uint16_t* y;               // [T, H] BF16
     // Trace
     unsigned long long* trace; // [num_sms, trace_cap, 6] (48-byte records)
-    uint32_t* trace_count;     // [num_sms]
+    uint32_t* trace_count;     // [2, num_sms]: records from each CTA's bottom (trace_reserve), from its top (SM90 consumer)
     // Debug progress words (may be null): [num_sms][8], see PROGRESS in megamoe/kernel/runtime.py
     uint32_t* progress;
     // ---- expert parallelism (megamoe/kernel/ep.py). num_ranks == 1: none of this is read and the

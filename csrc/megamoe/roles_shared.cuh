@@ -330,7 +330,7 @@ __device__ __forceinline__ void whole_cta_pull(const Params& p, const int* off_b
 // token on the H200 the count and its barrier took ~5 us before the first pull in kernel v8.8's
 // trace; this path measured 0.977 / 0.985 / 0.995x v8.8's kernel time at 1 / 4 / 12 tokens
 // (benchmarks/NOTES_kernel.md, session 34).
-template <int BM, class SfRow, bool FOLD_X = false, bool LOCAL = false, int COUNTS_BAR = 0>
+template <int BM, class SfRow, bool FOLD_X = false, bool LOCAL = false, int COUNTS_BAR = 0, bool TR = true>
 __device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* off_blk, int* scan, SfRow sf_row,
                               int pull_bytes) {
     constexpr int kThreads = kSharedDispatchThreads;
@@ -341,10 +341,10 @@ __device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* of
     // pulled all top-k items with its four warps in two rounds, ~5 us each on the H200.)
     const int2 ir = cta_range((int64_t)T * K);
     const int i0 = ir.x, i1 = ir.y;
-    const bool trace = p.trace_cap > 0 && tid == 0;
+    const bool trace = trace_on<TR>(p) && tid == 0;
 
     // 1. count: in-order rank of each item among this CTA's items of the same expert.
-    uint64_t ts = globaltimer();
+    uint64_t ts = trace_clock<TR>();
     // (LOCAL: an error raised before the pull is read here, in flight with the count, instead of
     // one more round trip before the pull; a pull after an error stays inside the pool)
     const bool aborted_early = LOCAL && aborted(p);
@@ -401,7 +401,7 @@ __device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* of
         if (trace) trace_record(p, kRoleDispatch, kKindCount, -1, -1, -1, -1, i1 - i0, ts, globaltimer());
     } else {
         if (trace) trace_record(p, kRoleDispatch, kKindCount, -1, -1, -1, -1, i1 - i0, ts, globaltimer());
-        ts = globaltimer();
+        ts = trace_clock<TR>();
         if (tid == 0) wait_counts_ready(p, sums + E, kRoleDispatch, p.timeout_ns);
         named_bar_sync(kSharedBarDispatch, kThreads);
         for (int e = tid; e < E; e += kThreads) {
@@ -424,7 +424,7 @@ __device__ void dispatch_pull(const Params& p, int* hist, int* cta_base, int* of
 
     // 4. pull: one warp per item, in sorted order, the row in pull_bytes chunks, its scales,
     //    metadata, then the pool block's arrival count (release).
-    ts = globaltimer();
+    ts = trace_clock<TR>();
     const int chunk_vec = max(16, pull_bytes) / 16;  // uint4 per chunk
     const int hv = H / 16, hk = H / 128;
     if constexpr (FOLD_X && BM == 16) {
@@ -524,12 +524,12 @@ __device__ __forceinline__ void add_bf16x8(float* acc, const uint4& raw) {
 // as they were (the shared block_m 16 one is why combine_slots<16>() is 1). Measured on the H200:
 // 0.982 / 0.987 / 0.987x v8.7's kernel time at 1 / 4 / 12 tokens (benchmarks/NOTES_kernel.md).
 constexpr int kCombineSlotsWide = 8;
-template <int BM, int SLOTS = combine_slots<BM>()>
+template <int BM, int SLOTS = combine_slots<BM>(), bool TR = true>
 __device__ void combine_and_clean(const Params& p, int threads) {
-    const bool trace = p.trace_cap > 0 && threadIdx.x == 0;
+    const bool trace = trace_on<TR>(p) && threadIdx.x == 0;
     const bool ep = p.num_ranks > 1;
     if (threadIdx.x == 0) progress(p, 7, 1);
-    uint64_t ts = globaltimer();
+    uint64_t ts = trace_clock<TR>();
     if (ep) {
         __threadfence_system();
         __syncthreads();
@@ -542,7 +542,7 @@ __device__ void combine_and_clean(const Params& p, int threads) {
     if (threadIdx.x == 0) progress(p, 7, 2);
     if (trace) trace_record(p, kRoleDispatch, ep ? kKindNvlBarrier : kKindGridSync, -1, -1, -1, -1, ep ? 2 : 1, ts, globaltimer());
     if (aborted(p)) return;
-    ts = globaltimer();
+    ts = trace_clock<TR>();
     const int T = (int)p.num_tokens, H = (int)p.hidden, K = (int)p.topk, E = (int)p.num_experts;
     const size_t nvec = (size_t)T * (H / 8);
     // Each thread sums 8 channels (one 16-byte vector) of a token per step, grid-stride, over
@@ -611,7 +611,7 @@ __device__ void combine_and_clean(const Params& p, int threads) {
         for (size_t i = (size_t)blockIdx.x * threads + threadIdx.x; i < (size_t)E; i += (size_t)gridDim.x * threads)
             p.send_count[i] = 0;
     if (threadIdx.x == 0) progress(p, 7, 3);
-    if (p.trace_cap > 0) {
+    if (trace_on<TR>(p)) {
         __syncthreads();
         if (trace) trace_record(p, kRoleDispatch, kKindCombine, -1, -1, -1, -1, 0, ts, globaltimer());
     }

@@ -211,18 +211,19 @@ def _split_entries(log: str, res: dict) -> tuple[dict, dict]:
 
 
 def _instance_name(sym: str) -> str:
-    """``block_m=16`` (SM90; ``block_m=16,profile`` for the profile instance, first template flag
-    ``Lb1E``; ``block_m=16,wide`` / ``block_m=16,wide,profile`` for the wide-walk instances,
-    second flag ``Lb1E``; ``block_m=16,pair`` / ``block_m=16,pair,profile`` for the two-CTAs-per-SM
-    instances, third argument ``Li2E``), ``block_m=128,block_k=128`` (SM100), or the symbol itself."""
+    """An SM90 instance ``megamoe_sm90_kernel<BM, PROF, WIDE, CTAS, TR>`` as ``block_m=16``
+    (untraced: no trace code, kernel v9.13), ``block_m=16,traced`` (TR, launched with a trace
+    capacity) or ``block_m=16,profile`` (PROF and TR: fault_inject bit 32), with ``,wide`` for
+    the wide walk and ``,pair`` for two CTAs per SM before the last tag (``block_m=16,wide,pair,
+    traced``); ``block_m=128,block_k=128`` (SM100); or the symbol itself."""
+    sm90 = re.search(r"ILi(\d+)ELb([01])ELb([01])ELi([12])ELb([01])E", sym)
+    if sm90:
+        bm, prof, wide, ctas, tr = sm90.groups()
+        return (f"block_m={bm}" + (",wide" if wide == "1" else "") + (",pair" if ctas == "2" else "")
+                + (",profile" if prof == "1" else ",traced" if tr == "1" else ""))
     bmk = re.search(r"ILi(\d+)ELi(\d+)E", sym)
-    bm = re.search(r"ILi(\d+)E", sym)
     if bmk:
         return f"block_m={bmk.group(1)},block_k={bmk.group(2)}"
-    if bm:
-        return (f"block_m={bm.group(1)}" + (",wide" if re.search(r"ILi\d+ELb[01]ELb1E", sym) else "")
-                + (",pair" if re.search(r"ILi\d+ELb[01]ELb[01]ELi2E", sym) else "")
-                + (",profile" if re.search(r"ILi\d+ELb1E", sym) else ""))
     return sym
 
 

@@ -129,6 +129,7 @@ PATHS: dict[str, KernelPath] = {
             "megamoe_sm90_block_descriptors": ([_c.c_int], _c.c_int),  # (v9.1 on)
             "megamoe_sm90_role_registers_at": ([_c.c_int, _c.c_int], _c.c_int),  # (v9.2 on)
             "megamoe_sm90_wgmma_n_step": ([_c.c_int], _c.c_int),  # (v9.12 on)
+            "megamoe_sm90_untraced_instance": ([_c.c_int], _c.c_int),  # (v9.13 on)
             "megamoe_sm90_block_tickets": ([_c.c_int], _c.c_int),  # (v9.3 on)
             "megamoe_sm90_first_fill": ([_c.c_int, _c.c_int], _c.c_int),  # (v9.8 on)
             "megamoe_ipc_malloc": ([_c.POINTER(_c.c_void_p), _c.c_ulonglong, _c.c_int], _c.c_int),

@@ -31,22 +31,75 @@ def trace_capacity(design, inter: int, hidden: int, num_sms: int, fixed: int) ->
     return int(fixed + 4 * math.ceil(blocks / num_sms) + 64)
 
 
+def record_ranges(bottom: int, top: int, trace_cap: int) -> tuple[range, range, int]:
+    """The slots of one CTA's record buffer that hold its records, and how many records were
+    lost: ``(bottom slots, top slots, dropped)``.
+
+    ``bottom``: records reserved from slot 0 up (every role's ``trace_reserve``, first row of
+    ``trace_count``); ``top``: records the SM90 consumer's recording thread wrote from slot
+    ``trace_cap - 1`` down, two a block (second row; kernel v9.13). Records past the capacity
+    were never written; a slot both sides reached holds either record, so neither side keeps
+    it.
+
+    Raises:
+        InputError: a negative count or a capacity below 1.
+    """
+    from ..errors import require
+
+    require(bottom >= 0 and top >= 0, "trace counts", "non-negative record counts", (bottom, top))
+    require(trace_cap >= 1, "trace_cap", "a record capacity >= 1", trace_cap)
+    lo, hi = min(bottom, trace_cap), min(top, trace_cap)
+    overlap = max(0, lo + hi - trace_cap)
+    kept_bottom = range(0, lo - overlap)
+    kept_top = range(trace_cap - hi + overlap, trace_cap)
+    return kept_bottom, kept_top, bottom + top - len(kept_bottom) - len(kept_top)
+
+
+def _count_rows(counts: np.ndarray, num_ctas: int) -> np.ndarray:
+    """``counts`` as ``int64 [2, num_ctas]`` (a 1-D ``[num_ctas]`` array: every record from the
+    bottom, the top row zero)."""
+    from ..errors import require
+
+    c = np.asarray(counts).astype(np.int64)
+    if c.ndim == 1:
+        c = np.stack([c, np.zeros_like(c)])
+    require(c.shape == (2, num_ctas), "counts", f"shape ({num_ctas},) or (2, {num_ctas})", tuple(np.shape(counts)))
+    return c
+
+
 def decode_trace(raw: np.ndarray, counts: np.ndarray, trace_cap: int, rank: int = 0) -> list[dict]:
-    """``raw``: uint64 array [num_ctas, trace_cap, 6]; ``counts``: records per CTA.
+    """Decode one launch's records.
+
+    Args:
+        raw: uint64 ``[num_ctas, trace_cap, 6]``, the record buffer.
+        counts: the ``trace_count`` buffer, ``[2, num_ctas]`` (per CTA the records from the
+            bottom of its slots, then those from the top: :func:`record_ranges`), or
+            ``[num_ctas]`` when every record was reserved from the bottom.
+        trace_cap: records per CTA.
+        rank: the rank the records are tagged with.
 
     Returns records of the shared schema (rank, sm, role, kind, expert, m_block, n_block,
-    wave, t_start_ns, t_end_ns, tokens, cta), sorted by start time. A CTA that wrote more
-    than ``trace_cap`` records keeps the first ``trace_cap`` (``dropped`` is reported by
+    wave, t_start_ns, t_end_ns, tokens, cta), sorted by start time. Records that did not fit
+    ``trace_cap`` are left out (``dropped`` is reported by
     :meth:`MegaMoEKernel.last_trace_dropped`).
+
+    Raises:
+        InputError: ``counts`` of another shape, or a record whose role or kind is out of range
+            (a slot the kernel did not write).
     """
+    from ..errors import require
+
     raw = np.ascontiguousarray(raw, dtype=np.uint64)
     recs = raw.view(RECORD_DTYPE).reshape(raw.shape[0], trace_cap)
+    rows = _count_rows(counts, raw.shape[0])
     out = []
     for c in range(raw.shape[0]):
-        n = int(min(counts[c], trace_cap))
-        for r in recs[c, :n]:
+        bottom, top, _ = record_ranges(int(rows[0, c]), int(rows[1, c]), trace_cap)
+        for r in (*recs[c, bottom.start:bottom.stop], *recs[c, top.start:top.stop]):
             role = int(r["role_kind"]) >> 16
             kind = int(r["role_kind"]) & 0xFFFF
+            require(role < len(TRACE_ROLES) and kind < len(TRACE_KINDS), "trace record",
+                    f"a role < {len(TRACE_ROLES)} and a kind < {len(TRACE_KINDS)} (CTA {c})", (role, kind))
             out.append(dict(rank=rank, sm=int(r["sm"]), role=TRACE_ROLES[role], kind=TRACE_KINDS[kind],
                             expert=int(r["expert"]), m_block=int(r["m_block"]), n_block=int(r["n_block"]),
                             wave=int(r["wave"]), t_start_ns=int(r["t_start_ns"]), t_end_ns=int(r["t_end_ns"]),
@@ -58,6 +111,13 @@ def decode_trace(raw: np.ndarray, counts: np.ndarray, trace_cap: int, rank: int 
             r["t_end_ns"] -= t0
     out.sort(key=lambda r: (r["t_start_ns"], r["cta"]))
     return out
+
+
+def trace_dropped(counts: np.ndarray, trace_cap: int) -> int:
+    """Records of a launch that its CTAs' capacity did not keep (:func:`record_ranges`), from the
+    ``trace_count`` buffer (shapes as :func:`decode_trace`)."""
+    rows = _count_rows(counts, np.shape(counts)[-1])
+    return sum(record_ranges(int(b), int(t), trace_cap)[2] for b, t in zip(rows[0], rows[1]))
 
 
 def block_order(records: list[dict]) -> dict[int, list[tuple]]:
@@ -89,13 +149,14 @@ def to_chrome(records: list[dict]) -> dict:
 
 
 def record_buffers(owner, num_ctas: int, cap: int):
-    """A kernel's trace record buffers ``(int64 [num_ctas, cap, 6], int32 [num_ctas] counts)``
+    """A kernel's trace record buffers ``(int64 [num_ctas, cap, 6], int32 [2, num_ctas] counts)``
     on ``owner.device``, allocated once per size and reused (no allocation while ranks launch
-    concurrently); the counts are zeroed, records past a CTA's count are never read."""
+    concurrently); the counts (:func:`record_ranges`) are zeroed, slots outside a CTA's counted
+    ranges are never read."""
     torch = owner.torch
     if getattr(owner, "_tr_key", None) != (num_ctas, cap):
         owner._tr = (torch.empty(num_ctas, cap, 6, dtype=torch.int64, device=owner.device),
-                     torch.zeros(num_ctas, dtype=torch.int32, device=owner.device))
+                     torch.zeros(2, num_ctas, dtype=torch.int32, device=owner.device))
         owner._tr_key = (num_ctas, cap)
     owner._tr[1].zero_()
     return owner._tr
@@ -117,7 +178,7 @@ def fetch_records(owner, rank: int = 0) -> list[dict]:
     owner.check()
     counts = trc.cpu().numpy()
     recs = decode_trace(tr.cpu().numpy().view(np.uint64), counts, cap, rank=rank)
-    owner.last_trace_dropped = int(np.maximum(counts - cap, 0).sum())
+    owner.last_trace_dropped = trace_dropped(counts, cap)
     return recs
 
 
