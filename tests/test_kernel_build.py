@@ -513,6 +513,8 @@ def test_record_ranges_split_bottom_and_top_and_drop_what_both_sides_wrote():
     assert trace_dropped(np.array([10, 3]), 8) == 2  # the one-row form: every record from the bottom
     with pytest.raises(InputError, match="trace_cap"):
         record_ranges(1, 1, 0)
+    with pytest.raises(InputError, match=r"^bottom, top: expected non-negative record counts, got \(-1, 0\)$"):
+        record_ranges(-1, 0, 8)
     # decoded: CTA 0 with one bottom record (slot 0) and a top pair (slots 2, 3 of 4); slot 1,
     # never reserved, holds a stale record and is not read
     cap = 4

@@ -46,7 +46,7 @@ def record_ranges(bottom: int, top: int, trace_cap: int) -> tuple[range, range, 
     """
     from ..errors import require
 
-    require(bottom >= 0 and top >= 0, "trace counts", "non-negative record counts", (bottom, top))
+    require(bottom >= 0 and top >= 0, "bottom, top", "non-negative record counts", (bottom, top))
     require(trace_cap >= 1, "trace_cap", "a record capacity >= 1", trace_cap)
     lo, hi = min(bottom, trace_cap), min(top, trace_cap)
     overlap = max(0, lo + hi - trace_cap)
