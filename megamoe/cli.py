@@ -133,7 +133,7 @@ def _skew(text: str) -> float | list[float]:
 
 def add_scenario_args(p: argparse.ArgumentParser) -> None:
     """Scenario and plan options shared by simulate / sweep (``megamoe run`` has its own)."""
-    from .scenario import MAX_RANKS_X_EXPERTS, MAX_ROUTED_SLOTS, MAX_TOKENS_PER_RANK
+    from .scenario import DESIGNS, MAX_RANKS_X_EXPERTS, MAX_ROUTED_SLOTS, MAX_TOKENS_PER_RANK
 
     g = p.add_argument_group("scenario")
     g.add_argument("--shape", default="deepseek-v4-pro",
@@ -151,7 +151,7 @@ def add_scenario_args(p: argparse.ArgumentParser) -> None:
                         "default 0.5:4] | one_expert (every token to expert 3 in slot 0, its other slots uniform) | file:PATH (PATH may hold {rank})")
     g.add_argument("--seed", type=_nonneg, default=0, help="seed of the routing and of the blocks' jitter (default %(default)s)")
     g.add_argument("--hardware", default="b200", help="b200 | h200 | h100 | h20 | path to a TOML file (default %(default)s)")
-    g.add_argument("--design", default="deepgemm-sm100", help="deepgemm-sm100 | megamoe-sm90 (default %(default)s)")
+    g.add_argument("--design", default="deepgemm-sm100", choices=DESIGNS, help="deepgemm-sm100 | megamoe-sm90 (default %(default)s)")
     g.add_argument("--reserved-sms", type=_nonneg, default=0,
                    help="SMs taken away from the kernel (default %(default)s)")
     g.add_argument("--launch-skew-us", type=_skew, default=0.0,

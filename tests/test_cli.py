@@ -595,6 +595,7 @@ def test_run_passes_a_valid_clamp_and_none_without_the_flag(monkeypatch):
 
 @pytest.mark.parametrize("argv,line", [
     (["simulate", "--tokens", "abc"], "--tokens: expected an integer, got 'abc'"),
+    (["simulate", "--design", "nosuch"], "--design: expected one of deepgemm-sm100, megamoe-sm90, got 'nosuch'"),
     (["simulate", "--ranks", "x"], "--ranks: expected an integer, got 'x'"),
     (["sweep", "--jobs", "x"], "--jobs: expected an integer, got 'x'"),
     (["run", "--tokens", "x"], "--tokens: expected an integer, got 'x'"),
@@ -603,9 +604,10 @@ def test_run_passes_a_valid_clamp_and_none_without_the_flag(monkeypatch):
                                  "got 'abc'")),
     (["validate", "--seed", "-2"], "--seed: expected an integer >= 0, got '-2'"),
 ])
-def test_numeric_flag_type_errors_are_one_line_naming_the_flag(argv, line, capsys):
-    """Every numeric flag's type error is the project's one line (`expected ..., got ...`)
-    with exit code 2, no usage dump (`--clamp abc` used argparse's own wording)."""
+def test_flag_type_errors_are_one_line_naming_the_flag(argv, line, capsys):
+    """Every numeric or fixed-choice flag's type error is the project's one line (`expected ...,
+    got ...`) with exit code 2, no usage dump (`--clamp abc` used argparse's own wording; `--design`
+    was refused by the scenario as `design:`, not naming the flag)."""
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2
