@@ -14,6 +14,8 @@ import math
 
 import numpy as np
 
+from ..errors import require
+
 TRACE_ROLES = ("dispatch", "producer", "consumer")
 TRACE_KINDS = ("count", "index_exchange", "grid_sync", "nvl_barrier", "pull", "l1_load", "l1_mma",
                "l1_epilogue", "l2_load", "l2_mma", "l2_epilogue", "combine", "idle_wait")
@@ -44,8 +46,6 @@ def record_ranges(bottom: int, top: int, trace_cap: int) -> tuple[range, range, 
     Raises:
         InputError: a negative count or a capacity below 1.
     """
-    from ..errors import require
-
     require(bottom >= 0 and top >= 0, "bottom, top", "non-negative record counts", (bottom, top))
     require(trace_cap >= 1, "trace_cap", "a record capacity >= 1", trace_cap)
     lo, hi = min(bottom, trace_cap), min(top, trace_cap)
@@ -58,8 +58,6 @@ def record_ranges(bottom: int, top: int, trace_cap: int) -> tuple[range, range, 
 def _count_rows(counts: np.ndarray, num_ctas: int) -> np.ndarray:
     """``counts`` as ``int64 [2, num_ctas]`` (a 1-D ``[num_ctas]`` array: every record from the
     bottom, the top row zero)."""
-    from ..errors import require
-
     c = np.asarray(counts).astype(np.int64)
     if c.ndim == 1:
         c = np.stack([c, np.zeros_like(c)])
@@ -87,19 +85,18 @@ def decode_trace(raw: np.ndarray, counts: np.ndarray, trace_cap: int, rank: int 
         InputError: ``counts`` of another shape, or a record whose role or kind is out of range
             (a slot the kernel did not write).
     """
-    from ..errors import require
-
     raw = np.ascontiguousarray(raw, dtype=np.uint64)
     recs = raw.view(RECORD_DTYPE).reshape(raw.shape[0], trace_cap)
     rows = _count_rows(counts, raw.shape[0])
     out = []
     for c in range(raw.shape[0]):
         bottom, top, _ = record_ranges(int(rows[0, c]), int(rows[1, c]), trace_cap)
-        for r in (*recs[c, bottom.start:bottom.stop], *recs[c, top.start:top.stop]):
-            role = int(r["role_kind"]) >> 16
-            kind = int(r["role_kind"]) & 0xFFFF
-            require(role < len(TRACE_ROLES) and kind < len(TRACE_KINDS), "trace record",
-                    f"a role < {len(TRACE_ROLES)} and a kind < {len(TRACE_KINDS)} (CTA {c})", (role, kind))
+        kept = np.concatenate([recs[c, bottom.start:bottom.stop], recs[c, top.start:top.stop]])
+        roles, kinds = kept["role_kind"] >> 16, kept["role_kind"] & 0xFFFF
+        bad = np.flatnonzero((roles >= len(TRACE_ROLES)) | (kinds >= len(TRACE_KINDS)))
+        require(bad.size == 0, "trace record", f"a role < {len(TRACE_ROLES)} and a kind < {len(TRACE_KINDS)} (CTA {c})",
+                (int(roles[bad[0]]), int(kinds[bad[0]])) if bad.size else None)
+        for r, role, kind in zip(kept, roles.tolist(), kinds.tolist()):
             out.append(dict(rank=rank, sm=int(r["sm"]), role=TRACE_ROLES[role], kind=TRACE_KINDS[kind],
                             expert=int(r["expert"]), m_block=int(r["m_block"]), n_block=int(r["n_block"]),
                             wave=int(r["wave"]), t_start_ns=int(r["t_start_ns"]), t_end_ns=int(r["t_end_ns"]),
@@ -170,8 +167,6 @@ def fetch_records(owner, rank: int = 0) -> list[dict]:
         KernelError: the launch reported an error (``owner.check()``, which synchronizes).
         InputError: no traced launch is pending.
     """
-    from ..errors import require
-
     require(getattr(owner, "_pending_trace", None) is not None, "trace", "a preceding traced call", None)
     tr, trc, cap = owner._pending_trace
     owner._pending_trace = None
